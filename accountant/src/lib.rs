@@ -1,0 +1,9 @@
+//! dpcap's privacy accountant: the only component that adds noise, the only one that can refuse
+//! a step, and the durable ledger of what every job has spent.
+//!
+//! [`privacy`] is the accounting math (RDP, PLD, calibration): pure, no I/O, no tokio, usable
+//! offline by `dpctl`. The service modules own noise, the ledger and the gRPC API. This crate
+//! must never depend on burn or see raw examples: it only ever sees sums of clipped gradients,
+//! and it must never let a byte of a release leave before that step's charge is durable.
+
+pub mod privacy;
