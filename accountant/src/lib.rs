@@ -7,3 +7,16 @@
 //! and it must never let a byte of a release leave before that step's charge is durable.
 
 pub mod privacy;
+
+pub mod accountant;
+pub mod client;
+pub mod error;
+pub mod job;
+pub mod ledger;
+pub mod metrics;
+pub mod noise;
+pub mod server;
+pub mod service;
+
+pub use accountant::Accountant;
+pub use error::AccountantError;

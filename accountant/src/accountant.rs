@@ -1,0 +1,378 @@
+//! The accountant's core: registration, part collection, the release procedure and spend
+//! queries, independent of gRPC. The release of step t happens exactly once, under the job's
+//! lock: budget check, then the durable charge, then noise, then the release becomes visible.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{Mutex, watch};
+
+use crate::error::AccountantError;
+use crate::job::{Job, Pending, Phase, Progress, RELEASES_KEPT, Release, StepState};
+use crate::ledger::{Charge, JobRecord, Ledger, Registration};
+use crate::metrics;
+use crate::noise::{self, NoiseMode};
+use crate::privacy::{self, AccountantKind, EpsilonCurve, Segment};
+
+/// The accountant: every job's contract, step counter and releases, over one ledger.
+#[derive(Debug)]
+pub struct Accountant {
+    ledger: Ledger,
+    jobs: RwLock<HashMap<String, Arc<Job>>>,
+    dataset_locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    allow_seeded_noise: bool,
+    ready: AtomicBool,
+}
+
+impl Accountant {
+    /// An accountant over `ledger`; it serves nothing until [`Accountant::replay`] has run.
+    pub fn new(ledger: Ledger, allow_seeded_noise: bool) -> Self {
+        Self {
+            ledger,
+            jobs: RwLock::new(HashMap::new()),
+            dataset_locks: std::sync::Mutex::new(HashMap::new()),
+            allow_seeded_noise,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// Rebuilds every job from the ledger. Charged steps without a delivery record are
+    /// discarded: their noise is gone and they are never released again.
+    pub async fn replay(&self) -> Result<usize, AccountantError> {
+        let records = self.ledger.replay().await?;
+        let count = records.len();
+        for record in records {
+            let job = build_job_from_record(record, self.allow_seeded_noise).await?;
+            tracing::info!(job_id = %job.registration.job_id, charged = job.progress().charged,
+                discarded = job.progress().discarded, "replayed job from ledger");
+            self.jobs.write().expect("jobs lock").insert(job.registration.job_id.clone(), Arc::new(job));
+        }
+        self.ready.store(true, Ordering::SeqCst);
+        Ok(count)
+    }
+
+    fn check_ready(&self) -> Result<(), AccountantError> {
+        if self.ready.load(Ordering::SeqCst) { Ok(()) } else { Err(AccountantError::Unavailable("replaying the ledger".into())) }
+    }
+
+    /// The job, or NOT_FOUND.
+    pub fn job(&self, job_id: &str) -> Result<Arc<Job>, AccountantError> {
+        self.check_ready()?;
+        self.jobs.read().expect("jobs lock").get(job_id).cloned().ok_or_else(|| AccountantError::UnknownJob { job_id: job_id.to_owned() })
+    }
+
+    /// Every job that is not closed, for metrics.
+    pub fn open_jobs(&self) -> Vec<Arc<Job>> {
+        let jobs = self.jobs.read().expect("jobs lock");
+        jobs.values().filter(|j| j.progress().phase != Phase::Closed).cloned().collect()
+    }
+
+    /// Registers a job (idempotent for an identical contract). Returns the job and whether it
+    /// was created by this call.
+    pub async fn register(&self, registration: Registration) -> Result<(Arc<Job>, bool), AccountantError> {
+        self.check_ready()?;
+        validate_registration(&registration)?;
+        if registration.insecure_noise_seed.is_some() && !self.allow_seeded_noise {
+            return Err(AccountantError::invalid("insecure_noise_seed", "seeded noise is refused unless the accountant runs with --allow-seeded-noise"));
+        }
+        if let Some(existing) = self.jobs.read().expect("jobs lock").get(&registration.job_id).cloned() {
+            return if existing.registration == registration {
+                Ok((existing, false))
+            } else {
+                Err(AccountantError::RegistrationConflict { job_id: registration.job_id })
+            };
+        }
+        let record = JobRecord { registration: registration.clone(), charged: BTreeSet::new(), delivered: BTreeSet::new(), closed: None };
+        let job = build_job_from_record(record, self.allow_seeded_noise).await?;
+        let created = self.ledger.register(&registration).await?;
+        let mut jobs = self.jobs.write().expect("jobs lock");
+        let job = jobs.entry(registration.job_id.clone()).or_insert_with(|| Arc::new(job)).clone();
+        tracing::info!(job_id = %registration.job_id, max_steps = job.max_steps, created, "registered job");
+        Ok((job, created))
+    }
+
+    /// Adds one complete part of `step`. When it is the last of the W parts, charges and
+    /// releases the step before returning. Returns (parts received, released, accepted new).
+    pub async fn submit_part(&self, job: &Job, step: u64, part: u32, values: Vec<f32>, digest: u64) -> Result<(u32, bool, bool), AccountantError> {
+        let r = &job.registration;
+        let mut state = job.state.lock().await;
+        let progress = job.progress();
+        if let Some((released, digests)) = &state.last_released {
+            if *released == step && digests.get(part as usize) == Some(&Some(digest)) {
+                return Ok((r.parts, true, false));
+            }
+        }
+        check_step_open(job, &progress, step)?;
+        let pending = state.pending.get_or_insert_with(|| Pending {
+            step,
+            sum: vec![0.0; values.len()],
+            digests: vec![None; r.parts as usize],
+            started: Instant::now(),
+        });
+        let slot = &mut pending.digests[part as usize];
+        let accepted_new = match slot {
+            Some(existing) if *existing == digest => false,
+            Some(_) => return Err(AccountantError::ConflictingPart { job_id: r.job_id.clone(), step, part }),
+            None => {
+                *slot = Some(digest);
+                pending.sum.iter_mut().zip(&values).for_each(|(s, v)| *s += f64::from(*v));
+                true
+            }
+        };
+        let received = pending.digests.iter().filter(|d| d.is_some()).count() as u32;
+        if received < r.parts {
+            return Ok((received, false, accepted_new));
+        }
+        self.release(job, &mut state).await?;
+        Ok((received, true, accepted_new))
+    }
+
+    /// Budget check, durable charge, noise once, release. Called with the job's lock held and
+    /// every part in.
+    async fn release(&self, job: &Job, state: &mut StepState) -> Result<(), AccountantError> {
+        let r = &job.registration;
+        let step = state.pending.as_ref().expect("release needs a pending step").step;
+        let progress = job.progress();
+        let _dataset_guard = match self.dataset_lock(r) {
+            Some(lock) => Some(lock.lock_owned().await),
+            None => None,
+        };
+        let curve = job.curve.clone();
+        let charged = progress.charged;
+        let epsilon_after = blocking(move || curve.epsilon_after(charged + 1)).await?;
+        if epsilon_after > r.epsilon_target {
+            state.pending = None;
+            return Err(self.refuse(job, step, "job".into(), progress.epsilon_spent, epsilon_after, r.epsilon_target, "job_target"));
+        }
+        if let Some((dataset_eps, spent)) = self.dataset_epsilon_after(job).await? {
+            if dataset_eps > r.dataset_epsilon_budget {
+                state.pending = None;
+                let scope = format!("dataset {}", r.dataset_id);
+                return Err(self.refuse(job, step, scope, spent, dataset_eps, r.dataset_epsilon_budget, "dataset_budget"));
+            }
+        }
+        let charge = Charge {
+            job_id: r.job_id.clone(),
+            step,
+            epsilon_after,
+            noise: job.noise.describe(),
+            charged_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        };
+        if let Err(e) = self.ledger.charge(&charge).await {
+            if matches!(e, AccountantError::ChargedElsewhere { .. }) {
+                // Another process owns this step; it is spent, and it is not ours to release.
+                state.pending = None;
+                state.discarded.insert(step);
+                job.progress.send_modify(|p| {
+                    p.next_step = step + 1;
+                    p.charged += 1;
+                    p.discarded += 1;
+                    p.epsilon_spent = epsilon_after;
+                });
+            }
+            // Any other failure leaves the parts pending: a retried part re-triggers the release.
+            return Err(e);
+        }
+        let pending = state.pending.take().expect("pending step is still held");
+        state.last_released = Some((step, pending.digests.clone()));
+        // The charge is durable: only now may noise be drawn and the release leave.
+        let std = r.noise_multiplier * r.clipping_norm;
+        let mode = job.noise;
+        let sum = pending.sum;
+        let values = blocking(move || noise::release(&sum, std, mode, step)).await?
+            .map_err(|e| AccountantError::Internal(format!("os entropy unavailable: {e}")))?;
+        state.releases.insert(step, Arc::new(Release { step, values, epsilon_after }));
+        while state.releases.len() > RELEASES_KEPT {
+            state.releases.pop_first();
+        }
+        job.progress.send_modify(|p| {
+            p.next_step = step + 1;
+            p.charged += 1;
+            p.epsilon_spent = epsilon_after;
+        });
+        metrics::record_release(pending.started.elapsed());
+        tracing::info!(job_id = %r.job_id, step, epsilon_after, "released step");
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn refuse(&self, job: &Job, step: u64, scope: String, spent: f64, after: f64, target: f64, reason: &'static str) -> AccountantError {
+        metrics::record_budget_rejection(reason);
+        job.progress.send_modify(|p| p.phase = Phase::BudgetExhausted);
+        tracing::warn!(job_id = %job.registration.job_id, step, epsilon_after = after, target, reason, "refused step: budget exhausted");
+        AccountantError::BudgetExhausted {
+            job_id: job.registration.job_id.clone(),
+            step,
+            scope,
+            epsilon_spent: spent,
+            epsilon_after: after,
+            epsilon_target: target,
+            delta: job.registration.delta,
+        }
+    }
+
+    fn dataset_lock(&self, r: &Registration) -> Option<Arc<Mutex<()>>> {
+        (r.dataset_epsilon_budget > 0.0).then(|| {
+            self.dataset_locks.lock().expect("dataset locks").entry(r.dataset_id.clone()).or_default().clone()
+        })
+    }
+
+    /// ε of the dataset after this job's next step, composing every job registered on it,
+    /// and the dataset's ε before it. None when the job has no dataset budget.
+    async fn dataset_epsilon_after(&self, job: &Job) -> Result<Option<(f64, f64)>, AccountantError> {
+        let r = &job.registration;
+        if r.dataset_epsilon_budget <= 0.0 {
+            return Ok(None);
+        }
+        let siblings: Vec<Arc<Job>> =
+            self.jobs.read().expect("jobs lock").values().filter(|j| j.registration.dataset_id == r.dataset_id).cloned().collect();
+        let mut segments: Vec<Segment> = siblings
+            .iter()
+            .map(|j| Segment { sample_rate: j.registration.sample_rate, noise_multiplier: j.registration.noise_multiplier, steps: j.progress().charged })
+            .collect();
+        let kind = job.curve.kind();
+        let delta = r.delta;
+        let before = segments.clone();
+        segments.push(Segment { sample_rate: r.sample_rate, noise_multiplier: r.noise_multiplier, steps: 1 });
+        let result = blocking(move || -> Result<(f64, f64), privacy::PrivacyError> {
+            Ok((privacy::epsilon(kind, &segments, delta)?, privacy::epsilon(kind, &before, delta)?))
+        })
+        .await??;
+        Ok(Some(result))
+    }
+
+    /// Waits until `step` is released and returns it; fails if it never will be.
+    pub async fn wait_release(&self, job: &Job, step: u64) -> Result<Arc<Release>, AccountantError> {
+        let mut progress_rx = job.progress.subscribe();
+        loop {
+            let progress = *progress_rx.borrow_and_update();
+            let id = &job.registration.job_id;
+            if progress.next_step > step {
+                let state = job.state.lock().await;
+                if let Some(release) = state.releases.get(&step) {
+                    return Ok(release.clone());
+                }
+                let reason = if state.discarded.contains(&step) {
+                    "step was charged but its release was lost (discarded); it is never released again"
+                } else {
+                    "release is no longer held by the accountant"
+                };
+                return Err(AccountantError::refused(id, step, reason));
+            }
+            match progress.phase {
+                Phase::BudgetExhausted => return Err(AccountantError::refused(id, step, "budget exhausted; the step was not released")),
+                Phase::Closed => return Err(AccountantError::JobClosed { job_id: id.clone() }),
+                Phase::Open => {}
+            }
+            if progress_rx.changed().await.is_err() {
+                return Err(AccountantError::Unavailable("job dropped".into()));
+            }
+        }
+    }
+
+    /// Records that `step` of `job` was streamed out in full.
+    pub async fn mark_delivered(&self, job: &Job, step: u64) -> Result<(), AccountantError> {
+        if !job.state.lock().await.delivered.insert(step) {
+            return Ok(());
+        }
+        self.ledger.mark_delivered(&job.registration.job_id, step).await
+    }
+
+    /// Ends a job: parts are refused from now on and its per-job metrics disappear.
+    pub async fn close(&self, job: &Job, reason: &str) -> Result<(), AccountantError> {
+        self.ledger.close(&job.registration.job_id, reason).await?;
+        job.state.lock().await.pending = None;
+        job.progress.send_modify(|p| p.phase = Phase::Closed);
+        tracing::info!(job_id = %job.registration.job_id, reason, "closed job");
+        Ok(())
+    }
+}
+
+fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), AccountantError> {
+    let id = &job.registration.job_id;
+    match progress.phase {
+        Phase::Closed => return Err(AccountantError::JobClosed { job_id: id.clone() }),
+        Phase::BudgetExhausted => {
+            return Err(AccountantError::refused(id, step, format!("budget exhausted after {} steps (epsilon {:.6})", progress.charged, progress.epsilon_spent)));
+        }
+        Phase::Open => {}
+    }
+    if step < progress.next_step {
+        return Err(AccountantError::refused(id, step, format!("step was already charged; the ledger expects step {}", progress.next_step)));
+    }
+    if step > progress.next_step {
+        return Err(AccountantError::refused(id, step, format!("step is not next; the ledger expects step {}", progress.next_step)));
+    }
+    Ok(())
+}
+
+fn validate_registration(r: &Registration) -> Result<(), AccountantError> {
+    let id_ok = !r.job_id.is_empty() && r.job_id.len() <= 128 && r.job_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if !id_ok {
+        return Err(AccountantError::invalid("job_id", format!("{:?} must be 1-128 characters of [A-Za-z0-9._-]", r.job_id)));
+    }
+    privacy::check_sample_rate(r.sample_rate)?;
+    privacy::check_noise_multiplier(r.noise_multiplier)?;
+    privacy::check_delta(r.delta)?;
+    if !(r.clipping_norm > 0.0 && r.clipping_norm.is_finite()) {
+        return Err(AccountantError::invalid("clipping_norm", format!("{} must be a finite number > 0", r.clipping_norm)));
+    }
+    if !(r.epsilon_target > 0.0 && r.epsilon_target.is_finite()) {
+        return Err(AccountantError::invalid("epsilon_target", format!("{} must be a finite number > 0", r.epsilon_target)));
+    }
+    r.accountant.parse::<AccountantKind>()?;
+    if r.gradient_dim == 0 || r.gradient_dim > (1 << 34) {
+        return Err(AccountantError::invalid("gradient_dim", format!("{} must be in [1, 2^34]", r.gradient_dim)));
+    }
+    if r.parts == 0 || r.parts > 4096 {
+        return Err(AccountantError::invalid("parts", format!("{} must be in [1, 4096]", r.parts)));
+    }
+    if !(r.dataset_epsilon_budget >= 0.0 && r.dataset_epsilon_budget.is_finite()) {
+        return Err(AccountantError::invalid("dataset_epsilon_budget", format!("{} must be a finite number >= 0", r.dataset_epsilon_budget)));
+    }
+    if r.dataset_epsilon_budget > 0.0 && r.dataset_id.is_empty() {
+        return Err(AccountantError::invalid("dataset_id", "must be set when dataset_epsilon_budget is"));
+    }
+    Ok(())
+}
+
+/// Builds a job's live state from its ledger record (a new job is a record with no charges).
+async fn build_job_from_record(record: JobRecord, allow_seeded_noise: bool) -> Result<Job, AccountantError> {
+    let r = record.registration;
+    validate_registration(&r)?;
+    let kind: AccountantKind = r.accountant.parse()?;
+    let noise = match r.insecure_noise_seed {
+        Some(seed) if allow_seeded_noise => NoiseMode::Seeded(seed),
+        Some(_) => {
+            return Err(AccountantError::Unavailable(format!("job {} uses seeded noise; restart with --allow-seeded-noise", r.job_id)));
+        }
+        None => NoiseMode::OsEntropy,
+    };
+    let charged = record.charged.len() as u64;
+    let (q, sigma, delta, target) = (r.sample_rate, r.noise_multiplier, r.delta, r.epsilon_target);
+    let (curve, max_steps, epsilon_spent) = blocking(move || -> Result<_, privacy::PrivacyError> {
+        let curve = EpsilonCurve::new(kind, q, sigma, delta)?;
+        let max_steps = privacy::max_steps(&curve, target).unwrap_or(privacy::calibrate::STEPS_LIMIT);
+        let spent = curve.epsilon_after(charged);
+        Ok((curve, max_steps, spent))
+    })
+    .await??;
+    let next_step = record.charged.last().map_or(0, |s| s + 1);
+    let discarded: BTreeSet<u64> = record.charged.difference(&record.delivered).copied().collect();
+    let phase = if record.closed.is_some() {
+        Phase::Closed
+    } else if charged >= max_steps {
+        Phase::BudgetExhausted
+    } else {
+        Phase::Open
+    };
+    let progress = Progress { next_step, charged, discarded: discarded.len() as u64, epsilon_spent, phase };
+    let state = StepState { pending: None, releases: BTreeMap::new(), discarded, delivered: record.delivered, last_released: None };
+    Ok(Job { registration: r, curve, max_steps, noise, state: Mutex::new(state), progress: watch::channel(progress).0 })
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, AccountantError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| AccountantError::Internal(format!("blocking task failed: {e}")))
+}

@@ -1,0 +1,57 @@
+//! A typed client for the AccountantService: streams a part in as chunks and assembles a
+//! release from its chunks. Workers use it on the CPU path; tests and benchmarks too.
+
+use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
+use dpcap_proto::v1::{FetchReleaseRequest, GradientChunk, JobSpend, SubmitPartResponse};
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+/// Values per submitted chunk: 262144 f32 = 1 MiB.
+pub const CHUNK_VALUES: usize = 1 << 18;
+
+/// A connected accountant client.
+#[derive(Debug, Clone)]
+pub struct AccountantClient {
+    inner: AccountantServiceClient<Channel>,
+}
+
+impl AccountantClient {
+    /// Connects to `endpoint` (e.g. "http://127.0.0.1:7070").
+    pub async fn connect(endpoint: String) -> Result<Self, tonic::transport::Error> {
+        let inner = AccountantServiceClient::connect(endpoint)
+            .await?
+            .max_decoding_message_size(crate::server::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(crate::server::MAX_MESSAGE_BYTES);
+        Ok(Self { inner })
+    }
+
+    /// The generated client, for calls without a helper here.
+    pub fn raw(&mut self) -> &mut AccountantServiceClient<Channel> {
+        &mut self.inner
+    }
+
+    /// Streams part `part` of `step` (all P values) in chunks of [`CHUNK_VALUES`].
+    pub async fn submit_part(&mut self, job_id: &str, step: u64, part: u32, values: &[f32]) -> Result<SubmitPartResponse, Status> {
+        let chunks: Vec<GradientChunk> = values
+            .chunks(CHUNK_VALUES)
+            .enumerate()
+            .map(|(i, c)| GradientChunk { job_id: job_id.to_owned(), step, part, offset: (i * CHUNK_VALUES) as u64, values: c.to_vec() })
+            .collect();
+        Ok(self.inner.submit_part(Request::new(futures::stream::iter(chunks))).await?.into_inner())
+    }
+
+    /// Waits for the release of `step` and returns its values and the spend after it.
+    pub async fn fetch_release(&mut self, job_id: &str, step: u64) -> Result<(Vec<f32>, Option<JobSpend>), Status> {
+        let request = FetchReleaseRequest { job_id: job_id.to_owned(), step, chunk_values: 0 };
+        let mut stream = self.inner.fetch_release(request).await?.into_inner();
+        let (mut values, mut spend) = (Vec::new(), None);
+        while let Some(chunk) = stream.message().await? {
+            if chunk.offset != values.len() as u64 {
+                return Err(Status::data_loss(format!("release chunk at offset {} after {} values", chunk.offset, values.len())));
+            }
+            spend = spend.or(chunk.spend);
+            values.extend_from_slice(&chunk.values);
+        }
+        Ok((values, spend))
+    }
+}

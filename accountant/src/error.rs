@@ -1,0 +1,131 @@
+//! Every way an accountant request can fail, each mapped to one [`ErrorCode`].
+
+use dpcap_proto::{ErrorCode, ServiceError};
+
+use crate::privacy::PrivacyError;
+
+/// An accountant failure; messages are lowercase and carry the offending values.
+#[derive(Debug, thiserror::Error)]
+pub enum AccountantError {
+    /// A request field is malformed; names the field and why.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// The request field (protocol name).
+        field: &'static str,
+        /// What is wrong with it, with the value.
+        reason: String,
+    },
+    /// The job id is not registered.
+    #[error("job {job_id} is not registered")]
+    UnknownJob {
+        /// The job asked for.
+        job_id: String,
+    },
+    /// The job was registered before with a different contract.
+    #[error("job {job_id} is already registered with a different mechanism or budget")]
+    RegistrationConflict {
+        /// The job.
+        job_id: String,
+    },
+    /// The step is not the one the ledger expects, or its release is gone.
+    #[error("job {job_id} step {step}: {reason}")]
+    StepRefused {
+        /// The job.
+        job_id: String,
+        /// The refused step.
+        step: u64,
+        /// Why (e.g. "the ledger expects step 7").
+        reason: String,
+    },
+    /// The step would take the job (or its dataset) past its budget; nothing was charged.
+    #[error(
+        "budget exhausted for job {job_id}: step {step} would spend epsilon {epsilon_after:.6} > {scope} target {epsilon_target} (spent {epsilon_spent:.6} at delta {delta:e})"
+    )]
+    BudgetExhausted {
+        /// The job.
+        job_id: String,
+        /// The step that was refused.
+        step: u64,
+        /// "job" or "dataset <id>".
+        scope: String,
+        /// ε spent before this step.
+        epsilon_spent: f64,
+        /// ε the step would have brought it to.
+        epsilon_after: f64,
+        /// The target it would pass.
+        epsilon_target: f64,
+        /// δ of the job.
+        delta: f64,
+    },
+    /// A part with the same (job, step, part) but other bytes was already received.
+    #[error("job {job_id} step {step} part {part}: a different part with this number was already received")]
+    ConflictingPart {
+        /// The job.
+        job_id: String,
+        /// The step.
+        step: u64,
+        /// The part index.
+        part: u32,
+    },
+    /// Another accountant process sharing the ledger charged this step first.
+    #[error("job {job_id} step {step} was charged by another accountant sharing this ledger")]
+    ChargedElsewhere {
+        /// The job.
+        job_id: String,
+        /// The step.
+        step: u64,
+    },
+    /// The job was closed and accepts nothing more.
+    #[error("job {job_id} is closed")]
+    JobClosed {
+        /// The job.
+        job_id: String,
+    },
+    /// The ledger is still being replayed, or the server is draining.
+    #[error("accountant unavailable: {0}")]
+    Unavailable(String),
+    /// The ledger's store failed.
+    #[error("ledger storage failed: {0}")]
+    Storage(#[from] object_store::Error),
+    /// A ledger object could not be decoded.
+    #[error("ledger object {path} is corrupt: {reason}")]
+    CorruptLedger {
+        /// The object path.
+        path: String,
+        /// Why it failed to decode.
+        reason: String,
+    },
+    /// A privacy parameter is out of its domain.
+    #[error(transparent)]
+    Privacy(#[from] PrivacyError),
+    /// A bug: a task panicked or was cancelled.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ServiceError for AccountantError {
+    fn error_code(&self) -> ErrorCode {
+        use AccountantError::*;
+        match self {
+            InvalidArgument { .. } => ErrorCode::InvalidArgument,
+            Privacy(PrivacyError::Invalid { .. }) => ErrorCode::InvalidArgument,
+            Privacy(PrivacyError::Unreachable { .. }) => ErrorCode::FailedPrecondition,
+            UnknownJob { .. } => ErrorCode::NotFound,
+            RegistrationConflict { .. } => ErrorCode::AlreadyExists,
+            StepRefused { .. } | BudgetExhausted { .. } | JobClosed { .. } => ErrorCode::FailedPrecondition,
+            ConflictingPart { .. } | ChargedElsewhere { .. } => ErrorCode::Aborted,
+            Unavailable(_) => ErrorCode::Unavailable,
+            Storage(_) | CorruptLedger { .. } | Internal(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+impl AccountantError {
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        AccountantError::InvalidArgument { field, reason: reason.into() }
+    }
+
+    pub(crate) fn refused(job_id: &str, step: u64, reason: impl Into<String>) -> Self {
+        AccountantError::StepRefused { job_id: job_id.to_owned(), step, reason: reason.into() }
+    }
+}

@@ -1,0 +1,196 @@
+//! The ledger: the durable record of every job's contract and every charged step, kept in an
+//! object store (a local directory by default; S3, GCS or Azure by URL).
+//!
+//! Layout under the ledger root:
+//! - `jobs/{job}/registration.json`: the job's contract, written once;
+//! - `jobs/{job}/charges/{step:020}.json`: one object per charged step, written with a
+//!   conditional create, so a step can be charged at most once even by two accountant
+//!   processes sharing the store;
+//! - `jobs/{job}/delivered/{step:020}`: written after the release of a step was streamed out;
+//!   a charge without it at replay time is counted as discarded;
+//! - `jobs/{job}/closed.json`: the job ended; no further parts are accepted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+
+use crate::error::AccountantError;
+
+/// A job's privacy contract as recorded in the ledger.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Registration {
+    /// The job id (validated: `[A-Za-z0-9._-]{1,128}`).
+    pub job_id: String,
+    /// Poisson sampling rate q.
+    pub sample_rate: f64,
+    /// Noise multiplier σ (noise std σ·C).
+    pub noise_multiplier: f64,
+    /// L2 clipping norm C.
+    pub clipping_norm: f64,
+    /// δ at which ε is enforced.
+    pub delta: f64,
+    /// The job's ε target at δ.
+    pub epsilon_target: f64,
+    /// "pld" or "rdp".
+    pub accountant: String,
+    /// Gradient dimension P.
+    pub gradient_dim: u64,
+    /// Parts per step W.
+    pub parts: u32,
+    /// Dataset id ("" for none).
+    pub dataset_id: String,
+    /// The dataset's lifetime ε budget at δ (0 for none).
+    pub dataset_epsilon_budget: f64,
+    /// The fixed test seed, when the job uses insecure seeded noise.
+    pub insecure_noise_seed: Option<u64>,
+}
+
+/// One charged step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Charge {
+    /// The job.
+    pub job_id: String,
+    /// The step charged.
+    pub step: u64,
+    /// ε at δ after this step.
+    pub epsilon_after: f64,
+    /// How the step's noise was keyed ("os-entropy" or "insecure-seeded:SEED").
+    pub noise: String,
+    /// Wall-clock time of the charge, milliseconds since the Unix epoch.
+    pub charged_at_unix_ms: u64,
+}
+
+/// Everything the ledger holds about one job, as read back at start-up.
+#[derive(Debug, Clone)]
+pub struct JobRecord {
+    /// The contract.
+    pub registration: Registration,
+    /// Charged step numbers.
+    pub charged: BTreeSet<u64>,
+    /// Step numbers whose release was streamed out.
+    pub delivered: BTreeSet<u64>,
+    /// The reason given when the job was closed, if it was.
+    pub closed: Option<String>,
+}
+
+/// The ledger over an object store.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+}
+
+impl Ledger {
+    /// A ledger rooted at `root` inside `store`.
+    pub fn new(store: Arc<dyn ObjectStore>, root: Path) -> Self {
+        Self { store, root }
+    }
+
+    fn job_path(&self, job_id: &str, rest: &str) -> Path {
+        Path::from(format!("{}/jobs/{job_id}/{rest}", self.root).trim_start_matches('/'))
+    }
+
+    /// Records a registration. Ok(true) when new, Ok(false) when an identical one exists.
+    pub async fn register(&self, registration: &Registration) -> Result<bool, AccountantError> {
+        let path = self.job_path(&registration.job_id, "registration.json");
+        match self.create(&path, serde_json::to_vec_pretty(registration).expect("registration serialises")).await {
+            Ok(()) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                let existing: Registration = self.read_json(&path).await?;
+                if &existing == registration {
+                    Ok(false)
+                } else {
+                    Err(AccountantError::RegistrationConflict { job_id: registration.job_id.clone() })
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Durably charges one step; fails with ChargedElsewhere if the step was already charged.
+    pub async fn charge(&self, charge: &Charge) -> Result<(), AccountantError> {
+        let path = self.job_path(&charge.job_id, &format!("charges/{:020}.json", charge.step));
+        match self.create(&path, serde_json::to_vec_pretty(charge).expect("charge serialises")).await {
+            Ok(()) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                Err(AccountantError::ChargedElsewhere { job_id: charge.job_id.clone(), step: charge.step })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Records that a step's release was streamed out (idempotent).
+    pub async fn mark_delivered(&self, job_id: &str, step: u64) -> Result<(), AccountantError> {
+        let path = self.job_path(job_id, &format!("delivered/{step:020}"));
+        match self.create(&path, Vec::new()).await {
+            Ok(()) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Records that a job ended (idempotent; the first reason is kept).
+    pub async fn close(&self, job_id: &str, reason: &str) -> Result<(), AccountantError> {
+        let path = self.job_path(job_id, "closed.json");
+        let body = serde_json::to_vec(&serde_json::json!({ "reason": reason })).expect("json serialises");
+        match self.create(&path, body).await {
+            Ok(()) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Reads back every job in the ledger.
+    pub async fn replay(&self) -> Result<Vec<JobRecord>, AccountantError> {
+        let prefix = Path::from(format!("{}/jobs", self.root).trim_start_matches('/'));
+        let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        #[derive(Default)]
+        struct Found {
+            registration: bool,
+            charged: BTreeSet<u64>,
+            delivered: BTreeSet<u64>,
+            closed: bool,
+        }
+        let mut found: BTreeMap<String, Found> = BTreeMap::new();
+        for object in objects {
+            let parts: Vec<_> = object.location.prefix_match(&prefix).map(|p| p.map(|s| s.as_ref().to_owned()).collect()).unwrap_or_default();
+            let Some(job) = parts.first() else { continue };
+            let entry = found.entry(job.clone()).or_default();
+            let step_of = |name: &str| name.trim_end_matches(".json").parse::<u64>().ok();
+            match parts.get(1..).unwrap_or_default() {
+                [name] if name == "registration.json" => entry.registration = true,
+                [name] if name == "closed.json" => entry.closed = true,
+                [dir, name] if dir == "charges" => entry.charged.extend(step_of(name)),
+                [dir, name] if dir == "delivered" => entry.delivered.extend(step_of(name)),
+                _ => tracing::warn!(path = %object.location, "ignoring unknown ledger object"),
+            }
+        }
+        let mut jobs = Vec::with_capacity(found.len());
+        for (job_id, f) in found {
+            if !f.registration {
+                return Err(AccountantError::CorruptLedger { path: format!("jobs/{job_id}"), reason: "charges without a registration".into() });
+            }
+            let registration: Registration = self.read_json(&self.job_path(&job_id, "registration.json")).await?;
+            let closed = if f.closed {
+                let v: serde_json::Value = self.read_json(&self.job_path(&job_id, "closed.json")).await?;
+                Some(v["reason"].as_str().unwrap_or_default().to_owned())
+            } else {
+                None
+            };
+            jobs.push(JobRecord { registration, charged: f.charged, delivered: f.delivered, closed });
+        }
+        Ok(jobs)
+    }
+
+    async fn create(&self, path: &Path, body: Vec<u8>) -> Result<(), object_store::Error> {
+        let options = PutOptions { mode: PutMode::Create, ..Default::default() };
+        self.store.put_opts(path, PutPayload::from(body), options).await.map(|_| ())
+    }
+
+    async fn read_json<T: serde::de::DeserializeOwned>(&self, path: &Path) -> Result<T, AccountantError> {
+        let bytes = self.store.get(path).await?.bytes().await?;
+        serde_json::from_slice(&bytes).map_err(|e| AccountantError::CorruptLedger { path: path.to_string(), reason: e.to_string() })
+    }
+}

@@ -1,0 +1,109 @@
+//! Prometheus metrics on their own HTTP port. Process-wide series (budget rejections, release
+//! duration, build info) go through the `metrics` facade; per-job series are rendered at
+//! scrape time from the jobs' live progress, so they come from the ledger after a restart and
+//! vanish when a job is closed.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+
+use crate::accountant::Accountant;
+
+/// Buckets of `dpcap_release_duration_seconds`: from the first part of a step to its release.
+pub const RELEASE_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide recorder once and returns its handle.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full("dpcap_release_duration_seconds".into()), RELEASE_BUCKETS)
+                .expect("buckets are non-empty")
+                .build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; dpcap metrics go to it");
+            }
+            metrics::describe_counter!("dpcap_budget_rejections_total", "Steps refused because they would pass an epsilon budget, by reason.");
+            metrics::describe_histogram!("dpcap_release_duration_seconds", metrics::Unit::Seconds, "Seconds from a step's first part to its release.");
+            metrics::describe_gauge!("dpcap_build_info", "Build information; always 1.");
+            metrics::gauge!("dpcap_build_info", "version" => env!("CARGO_PKG_VERSION"), "component" => "accountant").set(1.0);
+            handle
+        })
+        .clone()
+}
+
+/// Counts one refused step; `reason` is "job_target" or "dataset_budget".
+pub fn record_budget_rejection(reason: &'static str) {
+    metrics::counter!("dpcap_budget_rejections_total", "reason" => reason).increment(1);
+}
+
+/// Observes one release's duration.
+pub fn record_release(elapsed: Duration) {
+    metrics::histogram!("dpcap_release_duration_seconds").record(elapsed.as_secs_f64());
+}
+
+/// The full exposition: process-wide series plus one set of per-job series per open job.
+pub fn render(handle: &PrometheusHandle, accountant: &Accountant) -> String {
+    let mut out = handle.render();
+    let mut jobs = accountant.open_jobs();
+    jobs.sort_by(|a, b| a.registration.job_id.cmp(&b.registration.job_id));
+    type Field = fn(&crate::job::Job) -> f64;
+    let series: [(&str, &str, &str, Field); 7] = [
+        ("dpcap_privacy_epsilon_spent", "gauge", "Epsilon spent at the job's delta (every charged step).", |j| j.progress().epsilon_spent),
+        ("dpcap_privacy_epsilon_target", "gauge", "The job's epsilon target at its delta.", |j| j.registration.epsilon_target),
+        ("dpcap_privacy_delta", "gauge", "The job's delta.", |j| j.registration.delta),
+        ("dpcap_noise_multiplier", "gauge", "Noise multiplier sigma (noise std sigma*C).", |j| j.registration.noise_multiplier),
+        ("dpcap_sampling_rate", "gauge", "Poisson sampling rate q.", |j| j.registration.sample_rate),
+        ("dpcap_steps_charged_total", "counter", "Steps charged to the ledger, discarded ones included.", |j| j.progress().charged as f64),
+        ("dpcap_steps_discarded_total", "counter", "Charged steps whose release never reached the job.", |j| j.progress().discarded as f64),
+    ];
+    for (name, kind, help, value) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for job in &jobs {
+            let _ = writeln!(out, "{name}{{job=\"{}\"}} {}", job.registration.job_id, value(job));
+        }
+    }
+    out
+}
+
+/// Serves `GET /metrics` (and `/healthz`) until `shutdown` resolves.
+pub async fn serve(listener: TcpListener, handle: PrometheusHandle, accountant: Arc<Accountant>, shutdown: impl std::future::Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => { tracing::warn!(error = %e, "metrics accept failed"); continue; }
+            },
+        };
+        let (handle, accountant) = (handle.clone(), accountant.clone());
+        tokio::spawn(async move {
+            let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                let response = match request.uri().path() {
+                    "/metrics" => Response::builder()
+                        .header("content-type", "text/plain; version=0.0.4")
+                        .body(Full::new(Bytes::from(render(&handle, &accountant)))),
+                    "/healthz" => Response::builder().body(Full::new(Bytes::from_static(b"ok\n"))),
+                    _ => Response::builder().status(StatusCode::NOT_FOUND).body(Full::new(Bytes::from_static(b"not found\n"))),
+                };
+                async move { response }
+            });
+            if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+                tracing::debug!(error = %e, "metrics connection ended");
+            }
+        });
+    }
+}

@@ -1,0 +1,134 @@
+//! Runs the accountant: gRPC (AccountantService, grpc.health.v1, server reflection) and the
+//! metrics port. Health reports NOT_SERVING until the ledger is replayed; on shutdown it turns
+//! NOT_SERVING again, new connections stop, and in-flight requests drain.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use dpcap_proto::v1::accountant_service_server::AccountantServiceServer;
+use object_store::ObjectStore;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
+
+use crate::accountant::Accountant;
+use crate::error::AccountantError;
+use crate::ledger::Ledger;
+use crate::metrics;
+use crate::service::AccountantGrpc;
+
+/// Largest inbound gRPC message (a part chunk): 8 MiB.
+pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The ledger store could not be opened.
+    #[error("cannot open ledger store {url}: {reason}")]
+    Store {
+        /// The store URL or path given.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// The ledger could not be replayed.
+    #[error("ledger replay failed: {0}")]
+    Replay(#[from] AccountantError),
+    /// The gRPC transport failed.
+    #[error("grpc server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// Reflection could not be built from the descriptor sets.
+    #[error("reflection setup failed: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Opens the ledger: a local directory path (created if missing) or an object-store URL
+/// (`file://`, and `s3://`, `gs://`, `az://` with the matching cargo features).
+pub fn open_ledger(location: &str) -> Result<Ledger, ServeError> {
+    let store_error = |reason: String| ServeError::Store { url: location.to_owned(), reason };
+    if !location.contains("://") || location.starts_with("file://") {
+        let dir = location.strip_prefix("file://").unwrap_or(location);
+        std::fs::create_dir_all(dir).map_err(|e| store_error(e.to_string()))?;
+        let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| store_error(e.to_string()))?;
+        return Ok(Ledger::new(Arc::new(store), Path::default()));
+    }
+    let url = url::Url::parse(location).map_err(|e| store_error(e.to_string()))?;
+    let (store, root): (Box<dyn ObjectStore>, Path) = object_store::parse_url(&url).map_err(|e| store_error(e.to_string()))?;
+    Ok(Ledger::new(Arc::from(store), root))
+}
+
+/// Serves until `shutdown` resolves, then drains. Replays the ledger after the listeners are
+/// up so that health can report NOT_SERVING meanwhile.
+pub async fn serve(
+    grpc: TcpListener,
+    metrics_listener: TcpListener,
+    ledger: Ledger,
+    allow_seeded_noise: bool,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let accountant = Arc::new(Accountant::new(ledger, allow_seeded_noise));
+    let handle = metrics::install();
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_service_status("", ServingStatus::NotServing).await;
+    health.set_not_serving::<AccountantServiceServer<AccountantGrpc>>().await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(dpcap_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(dpcap_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let service = AccountantServiceServer::new(AccountantGrpc::new(accountant.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let health_on_stop = health.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down: draining in-flight requests");
+        health_on_stop.set_service_status("", ServingStatus::NotServing).await;
+        health_on_stop.set_not_serving::<AccountantServiceServer<AccountantGrpc>>().await;
+        let _ = stop_tx.send(true);
+    });
+    tokio::spawn(metrics::serve(metrics_listener, handle, accountant.clone(), stopped(stop_rx.clone())));
+
+    let replay = {
+        let (accountant, health) = (accountant.clone(), health.clone());
+        tokio::spawn(async move {
+            let jobs = accountant.replay().await?;
+            tracing::info!(jobs, "ledger replayed; serving");
+            health.set_service_status("", ServingStatus::Serving).await;
+            health.set_serving::<AccountantServiceServer<AccountantGrpc>>().await;
+            Ok::<(), AccountantError>(())
+        })
+    };
+    let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(stop_rx));
+    tokio::pin!(server);
+    tokio::pin!(replay);
+    let mut replay_done = false;
+    loop {
+        tokio::select! {
+            result = &mut server => return Ok(result?),
+            result = &mut replay, if !replay_done => {
+                replay_done = true;
+                match result {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(ServeError::Replay(e)),
+                    Err(e) => return Err(ServeError::Replay(AccountantError::Internal(e.to_string()))),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! `dpcap.v1.AccountantService` over the accountant core: converts messages, streams parts in
+//! and releases out, and maps every error through [`dpcap_proto::to_status`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use dpcap_proto::to_status;
+use dpcap_proto::v1::accountant_service_server::AccountantService;
+use dpcap_proto::v1::{
+    self as pb, CloseJobRequest, EstimateRequest, EstimateResponse, FetchReleaseRequest, GetSpendRequest, GradientChunk, JobSpend,
+    RegisterJobRequest, RegisterJobResponse, ReleaseChunk, SubmitPartResponse,
+};
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::accountant::Accountant;
+use crate::error::AccountantError;
+use crate::job::{Job, PartAssembler, Phase};
+use crate::ledger::Registration;
+use crate::privacy::{self, AccountantKind, EpsilonCurve};
+
+/// Default values per release chunk: 262144 f32 = 1 MiB, under gRPC's 4 MiB message limit.
+pub const DEFAULT_CHUNK_VALUES: usize = 1 << 18;
+/// Largest chunk a client may ask for (3 MiB of values).
+pub const MAX_CHUNK_VALUES: usize = 3 << 18;
+
+/// The gRPC face of an [`Accountant`].
+#[derive(Debug, Clone)]
+pub struct AccountantGrpc {
+    accountant: Arc<Accountant>,
+}
+
+impl AccountantGrpc {
+    /// Serves `accountant`.
+    pub fn new(accountant: Arc<Accountant>) -> Self {
+        Self { accountant }
+    }
+}
+
+fn kind_from_proto(value: i32) -> Result<AccountantKind, AccountantError> {
+    match pb::AccountantKind::try_from(value) {
+        Ok(pb::AccountantKind::Unspecified | pb::AccountantKind::Pld) => Ok(AccountantKind::Pld),
+        Ok(pb::AccountantKind::Rdp) => Ok(AccountantKind::Rdp),
+        Err(_) => Err(AccountantError::invalid("accountant", format!("unknown accountant kind {value}"))),
+    }
+}
+
+fn kind_to_proto(kind: AccountantKind) -> i32 {
+    match kind {
+        AccountantKind::Pld => pb::AccountantKind::Pld as i32,
+        AccountantKind::Rdp => pb::AccountantKind::Rdp as i32,
+    }
+}
+
+fn registration_from_proto(request: RegisterJobRequest) -> Result<Registration, AccountantError> {
+    let mechanism = request.mechanism.ok_or_else(|| AccountantError::invalid("mechanism", "is required"))?;
+    Ok(Registration {
+        job_id: request.job_id,
+        sample_rate: mechanism.sample_rate,
+        noise_multiplier: mechanism.noise_multiplier,
+        clipping_norm: mechanism.clipping_norm,
+        delta: request.delta,
+        epsilon_target: request.epsilon_target,
+        accountant: kind_from_proto(request.accountant)?.to_string(),
+        gradient_dim: request.gradient_dim,
+        parts: request.parts,
+        dataset_id: request.dataset_id,
+        dataset_epsilon_budget: request.dataset_epsilon_budget,
+        insecure_noise_seed: request.insecure_noise_seed,
+    })
+}
+
+/// The job's spend as a message.
+pub fn spend(job: &Job) -> JobSpend {
+    let r = &job.registration;
+    let p = job.progress();
+    JobSpend {
+        job_id: r.job_id.clone(),
+        mechanism: Some(pb::Mechanism { sample_rate: r.sample_rate, noise_multiplier: r.noise_multiplier, clipping_norm: r.clipping_norm }),
+        accountant: kind_to_proto(job.curve.kind()),
+        delta: r.delta,
+        epsilon_target: r.epsilon_target,
+        epsilon_spent: p.epsilon_spent,
+        steps_charged: p.charged,
+        steps_discarded: p.discarded,
+        next_step: p.next_step,
+        max_steps: job.max_steps,
+        phase: match p.phase {
+            Phase::Open => pb::JobPhase::Open,
+            Phase::BudgetExhausted => pb::JobPhase::BudgetExhausted,
+            Phase::Closed => pb::JobPhase::Closed,
+        } as i32,
+        seeded_noise: r.insecure_noise_seed.is_some(),
+    }
+}
+
+type ReleaseStream = Pin<Box<dyn Stream<Item = Result<ReleaseChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AccountantService for AccountantGrpc {
+    async fn register_job(&self, request: Request<RegisterJobRequest>) -> Result<Response<RegisterJobResponse>, Status> {
+        let registration = registration_from_proto(request.into_inner()).map_err(to_status)?;
+        let (job, created) = self.accountant.register(registration).await.map_err(to_status)?;
+        Ok(Response::new(RegisterJobResponse { spend: Some(spend(&job)), created }))
+    }
+
+    async fn submit_part(&self, request: Request<Streaming<GradientChunk>>) -> Result<Response<SubmitPartResponse>, Status> {
+        let mut chunks = request.into_inner();
+        let first = chunks.message().await?.ok_or_else(|| Status::invalid_argument("invalid values: the part stream is empty"))?;
+        let job = self.accountant.job(&first.job_id).map_err(to_status)?;
+        let mut assembler = PartAssembler::new(&job, first.step, first.part).map_err(to_status)?;
+        let mut next = Some(first);
+        while let Some(chunk) = next {
+            assembler.push(&chunk.job_id, chunk.step, chunk.part, chunk.offset, &chunk.values).map_err(to_status)?;
+            next = chunks.message().await?;
+        }
+        let (step, part, values, digest) = assembler.finish().map_err(to_status)?;
+        let (received, released, accepted_new) =
+            self.accountant.submit_part(&job, step, part, values, digest).await.map_err(|e| {
+                tracing::warn!(job_id = %job.registration.job_id, step, part, error = %e, "part refused");
+                to_status(e)
+            })?;
+        Ok(Response::new(SubmitPartResponse {
+            job_id: job.registration.job_id.clone(),
+            step,
+            parts_received: received,
+            parts_expected: job.registration.parts,
+            released,
+            accepted_new,
+        }))
+    }
+
+    type FetchReleaseStream = ReleaseStream;
+
+    async fn fetch_release(&self, request: Request<FetchReleaseRequest>) -> Result<Response<Self::FetchReleaseStream>, Status> {
+        let request = request.into_inner();
+        let chunk_values = match request.chunk_values as usize {
+            0 => DEFAULT_CHUNK_VALUES,
+            n if n <= MAX_CHUNK_VALUES => n,
+            n => return Err(to_status(AccountantError::invalid("chunk_values", format!("{n} exceeds {MAX_CHUNK_VALUES}")))),
+        };
+        let job = self.accountant.job(&request.job_id).map_err(to_status)?;
+        let release = self.accountant.wait_release(&job, request.step).await.map_err(to_status)?;
+        let (tx, rx) = mpsc::channel(4);
+        let accountant = self.accountant.clone();
+        tokio::spawn(async move {
+            let mut first_spend = Some(JobSpend { epsilon_spent: release.epsilon_after, ..spend(&job) });
+            for (i, values) in release.values.chunks(chunk_values).enumerate() {
+                let chunk = ReleaseChunk {
+                    job_id: job.registration.job_id.clone(),
+                    step: release.step,
+                    offset: (i * chunk_values) as u64,
+                    values: values.to_vec(),
+                    spend: first_spend.take(),
+                };
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return; // the client went away before the whole release
+                }
+            }
+            if let Err(e) = accountant.mark_delivered(&job, release.step).await {
+                tracing::warn!(job_id = %job.registration.job_id, step = release.step, error = %e, "could not record delivery");
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx).boxed()))
+    }
+
+    async fn get_spend(&self, request: Request<GetSpendRequest>) -> Result<Response<JobSpend>, Status> {
+        let job = self.accountant.job(&request.into_inner().job_id).map_err(to_status)?;
+        Ok(Response::new(spend(&job)))
+    }
+
+    async fn close_job(&self, request: Request<CloseJobRequest>) -> Result<Response<JobSpend>, Status> {
+        let request = request.into_inner();
+        let job = self.accountant.job(&request.job_id).map_err(to_status)?;
+        self.accountant.close(&job, &request.reason).await.map_err(to_status)?;
+        Ok(Response::new(spend(&job)))
+    }
+
+    async fn estimate(&self, request: Request<EstimateRequest>) -> Result<Response<EstimateResponse>, Status> {
+        let r = request.into_inner();
+        let kind = kind_from_proto(r.accountant).map_err(to_status)?;
+        let result = tokio::task::spawn_blocking(move || estimate(kind, r)).await.map_err(|e| Status::internal(e.to_string()))?;
+        result.map(Response::new).map_err(to_status)
+    }
+}
+
+/// Solves for whichever of σ, steps and ε the request leaves out.
+fn estimate(kind: AccountantKind, r: EstimateRequest) -> Result<EstimateResponse, AccountantError> {
+    let (q, delta) = (r.sample_rate, r.delta);
+    privacy::check_sample_rate(q)?;
+    privacy::check_delta(delta)?;
+    let (sigma, steps, epsilon) = match (r.noise_multiplier, r.steps, r.epsilon) {
+        (Some(sigma), Some(steps), None) => (sigma, steps, EpsilonCurve::new(kind, q, sigma, delta)?.epsilon_after(steps)),
+        (None, Some(steps), Some(eps)) => (privacy::noise_multiplier(kind, q, steps, eps, delta)?, steps, eps),
+        (Some(sigma), None, Some(eps)) => (sigma, privacy::max_steps(&EpsilonCurve::new(kind, q, sigma, delta)?, eps)?, eps),
+        _ => return Err(AccountantError::invalid("noise_multiplier/steps/epsilon", "give exactly two of the three")),
+    };
+    Ok(EstimateResponse { sample_rate: q, delta, accountant: kind_to_proto(kind), noise_multiplier: sigma, steps, epsilon })
+}

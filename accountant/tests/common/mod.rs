@@ -1,0 +1,131 @@
+//! Starts real `dpcap-accountant` processes on 127.0.0.1 ephemeral ports over a real
+//! local-directory ledger, and talks to them over gRPC and HTTP.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dpcap_accountant::client::AccountantClient;
+use dpcap_proto::v1::{self as pb, Mechanism, RegisterJobRequest};
+
+/// A running accountant process; killed (SIGKILL) on drop.
+pub struct AccountantProcess {
+    child: Child,
+    pub grpc: String,
+    pub metrics: String,
+    pub ledger: PathBuf,
+}
+
+impl AccountantProcess {
+    /// Starts the binary on `ledger` and waits until health reports SERVING.
+    pub async fn start(ledger: &Path, extra: &[&str]) -> Self {
+        let addr_file = ledger.with_extension(format!("addr-{}", std::process::id() as u64 * 1000 + rand_suffix()));
+        let _ = std::fs::remove_file(&addr_file);
+        let child = Command::new(env!("CARGO_BIN_EXE_dpcap-accountant"))
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--ledger"])
+            .arg(ledger)
+            .arg("--addr-file")
+            .arg(&addr_file)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("dpcap-accountant starts");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let addrs: serde_json::Value = loop {
+            if let Ok(text) = std::fs::read_to_string(&addr_file) {
+                break serde_json::from_str(&text).expect("addr file is json");
+            }
+            assert!(Instant::now() < deadline, "accountant did not write its addr file");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let process = Self {
+            child,
+            grpc: format!("http://{}", addrs["grpc"].as_str().unwrap()),
+            metrics: format!("http://{}/metrics", addrs["metrics"].as_str().unwrap()),
+            ledger: ledger.to_owned(),
+        };
+        process.wait_serving().await;
+        process
+    }
+
+    async fn wait_serving(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(channel) = tonic::transport::Endpoint::new(self.grpc.clone()).unwrap().connect().await {
+                let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+                let request = tonic_health::pb::HealthCheckRequest { service: "dpcap.v1.AccountantService".into() };
+                if let Ok(r) = health.check(request).await {
+                    if r.into_inner().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
+                        return;
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "accountant never reported SERVING");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn client(&self) -> AccountantClient {
+        AccountantClient::connect(self.grpc.clone()).await.expect("connects")
+    }
+
+    /// SIGKILL: no drain, no cleanup — a crash.
+    pub fn kill(mut self) {
+        self.child.kill().expect("kill");
+        self.child.wait().expect("reap");
+    }
+
+    /// The /metrics text.
+    pub async fn scrape(&self) -> String {
+        let url = self.metrics.trim_start_matches("http://");
+        let (host, path) = url.split_once('/').unwrap();
+        let mut stream = tokio::net::TcpStream::connect(host).await.expect("metrics port");
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        stream.write_all(format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await.unwrap();
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        body
+    }
+}
+
+impl Drop for AccountantProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::SeqCst)
+}
+
+/// A registration with seeded noise, PLD accounting and no dataset budget.
+pub fn job(job_id: &str, q: f64, sigma: f64, clip: f64, target: f64, dim: u64, parts: u32, seed: Option<u64>) -> RegisterJobRequest {
+    RegisterJobRequest {
+        job_id: job_id.into(),
+        mechanism: Some(Mechanism { sample_rate: q, noise_multiplier: sigma, clipping_norm: clip }),
+        delta: 1e-5,
+        epsilon_target: target,
+        accountant: pb::AccountantKind::Pld as i32,
+        gradient_dim: dim,
+        parts,
+        dataset_id: String::new(),
+        dataset_epsilon_budget: 0.0,
+        insecure_noise_seed: seed,
+    }
+}
+
+/// Step charge objects present in the ledger for a job.
+pub fn charged_steps(ledger: &Path, job_id: &str) -> Vec<u64> {
+    let dir = ledger.join("jobs").join(job_id).join("charges");
+    let mut steps: Vec<u64> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.trim_end_matches(".json").parse().ok()).collect())
+        .unwrap_or_default();
+    steps.sort();
+    steps
+}

@@ -1,0 +1,230 @@
+//! The accountant service end to end: real `dpcap-accountant` processes on 127.0.0.1
+//! ephemeral ports over a real local-directory ledger.
+
+mod common;
+
+use common::{AccountantProcess, charged_steps, job};
+use dpcap_accountant::privacy::{AccountantKind, EpsilonCurve, max_steps, noise_multiplier};
+use dpcap_proto::v1::{CloseJobRequest, GetSpendRequest, GradientChunk};
+use tonic::Code;
+
+fn part(seed: u32, dim: usize) -> Vec<f32> {
+    (0..dim).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 1000.0 - 0.5).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicate_parts_and_fetches_charge_once_and_return_identical_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let mut client = server.client().await;
+    let dim = 5000;
+    client.raw().register_job(job("dup", 0.01, 1.0, 1.0, 10.0, dim as u64, 2, None)).await.unwrap();
+    let (a, b) = (part(1, dim), part(2, dim));
+    let mut tasks = Vec::new();
+    for (p, values) in [(0u32, &a), (1, &b), (0, &a), (1, &b), (1, &b)] {
+        let (mut c, values) = (client.clone(), values.clone());
+        tasks.push(tokio::spawn(async move { c.submit_part("dup", 0, p, &values).await }));
+    }
+    let mut fetches = Vec::new();
+    for _ in 0..3 {
+        let mut c = client.clone();
+        fetches.push(tokio::spawn(async move { c.fetch_release("dup", 0).await }));
+    }
+    let submitted: Vec<_> = futures::future::join_all(tasks).await.into_iter().map(|r| r.unwrap().unwrap()).collect();
+    assert_eq!(submitted.iter().filter(|r| r.accepted_new).count(), 2, "each part counted once: {submitted:?}");
+    assert!(submitted.iter().any(|r| r.released));
+    let releases: Vec<Vec<f32>> = futures::future::join_all(fetches).await.into_iter().map(|r| r.unwrap().unwrap().0).collect();
+    assert_eq!(releases[0].len(), dim);
+    assert!(releases.iter().all(|r| r == &releases[0]), "every fetch returns identical bytes");
+    let again = client.fetch_release("dup", 0).await.unwrap().0;
+    assert_eq!(again, releases[0], "a later fetch never draws fresh noise");
+    assert_eq!(charged_steps(dir.path(), "dup"), vec![0]);
+    let spend = client.raw().get_spend(GetSpendRequest { job_id: "dup".into() }).await.unwrap().into_inner();
+    assert_eq!((spend.steps_charged, spend.next_step), (1, 1));
+    // A retried identical part of the released step is idempotent; other bytes are refused.
+    let retry = client.submit_part("dup", 0, 0, &a).await.unwrap();
+    assert!(retry.released && !retry.accepted_new, "{retry:?}");
+    let late = client.submit_part("dup", 0, 0, &b).await.unwrap_err();
+    assert_eq!(late.code(), Code::FailedPrecondition, "{late}");
+    client.submit_part("dup", 1, 0, &a).await.unwrap();
+    let conflict = client.submit_part("dup", 1, 0, &b).await.unwrap_err();
+    assert_eq!(conflict.code(), Code::Aborted, "{conflict}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_between_charge_and_delivery_discards_the_step_and_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let mut client = server.client().await;
+    let dim = 100;
+    client.raw().register_job(job("crash", 0.01, 1.0, 1.0, 10.0, dim as u64, 2, Some(5))).await.unwrap();
+    for step in 0..2u64 {
+        client.submit_part("crash", step, 0, &part(0, dim)).await.unwrap();
+        let r = client.submit_part("crash", step, 1, &part(1, dim)).await.unwrap();
+        assert!(r.released);
+        if step == 0 {
+            client.fetch_release("crash", 0).await.unwrap();
+        }
+    }
+    // Step 1 is charged and released in memory but never delivered: crash now.
+    server.kill();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let mut client = server.client().await;
+    let spend = client.raw().get_spend(GetSpendRequest { job_id: "crash".into() }).await.unwrap().into_inner();
+    assert_eq!((spend.steps_charged, spend.steps_discarded, spend.next_step), (2, 1, 2), "{spend:?}");
+    let lost = client.fetch_release("crash", 1).await.unwrap_err();
+    assert_eq!(lost.code(), Code::FailedPrecondition);
+    assert!(lost.message().contains("discarded"), "{lost}");
+    let reuse = client.submit_part("crash", 1, 0, &part(0, dim)).await.unwrap_err();
+    assert_eq!(reuse.code(), Code::FailedPrecondition, "step numbers are never reused: {reuse}");
+    client.submit_part("crash", 2, 0, &part(0, dim)).await.unwrap();
+    client.submit_part("crash", 2, 1, &part(1, dim)).await.unwrap();
+    client.fetch_release("crash", 2).await.unwrap();
+    assert_eq!(charged_steps(dir.path(), "crash"), vec![0, 1, 2]);
+    let metrics = server.scrape().await;
+    assert!(metrics.contains("dpcap_steps_charged_total{job=\"crash\"} 3"), "{metrics}");
+    assert!(metrics.contains("dpcap_steps_discarded_total{job=\"crash\"} 1"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_calibrated_for_epsilon_one_is_refused_exactly_at_the_first_step_past_it() {
+    let (q, steps, target, delta) = (0.05, 30u64, 1.0, 1e-5);
+    let sigma = noise_multiplier(AccountantKind::Pld, q, steps, target, delta).unwrap();
+    let limit = max_steps(&EpsilonCurve::new(AccountantKind::Pld, q, sigma, delta).unwrap(), target).unwrap();
+    assert!(limit >= steps, "calibration must allow the planned {steps} steps, allows {limit}");
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    client.raw().register_job(job("budget", q, sigma, 1.0, target, 8, 1, None)).await.unwrap();
+    for step in 0..limit {
+        let r = client.submit_part("budget", step, 0, &part(step as u32, 8)).await.unwrap_or_else(|e| panic!("step {step}: {e}"));
+        assert!(r.released);
+    }
+    let refused = client.submit_part("budget", limit, 0, &part(0, 8)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    let msg = refused.message();
+    assert!(msg.contains("budget exhausted") && msg.contains(&format!("step {limit}")) && msg.contains("target 1"), "{msg}");
+    let spend = client.raw().get_spend(GetSpendRequest { job_id: "budget".into() }).await.unwrap().into_inner();
+    assert!(spend.epsilon_spent <= target, "{spend:?}");
+    assert_eq!(spend.steps_charged, limit);
+    assert_eq!(charged_steps(dir.path(), "budget").len() as u64, limit, "the refused step was never charged");
+    assert!(server.scrape().await.contains("dpcap_budget_rejections_total{reason=\"job_target\"} 1"));
+}
+
+/// Released minus submitted sum over 2^20 coordinates: mean 0 and std σ·C within 1 %, with
+/// W = 1 and W = 3 (noise is added once to the sum, not once per part).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noise_has_std_sigma_c_and_is_added_once_whatever_w() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let mut client = server.client().await;
+    let (dim, sigma, clip) = (1usize << 20, 0.8, 2.5);
+    for parts in [1u32, 3] {
+        let id = format!("noise-w{parts}");
+        client.raw().register_job(job(&id, 0.01, sigma, clip, 50.0, dim as u64, parts, Some(11))).await.unwrap();
+        let mut sum = vec![0.0f64; dim];
+        for p in 0..parts {
+            let values = part(p, dim);
+            sum.iter_mut().zip(&values).for_each(|(s, v)| *s += f64::from(*v));
+            client.submit_part(&id, 0, p, &values).await.unwrap();
+        }
+        let (released, spend) = client.fetch_release(&id, 0).await.unwrap();
+        assert!(spend.unwrap().seeded_noise);
+        let noise: Vec<f64> = released.iter().zip(&sum).map(|(r, s)| f64::from(*r) - s).collect();
+        let n = noise.len() as f64;
+        let mean = noise.iter().sum::<f64>() / n;
+        let std = (noise.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        let want = sigma * clip;
+        assert!(mean.abs() < 5.0 * want / n.sqrt(), "W={parts}: mean {mean}");
+        assert!((std / want - 1.0).abs() < 0.01, "W={parts}: std {std}, want {want}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_a_clear_status_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    let dim = 10;
+    client.raw().register_job(job("bad", 0.01, 1.0, 1.0, 10.0, dim as u64, 2, None)).await.unwrap();
+    client.raw().register_job(job("other", 0.01, 1.0, 1.0, 10.0, dim as u64, 1, None)).await.unwrap();
+    client.submit_part("bad", 0, 0, &part(0, dim)).await.unwrap();
+
+    fn expect<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: Code, words: &[&str]) {
+        let e = r.err().expect("refused");
+        assert_eq!(e.code(), code, "{e}");
+        for w in words {
+            assert!(e.message().contains(w), "{:?} lacks {w:?}", e.message());
+        }
+    }
+    expect(client.submit_part("bad", 0, 1, &part(1, dim + 1)).await, Code::InvalidArgument, &["values", "gradient_dim 10"]);
+    expect(client.submit_part("bad", 0, 1, &part(1, dim - 1)).await, Code::InvalidArgument, &["values", "9 values"]);
+    let mut nan = part(1, dim);
+    nan[3] = f32::NAN;
+    expect(client.submit_part("bad", 0, 1, &nan).await, Code::InvalidArgument, &["not finite", "index 3"]);
+    let gap = vec![
+        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 0, values: part(1, 4) },
+        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 5, values: part(1, 6) },
+    ];
+    expect(client.raw().submit_part(futures::stream::iter(gap)).await, Code::InvalidArgument, &["offset 5", "expected 4"]);
+    expect(client.submit_part("bad", 0, 2, &part(1, dim)).await, Code::InvalidArgument, &["part 2", "2 parts"]);
+    expect(client.submit_part("ghost", 0, 0, &part(1, dim)).await, Code::NotFound, &["ghost"]);
+    expect(client.submit_part("bad", 5, 1, &part(1, dim)).await, Code::FailedPrecondition, &["expects step 0"]);
+    expect(client.raw().register_job(job("bad", 0.02, 1.0, 1.0, 10.0, dim as u64, 2, None)).await, Code::AlreadyExists, &["bad"]);
+    expect(client.raw().register_job(job("x", 1.5, 1.0, 1.0, 10.0, 1, 1, None)).await, Code::InvalidArgument, &["sample_rate", "1.5"]);
+    expect(client.raw().register_job(job("x", 0.1, 1.0, 1.0, 10.0, 1, 1, Some(1))).await, Code::InvalidArgument, &["insecure_noise_seed"]);
+    expect(client.raw().register_job(job("bad job", 0.1, 1.0, 1.0, 10.0, 1, 1, None)).await, Code::InvalidArgument, &["job_id"]);
+
+    // Nothing was lost: the good part 0 is still pending, the proper part 1 releases the step,
+    // and the other job was never disturbed.
+    let r = client.submit_part("bad", 0, 1, &part(1, dim)).await.unwrap();
+    assert!(r.released && r.parts_received == 2, "{r:?}");
+    assert!(client.submit_part("other", 0, 0, &part(7, dim)).await.unwrap().released);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_expose_per_job_spend_until_the_job_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    client.raw().register_job(job("m1", 0.02, 1.1, 1.0, 8.0, 4, 1, None)).await.unwrap();
+    client.submit_part("m1", 0, 0, &part(0, 4)).await.unwrap();
+    let text = server.scrape().await;
+    for series in [
+        "dpcap_privacy_epsilon_spent{job=\"m1\"}",
+        "dpcap_privacy_epsilon_target{job=\"m1\"} 8",
+        "dpcap_privacy_delta{job=\"m1\"} 0.00001",
+        "dpcap_noise_multiplier{job=\"m1\"} 1.1",
+        "dpcap_sampling_rate{job=\"m1\"} 0.02",
+        "dpcap_steps_charged_total{job=\"m1\"} 1",
+        "dpcap_steps_discarded_total{job=\"m1\"} 0",
+        "dpcap_release_duration_seconds_bucket",
+        "dpcap_build_info{",
+    ] {
+        assert!(text.contains(series), "missing {series} in\n{text}");
+    }
+    let closed = client.raw().close_job(CloseJobRequest { job_id: "m1".into(), reason: "succeeded".into() }).await.unwrap();
+    assert_eq!(closed.into_inner().steps_charged, 1);
+    assert!(!server.scrape().await.contains("job=\"m1\""), "per-job series removed on close");
+    let refused = client.submit_part("m1", 1, 0, &part(0, 4)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+}
+
+/// Two accountant processes on one ledger: the conditional create lets only one charge a step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_accountants_sharing_a_ledger_never_charge_a_step_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = AccountantProcess::start(dir.path(), &[]).await;
+    let second = AccountantProcess::start(dir.path(), &[]).await;
+    let (mut a, mut b) = (first.client().await, second.client().await);
+    let registration = job("shared", 0.01, 1.0, 1.0, 10.0, 16, 1, None);
+    a.raw().register_job(registration.clone()).await.unwrap();
+    let again = b.raw().register_job(registration).await.unwrap().into_inner();
+    assert!(!again.created, "the second registration finds the first in the ledger");
+    let values = part(0, 16);
+    let (ra, rb) = tokio::join!(a.submit_part("shared", 0, 0, &values), b.submit_part("shared", 0, 0, &values));
+    let outcomes = [ra.as_ref().map(|r| r.released).map_err(|e| e.code()), rb.as_ref().map(|r| r.released).map_err(|e| e.code())];
+    assert_eq!(outcomes.iter().filter(|o| **o == Ok(true)).count(), 1, "{outcomes:?}");
+    assert_eq!(outcomes.iter().filter(|o| **o == Err(Code::Aborted)).count(), 1, "{outcomes:?}");
+    assert_eq!(charged_steps(dir.path(), "shared"), vec![0]);
+}
