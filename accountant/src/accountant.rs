@@ -54,13 +54,22 @@ impl Accountant {
     }
 
     fn check_ready(&self) -> Result<(), AccountantError> {
-        if self.ready.load(Ordering::SeqCst) { Ok(()) } else { Err(AccountantError::Unavailable("replaying the ledger".into())) }
+        if self.ready.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(AccountantError::Unavailable("replaying the ledger".into()))
+        }
     }
 
     /// The job, or NOT_FOUND.
     pub fn job(&self, job_id: &str) -> Result<Arc<Job>, AccountantError> {
         self.check_ready()?;
-        self.jobs.read().expect("jobs lock").get(job_id).cloned().ok_or_else(|| AccountantError::UnknownJob { job_id: job_id.to_owned() })
+        self.jobs
+            .read()
+            .expect("jobs lock")
+            .get(job_id)
+            .cloned()
+            .ok_or_else(|| AccountantError::UnknownJob { job_id: job_id.to_owned() })
     }
 
     /// Every job that is not closed, for metrics.
@@ -75,7 +84,10 @@ impl Accountant {
         self.check_ready()?;
         validate_registration(&registration)?;
         if registration.insecure_noise_seed.is_some() && !self.allow_seeded_noise {
-            return Err(AccountantError::invalid("insecure_noise_seed", "seeded noise is refused unless the accountant runs with --allow-seeded-noise"));
+            return Err(AccountantError::invalid(
+                "insecure_noise_seed",
+                "seeded noise is refused unless the accountant runs with --allow-seeded-noise",
+            ));
         }
         if let Some(existing) = self.jobs.read().expect("jobs lock").get(&registration.job_id).cloned() {
             return if existing.registration == registration {
@@ -84,7 +96,12 @@ impl Accountant {
                 Err(AccountantError::RegistrationConflict { job_id: registration.job_id })
             };
         }
-        let record = JobRecord { registration: registration.clone(), charged: BTreeSet::new(), delivered: BTreeSet::new(), closed: None };
+        let record = JobRecord {
+            registration: registration.clone(),
+            charged: BTreeSet::new(),
+            delivered: BTreeSet::new(),
+            closed: None,
+        };
         let job = build_job_from_record(record, self.allow_seeded_noise).await?;
         let created = self.ledger.register(&registration).await?;
         let mut jobs = self.jobs.write().expect("jobs lock");
@@ -95,14 +112,22 @@ impl Accountant {
 
     /// Adds one complete part of `step`. When it is the last of the W parts, charges and
     /// releases the step before returning. Returns (parts received, released, accepted new).
-    pub async fn submit_part(&self, job: &Job, step: u64, part: u32, values: Vec<f32>, digest: u64) -> Result<(u32, bool, bool), AccountantError> {
+    pub async fn submit_part(
+        &self,
+        job: &Job,
+        step: u64,
+        part: u32,
+        values: Vec<f32>,
+        digest: u64,
+    ) -> Result<(u32, bool, bool), AccountantError> {
         let r = &job.registration;
         let mut state = job.state.lock().await;
         let progress = job.progress();
-        if let Some((released, digests)) = &state.last_released {
-            if *released == step && digests.get(part as usize) == Some(&Some(digest)) {
-                return Ok((r.parts, true, false));
-            }
+        if let Some((released, digests)) = &state.last_released
+            && *released == step
+            && digests.get(part as usize) == Some(&Some(digest))
+        {
+            return Ok((r.parts, true, false));
         }
         check_step_open(job, &progress, step)?;
         let pending = state.pending.get_or_insert_with(|| Pending {
@@ -144,14 +169,22 @@ impl Accountant {
         let epsilon_after = blocking(move || curve.epsilon_after(charged + 1)).await?;
         if epsilon_after > r.epsilon_target {
             state.pending = None;
-            return Err(self.refuse(job, step, "job".into(), progress.epsilon_spent, epsilon_after, r.epsilon_target, "job_target"));
+            return Err(self.refuse(
+                job,
+                step,
+                "job".into(),
+                progress.epsilon_spent,
+                epsilon_after,
+                r.epsilon_target,
+                "job_target",
+            ));
         }
-        if let Some((dataset_eps, spent)) = self.dataset_epsilon_after(job).await? {
-            if dataset_eps > r.dataset_epsilon_budget {
-                state.pending = None;
-                let scope = format!("dataset {}", r.dataset_id);
-                return Err(self.refuse(job, step, scope, spent, dataset_eps, r.dataset_epsilon_budget, "dataset_budget"));
-            }
+        if let Some((dataset_eps, spent)) = self.dataset_epsilon_after(job).await?
+            && dataset_eps > r.dataset_epsilon_budget
+        {
+            state.pending = None;
+            let scope = format!("dataset {}", r.dataset_id);
+            return Err(self.refuse(job, step, scope, spent, dataset_eps, r.dataset_epsilon_budget, "dataset_budget"));
         }
         let charge = Charge {
             job_id: r.job_id.clone(),
@@ -181,7 +214,8 @@ impl Accountant {
         let std = r.noise_multiplier * r.clipping_norm;
         let mode = job.noise;
         let sum = pending.sum;
-        let values = blocking(move || noise::release(&sum, std, mode, step)).await?
+        let values = blocking(move || noise::release(&sum, std, mode, step))
+            .await?
             .map_err(|e| AccountantError::Internal(format!("os entropy unavailable: {e}")))?;
         state.releases.insert(step, Arc::new(Release { step, values, epsilon_after }));
         while state.releases.len() > RELEASES_KEPT {
@@ -198,7 +232,16 @@ impl Accountant {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn refuse(&self, job: &Job, step: u64, scope: String, spent: f64, after: f64, target: f64, reason: &'static str) -> AccountantError {
+    fn refuse(
+        &self,
+        job: &Job,
+        step: u64,
+        scope: String,
+        spent: f64,
+        after: f64,
+        target: f64,
+        reason: &'static str,
+    ) -> AccountantError {
         metrics::record_budget_rejection(reason);
         job.progress.send_modify(|p| p.phase = Phase::BudgetExhausted);
         tracing::warn!(job_id = %job.registration.job_id, step, epsilon_after = after, target, reason, "refused step: budget exhausted");
@@ -214,9 +257,8 @@ impl Accountant {
     }
 
     fn dataset_lock(&self, r: &Registration) -> Option<Arc<Mutex<()>>> {
-        (r.dataset_epsilon_budget > 0.0).then(|| {
-            self.dataset_locks.lock().expect("dataset locks").entry(r.dataset_id.clone()).or_default().clone()
-        })
+        (r.dataset_epsilon_budget > 0.0)
+            .then(|| self.dataset_locks.lock().expect("dataset locks").entry(r.dataset_id.clone()).or_default().clone())
     }
 
     /// ε of the dataset after this job's next step, composing every job registered on it,
@@ -226,11 +268,21 @@ impl Accountant {
         if r.dataset_epsilon_budget <= 0.0 {
             return Ok(None);
         }
-        let siblings: Vec<Arc<Job>> =
-            self.jobs.read().expect("jobs lock").values().filter(|j| j.registration.dataset_id == r.dataset_id).cloned().collect();
+        let siblings: Vec<Arc<Job>> = self
+            .jobs
+            .read()
+            .expect("jobs lock")
+            .values()
+            .filter(|j| j.registration.dataset_id == r.dataset_id)
+            .cloned()
+            .collect();
         let mut segments: Vec<Segment> = siblings
             .iter()
-            .map(|j| Segment { sample_rate: j.registration.sample_rate, noise_multiplier: j.registration.noise_multiplier, steps: j.progress().charged })
+            .map(|j| Segment {
+                sample_rate: j.registration.sample_rate,
+                noise_multiplier: j.registration.noise_multiplier,
+                steps: j.progress().charged,
+            })
             .collect();
         let kind = job.curve.kind();
         let delta = r.delta;
@@ -262,7 +314,9 @@ impl Accountant {
                 return Err(AccountantError::refused(id, step, reason));
             }
             match progress.phase {
-                Phase::BudgetExhausted => return Err(AccountantError::refused(id, step, "budget exhausted; the step was not released")),
+                Phase::BudgetExhausted => {
+                    return Err(AccountantError::refused(id, step, "budget exhausted; the step was not released"));
+                }
                 Phase::Closed => return Err(AccountantError::JobClosed { job_id: id.clone() }),
                 Phase::Open => {}
             }
@@ -295,32 +349,55 @@ fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), Acco
     match progress.phase {
         Phase::Closed => return Err(AccountantError::JobClosed { job_id: id.clone() }),
         Phase::BudgetExhausted => {
-            return Err(AccountantError::refused(id, step, format!("budget exhausted after {} steps (epsilon {:.6})", progress.charged, progress.epsilon_spent)));
+            return Err(AccountantError::refused(
+                id,
+                step,
+                format!("budget exhausted after {} steps (epsilon {:.6})", progress.charged, progress.epsilon_spent),
+            ));
         }
         Phase::Open => {}
     }
     if step < progress.next_step {
-        return Err(AccountantError::refused(id, step, format!("step was already charged; the ledger expects step {}", progress.next_step)));
+        return Err(AccountantError::refused(
+            id,
+            step,
+            format!("step was already charged; the ledger expects step {}", progress.next_step),
+        ));
     }
     if step > progress.next_step {
-        return Err(AccountantError::refused(id, step, format!("step is not next; the ledger expects step {}", progress.next_step)));
+        return Err(AccountantError::refused(
+            id,
+            step,
+            format!("step is not next; the ledger expects step {}", progress.next_step),
+        ));
     }
     Ok(())
 }
 
 fn validate_registration(r: &Registration) -> Result<(), AccountantError> {
-    let id_ok = !r.job_id.is_empty() && r.job_id.len() <= 128 && r.job_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    let id_ok = !r.job_id.is_empty()
+        && r.job_id.len() <= 128
+        && r.job_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
     if !id_ok {
-        return Err(AccountantError::invalid("job_id", format!("{:?} must be 1-128 characters of [A-Za-z0-9._-]", r.job_id)));
+        return Err(AccountantError::invalid(
+            "job_id",
+            format!("{:?} must be 1-128 characters of [A-Za-z0-9._-]", r.job_id),
+        ));
     }
     privacy::check_sample_rate(r.sample_rate)?;
     privacy::check_noise_multiplier(r.noise_multiplier)?;
     privacy::check_delta(r.delta)?;
     if !(r.clipping_norm > 0.0 && r.clipping_norm.is_finite()) {
-        return Err(AccountantError::invalid("clipping_norm", format!("{} must be a finite number > 0", r.clipping_norm)));
+        return Err(AccountantError::invalid(
+            "clipping_norm",
+            format!("{} must be a finite number > 0", r.clipping_norm),
+        ));
     }
     if !(r.epsilon_target > 0.0 && r.epsilon_target.is_finite()) {
-        return Err(AccountantError::invalid("epsilon_target", format!("{} must be a finite number > 0", r.epsilon_target)));
+        return Err(AccountantError::invalid(
+            "epsilon_target",
+            format!("{} must be a finite number > 0", r.epsilon_target),
+        ));
     }
     r.accountant.parse::<AccountantKind>()?;
     if r.gradient_dim == 0 || r.gradient_dim > (1 << 34) {
@@ -330,7 +407,10 @@ fn validate_registration(r: &Registration) -> Result<(), AccountantError> {
         return Err(AccountantError::invalid("parts", format!("{} must be in [1, 4096]", r.parts)));
     }
     if !(r.dataset_epsilon_budget >= 0.0 && r.dataset_epsilon_budget.is_finite()) {
-        return Err(AccountantError::invalid("dataset_epsilon_budget", format!("{} must be a finite number >= 0", r.dataset_epsilon_budget)));
+        return Err(AccountantError::invalid(
+            "dataset_epsilon_budget",
+            format!("{} must be a finite number >= 0", r.dataset_epsilon_budget),
+        ));
     }
     if r.dataset_epsilon_budget > 0.0 && r.dataset_id.is_empty() {
         return Err(AccountantError::invalid("dataset_id", "must be set when dataset_epsilon_budget is"));
@@ -346,7 +426,10 @@ async fn build_job_from_record(record: JobRecord, allow_seeded_noise: bool) -> R
     let noise = match r.insecure_noise_seed {
         Some(seed) if allow_seeded_noise => NoiseMode::Seeded(seed),
         Some(_) => {
-            return Err(AccountantError::Unavailable(format!("job {} uses seeded noise; restart with --allow-seeded-noise", r.job_id)));
+            return Err(AccountantError::Unavailable(format!(
+                "job {} uses seeded noise; restart with --allow-seeded-noise",
+                r.job_id
+            )));
         }
         None => NoiseMode::OsEntropy,
     };
@@ -369,7 +452,13 @@ async fn build_job_from_record(record: JobRecord, allow_seeded_noise: bool) -> R
         Phase::Open
     };
     let progress = Progress { next_step, charged, discarded: discarded.len() as u64, epsilon_spent, phase };
-    let state = StepState { pending: None, releases: BTreeMap::new(), discarded, delivered: record.delivered, last_released: None };
+    let state = StepState {
+        pending: None,
+        releases: BTreeMap::new(),
+        discarded,
+        delivered: record.delivered,
+        last_released: None,
+    };
     Ok(Job { registration: r, curve, max_steps, noise, state: Mutex::new(state), progress: watch::channel(progress).0 })
 }
 

@@ -18,8 +18,8 @@ pub struct AccountantClient {
 impl AccountantClient {
     /// Connects to `endpoint` (e.g. "http://127.0.0.1:7070").
     pub async fn connect(endpoint: String) -> Result<Self, tonic::transport::Error> {
-        let inner = AccountantServiceClient::connect(endpoint)
-            .await?
+        let channel = tonic::transport::Endpoint::from_shared(endpoint)?.http2_adaptive_window(true).connect().await?;
+        let inner = AccountantServiceClient::new(channel)
             .max_decoding_message_size(crate::server::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(crate::server::MAX_MESSAGE_BYTES);
         Ok(Self { inner })
@@ -31,11 +31,23 @@ impl AccountantClient {
     }
 
     /// Streams part `part` of `step` (all P values) in chunks of [`CHUNK_VALUES`].
-    pub async fn submit_part(&mut self, job_id: &str, step: u64, part: u32, values: &[f32]) -> Result<SubmitPartResponse, Status> {
+    pub async fn submit_part(
+        &mut self,
+        job_id: &str,
+        step: u64,
+        part: u32,
+        values: &[f32],
+    ) -> Result<SubmitPartResponse, Status> {
         let chunks: Vec<GradientChunk> = values
             .chunks(CHUNK_VALUES)
             .enumerate()
-            .map(|(i, c)| GradientChunk { job_id: job_id.to_owned(), step, part, offset: (i * CHUNK_VALUES) as u64, values: c.to_vec() })
+            .map(|(i, c)| GradientChunk {
+                job_id: job_id.to_owned(),
+                step,
+                part,
+                offset: (i * CHUNK_VALUES) as u64,
+                values: c.to_vec(),
+            })
             .collect();
         Ok(self.inner.submit_part(Request::new(futures::stream::iter(chunks))).await?.into_inner())
     }
@@ -47,7 +59,11 @@ impl AccountantClient {
         let (mut values, mut spend) = (Vec::new(), None);
         while let Some(chunk) = stream.message().await? {
             if chunk.offset != values.len() as u64 {
-                return Err(Status::data_loss(format!("release chunk at offset {} after {} values", chunk.offset, values.len())));
+                return Err(Status::data_loss(format!(
+                    "release chunk at offset {} after {} values",
+                    chunk.offset,
+                    values.len()
+                )));
             }
             spend = spend.or(chunk.spend);
             values.extend_from_slice(&chunk.values);

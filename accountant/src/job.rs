@@ -120,31 +120,55 @@ impl PartAssembler {
     pub fn new(job: &Job, step: u64, part: u32) -> Result<Self, AccountantError> {
         let r = &job.registration;
         if part >= r.parts {
-            return Err(AccountantError::invalid("part", format!("part {part} is out of range for a job of {} parts", r.parts)));
+            return Err(AccountantError::invalid(
+                "part",
+                format!("part {part} is out of range for a job of {} parts", r.parts),
+            ));
         }
-        let dim = usize::try_from(r.gradient_dim).map_err(|_| AccountantError::invalid("gradient_dim", "too large for this host"))?;
+        let dim = usize::try_from(r.gradient_dim)
+            .map_err(|_| AccountantError::invalid("gradient_dim", "too large for this host"))?;
         Ok(Self { job_id: r.job_id.clone(), step, part, values: Vec::with_capacity(dim), dim })
     }
 
     /// Appends one chunk; its header must repeat the part's and its offset must follow on.
-    pub fn push(&mut self, job_id: &str, step: u64, part: u32, offset: u64, values: &[f32]) -> Result<(), AccountantError> {
+    pub fn push(
+        &mut self,
+        job_id: &str,
+        step: u64,
+        part: u32,
+        offset: u64,
+        values: &[f32],
+    ) -> Result<(), AccountantError> {
         if job_id != self.job_id || step != self.step || part != self.part {
             return Err(AccountantError::invalid(
                 "job_id/step/part",
-                format!("chunk for ({job_id}, {step}, {part}) inside the stream of ({}, {}, {})", self.job_id, self.step, self.part),
+                format!(
+                    "chunk for ({job_id}, {step}, {part}) inside the stream of ({}, {}, {})",
+                    self.job_id, self.step, self.part
+                ),
             ));
         }
         if offset != self.values.len() as u64 {
-            return Err(AccountantError::invalid("offset", format!("chunk offset {offset}, expected {}", self.values.len())));
+            return Err(AccountantError::invalid(
+                "offset",
+                format!("chunk offset {offset}, expected {}", self.values.len()),
+            ));
         }
         if self.values.len() + values.len() > self.dim {
             return Err(AccountantError::invalid(
                 "values",
-                format!("part has more than gradient_dim {} values ({} so far)", self.dim, self.values.len() + values.len()),
+                format!(
+                    "part has more than gradient_dim {} values ({} so far)",
+                    self.dim,
+                    self.values.len() + values.len()
+                ),
             ));
         }
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-            return Err(AccountantError::invalid("values", format!("value {} at index {} is not finite", values[i], offset as usize + i)));
+            return Err(AccountantError::invalid(
+                "values",
+                format!("value {} at index {} is not finite", values[i], offset as usize + i),
+            ));
         }
         self.values.extend_from_slice(values);
         Ok(())

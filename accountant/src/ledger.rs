@@ -155,7 +155,11 @@ impl Ledger {
         }
         let mut found: BTreeMap<String, Found> = BTreeMap::new();
         for object in objects {
-            let parts: Vec<_> = object.location.prefix_match(&prefix).map(|p| p.map(|s| s.as_ref().to_owned()).collect()).unwrap_or_default();
+            let parts: Vec<_> = object
+                .location
+                .prefix_match(&prefix)
+                .map(|p| p.map(|s| s.as_ref().to_owned()).collect())
+                .unwrap_or_default();
             let Some(job) = parts.first() else { continue };
             let entry = found.entry(job.clone()).or_default();
             let step_of = |name: &str| name.trim_end_matches(".json").parse::<u64>().ok();
@@ -170,7 +174,10 @@ impl Ledger {
         let mut jobs = Vec::with_capacity(found.len());
         for (job_id, f) in found {
             if !f.registration {
-                return Err(AccountantError::CorruptLedger { path: format!("jobs/{job_id}"), reason: "charges without a registration".into() });
+                return Err(AccountantError::CorruptLedger {
+                    path: format!("jobs/{job_id}"),
+                    reason: "charges without a registration".into(),
+                });
             }
             let registration: Registration = self.read_json(&self.job_path(&job_id, "registration.json")).await?;
             let closed = if f.closed {
@@ -191,6 +198,7 @@ impl Ledger {
 
     async fn read_json<T: serde::de::DeserializeOwned>(&self, path: &Path) -> Result<T, AccountantError> {
         let bytes = self.store.get(path).await?.bytes().await?;
-        serde_json::from_slice(&bytes).map_err(|e| AccountantError::CorruptLedger { path: path.to_string(), reason: e.to_string() })
+        serde_json::from_slice(&bytes)
+            .map_err(|e| AccountantError::CorruptLedger { path: path.to_string(), reason: e.to_string() })
     }
 }

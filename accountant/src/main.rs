@@ -36,11 +36,18 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if args.log_json { builder.json().init() } else { builder.init() }
+    if args.log_json {
+        builder.json().init()
+    } else {
+        builder.init()
+    }
 
     let grpc = TcpListener::bind(args.listen).await.with_context(|| format!("binding --listen {}", args.listen))?;
-    let metrics = TcpListener::bind(args.metrics_listen).await.with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
-    let addrs = serde_json::json!({ "grpc": grpc.local_addr()?.to_string(), "metrics": metrics.local_addr()?.to_string() });
+    let metrics = TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
+    let addrs =
+        serde_json::json!({ "grpc": grpc.local_addr()?.to_string(), "metrics": metrics.local_addr()?.to_string() });
     tracing::info!(grpc = %addrs["grpc"], metrics = %addrs["metrics"], ledger = %args.ledger, "accountant listening");
     if let Some(path) = &args.addr_file {
         let tmp = path.with_extension("tmp");
@@ -56,7 +63,8 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing the SIGTERM handler");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing the SIGTERM handler");
         tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
     }
     #[cfg(not(unix))]

@@ -35,10 +35,18 @@ pub fn install() -> PrometheusHandle {
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!("a metrics recorder was already installed; dpcap metrics go to it");
             }
-            metrics::describe_counter!("dpcap_budget_rejections_total", "Steps refused because they would pass an epsilon budget, by reason.");
-            metrics::describe_histogram!("dpcap_release_duration_seconds", metrics::Unit::Seconds, "Seconds from a step's first part to its release.");
+            metrics::describe_counter!(
+                "dpcap_budget_rejections_total",
+                "Steps refused because they would pass an epsilon budget, by reason."
+            );
+            metrics::describe_histogram!(
+                "dpcap_release_duration_seconds",
+                metrics::Unit::Seconds,
+                "Seconds from a step's first part to its release."
+            );
             metrics::describe_gauge!("dpcap_build_info", "Build information; always 1.");
-            metrics::gauge!("dpcap_build_info", "version" => env!("CARGO_PKG_VERSION"), "component" => "accountant").set(1.0);
+            metrics::gauge!("dpcap_build_info", "version" => env!("CARGO_PKG_VERSION"), "component" => "accountant")
+                .set(1.0);
             handle
         })
         .clone()
@@ -61,13 +69,23 @@ pub fn render(handle: &PrometheusHandle, accountant: &Accountant) -> String {
     jobs.sort_by(|a, b| a.registration.job_id.cmp(&b.registration.job_id));
     type Field = fn(&crate::job::Job) -> f64;
     let series: [(&str, &str, &str, Field); 7] = [
-        ("dpcap_privacy_epsilon_spent", "gauge", "Epsilon spent at the job's delta (every charged step).", |j| j.progress().epsilon_spent),
-        ("dpcap_privacy_epsilon_target", "gauge", "The job's epsilon target at its delta.", |j| j.registration.epsilon_target),
+        ("dpcap_privacy_epsilon_spent", "gauge", "Epsilon spent at the job's delta (every charged step).", |j| {
+            j.progress().epsilon_spent
+        }),
+        ("dpcap_privacy_epsilon_target", "gauge", "The job's epsilon target at its delta.", |j| {
+            j.registration.epsilon_target
+        }),
         ("dpcap_privacy_delta", "gauge", "The job's delta.", |j| j.registration.delta),
-        ("dpcap_noise_multiplier", "gauge", "Noise multiplier sigma (noise std sigma*C).", |j| j.registration.noise_multiplier),
+        ("dpcap_noise_multiplier", "gauge", "Noise multiplier sigma (noise std sigma*C).", |j| {
+            j.registration.noise_multiplier
+        }),
         ("dpcap_sampling_rate", "gauge", "Poisson sampling rate q.", |j| j.registration.sample_rate),
-        ("dpcap_steps_charged_total", "counter", "Steps charged to the ledger, discarded ones included.", |j| j.progress().charged as f64),
-        ("dpcap_steps_discarded_total", "counter", "Charged steps whose release never reached the job.", |j| j.progress().discarded as f64),
+        ("dpcap_steps_charged_total", "counter", "Steps charged to the ledger, discarded ones included.", |j| {
+            j.progress().charged as f64
+        }),
+        ("dpcap_steps_discarded_total", "counter", "Charged steps whose release never reached the job.", |j| {
+            j.progress().discarded as f64
+        }),
     ];
     for (name, kind, help, value) in series {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -79,7 +97,12 @@ pub fn render(handle: &PrometheusHandle, accountant: &Accountant) -> String {
 }
 
 /// Serves `GET /metrics` (and `/healthz`) until `shutdown` resolves.
-pub async fn serve(listener: TcpListener, handle: PrometheusHandle, accountant: Arc<Accountant>, shutdown: impl std::future::Future<Output = ()>) {
+pub async fn serve(
+    listener: TcpListener,
+    handle: PrometheusHandle,
+    accountant: Arc<Accountant>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -97,7 +120,9 @@ pub async fn serve(listener: TcpListener, handle: PrometheusHandle, accountant: 
                         .header("content-type", "text/plain; version=0.0.4")
                         .body(Full::new(Bytes::from(render(&handle, &accountant)))),
                     "/healthz" => Response::builder().body(Full::new(Bytes::from_static(b"ok\n"))),
-                    _ => Response::builder().status(StatusCode::NOT_FOUND).body(Full::new(Bytes::from_static(b"not found\n"))),
+                    _ => Response::builder()
+                        .status(StatusCode::NOT_FOUND)
+                        .body(Full::new(Bytes::from_static(b"not found\n"))),
                 };
                 async move { response }
             });

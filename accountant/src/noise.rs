@@ -49,15 +49,14 @@ pub fn release(sum: &[f64], std: f64, mode: NoiseMode, step: u64) -> Result<Vec<
     let key = mode.key(step)?;
     let mut out = vec![0.0f32; sum.len()];
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(sum.len().div_ceil(BLOCK)).max(1);
-    let blocks: Vec<(usize, (&[f64], &mut [f32]))> = sum.chunks(BLOCK).zip(out.chunks_mut(BLOCK)).enumerate().collect();
-    let per_thread = blocks.len().div_ceil(threads);
-    let mut blocks = blocks;
+    let mut work: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
+    for (index, blocks) in sum.chunks(BLOCK).zip(out.chunks_mut(BLOCK)).enumerate() {
+        work[index % threads].push((index, blocks));
+    }
     std::thread::scope(|scope| {
-        while !blocks.is_empty() {
-            let take = per_thread.min(blocks.len());
-            let mine: Vec<_> = blocks.drain(..take).collect();
+        for blocks in work {
             scope.spawn(move || {
-                for (index, (input, output)) in mine {
+                for (index, (input, output)) in blocks {
                     let mut rng = ChaCha20Rng::from_seed(key);
                     rng.set_stream(index as u64);
                     fill_block(&mut rng, input, output, std);

@@ -55,7 +55,8 @@ pub fn open_ledger(location: &str) -> Result<Ledger, ServeError> {
         return Ok(Ledger::new(Arc::new(store), Path::default()));
     }
     let url = url::Url::parse(location).map_err(|e| store_error(e.to_string()))?;
-    let (store, root): (Box<dyn ObjectStore>, Path) = object_store::parse_url(&url).map_err(|e| store_error(e.to_string()))?;
+    let (store, root): (Box<dyn ObjectStore>, Path) =
+        object_store::parse_url(&url).map_err(|e| store_error(e.to_string()))?;
     Ok(Ledger::new(Arc::from(store), root))
 }
 
@@ -109,7 +110,10 @@ pub async fn serve(
             Ok::<(), AccountantError>(())
         })
     };
+    // HTTP/2's default 64 KiB flow-control windows cap a bulk stream at tens of MB/s even on
+    // loopback; adaptive windows grow them to the bandwidth-delay product (docs/grpc.md).
     let server = tonic::transport::Server::builder()
+        .http2_adaptive_window(Some(true))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

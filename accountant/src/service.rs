@@ -7,8 +7,8 @@ use std::sync::Arc;
 use dpcap_proto::to_status;
 use dpcap_proto::v1::accountant_service_server::AccountantService;
 use dpcap_proto::v1::{
-    self as pb, CloseJobRequest, EstimateRequest, EstimateResponse, FetchReleaseRequest, GetSpendRequest, GradientChunk, JobSpend,
-    RegisterJobRequest, RegisterJobResponse, ReleaseChunk, SubmitPartResponse,
+    self as pb, CloseJobRequest, EstimateRequest, EstimateResponse, FetchReleaseRequest, GetSpendRequest,
+    GradientChunk, JobSpend, RegisterJobRequest, RegisterJobResponse, ReleaseChunk, SubmitPartResponse,
 };
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -78,7 +78,11 @@ pub fn spend(job: &Job) -> JobSpend {
     let p = job.progress();
     JobSpend {
         job_id: r.job_id.clone(),
-        mechanism: Some(pb::Mechanism { sample_rate: r.sample_rate, noise_multiplier: r.noise_multiplier, clipping_norm: r.clipping_norm }),
+        mechanism: Some(pb::Mechanism {
+            sample_rate: r.sample_rate,
+            noise_multiplier: r.noise_multiplier,
+            clipping_norm: r.clipping_norm,
+        }),
         accountant: kind_to_proto(job.curve.kind()),
         delta: r.delta,
         epsilon_target: r.epsilon_target,
@@ -100,15 +104,24 @@ type ReleaseStream = Pin<Box<dyn Stream<Item = Result<ReleaseChunk, Status>> + S
 
 #[tonic::async_trait]
 impl AccountantService for AccountantGrpc {
-    async fn register_job(&self, request: Request<RegisterJobRequest>) -> Result<Response<RegisterJobResponse>, Status> {
+    async fn register_job(
+        &self,
+        request: Request<RegisterJobRequest>,
+    ) -> Result<Response<RegisterJobResponse>, Status> {
         let registration = registration_from_proto(request.into_inner()).map_err(to_status)?;
         let (job, created) = self.accountant.register(registration).await.map_err(to_status)?;
         Ok(Response::new(RegisterJobResponse { spend: Some(spend(&job)), created }))
     }
 
-    async fn submit_part(&self, request: Request<Streaming<GradientChunk>>) -> Result<Response<SubmitPartResponse>, Status> {
+    async fn submit_part(
+        &self,
+        request: Request<Streaming<GradientChunk>>,
+    ) -> Result<Response<SubmitPartResponse>, Status> {
         let mut chunks = request.into_inner();
-        let first = chunks.message().await?.ok_or_else(|| Status::invalid_argument("invalid values: the part stream is empty"))?;
+        let first = chunks
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("invalid values: the part stream is empty"))?;
         let job = self.accountant.job(&first.job_id).map_err(to_status)?;
         let mut assembler = PartAssembler::new(&job, first.step, first.part).map_err(to_status)?;
         let mut next = Some(first);
@@ -134,12 +147,20 @@ impl AccountantService for AccountantGrpc {
 
     type FetchReleaseStream = ReleaseStream;
 
-    async fn fetch_release(&self, request: Request<FetchReleaseRequest>) -> Result<Response<Self::FetchReleaseStream>, Status> {
+    async fn fetch_release(
+        &self,
+        request: Request<FetchReleaseRequest>,
+    ) -> Result<Response<Self::FetchReleaseStream>, Status> {
         let request = request.into_inner();
         let chunk_values = match request.chunk_values as usize {
             0 => DEFAULT_CHUNK_VALUES,
             n if n <= MAX_CHUNK_VALUES => n,
-            n => return Err(to_status(AccountantError::invalid("chunk_values", format!("{n} exceeds {MAX_CHUNK_VALUES}")))),
+            n => {
+                return Err(to_status(AccountantError::invalid(
+                    "chunk_values",
+                    format!("{n} exceeds {MAX_CHUNK_VALUES}"),
+                )));
+            }
         };
         let job = self.accountant.job(&request.job_id).map_err(to_status)?;
         let release = self.accountant.wait_release(&job, request.step).await.map_err(to_status)?;
@@ -181,7 +202,9 @@ impl AccountantService for AccountantGrpc {
     async fn estimate(&self, request: Request<EstimateRequest>) -> Result<Response<EstimateResponse>, Status> {
         let r = request.into_inner();
         let kind = kind_from_proto(r.accountant).map_err(to_status)?;
-        let result = tokio::task::spawn_blocking(move || estimate(kind, r)).await.map_err(|e| Status::internal(e.to_string()))?;
+        let result = tokio::task::spawn_blocking(move || estimate(kind, r))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
         result.map(Response::new).map_err(to_status)
     }
 }
@@ -192,10 +215,21 @@ fn estimate(kind: AccountantKind, r: EstimateRequest) -> Result<EstimateResponse
     privacy::check_sample_rate(q)?;
     privacy::check_delta(delta)?;
     let (sigma, steps, epsilon) = match (r.noise_multiplier, r.steps, r.epsilon) {
-        (Some(sigma), Some(steps), None) => (sigma, steps, EpsilonCurve::new(kind, q, sigma, delta)?.epsilon_after(steps)),
+        (Some(sigma), Some(steps), None) => {
+            (sigma, steps, EpsilonCurve::new(kind, q, sigma, delta)?.epsilon_after(steps))
+        }
         (None, Some(steps), Some(eps)) => (privacy::noise_multiplier(kind, q, steps, eps, delta)?, steps, eps),
-        (Some(sigma), None, Some(eps)) => (sigma, privacy::max_steps(&EpsilonCurve::new(kind, q, sigma, delta)?, eps)?, eps),
+        (Some(sigma), None, Some(eps)) => {
+            (sigma, privacy::max_steps(&EpsilonCurve::new(kind, q, sigma, delta)?, eps)?, eps)
+        }
         _ => return Err(AccountantError::invalid("noise_multiplier/steps/epsilon", "give exactly two of the three")),
     };
-    Ok(EstimateResponse { sample_rate: q, delta, accountant: kind_to_proto(kind), noise_multiplier: sigma, steps, epsilon })
+    Ok(EstimateResponse {
+        sample_rate: q,
+        delta,
+        accountant: kind_to_proto(kind),
+        noise_multiplier: sigma,
+        steps,
+        epsilon,
+    })
 }

@@ -19,7 +19,8 @@ fn epsilon_is_monotone_in_steps_rate_and_noise() {
             assert!(by_steps.windows(2).all(|w| w[0] < w[1]), "{kind} steps: {by_steps:?}");
             let by_rate: Vec<f64> = [q / 4.0, q / 2.0, q].iter().map(|&r| eps(kind, r, sigma, 100, delta)).collect();
             assert!(by_rate.windows(2).all(|w| w[0] < w[1]), "{kind} rate: {by_rate:?}");
-            let by_sigma: Vec<f64> = [sigma, sigma * 1.5, sigma * 3.0].iter().map(|&s| eps(kind, q, s, 100, delta)).collect();
+            let by_sigma: Vec<f64> =
+                [sigma, sigma * 1.5, sigma * 3.0].iter().map(|&s| eps(kind, q, s, 100, delta)).collect();
             assert!(by_sigma.windows(2).all(|w| w[0] > w[1]), "{kind} sigma: {by_sigma:?}");
         }
     }
@@ -28,7 +29,8 @@ fn epsilon_is_monotone_in_steps_rate_and_noise() {
 #[test]
 fn pld_is_tighter_than_rdp() {
     for &(q, sigma, steps) in &[(0.01, 1.0, 1000), (0.05, 0.9, 300), (1.0, 5.0, 50)] {
-        let (pld, rdp) = (eps(AccountantKind::Pld, q, sigma, steps, 1e-5), eps(AccountantKind::Rdp, q, sigma, steps, 1e-5));
+        let (pld, rdp) =
+            (eps(AccountantKind::Pld, q, sigma, steps, 1e-5), eps(AccountantKind::Rdp, q, sigma, steps, 1e-5));
         assert!(pld < rdp, "q={q} sigma={sigma}: pld {pld} rdp {rdp}");
     }
 }
@@ -41,7 +43,7 @@ fn extreme_parameters_stay_finite() {
         assert!(huge.is_finite() && huge > 1e3, "{kind} huge: {huge}");
         // Tiny rate: epsilon is tiny but not NaN.
         let tiny = eps(kind, 1e-9, 1.0, 10, 1e-5);
-        assert!(tiny.is_finite() && tiny >= 0.0 && tiny < 1e-3, "{kind} tiny q: {tiny}");
+        assert!(tiny.is_finite() && (0.0..1e-3).contains(&tiny), "{kind} tiny q: {tiny}");
         // Enormous noise.
         let quiet = eps(kind, 0.01, 1e4, 100, 1e-5);
         assert!(quiet.is_finite() && quiet < 1e-3, "{kind} quiet: {quiet}");

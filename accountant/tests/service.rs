@@ -33,7 +33,8 @@ async fn concurrent_duplicate_parts_and_fetches_charge_once_and_return_identical
     let submitted: Vec<_> = futures::future::join_all(tasks).await.into_iter().map(|r| r.unwrap().unwrap()).collect();
     assert_eq!(submitted.iter().filter(|r| r.accepted_new).count(), 2, "each part counted once: {submitted:?}");
     assert!(submitted.iter().any(|r| r.released));
-    let releases: Vec<Vec<f32>> = futures::future::join_all(fetches).await.into_iter().map(|r| r.unwrap().unwrap().0).collect();
+    let releases: Vec<Vec<f32>> =
+        futures::future::join_all(fetches).await.into_iter().map(|r| r.unwrap().unwrap().0).collect();
     assert_eq!(releases[0].len(), dim);
     assert!(releases.iter().all(|r| r == &releases[0]), "every fetch returns identical bytes");
     let again = client.fetch_release("dup", 0).await.unwrap().0;
@@ -97,13 +98,19 @@ async fn a_job_calibrated_for_epsilon_one_is_refused_exactly_at_the_first_step_p
     let mut client = server.client().await;
     client.raw().register_job(job("budget", q, sigma, 1.0, target, 8, 1, None)).await.unwrap();
     for step in 0..limit {
-        let r = client.submit_part("budget", step, 0, &part(step as u32, 8)).await.unwrap_or_else(|e| panic!("step {step}: {e}"));
+        let r = client
+            .submit_part("budget", step, 0, &part(step as u32, 8))
+            .await
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
         assert!(r.released);
     }
     let refused = client.submit_part("budget", limit, 0, &part(0, 8)).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
     let msg = refused.message();
-    assert!(msg.contains("budget exhausted") && msg.contains(&format!("step {limit}")) && msg.contains("target 1"), "{msg}");
+    assert!(
+        msg.contains("budget exhausted") && msg.contains(&format!("step {limit}")) && msg.contains("target 1"),
+        "{msg}"
+    );
     let spend = client.raw().get_spend(GetSpendRequest { job_id: "budget".into() }).await.unwrap().into_inner();
     assert!(spend.epsilon_spent <= target, "{spend:?}");
     assert_eq!(spend.steps_charged, limit);
@@ -151,13 +158,17 @@ async fn bad_input_is_refused_with_a_clear_status_and_loses_nothing() {
     client.submit_part("bad", 0, 0, &part(0, dim)).await.unwrap();
 
     fn expect<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: Code, words: &[&str]) {
-        let e = r.err().expect("refused");
+        let e = r.expect_err("refused");
         assert_eq!(e.code(), code, "{e}");
         for w in words {
             assert!(e.message().contains(w), "{:?} lacks {w:?}", e.message());
         }
     }
-    expect(client.submit_part("bad", 0, 1, &part(1, dim + 1)).await, Code::InvalidArgument, &["values", "gradient_dim 10"]);
+    expect(
+        client.submit_part("bad", 0, 1, &part(1, dim + 1)).await,
+        Code::InvalidArgument,
+        &["values", "gradient_dim 10"],
+    );
     expect(client.submit_part("bad", 0, 1, &part(1, dim - 1)).await, Code::InvalidArgument, &["values", "9 values"]);
     let mut nan = part(1, dim);
     nan[3] = f32::NAN;
@@ -166,14 +177,34 @@ async fn bad_input_is_refused_with_a_clear_status_and_loses_nothing() {
         GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 0, values: part(1, 4) },
         GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 5, values: part(1, 6) },
     ];
-    expect(client.raw().submit_part(futures::stream::iter(gap)).await, Code::InvalidArgument, &["offset 5", "expected 4"]);
+    expect(
+        client.raw().submit_part(futures::stream::iter(gap)).await,
+        Code::InvalidArgument,
+        &["offset 5", "expected 4"],
+    );
     expect(client.submit_part("bad", 0, 2, &part(1, dim)).await, Code::InvalidArgument, &["part 2", "2 parts"]);
     expect(client.submit_part("ghost", 0, 0, &part(1, dim)).await, Code::NotFound, &["ghost"]);
     expect(client.submit_part("bad", 5, 1, &part(1, dim)).await, Code::FailedPrecondition, &["expects step 0"]);
-    expect(client.raw().register_job(job("bad", 0.02, 1.0, 1.0, 10.0, dim as u64, 2, None)).await, Code::AlreadyExists, &["bad"]);
-    expect(client.raw().register_job(job("x", 1.5, 1.0, 1.0, 10.0, 1, 1, None)).await, Code::InvalidArgument, &["sample_rate", "1.5"]);
-    expect(client.raw().register_job(job("x", 0.1, 1.0, 1.0, 10.0, 1, 1, Some(1))).await, Code::InvalidArgument, &["insecure_noise_seed"]);
-    expect(client.raw().register_job(job("bad job", 0.1, 1.0, 1.0, 10.0, 1, 1, None)).await, Code::InvalidArgument, &["job_id"]);
+    expect(
+        client.raw().register_job(job("bad", 0.02, 1.0, 1.0, 10.0, dim as u64, 2, None)).await,
+        Code::AlreadyExists,
+        &["bad"],
+    );
+    expect(
+        client.raw().register_job(job("x", 1.5, 1.0, 1.0, 10.0, 1, 1, None)).await,
+        Code::InvalidArgument,
+        &["sample_rate", "1.5"],
+    );
+    expect(
+        client.raw().register_job(job("x", 0.1, 1.0, 1.0, 10.0, 1, 1, Some(1))).await,
+        Code::InvalidArgument,
+        &["insecure_noise_seed"],
+    );
+    expect(
+        client.raw().register_job(job("bad job", 0.1, 1.0, 1.0, 10.0, 1, 1, None)).await,
+        Code::InvalidArgument,
+        &["job_id"],
+    );
 
     // Nothing was lost: the good part 0 is still pending, the proper part 1 releases the step,
     // and the other job was never disturbed.
@@ -203,7 +234,8 @@ async fn metrics_expose_per_job_spend_until_the_job_is_closed() {
     ] {
         assert!(text.contains(series), "missing {series} in\n{text}");
     }
-    let closed = client.raw().close_job(CloseJobRequest { job_id: "m1".into(), reason: "succeeded".into() }).await.unwrap();
+    let closed =
+        client.raw().close_job(CloseJobRequest { job_id: "m1".into(), reason: "succeeded".into() }).await.unwrap();
     assert_eq!(closed.into_inner().steps_charged, 1);
     assert!(!server.scrape().await.contains("job=\"m1\""), "per-job series removed on close");
     let refused = client.submit_part("m1", 1, 0, &part(0, 4)).await.unwrap_err();
@@ -223,7 +255,8 @@ async fn two_accountants_sharing_a_ledger_never_charge_a_step_twice() {
     assert!(!again.created, "the second registration finds the first in the ledger");
     let values = part(0, 16);
     let (ra, rb) = tokio::join!(a.submit_part("shared", 0, 0, &values), b.submit_part("shared", 0, 0, &values));
-    let outcomes = [ra.as_ref().map(|r| r.released).map_err(|e| e.code()), rb.as_ref().map(|r| r.released).map_err(|e| e.code())];
+    let outcomes =
+        [ra.as_ref().map(|r| r.released).map_err(|e| e.code()), rb.as_ref().map(|r| r.released).map_err(|e| e.code())];
     assert_eq!(outcomes.iter().filter(|o| **o == Ok(true)).count(), 1, "{outcomes:?}");
     assert_eq!(outcomes.iter().filter(|o| **o == Err(Code::Aborted)).count(), 1, "{outcomes:?}");
     assert_eq!(charged_steps(dir.path(), "shared"), vec![0]);

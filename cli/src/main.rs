@@ -1,1 +1,37 @@
-fn main(){}
+//! `dpctl`: dpcap's operator CLI. Offline privacy calculators and benchmarks today; job
+//! control and the embedded demo arrive with the coordinator.
+
+mod bench;
+mod privacy;
+
+use clap::{Parser, Subcommand};
+
+/// Operate dpcap: privacy calculators and benchmarks.
+#[derive(Debug, Parser)]
+#[command(name = "dpctl", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Offline privacy accounting: epsilon, noise multiplier or steps for a DP-SGD run.
+    #[command(subcommand)]
+    Privacy(privacy::PrivacyCommand),
+    /// Benchmarks (ratios measured side by side in one run).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Privacy(command) => privacy::run(command),
+        Command::Bench(command) => bench::run(command),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
+}

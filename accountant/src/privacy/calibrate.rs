@@ -12,14 +12,22 @@ pub const STEPS_LIMIT: u64 = 1 << 40;
 
 /// The smallest σ (to [`SIGMA_RELATIVE_TOLERANCE`]) such that `steps` steps at rate q stay within
 /// `epsilon` at `delta`. The σ returned always satisfies the target.
-pub fn noise_multiplier(kind: AccountantKind, q: f64, steps: u64, epsilon: f64, delta: f64) -> Result<f64, PrivacyError> {
+pub fn noise_multiplier(
+    kind: AccountantKind,
+    q: f64,
+    steps: u64,
+    epsilon: f64,
+    delta: f64,
+) -> Result<f64, PrivacyError> {
     check_sample_rate(q)?;
     check_epsilon(epsilon)?;
     check_delta(delta)?;
     if steps == 0 {
         return Err(PrivacyError::invalid("steps", steps, "must be at least 1"));
     }
-    let eps_at = |sigma: f64| -> Result<f64, PrivacyError> { Ok(EpsilonCurve::new(kind, q, sigma, delta)?.epsilon_after(steps)) };
+    let eps_at = |sigma: f64| -> Result<f64, PrivacyError> {
+        Ok(EpsilonCurve::new(kind, q, sigma, delta)?.epsilon_after(steps))
+    };
     // Bracket [lo, hi] with eps(lo) > target >= eps(hi); RDP (cheap) gives a good first guess.
     let mut hi = match kind {
         AccountantKind::Pld => noise_multiplier(AccountantKind::Rdp, q, steps, epsilon, delta).unwrap_or(1.0),
@@ -28,7 +36,12 @@ pub fn noise_multiplier(kind: AccountantKind, q: f64, steps: u64, epsilon: f64, 
     while eps_at(hi)? > epsilon {
         hi *= 2.0;
         if hi > 1e6 {
-            return Err(PrivacyError::Unreachable { what: "noise multiplier", epsilon, delta, reason: "needs sigma above 1e6" });
+            return Err(PrivacyError::Unreachable {
+                what: "noise multiplier",
+                epsilon,
+                delta,
+                reason: "needs sigma above 1e6",
+            });
         }
     }
     let mut lo = hi / 2.0;

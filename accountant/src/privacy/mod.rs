@@ -137,7 +137,9 @@ pub fn epsilon(kind: AccountantKind, segments: &[Segment], delta: f64) -> Result
             segments.iter().for_each(|s| curve.compose(s));
             Ok(curve.epsilon(delta).epsilon)
         }
-        AccountantKind::Pld => Ok(pld::Pld::for_segments(segments, pld::PldOptions::default())?.epsilon_for_delta(delta)),
+        AccountantKind::Pld => {
+            Ok(pld::Pld::for_segments(segments, pld::PldOptions::default())?.epsilon_for_delta(delta))
+        }
     }
 }
 
@@ -160,7 +162,12 @@ enum OneStep {
 
 impl EpsilonCurve {
     /// The curve of the subsampled Gaussian (q, σ) at δ.
-    pub fn new(kind: AccountantKind, sample_rate: f64, noise_multiplier: f64, delta: f64) -> Result<Self, PrivacyError> {
+    pub fn new(
+        kind: AccountantKind,
+        sample_rate: f64,
+        noise_multiplier: f64,
+        delta: f64,
+    ) -> Result<Self, PrivacyError> {
         let segment = Segment::new(sample_rate, noise_multiplier, 1)?;
         check_delta(delta)?;
         let one_step = match kind {
@@ -191,7 +198,8 @@ impl EpsilonCurve {
                 match one.self_compose(steps, options) {
                     Some(many) => many.epsilon_for_delta(self.delta),
                     None => {
-                        let segment = Segment { sample_rate: self.sample_rate, noise_multiplier: self.noise_multiplier, steps };
+                        let segment =
+                            Segment { sample_rate: self.sample_rate, noise_multiplier: self.noise_multiplier, steps };
                         pld::Pld::for_segments(&[segment], options)
                             .map(|p| p.epsilon_for_delta(self.delta))
                             .unwrap_or(f64::INFINITY)

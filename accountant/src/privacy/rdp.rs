@@ -25,11 +25,8 @@ pub fn subsampled_gaussian_rdp(q: f64, sigma: f64, order: f64) -> f64 {
     if order.is_infinite() {
         return f64::INFINITY;
     }
-    let log_a = if order.fract() == 0.0 {
-        log_a_integer(q, sigma, order as u64)
-    } else {
-        log_a_fractional(q, sigma, order)
-    };
+    let log_a =
+        if order.fract() == 0.0 { log_a_integer(q, sigma, order as u64) } else { log_a_fractional(q, sigma, order) };
     (log_a / (order - 1.0)).max(0.0)
 }
 
@@ -43,10 +40,7 @@ fn log_a_integer(q: f64, sigma: f64, alpha: u64) -> f64 {
             log_binom += ((alpha - i + 1) as f64).ln() - (i as f64).ln();
         }
         let fi = i as f64;
-        let term = log_binom
-            + fi * log_q
-            + (alpha - i) as f64 * log_1mq
-            + (fi * fi - fi) / (2.0 * sigma * sigma);
+        let term = log_binom + fi * log_q + (alpha - i) as f64 * log_1mq + (fi * fi - fi) / (2.0 * sigma * sigma);
         log_a = log_add(log_a, term);
     }
     log_a
@@ -110,7 +104,7 @@ pub struct RdpEpsilon {
 impl RdpCurve {
     /// The zero curve (no steps) over `orders`; every order must be > 1.
     pub fn new(orders: Vec<f64>) -> Result<Self, PrivacyError> {
-        if orders.is_empty() || orders.iter().any(|&a| !(a > 1.0)) {
+        if orders.is_empty() || orders.iter().any(|&a| a.is_nan() || a <= 1.0) {
             return Err(PrivacyError::invalid("orders", format!("{orders:?}"), "every order must be > 1"));
         }
         let rdp = vec![0.0; orders.len()];

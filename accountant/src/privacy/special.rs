@@ -98,7 +98,7 @@ pub fn normal_isf_log(log_p: f64) -> f64 {
 /// ln sum_i e^{x_i} over a slice, -inf for an empty or all -inf slice.
 pub fn log_sum_exp(xs: impl Iterator<Item = f64> + Clone) -> f64 {
     let max = xs.clone().fold(f64::NEG_INFINITY, f64::max);
-    if max == f64::NEG_INFINITY || max == f64::INFINITY {
+    if max.is_infinite() {
         return max;
     }
     max + xs.map(|x| (x - max).exp()).sum::<f64>().ln()

@@ -56,10 +56,10 @@ impl AccountantProcess {
             if let Ok(channel) = tonic::transport::Endpoint::new(self.grpc.clone()).unwrap().connect().await {
                 let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
                 let request = tonic_health::pb::HealthCheckRequest { service: "dpcap.v1.AccountantService".into() };
-                if let Ok(r) = health.check(request).await {
-                    if r.into_inner().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
-                        return;
-                    }
+                if let Ok(r) = health.check(request).await
+                    && r.into_inner().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+                {
+                    return;
                 }
             }
             assert!(Instant::now() < deadline, "accountant never reported SERVING");
@@ -83,7 +83,10 @@ impl AccountantProcess {
         let (host, path) = url.split_once('/').unwrap();
         let mut stream = tokio::net::TcpStream::connect(host).await.expect("metrics port");
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        stream.write_all(format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+        stream
+            .write_all(format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
         let mut body = String::new();
         stream.read_to_string(&mut body).await.unwrap();
         assert!(body.starts_with("HTTP/1.1 200"), "{body}");
@@ -104,8 +107,18 @@ fn rand_suffix() -> u64 {
     NEXT.fetch_add(1, Ordering::SeqCst)
 }
 
+#[allow(clippy::too_many_arguments)]
 /// A registration with seeded noise, PLD accounting and no dataset budget.
-pub fn job(job_id: &str, q: f64, sigma: f64, clip: f64, target: f64, dim: u64, parts: u32, seed: Option<u64>) -> RegisterJobRequest {
+pub fn job(
+    job_id: &str,
+    q: f64,
+    sigma: f64,
+    clip: f64,
+    target: f64,
+    dim: u64,
+    parts: u32,
+    seed: Option<u64>,
+) -> RegisterJobRequest {
     RegisterJobRequest {
         job_id: job_id.into(),
         mechanism: Some(Mechanism { sample_rate: q, noise_multiplier: sigma, clipping_norm: clip }),

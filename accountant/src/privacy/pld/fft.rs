@@ -135,10 +135,10 @@ pub fn convolve(a: &[f64], b: &[f64]) -> Vec<f64> {
 /// rounding leaves ~1e-17 imaginary parts that the inverse transform rejects.
 fn zero_edge_imaginary(spectrum: &mut [Complex<f64>], len: usize) {
     spectrum[0].im = 0.0;
-    if len % 2 == 0 {
-        if let Some(last) = spectrum.last_mut() {
-            last.im = 0.0;
-        }
+    if len.is_multiple_of(2)
+        && let Some(last) = spectrum.last_mut()
+    {
+        last.im = 0.0;
     }
 }
 
@@ -161,8 +161,7 @@ mod tests {
         let b: Vec<f64> = (0..77).map(|i| ((i * 5) % 11) as f64).collect();
         let fast = convolve(&a, &b);
         for k in 0..fast.len() {
-            let direct: f64 =
-                (0..a.len()).filter(|&i| k >= i && k - i < b.len()).map(|i| a[i] * b[k - i]).sum();
+            let direct: f64 = (0..a.len()).filter(|&i| k >= i && k - i < b.len()).map(|i| a[i] * b[k - i]).sum();
             assert!((fast[k] - direct).abs() < 1e-8 * direct.max(1.0), "k={k}");
         }
     }

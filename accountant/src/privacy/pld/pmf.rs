@@ -17,7 +17,7 @@ impl Pmf {
     /// Builds a PMF; negative masses (rounding noise) are clamped to zero.
     pub fn new(h: f64, lower: i64, mut probs: Vec<f64>, infinity_mass: f64) -> Self {
         for p in &mut probs {
-            if !(*p > 0.0) {
+            if p.is_nan() || *p <= 0.0 {
                 *p = 0.0;
             }
         }

@@ -1,0 +1,69 @@
+//! `dpctl bench privacy`: how long the accountants take on the DP-Cap recipe. Compare against
+//! Google's dp-accounting with `scripts/bench_privacy.py`, which runs both side by side.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::Subcommand;
+use dpcap_accountant::privacy::{self, AccountantKind, Segment};
+use serde_json::json;
+
+/// DP-Cap (Sander et al. 2024): N = 233,804,767, B = 1,310,720, σ = 0.728, 5708 steps, δ = 1/N.
+pub const DPCAP_N: f64 = 233_804_767.0;
+/// DP-Cap expected batch size.
+pub const DPCAP_B: f64 = 1_310_720.0;
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Time PLD and RDP epsilon for the DP-Cap recipe (median of --runs).
+    Privacy {
+        /// Timed runs per accountant (after one warm-up).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn median_seconds(runs: usize, mut f: impl FnMut() -> f64) -> (f64, f64) {
+    let value = f(); // warm-up
+    let mut times: Vec<f64> = (0..runs.max(1))
+        .map(|_| {
+            let start = Instant::now();
+            std::hint::black_box(f());
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    (times[times.len() / 2], value)
+}
+
+/// Runs one benchmark.
+pub fn run(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Privacy { runs, json } => {
+            let segment = Segment::new(DPCAP_B / DPCAP_N, 0.728, 5708)?;
+            let delta = 1.0 / DPCAP_N;
+            let eps = |kind| privacy::epsilon(kind, &[segment], delta).expect("valid recipe");
+            let (pld_s, pld_eps) = median_seconds(runs, || eps(AccountantKind::Pld));
+            let (rdp_s, rdp_eps) = median_seconds(runs, || eps(AccountantKind::Rdp));
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if json {
+                println!(
+                    "{}",
+                    json!({"recipe": "dp-cap", "sample_rate": segment.sample_rate, "noise_multiplier": 0.728, "steps": 5708,
+                           "delta": delta, "pld_epsilon": pld_eps, "pld_s": pld_s, "rdp_epsilon": rdp_eps, "rdp_s": rdp_s, "threads": threads})
+                );
+            } else {
+                println!(
+                    "DP-Cap recipe: q = {:.6}, sigma = 0.728, 5708 steps, delta = 1/N ({threads} threads)",
+                    segment.sample_rate
+                );
+                println!("  pld: epsilon {pld_eps:.5} in {:.1} ms (median of {runs})", pld_s * 1e3);
+                println!("  rdp: epsilon {rdp_eps:.5} in {:.3} ms (median of {runs})", rdp_s * 1e3);
+            }
+        }
+    }
+    Ok(())
+}
