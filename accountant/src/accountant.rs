@@ -24,6 +24,7 @@ pub struct Accountant {
     dataset_locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
     allow_seeded_noise: bool,
     ready: AtomicBool,
+    draining: watch::Sender<bool>,
 }
 
 impl Accountant {
@@ -35,7 +36,14 @@ impl Accountant {
             dataset_locks: std::sync::Mutex::new(HashMap::new()),
             allow_seeded_noise,
             ready: AtomicBool::new(false),
+            draining: watch::channel(false).0,
         }
+    }
+
+    /// Starts draining: calls waiting for a release end with UNAVAILABLE so that the server's
+    /// graceful shutdown is not held by a release that will never come.
+    pub fn begin_drain(&self) {
+        self.draining.send_replace(true);
     }
 
     /// Rebuilds every job from the ledger. Charged steps without a delivery record are
@@ -298,6 +306,7 @@ impl Accountant {
     /// Waits until `step` is released and returns it; fails if it never will be.
     pub async fn wait_release(&self, job: &Job, step: u64) -> Result<Arc<Release>, AccountantError> {
         let mut progress_rx = job.progress.subscribe();
+        let mut draining = self.draining.subscribe();
         loop {
             let progress = *progress_rx.borrow_and_update();
             let id = &job.registration.job_id;
@@ -320,8 +329,14 @@ impl Accountant {
                 Phase::Closed => return Err(AccountantError::JobClosed { job_id: id.clone() }),
                 Phase::Open => {}
             }
-            if progress_rx.changed().await.is_err() {
-                return Err(AccountantError::Unavailable("job dropped".into()));
+            if *draining.borrow_and_update() {
+                return Err(AccountantError::Unavailable("the accountant is shutting down".into()));
+            }
+            tokio::select! {
+                changed = progress_rx.changed() => if changed.is_err() {
+                    return Err(AccountantError::Unavailable("job dropped".into()));
+                },
+                _ = draining.changed() => {}
             }
         }
     }

@@ -90,10 +90,11 @@ pub async fn serve(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let health_on_stop = health.clone();
+    let (health_on_stop, accountant_on_stop) = (health.clone(), accountant.clone());
     tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutting down: draining in-flight requests");
+        accountant_on_stop.begin_drain();
         health_on_stop.set_service_status("", ServingStatus::NotServing).await;
         health_on_stop.set_not_serving::<AccountantServiceServer<AccountantGrpc>>().await;
         let _ = stop_tx.send(true);

@@ -261,3 +261,26 @@ async fn two_accountants_sharing_a_ledger_never_charge_a_step_twice() {
     assert_eq!(outcomes.iter().filter(|o| **o == Err(Code::Aborted)).count(), 1, "{outcomes:?}");
     assert_eq!(charged_steps(dir.path(), "shared"), vec![0]);
 }
+
+/// SIGTERM: health turns NOT_SERVING, the server drains in-flight calls and exits cleanly; the
+/// ledger written so far is intact for the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_and_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    client.raw().register_job(job("drain", 0.01, 1.0, 1.0, 10.0, 4, 2, None)).await.unwrap();
+    client.submit_part("drain", 0, 0, &part(0, 4)).await.unwrap();
+    // A fetch waiting for a release that will never come does not hold the shutdown forever.
+    let mut waiting = client.clone();
+    let fetch = tokio::spawn(async move { waiting.fetch_release("drain", 0).await });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let status =
+        tokio::task::spawn_blocking(move || server.terminate(std::time::Duration::from_secs(20))).await.unwrap();
+    assert!(status.expect("exited after SIGTERM").success(), "{status:?}");
+    assert!(fetch.await.unwrap().is_err(), "the waiting fetch ends with an error, not a release");
+    let again = AccountantProcess::start(dir.path(), &[]).await;
+    let spend =
+        again.client().await.raw().get_spend(GetSpendRequest { job_id: "drain".into() }).await.unwrap().into_inner();
+    assert_eq!((spend.steps_charged, spend.next_step), (0, 0));
+}

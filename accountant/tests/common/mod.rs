@@ -77,6 +77,20 @@ impl AccountantProcess {
         self.child.wait().expect("reap");
     }
 
+    /// SIGTERM, then waits up to `timeout` for the process to exit; returns its exit status.
+    pub fn terminate(mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM runs");
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// The /metrics text.
     pub async fn scrape(&self) -> String {
         let url = self.metrics.trim_start_matches("http://");
