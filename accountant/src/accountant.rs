@@ -10,11 +10,22 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{Mutex, watch};
 
 use crate::error::AccountantError;
-use crate::job::{Job, Pending, Phase, Progress, RELEASES_KEPT, Release, StepState};
+use crate::job::{Job, Part, Pending, Phase, Progress, RELEASES_KEPT, Release, StepState};
 use crate::ledger::{Charge, JobRecord, Ledger, Registration};
 use crate::metrics;
 use crate::noise::{self, NoiseMode};
 use crate::privacy::{self, AccountantKind, EpsilonCurve, Segment};
+
+/// What became of a submitted part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartOutcome {
+    /// Parts of the step received so far (W once released).
+    pub received: u32,
+    /// True once the step is charged and released.
+    pub released: bool,
+    /// False when this exact part had been received before (an idempotent retry).
+    pub accepted_new: bool,
+}
 
 /// The accountant: every job's contract, step counter and releases, over one ledger.
 #[derive(Debug)]
@@ -118,16 +129,10 @@ impl Accountant {
         Ok((job, created))
     }
 
-    /// Adds one complete part of `step`. When it is the last of the W parts, charges and
-    /// releases the step before returning. Returns (parts received, released, accepted new).
-    pub async fn submit_part(
-        &self,
-        job: &Job,
-        step: u64,
-        part: u32,
-        values: Vec<f32>,
-        digest: u64,
-    ) -> Result<(u32, bool, bool), AccountantError> {
+    /// Adds one complete part. When it is the last of the W parts, charges and releases the
+    /// step before returning.
+    pub async fn submit_part(&self, job: &Job, part: Part) -> Result<PartOutcome, AccountantError> {
+        let Part { step, part, values, digest } = part;
         let r = &job.registration;
         let mut state = job.state.lock().await;
         let progress = job.progress();
@@ -135,7 +140,7 @@ impl Accountant {
             && *released == step
             && digests.get(part as usize) == Some(&Some(digest))
         {
-            return Ok((r.parts, true, false));
+            return Ok(PartOutcome { received: r.parts, released: true, accepted_new: false });
         }
         check_step_open(job, &progress, step)?;
         let pending = state.pending.get_or_insert_with(|| Pending {
@@ -156,10 +161,10 @@ impl Accountant {
         };
         let received = pending.digests.iter().filter(|d| d.is_some()).count() as u32;
         if received < r.parts {
-            return Ok((received, false, accepted_new));
+            return Ok(PartOutcome { received, released: false, accepted_new });
         }
         self.release(job, &mut state).await?;
-        Ok((received, true, accepted_new))
+        Ok(PartOutcome { received, released: true, accepted_new })
     }
 
     /// Budget check, durable charge, noise once, release. Called with the job's lock held and
@@ -187,10 +192,11 @@ impl Accountant {
                 "job_target",
             ));
         }
-        if let Some((dataset_eps, spent)) = self.dataset_epsilon_after(job).await?
+        if let Some(dataset_eps) = self.dataset_epsilon(job, 1).await?
             && dataset_eps > r.dataset_epsilon_budget
         {
             state.pending = None;
+            let spent = self.dataset_epsilon(job, 0).await?.unwrap_or(f64::NAN);
             let scope = format!("dataset {}", r.dataset_id);
             return Err(self.refuse(job, step, scope, spent, dataset_eps, r.dataset_epsilon_budget, "dataset_budget"));
         }
@@ -269,9 +275,9 @@ impl Accountant {
             .then(|| self.dataset_locks.lock().expect("dataset locks").entry(r.dataset_id.clone()).or_default().clone())
     }
 
-    /// ε of the dataset after this job's next step, composing every job registered on it,
-    /// and the dataset's ε before it. None when the job has no dataset budget.
-    async fn dataset_epsilon_after(&self, job: &Job) -> Result<Option<(f64, f64)>, AccountantError> {
+    /// ε of the dataset after `extra` more steps of this job, composing every job registered
+    /// on the dataset. None when the job has no dataset budget.
+    async fn dataset_epsilon(&self, job: &Job, extra: u64) -> Result<Option<f64>, AccountantError> {
         let r = &job.registration;
         if r.dataset_epsilon_budget <= 0.0 {
             return Ok(None);
@@ -292,15 +298,9 @@ impl Accountant {
                 steps: j.progress().charged,
             })
             .collect();
-        let kind = job.curve.kind();
-        let delta = r.delta;
-        let before = segments.clone();
-        segments.push(Segment { sample_rate: r.sample_rate, noise_multiplier: r.noise_multiplier, steps: 1 });
-        let result = blocking(move || -> Result<(f64, f64), privacy::PrivacyError> {
-            Ok((privacy::epsilon(kind, &segments, delta)?, privacy::epsilon(kind, &before, delta)?))
-        })
-        .await??;
-        Ok(Some(result))
+        segments.push(Segment { sample_rate: r.sample_rate, noise_multiplier: r.noise_multiplier, steps: extra });
+        let (kind, delta) = (job.curve.kind(), r.delta);
+        Ok(Some(blocking(move || privacy::epsilon(kind, &segments, delta)).await??))
     }
 
     /// Waits until `step` is released and returns it; fails if it never will be.

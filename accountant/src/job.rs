@@ -105,6 +105,19 @@ impl Job {
     }
 }
 
+/// One complete, validated part of a step.
+#[derive(Debug)]
+pub struct Part {
+    /// The step it belongs to.
+    pub step: u64,
+    /// Its index, 0 <= part < W.
+    pub part: u32,
+    /// Exactly P finite values.
+    pub values: Vec<f32>,
+    /// A digest of the values, to tell an identical retry from a conflicting part.
+    pub digest: u64,
+}
+
 /// Collects one part's chunks, checking every chunk against the job's shape.
 #[derive(Debug)]
 pub struct PartAssembler {
@@ -175,7 +188,7 @@ impl PartAssembler {
     }
 
     /// The complete part, or an error if it is short of P values.
-    pub fn finish(self) -> Result<(u64, u32, Vec<f32>, u64), AccountantError> {
+    pub fn finish(self) -> Result<Part, AccountantError> {
         if self.values.len() != self.dim {
             return Err(AccountantError::invalid(
                 "values",
@@ -186,7 +199,6 @@ impl PartAssembler {
         for v in &self.values {
             hasher.write_u32(v.to_bits());
         }
-        let digest = hasher.finish();
-        Ok((self.step, self.part, self.values, digest))
+        Ok(Part { step: self.step, part: self.part, values: self.values, digest: hasher.finish() })
     }
 }

@@ -129,19 +129,19 @@ impl AccountantService for AccountantGrpc {
             assembler.push(&chunk.job_id, chunk.step, chunk.part, chunk.offset, &chunk.values).map_err(to_status)?;
             next = chunks.message().await?;
         }
-        let (step, part, values, digest) = assembler.finish().map_err(to_status)?;
-        let (received, released, accepted_new) =
-            self.accountant.submit_part(&job, step, part, values, digest).await.map_err(|e| {
-                tracing::warn!(job_id = %job.registration.job_id, step, part, error = %e, "part refused");
-                to_status(e)
-            })?;
+        let part = assembler.finish().map_err(to_status)?;
+        let (step, part_index) = (part.step, part.part);
+        let outcome = self.accountant.submit_part(&job, part).await.map_err(|e| {
+            tracing::warn!(job_id = %job.registration.job_id, step, part = part_index, error = %e, "part refused");
+            to_status(e)
+        })?;
         Ok(Response::new(SubmitPartResponse {
             job_id: job.registration.job_id.clone(),
             step,
-            parts_received: received,
+            parts_received: outcome.received,
             parts_expected: job.registration.parts,
-            released,
-            accepted_new,
+            released: outcome.released,
+            accepted_new: outcome.accepted_new,
         }))
     }
 
