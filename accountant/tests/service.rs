@@ -284,3 +284,70 @@ async fn sigterm_drains_and_exits_cleanly() {
         again.client().await.raw().get_spend(GetSpendRequest { job_id: "drain".into() }).await.unwrap().into_inner();
     assert_eq!((spend.steps_charged, spend.next_step), (0, 0));
 }
+
+/// The charge is durable before any byte of the release exists: when the ledger cannot write
+/// the charge, nothing is released and nothing is charged; the parts stay pending, and a retry
+/// once the store recovers releases the step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_release_without_a_durable_charge_and_nothing_lost_on_storage_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    client.raw().register_job(job("store", 0.01, 1.0, 1.0, 10.0, 6, 2, None)).await.unwrap();
+    client.submit_part("store", 0, 0, &part(0, 6)).await.unwrap();
+    // Break the store: a plain file where the charges directory must go.
+    let blocker = dir.path().join("jobs/store/charges");
+    std::fs::write(&blocker, b"not a directory").unwrap();
+    let failed = client.submit_part("store", 0, 1, &part(1, 6)).await.unwrap_err();
+    assert_eq!(failed.code(), Code::Internal, "{failed}");
+    let spend = client.raw().get_spend(GetSpendRequest { job_id: "store".into() }).await.unwrap().into_inner();
+    assert_eq!((spend.steps_charged, spend.next_step), (0, 0), "{spend:?}");
+    let mut fetcher = client.clone();
+    let fetch = tokio::time::timeout(std::time::Duration::from_millis(500), fetcher.fetch_release("store", 0)).await;
+    assert!(fetch.is_err(), "no release may exist without its charge: {fetch:?}");
+    // The store recovers; the retried last part (identical bytes) releases the step.
+    std::fs::remove_file(&blocker).unwrap();
+    let r = client.submit_part("store", 0, 1, &part(1, 6)).await.unwrap();
+    assert!(r.released && r.parts_received == 2, "{r:?}");
+    assert_eq!(client.fetch_release("store", 0).await.unwrap().0.len(), 6);
+    assert_eq!(charged_steps(dir.path(), "store"), vec![0]);
+}
+
+/// A dataset's lifetime budget composes every job registered on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dataset_budget_composes_jobs_and_refuses_the_step_that_would_pass_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    let on_dataset = |id: &str| {
+        let mut r = job(id, 0.05, 2.0, 1.0, 100.0, 4, 1, None);
+        r.dataset_id = "laion-shard".into();
+        r.dataset_epsilon_budget = 1.0;
+        r
+    };
+    client.raw().register_job(on_dataset("first")).await.unwrap();
+    client.raw().register_job(on_dataset("second")).await.unwrap();
+    // Alternate the two jobs until the dataset budget refuses one of them.
+    let (mut steps, mut refused) = ([0u64; 2], None);
+    'outer: for _ in 0..500 {
+        for (i, id) in ["first", "second"].iter().enumerate() {
+            match client.submit_part(id, steps[i], 0, &part(i as u32, 4)).await {
+                Ok(r) => {
+                    assert!(r.released);
+                    steps[i] += 1;
+                }
+                Err(e) => {
+                    refused = Some(e);
+                    break 'outer;
+                }
+            }
+        }
+    }
+    let refused = refused.expect("the dataset budget must run out long before the job targets");
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(refused.message().contains("dataset laion-shard target 1"), "{refused}");
+    let one_job = max_steps(&EpsilonCurve::new(AccountantKind::Pld, 0.05, 2.0, 1e-5).unwrap(), 1.0).unwrap();
+    assert!(steps[0] + steps[1] <= one_job + 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
+    assert!(steps[0] + steps[1] >= one_job - 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
+    assert!(server.scrape().await.contains("dpcap_budget_rejections_total{reason=\"dataset_budget\"} 1"));
+}
