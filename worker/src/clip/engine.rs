@@ -1,0 +1,245 @@
+//! Running the clip step and its references over micro-batches.
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, Tensor};
+
+use super::Objective;
+use super::norms;
+use super::tape::{Mode, Record, Tape};
+use crate::params::{ParamId, ParamSet};
+
+type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
+
+/// Stabiliser in c_i = min(1, C / (‖g_i‖ + 1e-6)).
+pub const NORM_EPSILON: f64 = 1e-6;
+
+/// A running sum of gradients, one flat tensor per parameter.
+#[derive(Debug, Clone)]
+pub struct GradSum<B: Backend> {
+    /// Σ per parameter, aligned with the [`ParamSet`] ids.
+    pub grads: Vec<Tensor<B, 1>>,
+}
+
+impl<B: Backend> GradSum<B> {
+    /// Zeros shaped like `params`.
+    pub fn zeros(params: &ParamSet<B>) -> Self {
+        let grads = params.ids().map(|id| Tensor::zeros([params.spec(id).numel()], params.device())).collect();
+        Self { grads }
+    }
+
+    fn add(&mut self, id: ParamId, g: Tensor<B, 1>) {
+        self.grads[id.0] = self.grads[id.0].clone() + g;
+    }
+
+    /// Every gradient concatenated in parameter order: the P-vector sent to the accountant.
+    pub fn flatten(&self) -> Tensor<B, 1> {
+        Tensor::cat(self.grads.clone(), 0)
+    }
+}
+
+/// Non-DP telemetry computed from raw data: per-example losses and gradient norms.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Telemetry {
+    /// Per-example losses.
+    pub losses: Vec<f32>,
+    /// Per-example gradient L2 norms before clipping.
+    pub norms: Vec<f32>,
+}
+
+impl Telemetry {
+    /// Mean per-example loss.
+    pub fn mean_loss(&self) -> f64 {
+        mean(&self.losses)
+    }
+
+    /// Fraction of examples whose norm exceeded C.
+    pub fn clipped_fraction(&self, clipping_norm: f64) -> f64 {
+        if self.norms.is_empty() {
+            return 0.0;
+        }
+        self.norms.iter().filter(|&&n| f64::from(n) > clipping_norm).count() as f64 / self.norms.len() as f64
+    }
+
+    /// The q-quantile (0 ≤ q ≤ 1) of the per-example norms.
+    pub fn norm_quantile(&self, q: f64) -> f64 {
+        let mut sorted = self.norms.clone();
+        sorted.sort_by(f32::total_cmp);
+        sorted.get(((sorted.len().saturating_sub(1)) as f64 * q).round() as usize).map_or(0.0, |&v| f64::from(v))
+    }
+}
+
+fn mean(xs: &[f32]) -> f64 {
+    if xs.is_empty() { 0.0 } else { xs.iter().map(|&x| f64::from(x)).sum::<f64>() / xs.len() as f64 }
+}
+
+/// The result of a clipped step over a logical batch.
+#[derive(Debug, Clone)]
+pub struct ClippedSum<B: Backend> {
+    /// Σ_i clip_C(g_i).
+    pub sum: GradSum<B>,
+    /// Non-DP telemetry.
+    pub telemetry: Telemetry,
+}
+
+/// Per-example clipping by book-keeping with ghost norms.
+#[derive(Debug, Clone, Copy)]
+pub struct ClipEngine {
+    /// L2 clipping norm C.
+    pub clipping_norm: f64,
+    /// Examples per physical micro-batch (memory bound).
+    pub micro_batch: usize,
+}
+
+impl ClipEngine {
+    /// Σ_i clip_C(g_i) over `batch`, in micro-batches.
+    pub fn clipped_sum<AB: AutodiffBackend, M: Objective<AB>>(
+        &self,
+        model: &M,
+        params: &ParamSet<Inner<AB>>,
+        batch: &M::Batch,
+    ) -> ClippedSum<Inner<AB>> {
+        let mut sum = GradSum::zeros(params);
+        let mut telemetry = Telemetry::default();
+        let n = model.batch_len(batch);
+        let step = self.micro_batch.max(1);
+        for start in (0..n).step_by(step) {
+            let micro = model.slice(batch, start..(start + step).min(n));
+            self.micro_batch_into(model, params, &micro, &mut sum, &mut telemetry);
+        }
+        ClippedSum { sum, telemetry }
+    }
+
+    fn micro_batch_into<AB: AutodiffBackend, M: Objective<AB>>(
+        &self,
+        model: &M,
+        params: &ParamSet<Inner<AB>>,
+        batch: &M::Batch,
+        sum: &mut GradSum<Inner<AB>>,
+        telemetry: &mut Telemetry,
+    ) {
+        let mut tape = Tape::new(Mode::Ghost, params);
+        let losses = model.losses(&mut tape, batch);
+        let grads = losses.clone().sum().backward();
+        let records = tape.into_records();
+        let with_delta: Vec<(Record<AB>, Tensor<Inner<AB>, 3>)> = records
+            .into_iter()
+            .map(|r| {
+                let probe = match &r {
+                    Record::Linear { probe, .. }
+                    | Record::LayerNorm { probe, .. }
+                    | Record::Embedding { probe, .. }
+                    | Record::Free { probe, .. } => probe,
+                };
+                let delta = probe.grad(&grads).expect("every probe lies on the loss's graph");
+                (r, delta)
+            })
+            .collect();
+        let b = model.batch_len(batch);
+        let device = params.device();
+        let mut sq = Tensor::<Inner<AB>, 1>::zeros([b], device);
+        for (record, delta) in &with_delta {
+            sq = sq
+                + match record {
+                    Record::Linear { input, bias, .. } => {
+                        let w = norms::linear_weight_sq_norms(input, delta);
+                        if bias.is_some() { w + norms::bias_sq_norms(delta) } else { w }
+                    }
+                    Record::LayerNorm { normalized, .. } => {
+                        norms::layer_norm_gamma_sq_norms(normalized, delta) + norms::bias_sq_norms(delta)
+                    }
+                    Record::Embedding { tokens, .. } => norms::embedding_sq_norms(tokens, delta),
+                    Record::Free { .. } => norms::free_sq_norms(delta),
+                };
+        }
+        let norms_t = sq.clamp_min(0.0).sqrt();
+        let factors = (norms_t.clone() + NORM_EPSILON).recip().mul_scalar(self.clipping_norm).clamp_max(1.0);
+        for (record, delta) in &with_delta {
+            let scaled = norms::scale(delta, &factors);
+            match record {
+                Record::Linear { weight, bias, input, .. } => {
+                    sum.add(*weight, norms::linear_weight_sum(input, &scaled));
+                    if let Some(bias) = bias {
+                        sum.add(*bias, norms::bias_sum(&scaled));
+                    }
+                }
+                Record::LayerNorm { gamma, beta, normalized, .. } => {
+                    sum.add(*gamma, norms::layer_norm_gamma_sum(normalized, &scaled));
+                    sum.add(*beta, norms::bias_sum(&scaled));
+                }
+                Record::Embedding { table, tokens, .. } => {
+                    let rows = params.spec(*table).shape[0];
+                    sum.add(*table, norms::embedding_sum(tokens, &scaled, rows));
+                }
+                Record::Free { param, .. } => sum.add(*param, norms::free_sum(&scaled)),
+            }
+        }
+        telemetry.losses.extend(to_vec(losses.inner()));
+        telemetry.norms.extend(to_vec(norms_t));
+    }
+}
+
+fn to_vec<B: Backend>(t: Tensor<B, 1>) -> Vec<f32> {
+    t.into_data().convert::<f32>().to_vec().expect("f32 data")
+}
+
+/// Plain-mode forward and backward of Σ losses over `batch`: gradients per parameter and the
+/// per-example losses.
+fn plain_grads<AB: AutodiffBackend, M: Objective<AB>>(
+    model: &M,
+    params: &ParamSet<Inner<AB>>,
+    batch: &M::Batch,
+) -> (GradSum<Inner<AB>>, Vec<f32>) {
+    let mut tape = Tape::new(Mode::Plain, params);
+    let losses = model.losses(&mut tape, batch);
+    let grads = losses.clone().sum().backward();
+    let leaves = tape.into_leaves();
+    let mut sum = GradSum::zeros(params);
+    for (id, leaf) in leaves {
+        if let Some(g) = leaf.grad(&grads) {
+            sum.add(id, g);
+        }
+    }
+    (sum, to_vec(losses.inner()))
+}
+
+/// The non-private step: Σ_i g_i (no clipping) by one ordinary backward, in micro-batches.
+pub fn nonprivate_sum<AB: AutodiffBackend, M: Objective<AB>>(
+    model: &M,
+    params: &ParamSet<Inner<AB>>,
+    batch: &M::Batch,
+    micro_batch: usize,
+) -> GradSum<Inner<AB>> {
+    let mut total = GradSum::zeros(params);
+    let n = model.batch_len(batch);
+    for start in (0..n).step_by(micro_batch.max(1)) {
+        let (g, _) = plain_grads(model, params, &model.slice(batch, start..(start + micro_batch.max(1)).min(n)));
+        for (id, t) in g.grads.into_iter().enumerate() {
+            total.add(ParamId(id), t);
+        }
+    }
+    total
+}
+
+/// The definition of correctness: one backward per example, clip its whole gradient to C,
+/// sum. Slow; used by tests and as the benchmark's "naive" line.
+pub fn naive_clipped_sum<AB: AutodiffBackend, M: Objective<AB>>(
+    model: &M,
+    params: &ParamSet<Inner<AB>>,
+    batch: &M::Batch,
+    clipping_norm: f64,
+) -> ClippedSum<Inner<AB>> {
+    let mut sum = GradSum::zeros(params);
+    let mut telemetry = Telemetry::default();
+    for i in 0..model.batch_len(batch) {
+        let (g, losses) = plain_grads(model, params, &model.slice(batch, i..i + 1));
+        let sq: f64 = g.grads.iter().map(|t| t.clone().powi_scalar(2).sum().into_scalar().elem::<f64>()).sum();
+        let norm = sq.sqrt();
+        let factor = (clipping_norm / (norm + NORM_EPSILON)).min(1.0);
+        for (id, t) in g.grads.into_iter().enumerate() {
+            sum.add(ParamId(id), t.mul_scalar(factor));
+        }
+        telemetry.losses.extend(losses);
+        telemetry.norms.push(norm as f32);
+    }
+    ClippedSum { sum, telemetry }
+}

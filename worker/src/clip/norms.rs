@@ -1,0 +1,93 @@
+//! Per-example squared gradient norms and clipped gradient sums for each recorded layer, from
+//! its input activation a and output gradient δ alone (no per-example gradient is built unless
+//! that is cheaper). Sums of per-layer squared norms give each example's total norm.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{IndexingUpdateOp, Int, Tensor};
+
+/// Whether to use the ghost form Σ_{t,s}(a_t·a_s)(δ_t·δ_s) for a Linear layer on a sequence of
+/// length T: it costs O(T²(d_in + d_out)) against O(T d_in d_out) for materialising.
+pub fn use_ghost(t: usize, d_in: usize, d_out: usize) -> bool {
+    2 * t * t < d_in * d_out
+}
+
+/// Σ over all but the first dimension, giving one value per example.
+fn per_example<B: Backend>(x: Tensor<B, 3>) -> Tensor<B, 1> {
+    let b = x.dims()[0];
+    x.reshape([b as i32, -1]).sum_dim(1).squeeze_dim(1)
+}
+
+/// ‖Σ_t a_tᵀ δ_t‖² per example for a Linear weight.
+pub fn linear_weight_sq_norms<B: Backend>(a: &Tensor<B, 3>, delta: &Tensor<B, 3>) -> Tensor<B, 1> {
+    let [_, t, d_in] = a.dims();
+    let d_out = delta.dims()[2];
+    if use_ghost(t, d_in, d_out) {
+        let aa = a.clone().matmul(a.clone().swap_dims(1, 2));
+        let dd = delta.clone().matmul(delta.clone().swap_dims(1, 2));
+        per_example(aa * dd)
+    } else {
+        let g = a.clone().swap_dims(1, 2).matmul(delta.clone());
+        per_example(g.powi_scalar(2))
+    }
+}
+
+/// ‖Σ_t δ_t‖² per example for a bias.
+pub fn bias_sq_norms<B: Backend>(delta: &Tensor<B, 3>) -> Tensor<B, 1> {
+    per_example(delta.clone().sum_dim(1).powi_scalar(2))
+}
+
+/// ‖Σ_t δ_t ⊙ x̂_t‖² per example for a LayerNorm γ.
+pub fn layer_norm_gamma_sq_norms<B: Backend>(normalized: &Tensor<B, 3>, delta: &Tensor<B, 3>) -> Tensor<B, 1> {
+    per_example((delta.clone() * normalized.clone()).sum_dim(1).powi_scalar(2))
+}
+
+/// Σ_{t,s} [tok_t = tok_s] (δ_t·δ_s) per example for an embedding table.
+pub fn embedding_sq_norms<B: Backend>(tokens: &Tensor<B, 2, Int>, delta: &Tensor<B, 3>) -> Tensor<B, 1> {
+    let same = tokens.clone().unsqueeze_dim::<3>(2).equal(tokens.clone().unsqueeze_dim::<3>(1)).float();
+    let dd = delta.clone().matmul(delta.clone().swap_dims(1, 2));
+    per_example(same * dd)
+}
+
+/// ‖δ‖² per example for a free parameter added to every example.
+pub fn free_sq_norms<B: Backend>(delta: &Tensor<B, 3>) -> Tensor<B, 1> {
+    per_example(delta.clone().powi_scalar(2))
+}
+
+/// δ scaled by each example's clip factor c: [B, T, d] ⊙ [B, 1, 1].
+pub fn scale<B: Backend>(delta: &Tensor<B, 3>, factors: &Tensor<B, 1>) -> Tensor<B, 3> {
+    delta.clone() * factors.clone().unsqueeze_dims::<3>(&[1, 2])
+}
+
+/// Σ_i c_i Σ_t a_{i,t}ᵀ δ_{i,t} = aᵀ (c ⊙ δ) over all B·T rows: one matmul.
+pub fn linear_weight_sum<B: Backend>(a: &Tensor<B, 3>, scaled: &Tensor<B, 3>) -> Tensor<B, 1> {
+    let [b, t, d_in] = a.dims();
+    let d_out = scaled.dims()[2];
+    let a2 = a.clone().reshape([b * t, d_in]);
+    let d2 = scaled.clone().reshape([b * t, d_out]);
+    a2.transpose().matmul(d2).reshape([d_in * d_out])
+}
+
+/// Σ_i c_i Σ_t δ_{i,t} for a bias or LayerNorm β.
+pub fn bias_sum<B: Backend>(scaled: &Tensor<B, 3>) -> Tensor<B, 1> {
+    let d = scaled.dims()[2];
+    scaled.clone().sum_dims(&[0, 1]).reshape([d])
+}
+
+/// Σ_i c_i Σ_t δ_{i,t} ⊙ x̂_{i,t} for a LayerNorm γ.
+pub fn layer_norm_gamma_sum<B: Backend>(normalized: &Tensor<B, 3>, scaled: &Tensor<B, 3>) -> Tensor<B, 1> {
+    bias_sum(&(scaled.clone() * normalized.clone()))
+}
+
+/// Σ_i c_i Σ_t onehot(tok_{i,t}) δ_{i,t}ᵀ for a table of `rows` rows, by scatter-add.
+pub fn embedding_sum<B: Backend>(tokens: &Tensor<B, 2, Int>, scaled: &Tensor<B, 3>, rows: usize) -> Tensor<B, 1> {
+    let [b, t, d] = scaled.dims();
+    let table = Tensor::<B, 2>::zeros([rows, d], &scaled.device());
+    let indices = tokens.clone().reshape([b * t]);
+    table.select_assign(0, indices, scaled.clone().reshape([b * t, d]), IndexingUpdateOp::Add).reshape([rows * d])
+}
+
+/// Σ_i c_i δ_i for a free parameter [T, d].
+pub fn free_sum<B: Backend>(scaled: &Tensor<B, 3>) -> Tensor<B, 1> {
+    let [_, t, d] = scaled.dims();
+    scaled.clone().sum_dim(0).reshape([t * d])
+}

@@ -1,0 +1,146 @@
+//! The forward-pass recorder. In [`Mode::Ghost`] parameters are constants (no gradient) and
+//! every trainable layer records its input activation and adds a zero *probe* to its output:
+//! one backward then yields each layer's output gradient δ (the probe's gradient) and nothing
+//! else. In [`Mode::Plain`] parameters are autodiff leaves, for the non-private baseline and
+//! for the naive per-example reference.
+
+use std::collections::HashMap;
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor};
+
+use crate::params::{ParamId, ParamSet};
+
+type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
+
+/// How the tape treats parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Book-keeping with ghost norms: probes on layer outputs, parameters constant.
+    Ghost,
+    /// Ordinary autodiff with parameters as leaves.
+    Plain,
+}
+
+/// What one trainable layer left on the tape (ghost mode).
+#[derive(Debug, Clone)]
+pub enum Record<AB: AutodiffBackend> {
+    /// y = a W (+ b) on a sequence: a is [B, T, d_in], the probe [B, T, d_out].
+    Linear { weight: ParamId, bias: Option<ParamId>, input: Tensor<Inner<AB>, 3>, probe: Tensor<AB, 3> },
+    /// y = x̂ ⊙ γ + β: x̂ is the normalised input [B, T, d].
+    LayerNorm { gamma: ParamId, beta: ParamId, normalized: Tensor<Inner<AB>, 3>, probe: Tensor<AB, 3> },
+    /// y = table[tokens]: tokens [B, T].
+    Embedding { table: ParamId, tokens: Tensor<Inner<AB>, 2, Int>, probe: Tensor<AB, 3> },
+    /// y = x + P with a free parameter P of shape [T, d] shared by every example.
+    Free { param: ParamId, probe: Tensor<AB, 3> },
+}
+
+/// Records one forward pass over a micro-batch.
+#[derive(Debug)]
+pub struct Tape<'p, AB: AutodiffBackend> {
+    mode: Mode,
+    params: &'p ParamSet<Inner<AB>>,
+    records: Vec<Record<AB>>,
+    leaves: HashMap<ParamId, Tensor<AB, 1>>,
+}
+
+impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
+    /// A fresh tape over `params`.
+    pub fn new(mode: Mode, params: &'p ParamSet<Inner<AB>>) -> Self {
+        Self { mode, params, records: Vec::new(), leaves: HashMap::new() }
+    }
+
+    /// The tape's mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The parameter set the tape reads.
+    pub fn params(&self) -> &'p ParamSet<Inner<AB>> {
+        self.params
+    }
+
+    /// A parameter reshaped to `D` dims: a constant in ghost mode, an autodiff leaf in plain mode.
+    fn param<const D: usize>(&mut self, id: ParamId) -> Tensor<AB, D> {
+        let shape: [usize; D] = self.params.spec(id).shape.clone().try_into().expect("parameter rank");
+        let flat = match self.mode {
+            Mode::Ghost => Tensor::from_inner(self.params.value(id)),
+            Mode::Plain => {
+                let params = self.params;
+                self.leaves.entry(id).or_insert_with(|| Tensor::from_inner(params.value(id)).require_grad()).clone()
+            }
+        };
+        flat.reshape(shape)
+    }
+
+    fn probe(&self, y: Tensor<AB, 3>) -> (Tensor<AB, 3>, Option<Tensor<AB, 3>>) {
+        match self.mode {
+            Mode::Plain => (y, None),
+            Mode::Ghost => {
+                let probe = Tensor::<AB, 3>::zeros(y.dims(), &y.device()).require_grad();
+                (y + probe.clone(), Some(probe))
+            }
+        }
+    }
+
+    /// y = x W + b for x of shape [B, T, d_in].
+    pub fn linear(&mut self, weight: ParamId, bias: Option<ParamId>, x: Tensor<AB, 3>) -> Tensor<AB, 3> {
+        let w: Tensor<AB, 2> = self.param(weight);
+        let mut y = x.clone().matmul(w.unsqueeze::<3>());
+        if let Some(b) = bias {
+            y = y + self.param::<1>(b).unsqueeze::<3>();
+        }
+        let (y, probe) = self.probe(y);
+        if let Some(probe) = probe {
+            self.records.push(Record::Linear { weight, bias, input: x.inner(), probe });
+        }
+        y
+    }
+
+    /// LayerNorm over the last dimension with learned γ, β.
+    pub fn layer_norm(&mut self, gamma: ParamId, beta: ParamId, x: Tensor<AB, 3>, eps: f64) -> Tensor<AB, 3> {
+        let (var, mean) = x.clone().var_mean_bias(2);
+        let normalized = (x - mean) / (var + eps).sqrt();
+        let y = normalized.clone() * self.param::<1>(gamma).unsqueeze::<3>() + self.param::<1>(beta).unsqueeze::<3>();
+        let (y, probe) = self.probe(y);
+        if let Some(probe) = probe {
+            self.records.push(Record::LayerNorm { gamma, beta, normalized: normalized.inner(), probe });
+        }
+        y
+    }
+
+    /// Rows of the embedding table for tokens [B, T].
+    pub fn embedding(&mut self, table: ParamId, tokens: Tensor<AB, 2, Int>) -> Tensor<AB, 3> {
+        let [b, t] = tokens.dims();
+        let w: Tensor<AB, 2> = self.param(table);
+        let d = w.dims()[1];
+        let y = w.select(0, tokens.clone().reshape([b * t])).reshape([b, t, d]);
+        let (y, probe) = self.probe(y);
+        if let Some(probe) = probe {
+            self.records.push(Record::Embedding { table, tokens: tokens.inner(), probe });
+        }
+        y
+    }
+
+    /// x + P for a free parameter P of shape [T, d] (learned positions), added to every example.
+    pub fn add_free(&mut self, param: ParamId, x: Tensor<AB, 3>) -> Tensor<AB, 3> {
+        let p: Tensor<AB, 2> = self.param(param);
+        assert_eq!(p.dims()[0], x.dims()[1], "free parameter {} has the wrong length", self.params.spec(param).name);
+        let y = x + p.unsqueeze::<3>();
+        let (y, probe) = self.probe(y);
+        if let Some(probe) = probe {
+            self.records.push(Record::Free { param, probe });
+        }
+        y
+    }
+
+    /// The records left by a ghost-mode forward.
+    pub fn into_records(self) -> Vec<Record<AB>> {
+        self.records
+    }
+
+    /// The autodiff leaves created by a plain-mode forward.
+    pub fn into_leaves(self) -> HashMap<ParamId, Tensor<AB, 1>> {
+        self.leaves
+    }
+}

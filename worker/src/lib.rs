@@ -1,0 +1,13 @@
+//! dpcap's worker compute: models with per-example losses, the ClipEngine that turns a logical
+//! batch into Σ_i clip_C(g_i), and (later) the optimizer and step runtime.
+//!
+//! It is generic over burn autodiff backends (`Autodiff<Flex>` on CPU, `Autodiff<Cuda>` with
+//! the `cuda` feature). It must never add noise or divide by a realised batch size: noise is the
+//! accountant's, and updates divide the accountant's release by the *expected* batch size.
+
+pub mod clip;
+pub mod model;
+pub mod params;
+
+/// The default CPU training backend.
+pub type CpuBackend = burn::backend::Autodiff<burn::backend::Flex>;

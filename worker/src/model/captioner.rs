@@ -1,0 +1,157 @@
+//! DP-Cap's captioner: ViT encoder, linear bridge, causal text decoder with cross-attention,
+//! LayerNorm and an untied output head. Per-example loss: mean token cross-entropy over the
+//! non-pad targets (next-token prediction).
+
+use std::ops::Range;
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor};
+
+use super::encoder::{Encoder, EncoderConfig};
+use super::layers::{Block, INIT_STD, LayerNorm, Linear};
+use crate::clip::{Objective, Tape};
+use crate::params::{Init, ParamId, ParamSet};
+
+/// Token id of padding; targets equal to it carry no loss.
+pub const PAD: i64 = 0;
+
+/// Captioner shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptionerConfig {
+    /// Image encoder.
+    pub encoder: EncoderConfig,
+    /// Decoder width.
+    pub dec_width: usize,
+    /// Decoder blocks.
+    pub dec_depth: usize,
+    /// Decoder heads.
+    pub dec_heads: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Caption length in tokens (BOS … EOS, padded); the decoder sees `seq - 1` inputs.
+    pub seq: usize,
+}
+
+impl CaptionerConfig {
+    /// A named configuration: micro, bench, tiny, small, base, large.
+    pub fn named(name: &str) -> Option<Self> {
+        let enc = |image, patch, width, depth, heads| EncoderConfig { image, patch, width, depth, heads };
+        let paper =
+            |encoder, dec_width, dec_heads| Self { encoder, dec_width, dec_depth: 6, dec_heads, vocab: 30522, seq: 40 };
+        Some(match name {
+            "micro" => {
+                Self { encoder: enc(32, 8, 64, 2, 2), dec_width: 64, dec_depth: 1, dec_heads: 2, vocab: 256, seq: 12 }
+            }
+            "bench" => Self {
+                encoder: enc(32, 4, 128, 4, 4),
+                dec_width: 128,
+                dec_depth: 2,
+                dec_heads: 4,
+                vocab: 1000,
+                seq: 16,
+            },
+            "tiny" => paper(enc(224, 16, 384, 12, 6), 384, 6),
+            "small" => paper(enc(224, 16, 576, 12, 12), 576, 12),
+            "base" => paper(enc(224, 16, 768, 12, 12), 768, 12),
+            "large" => paper(enc(224, 16, 1024, 24, 16), 768, 12),
+            _ => return None,
+        })
+    }
+
+    /// The configuration names, smallest first.
+    pub const NAMES: [&'static str; 6] = ["micro", "bench", "tiny", "small", "base", "large"];
+}
+
+/// A batch: images [B, 3, H, W] and captions [B, seq] (PAD after EOS).
+#[derive(Debug, Clone)]
+pub struct CaptionBatch<B: Backend> {
+    /// Pixel values, roughly zero-mean unit-variance.
+    pub images: Tensor<B, 4>,
+    /// Token ids.
+    pub tokens: Tensor<B, 2, Int>,
+}
+
+/// The captioner.
+#[derive(Debug, Clone)]
+pub struct Captioner {
+    config: CaptionerConfig,
+    encoder: Encoder,
+    bridge: Linear,
+    token_embed: ParamId,
+    positions: ParamId,
+    blocks: Vec<Block>,
+    norm: LayerNorm,
+    head: Linear,
+}
+
+impl Captioner {
+    /// Registers every parameter into `ps`.
+    pub fn new<B: Backend>(ps: &mut ParamSet<B>, config: CaptionerConfig) -> Self {
+        let d = config.dec_width;
+        Self {
+            config,
+            encoder: Encoder::new(ps, "encoder", config.encoder),
+            bridge: Linear::new(ps, "bridge", config.encoder.width, d),
+            token_embed: ps.add("decoder.token_embed", &[config.vocab, d], Init::Normal(INIT_STD)),
+            positions: ps.add("decoder.positions", &[config.seq - 1, d], Init::Normal(INIT_STD)),
+            blocks: (0..config.dec_depth)
+                .map(|i| Block::new(ps, &format!("decoder.blocks.{i}"), d, config.dec_heads, true))
+                .collect(),
+            norm: LayerNorm::new(ps, "decoder.norm", d),
+            head: Linear::new(ps, "decoder.head", d, config.vocab),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> CaptionerConfig {
+        self.config
+    }
+
+    /// The image encoder (features for evaluation).
+    pub fn encoder(&self) -> &Encoder {
+        &self.encoder
+    }
+
+    /// Next-token logits [B, seq-1, vocab] for captions [B, seq].
+    pub fn logits<AB: AutodiffBackend>(&self, tape: &mut Tape<'_, AB>, batch: &CaptionBatch<AB>) -> Tensor<AB, 3> {
+        let memory = self.encoder.forward(tape, batch.images.clone());
+        let memory = self.bridge.forward(tape, memory);
+        let [b, s] = batch.tokens.dims();
+        let inputs = batch.tokens.clone().slice([0..b, 0..s - 1]);
+        let mut x = tape.embedding(self.token_embed, inputs);
+        x = tape.add_free(self.positions, x);
+        for block in &self.blocks {
+            x = block.forward(tape, x, Some(&memory));
+        }
+        let x = self.norm.forward(tape, x);
+        self.head.forward(tape, x)
+    }
+}
+
+impl<AB: AutodiffBackend> Objective<AB> for Captioner {
+    type Batch = CaptionBatch<AB>;
+
+    fn losses(&self, tape: &mut Tape<'_, AB>, batch: &Self::Batch) -> Tensor<AB, 1> {
+        let logits = self.logits(tape, batch);
+        let [b, t, _] = logits.dims();
+        let targets = batch.tokens.clone().slice([0..b, 1..t + 1]);
+        let logp = log_softmax(logits, 2).gather(2, targets.clone().unsqueeze_dim::<3>(2)).squeeze_dim::<2>(2);
+        let mask = targets.not_equal_elem(PAD).float();
+        let count = mask.clone().sum_dim(1).clamp_min(1.0).squeeze_dim::<1>(1);
+        -(logp * mask).sum_dim(1).squeeze_dim::<1>(1) / count
+    }
+
+    fn batch_len(&self, batch: &Self::Batch) -> usize {
+        batch.tokens.dims()[0]
+    }
+
+    fn slice(&self, batch: &Self::Batch, range: Range<usize>) -> Self::Batch {
+        let [_, c, h, w] = batch.images.dims();
+        let s = batch.tokens.dims()[1];
+        CaptionBatch {
+            images: batch.images.clone().slice([range.clone(), 0..c, 0..h, 0..w]),
+            tokens: batch.tokens.clone().slice([range, 0..s]),
+        }
+    }
+}
