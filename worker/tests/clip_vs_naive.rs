@@ -17,6 +17,7 @@ type Inner = <AB as AutodiffBackend>::InnerBackend;
 
 /// One layer of each kind, applied to per-example inputs, with a squared-error loss.
 #[derive(Debug, Clone, Copy)]
+#[allow(clippy::enum_variant_names)]
 enum Layer {
     Linear(ParamId, ParamId),
     LayerNorm(ParamId, ParamId),
