@@ -15,6 +15,8 @@ pub const DPCAP_B: f64 = 1_310_720.0;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Time one step: non-private, naive per-example, and the ClipEngine.
+    Clip(crate::bench_clip::ClipBench),
     /// Time PLD and RDP epsilon for the DP-Cap recipe (median of --runs).
     Privacy {
         /// Timed runs per accountant (after one warm-up).
@@ -42,6 +44,7 @@ fn median_seconds(runs: usize, mut f: impl FnMut() -> f64) -> (f64, f64) {
 /// Runs one benchmark.
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
+        BenchCommand::Clip(opts) => crate::bench_clip::run(opts)?,
         BenchCommand::Privacy { runs, json } => {
             let segment = Segment::new(DPCAP_B / DPCAP_N, 0.728, 5708)?;
             let delta = 1.0 / DPCAP_N;

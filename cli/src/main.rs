@@ -2,6 +2,7 @@
 //! control and the embedded demo arrive with the coordinator.
 
 mod bench;
+mod bench_clip;
 mod privacy;
 
 use clap::{Parser, Subcommand};

@@ -5,8 +5,10 @@
 //! the `cuda` feature). It must never add noise or divide by a realised batch size: noise is the
 //! accountant's, and updates divide the accountant's release by the *expected* batch size.
 
+pub mod checkpoint;
 pub mod clip;
 pub mod model;
+pub mod optim;
 pub mod params;
 
 /// The default CPU training backend.

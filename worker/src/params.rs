@@ -42,30 +42,41 @@ pub struct ParamSet<B: Backend> {
     specs: Vec<ParamSpec>,
     values: Vec<Tensor<B, 1>>,
     device: B::Device,
+    materialized: bool,
 }
 
 impl<B: Backend> ParamSet<B> {
     /// An empty set on `device`.
     pub fn new(device: &B::Device) -> Self {
-        Self { specs: Vec::new(), values: Vec::new(), device: device.clone() }
+        Self { specs: Vec::new(), values: Vec::new(), device: device.clone(), materialized: true }
+    }
+
+    /// A set that records names and shapes only (no memory): for counting the parameters of
+    /// large configurations. Reading a value from it is a programming error.
+    pub fn specs_only(device: &B::Device) -> Self {
+        Self { materialized: false, ..Self::new(device) }
     }
 
     /// Registers a parameter and returns its id.
     pub fn add(&mut self, name: impl Into<String>, shape: &[usize], init: Init) -> ParamId {
         let spec = ParamSpec { name: name.into(), shape: shape.to_vec() };
         let n = spec.numel();
+        self.specs.push(spec);
+        if !self.materialized {
+            return ParamId(self.specs.len() - 1);
+        }
         let value = match init {
             Init::Normal(std) => Tensor::random([n], Distribution::Normal(0.0, std), &self.device),
             Init::Zeros => Tensor::zeros([n], &self.device),
             Init::Ones => Tensor::ones([n], &self.device),
         };
-        self.specs.push(spec);
         self.values.push(value);
         ParamId(self.values.len() - 1)
     }
 
     /// The flat value of a parameter.
     pub fn value(&self, id: ParamId) -> Tensor<B, 1> {
+        assert!(self.materialized, "parameter values of a specs-only set were read");
         self.values[id.0].clone()
     }
 

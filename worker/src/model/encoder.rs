@@ -50,7 +50,12 @@ pub fn patchify<B: Backend>(images: Tensor<B, 4>, patch: usize) -> Tensor<B, 3> 
 impl Encoder {
     /// Registers the encoder's parameters under `name`.
     pub fn new<B: Backend>(ps: &mut ParamSet<B>, name: &str, config: EncoderConfig) -> Self {
-        assert!(config.image.is_multiple_of(config.patch), "image {} is not a multiple of patch {}", config.image, config.patch);
+        assert!(
+            config.image.is_multiple_of(config.patch),
+            "image {} is not a multiple of patch {}",
+            config.image,
+            config.patch
+        );
         let d = config.width;
         Self {
             config,

@@ -1,0 +1,90 @@
+//! AdamW on a release divided by the expected batch size, the LR schedule, and safetensors
+//! round trips of weights and optimizer state.
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorData};
+use dpcap_worker::CpuBackend;
+use dpcap_worker::checkpoint::{CheckpointError, load_optimizer, load_weights, save_optimizer, save_weights};
+use dpcap_worker::model::{Captioner, CaptionerConfig};
+use dpcap_worker::optim::{AdamW, AdamWConfig, Schedule};
+use dpcap_worker::params::{Init, ParamSet};
+
+type Inner = <CpuBackend as AutodiffBackend>::InnerBackend;
+
+fn values(t: Tensor<Inner, 1>) -> Vec<f32> {
+    t.into_data().to_vec().unwrap()
+}
+
+#[test]
+fn first_adamw_step_uses_release_over_expected_batch_size() {
+    let device = Default::default();
+    let mut ps = ParamSet::<Inner>::new(&device);
+    let a = ps.add("a", &[2], Init::Ones);
+    let b = ps.add("b", &[1], Init::Zeros);
+    let release = [3.0f32, -6.0, 0.5];
+    let (expected_batch, lr, c) = (4.0, 0.1, AdamWConfig::default());
+    let mut opt = AdamW::new(c, &ps);
+    opt.apply_release(&mut ps, Tensor::from_data(TensorData::new(release.to_vec(), [3]), &device), expected_batch, lr);
+    // Step 1: m̂ = g, v̂ = g², so the Adam step is g / (|g| + ε) per coordinate.
+    let before = [1.0f64, 1.0, 0.0];
+    let got: Vec<f32> = [values(ps.value(a)), values(ps.value(b))].concat();
+    for i in 0..3 {
+        let g = f64::from(release[i]) / expected_batch;
+        let want = before[i] - lr * c.weight_decay * before[i] - lr * g / (g.abs() + c.epsilon);
+        assert!((f64::from(got[i]) - want).abs() < 1e-6, "coordinate {i}: {} vs {want}", got[i]);
+    }
+    assert_eq!(opt.steps, 1);
+}
+
+#[test]
+fn schedule_warms_up_linearly_then_decays_by_cosine_to_the_floor() {
+    let s = Schedule { peak: 1e-3, warmup_steps: 10, total_steps: 110, floor: 1e-5 };
+    assert!((s.lr(0) - 1e-4).abs() < 1e-12);
+    assert!((s.lr(9) - 1e-3).abs() < 1e-12);
+    assert!((s.lr(10) - 1e-3).abs() < 1e-12);
+    assert!((s.lr(60) - (1e-5 + 0.5 * (1e-3 - 1e-5))).abs() < 1e-12);
+    assert!((s.lr(110) - 1e-5).abs() < 1e-12 && (s.lr(500) - 1e-5).abs() < 1e-12);
+    assert!((10..110).all(|t| s.lr(t + 1) <= s.lr(t)));
+}
+
+#[test]
+fn weights_and_optimizer_state_round_trip_through_safetensors() {
+    let device = Default::default();
+    let config = CaptionerConfig::named("micro").unwrap();
+    let mut ps = ParamSet::<Inner>::new(&device);
+    Captioner::new(&mut ps, config);
+    let mut opt = AdamW::new(AdamWConfig::default(), &ps);
+    let release = Tensor::<Inner, 1>::ones([ps.numel()], &device);
+    opt.apply_release(&mut ps, release, 10.0, 1e-3);
+
+    let weights = save_weights(&ps).unwrap();
+    let state = save_optimizer(&opt, &ps).unwrap();
+    let mut fresh = ParamSet::<Inner>::new(&device);
+    Captioner::new(&mut fresh, config);
+    load_weights(&mut fresh, &weights).unwrap();
+    let restored = load_optimizer(&fresh, &state).unwrap();
+    for id in ps.ids() {
+        assert_eq!(values(ps.value(id)), values(fresh.value(id)), "{}", ps.spec(id).name);
+        assert_eq!(values(opt.m[id.0].clone()), values(restored.m[id.0].clone()));
+        assert_eq!(values(opt.v[id.0].clone()), values(restored.v[id.0].clone()));
+    }
+    assert_eq!((restored.steps, restored.config), (1, opt.config));
+}
+
+#[test]
+fn bad_checkpoints_are_refused_with_the_reason() {
+    let device = Default::default();
+    let mut micro = ParamSet::<Inner>::new(&device);
+    Captioner::new(&mut micro, CaptionerConfig::named("micro").unwrap());
+    let mut other = ParamSet::<Inner>::new(&device);
+    Captioner::new(&mut other, CaptionerConfig::named("bench").unwrap());
+    let bench_weights = save_weights(&other).unwrap();
+    let err = load_weights(&mut micro, &bench_weights).unwrap_err();
+    assert!(matches!(err, CheckpointError::Mismatch { .. }), "{err}");
+    assert!(err.to_string().contains("encoder.patch_embed.weight"), "{err}");
+    assert!(matches!(load_weights(&mut micro, b"not a checkpoint").unwrap_err(), CheckpointError::Format(_)));
+    let mut tiny = ParamSet::<Inner>::new(&device);
+    tiny.add("only", &[1], Init::Zeros);
+    let err = load_weights(&mut micro, &save_weights(&tiny).unwrap()).unwrap_err();
+    assert!(matches!(err, CheckpointError::Missing(ref n) if n == "encoder.patch_embed.weight"), "{err}");
+}
