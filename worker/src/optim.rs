@@ -92,7 +92,7 @@ impl<B: Backend> AdamW<B> {
         let mut offset = 0;
         for id in params.ids() {
             let n = params.spec(id).numel();
-            let g = release.clone().slice([offset..offset + n]).div_scalar(expected_batch_size);
+            let g = release.clone().slice(offset..offset + n).div_scalar(expected_batch_size);
             offset += n;
             let i = id.0;
             self.m[i] = self.m[i].clone().mul_scalar(c.beta1) + g.clone().mul_scalar(1.0 - c.beta1);
