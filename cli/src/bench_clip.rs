@@ -6,14 +6,12 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Distribution, Tensor, TensorData};
+use burn::tensor::{Device, Distribution, Tensor, TensorData};
 use dpcap_worker::CpuBackend;
-use dpcap_worker::clip::{ClipEngine, naive_clipped_sum, nonprivate_sum};
-use dpcap_worker::model::{CaptionBatch, Captioner, CaptionerConfig};
+use dpcap_worker::clip::{ClipEngine, Objective, naive_clipped_sum, nonprivate_sum};
+use dpcap_worker::model::{CaptionBatch, Captioner, CaptionerConfig, Mae, MaeBatch, MaeConfig};
 use dpcap_worker::params::ParamSet;
 use serde_json::json;
-
-type Inner = <CpuBackend as AutodiffBackend>::InnerBackend;
 
 /// Options of `dpctl bench clip`.
 #[derive(Debug, clap::Args)]
@@ -24,10 +22,10 @@ pub struct ClipBench {
     /// Examples per step.
     #[arg(long, default_value_t = 64)]
     batch: usize,
-    /// Training objective.
+    /// Training objective: caption or mae.
     #[arg(long, default_value = "caption")]
     objective: String,
-    /// Device: cpu (cuda needs a build with the `cuda` feature).
+    /// Device: cpu, or cuda[:N] in a build with the `cuda` feature.
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Timed runs per method (after one warm-up).
@@ -61,8 +59,7 @@ fn peak_rss_bytes() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
 }
 
-fn random_batch(config: CaptionerConfig, b: usize) -> CaptionBatch<CpuBackend> {
-    let device = Default::default();
+fn caption_batch<AB: AutodiffBackend>(config: CaptionerConfig, b: usize, device: &Device<AB>) -> CaptionBatch<AB> {
     let s = config.seq;
     let tokens: Vec<i64> = (0..b)
         .flat_map(|i| {
@@ -77,65 +74,113 @@ fn random_batch(config: CaptionerConfig, b: usize) -> CaptionBatch<CpuBackend> {
         .collect();
     let image = config.encoder.image;
     CaptionBatch {
-        images: Tensor::random([b, 3, image, image], Distribution::Normal(0.0, 1.0), &device),
-        tokens: Tensor::from_data(TensorData::new(tokens, [b, s]), &device),
+        images: Tensor::random([b, 3, image, image], Distribution::Normal(0.0, 1.0), device),
+        tokens: Tensor::from_data(TensorData::new(tokens, [b, s]), device),
     }
+}
+
+/// Step times of one objective on one backend, medians in seconds.
+struct Timings {
+    params: usize,
+    nonprivate_s: f64,
+    clip_s: f64,
+    naive_s: Option<f64>,
+}
+
+fn measure<AB: AutodiffBackend, M: Objective<AB>>(
+    model: &M,
+    params: &ParamSet<AB::InnerBackend>,
+    batch: &M::Batch,
+    opts: &ClipBench,
+) -> Timings {
+    let engine = ClipEngine { clipping_norm: 1.0, micro_batch: opts.batch };
+    let nonprivate_s = median(opts.runs, || {
+        nonprivate_sum(model, params, batch, opts.batch).flatten().into_data();
+    });
+    let clip_s = median(opts.runs, || {
+        engine.clipped_sum(model, params, batch).sum.flatten().into_data();
+    });
+    let naive_s = (!opts.skip_naive).then(|| {
+        median(opts.runs.min(2), || {
+            naive_clipped_sum(model, params, batch, 1.0).sum.flatten().into_data();
+        })
+    });
+    Timings { params: params.numel(), nonprivate_s, clip_s, naive_s }
+}
+
+fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<Timings> {
+    let inner_device: Device<AB::InnerBackend> = device.clone();
+    let mut params = ParamSet::<AB::InnerBackend>::new(&inner_device);
+    match opts.objective.as_str() {
+        "caption" => {
+            let Some(config) = CaptionerConfig::named(&opts.model) else {
+                bail!("invalid --model {}: use one of {}", opts.model, CaptionerConfig::NAMES.join(", "))
+            };
+            let model = Captioner::new(&mut params, config);
+            Ok(measure::<AB, _>(&model, &params, &caption_batch::<AB>(config, opts.batch, &device), opts))
+        }
+        "mae" => {
+            let Some(config) = MaeConfig::named(&opts.model) else {
+                bail!("invalid --model {}: use one of {}", opts.model, CaptionerConfig::NAMES.join(", "))
+            };
+            let model = Mae::new(&mut params, config);
+            let image = config.encoder.image;
+            let images = Tensor::random([opts.batch, 3, image, image], Distribution::Normal(0.0, 1.0), &device);
+            Ok(measure::<AB, _>(&model, &params, &MaeBatch::new(images, config.encoder.patches()), opts))
+        }
+        other => bail!("invalid --objective {other}: use caption or mae"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn run_cuda(opts: &ClipBench, index: usize) -> Result<Timings> {
+    run_on::<dpcap_worker::CudaBackend>(opts, burn::backend::cuda::CudaDevice::new(index))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(_: &ClipBench, _: usize) -> Result<Timings> {
+    bail!("invalid --device cuda: this dpctl was built without the cuda feature (cargo build --features cuda)")
 }
 
 /// Runs the benchmark.
 pub fn run(opts: ClipBench) -> Result<()> {
-    if opts.objective != "caption" {
-        bail!("invalid --objective {}: only caption is implemented so far", opts.objective);
-    }
-    if opts.device != "cpu" {
-        bail!("invalid --device {}: this build supports cpu", opts.device);
-    }
-    let Some(config) = CaptionerConfig::named(&opts.model) else {
-        bail!("invalid --model {}: use one of {}", opts.model, CaptionerConfig::NAMES.join(", "));
-    };
     if opts.batch == 0 {
         bail!("invalid --batch 0: must be at least 1");
     }
-    let device = Default::default();
-    let mut params = ParamSet::<Inner>::new(&device);
-    let model = Captioner::new(&mut params, config);
-    let batch = random_batch(config, opts.batch);
-    let engine = ClipEngine { clipping_norm: 1.0, micro_batch: opts.batch };
-    let nonprivate_s = median(opts.runs, || {
-        nonprivate_sum(&model, &params, &batch, opts.batch).flatten().into_data();
-    });
-    let clip_s = median(opts.runs, || {
-        engine.clipped_sum(&model, &params, &batch).sum.flatten().into_data();
-    });
-    let naive_s = (!opts.skip_naive).then(|| {
-        median(opts.runs.min(2), || {
-            naive_clipped_sum(&model, &params, &batch, 1.0).sum.flatten().into_data();
-        })
-    });
-    let ratio = clip_s / nonprivate_s;
-    let examples_per_s = opts.batch as f64 / clip_s;
+    let t = match opts.device.as_str() {
+        "cpu" => run_on::<CpuBackend>(&opts, Default::default())?,
+        d if d == "cuda" || d.starts_with("cuda:") => {
+            let index = d
+                .strip_prefix("cuda:")
+                .map_or(Ok(0), str::parse)
+                .map_err(|e| anyhow::anyhow!("invalid --device {d}: {e}"))?;
+            run_cuda(&opts, index)?
+        }
+        other => bail!("invalid --device {other}: use cpu or cuda[:N]"),
+    };
+    let ratio = t.clip_s / t.nonprivate_s;
+    let examples_per_s = opts.batch as f64 / t.clip_s;
     let peak = peak_rss_bytes();
     if opts.json {
         println!(
             "{}",
             json!({"model": opts.model, "objective": opts.objective, "batch": opts.batch, "device": opts.device,
-                   "params": params.numel(), "nonprivate_s": nonprivate_s, "naive_s": naive_s, "clip_s": clip_s,
+                   "params": t.params, "nonprivate_s": t.nonprivate_s, "naive_s": t.naive_s, "clip_s": t.clip_s,
                    "ratio": ratio, "examples_per_s": examples_per_s, "peak_rss_bytes": peak})
         );
     } else {
         println!(
-            "{} captioner ({} params), batch {}, {} ({} runs, medians)",
-            opts.model,
-            params.numel(),
-            opts.batch,
-            opts.device,
-            opts.runs
+            "{} {} ({} params), batch {}, {} ({} runs, medians)",
+            opts.model, opts.objective, t.params, opts.batch, opts.device, opts.runs
         );
-        println!("  non-private step : {:.3} s", nonprivate_s);
-        if let Some(n) = naive_s {
-            println!("  naive per-example: {:.3} s ({:.1}x the ClipEngine)", n, n / clip_s);
+        println!("  non-private step : {:.3} s", t.nonprivate_s);
+        if let Some(n) = t.naive_s {
+            println!("  naive per-example: {:.3} s ({:.1}x the ClipEngine)", n, n / t.clip_s);
         }
-        println!("  ClipEngine       : {:.3} s ({:.2}x non-private, {:.0} examples/s)", clip_s, ratio, examples_per_s);
+        println!(
+            "  ClipEngine       : {:.3} s ({:.2}x non-private, {:.0} examples/s)",
+            t.clip_s, ratio, examples_per_s
+        );
         if let Some(p) = peak {
             println!("  peak RSS         : {:.0} MiB", p as f64 / (1 << 20) as f64);
         }

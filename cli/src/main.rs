@@ -1,8 +1,9 @@
-//! `dpctl`: dpcap's operator CLI. Offline privacy calculators and benchmarks today; job
-//! control and the embedded demo arrive with the coordinator.
+//! `dpctl`: dpcap's operator CLI. Offline privacy calculators, model configurations and
+//! benchmarks today; job control and the embedded demo arrive with the coordinator.
 
 mod bench;
 mod bench_clip;
+mod model;
 mod privacy;
 
 use clap::{Parser, Subcommand};
@@ -20,6 +21,9 @@ enum Command {
     /// Offline privacy accounting: epsilon, noise multiplier or steps for a DP-SGD run.
     #[command(subcommand)]
     Privacy(privacy::PrivacyCommand),
+    /// Model configurations.
+    #[command(subcommand)]
+    Model(model::ModelCommand),
     /// Benchmarks (ratios measured side by side in one run).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -30,6 +34,7 @@ fn main() {
     let result = match cli.command {
         Command::Privacy(command) => privacy::run(command),
         Command::Bench(command) => bench::run(command),
+        Command::Model(command) => model::run(command),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -13,3 +13,7 @@ pub mod params;
 
 /// The default CPU training backend.
 pub type CpuBackend = burn::backend::Autodiff<burn::backend::Flex>;
+
+/// The CUDA training backend (feature `cuda`).
+#[cfg(feature = "cuda")]
+pub type CudaBackend = burn::backend::Autodiff<burn::backend::Cuda>;

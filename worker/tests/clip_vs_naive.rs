@@ -9,7 +9,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use dpcap_worker::CpuBackend;
 use dpcap_worker::clip::{ClipEngine, ClippedSum, Objective, Tape, naive_clipped_sum, norms};
-use dpcap_worker::model::{CaptionBatch, Captioner, CaptionerConfig};
+use dpcap_worker::model::{CaptionBatch, Captioner, CaptionerConfig, Mae, MaeBatch, MaeConfig};
 use dpcap_worker::params::{Init, ParamId, ParamSet};
 
 type AB = CpuBackend;
@@ -177,4 +177,29 @@ fn captioner_matches_naive_with_padding_and_micro_batches() {
     let mut ps = ParamSet::<Inner>::new(&device());
     let model = Captioner::new(&mut ps, config);
     assert_matches_naive(&model, &ps, &caption_batch(config, 6), 4);
+}
+
+#[test]
+fn mae_matches_naive_with_per_example_masks() {
+    let config = MaeConfig::named("micro").unwrap();
+    let mut ps = ParamSet::<Inner>::new(&device());
+    let model = Mae::new(&mut ps, config);
+    let image = config.encoder.image;
+    let batch = MaeBatch::new(random([6, 3, image, image], 1.0), config.encoder.patches());
+    assert_matches_naive(&model, &ps, &batch, 4);
+}
+
+#[test]
+fn encoder_features_are_mean_pooled_and_input_dependent() {
+    let config = CaptionerConfig::named("micro").unwrap();
+    let mut ps = ParamSet::<Inner>::new(&device());
+    let model = Captioner::new(&mut ps, config);
+    let images = random([3, 3, 32, 32], 1.0);
+    let f = model.encoder().features::<AB>(&ps, images.clone());
+    assert_eq!(f.dims(), [3, config.encoder.width]);
+    let again: Vec<f32> = model.encoder().features::<AB>(&ps, images).into_data().to_vec().unwrap();
+    let f: Vec<f32> = f.into_data().to_vec().unwrap();
+    assert_eq!(f, again, "features are deterministic");
+    let w = config.encoder.width;
+    assert!(f[..w].iter().zip(&f[w..2 * w]).any(|(a, b)| (a - b).abs() > 1e-4), "different images, different features");
 }

@@ -243,3 +243,19 @@ pub fn naive_clipped_sum<AB: AutodiffBackend, M: Objective<AB>>(
     }
     ClippedSum { sum, telemetry }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Telemetry;
+
+    #[test]
+    fn telemetry_summarises_losses_and_norms() {
+        let t = Telemetry { losses: vec![1.0, 2.0, 3.0, 6.0], norms: vec![0.5, 1.5, 2.0, 4.0] };
+        assert_eq!(t.mean_loss(), 3.0);
+        assert_eq!(t.clipped_fraction(1.0), 0.75);
+        assert_eq!(t.clipped_fraction(10.0), 0.0);
+        assert_eq!((t.norm_quantile(0.0), t.norm_quantile(1.0)), (0.5, 4.0));
+        assert_eq!(t.norm_quantile(0.5), 2.0);
+        assert_eq!(Telemetry::default().clipped_fraction(1.0), 0.0);
+    }
+}

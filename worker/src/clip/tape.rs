@@ -20,6 +20,8 @@ pub enum Mode {
     Ghost,
     /// Ordinary autodiff with parameters as leaves.
     Plain,
+    /// Inference: parameters constant, nothing recorded.
+    Frozen,
 }
 
 /// What one trainable layer left on the tape (ghost mode).
@@ -64,7 +66,7 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
     fn param<const D: usize>(&mut self, id: ParamId) -> Tensor<AB, D> {
         let shape: [usize; D] = self.params.spec(id).shape.clone().try_into().expect("parameter rank");
         let flat = match self.mode {
-            Mode::Ghost => Tensor::from_inner(self.params.value(id)),
+            Mode::Ghost | Mode::Frozen => Tensor::from_inner(self.params.value(id)),
             Mode::Plain => {
                 let params = self.params;
                 self.leaves.entry(id).or_insert_with(|| Tensor::from_inner(params.value(id)).require_grad()).clone()
@@ -75,7 +77,7 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
 
     fn probe(&self, y: Tensor<AB, 3>) -> (Tensor<AB, 3>, Option<Tensor<AB, 3>>) {
         match self.mode {
-            Mode::Plain => (y, None),
+            Mode::Plain | Mode::Frozen => (y, None),
             Mode::Ghost => {
                 let probe = Tensor::<AB, 3>::zeros(y.dims(), &y.device()).require_grad();
                 (y + probe.clone(), Some(probe))

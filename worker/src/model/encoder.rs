@@ -5,7 +5,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use super::layers::{Block, INIT_STD, LayerNorm, Linear};
-use crate::clip::Tape;
+use crate::clip::{Mode, Tape};
 use crate::params::{Init, ParamId, ParamSet};
 
 /// Encoder shape.
@@ -85,6 +85,16 @@ impl Encoder {
             x = block.forward(tape, x, None);
         }
         self.norm.forward(tape, x)
+    }
+
+    /// Evaluation features: mean-pooled encoder outputs [B, d], no gradients.
+    pub fn features<AB: AutodiffBackend>(
+        &self,
+        params: &ParamSet<AB::InnerBackend>,
+        images: Tensor<AB, 4>,
+    ) -> Tensor<AB::InnerBackend, 2> {
+        let mut tape = Tape::new(Mode::Frozen, params);
+        self.forward(&mut tape, images).mean_dim(1).squeeze_dim::<2>(1).inner()
     }
 
     /// Images [B, 3, H, W] → encoded tokens [B, N, d].

@@ -1,8 +1,11 @@
-//! Models with per-example losses: the DP-Cap captioner (and its ViT encoder).
+//! Models with per-example losses: the DP-Cap captioner, ViP's masked autoencoder, and the
+//! ViT encoder they share.
 
 pub mod captioner;
 pub mod encoder;
 pub mod layers;
+pub mod mae;
 
 pub use captioner::{CaptionBatch, Captioner, CaptionerConfig};
 pub use encoder::{Encoder, EncoderConfig};
+pub use mae::{Mae, MaeBatch, MaeConfig};

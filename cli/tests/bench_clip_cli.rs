@@ -1,0 +1,77 @@
+//! `dpctl bench clip --json` prints the documented object for both objectives, and refuses
+//! bad options naming the flag.
+
+use std::process::Command;
+
+fn dpctl(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dpctl")).args(args).output().expect("dpctl runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+}
+
+#[test]
+fn json_has_every_documented_key_for_both_objectives() {
+    for objective in ["caption", "mae"] {
+        let (code, out, err) = dpctl(&[
+            "bench",
+            "clip",
+            "--model",
+            "micro",
+            "--batch",
+            "4",
+            "--runs",
+            "1",
+            "--objective",
+            objective,
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        for key in [
+            "model",
+            "objective",
+            "batch",
+            "device",
+            "params",
+            "nonprivate_s",
+            "naive_s",
+            "clip_s",
+            "ratio",
+            "examples_per_s",
+            "peak_rss_bytes",
+        ] {
+            assert!(v.get(key).is_some(), "{objective}: missing {key} in {v}");
+        }
+        assert_eq!(v["objective"], objective);
+        assert!(v["clip_s"].as_f64().unwrap() > 0.0 && v["naive_s"].as_f64().unwrap() > 0.0);
+        let (code, out, _) = dpctl(&[
+            "bench",
+            "clip",
+            "--model",
+            "micro",
+            "--batch",
+            "2",
+            "--runs",
+            "1",
+            "--objective",
+            objective,
+            "--skip-naive",
+            "--json",
+        ]);
+        assert_eq!(code, 0);
+        assert!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["naive_s"].is_null());
+    }
+}
+
+#[test]
+fn bad_options_name_the_flag() {
+    for (args, flag) in [
+        (&["--model", "huge"][..], "--model"),
+        (&["--objective", "gan"][..], "--objective"),
+        (&["--batch", "0"][..], "--batch"),
+        (&["--device", "tpu"][..], "--device"),
+    ] {
+        let (code, _, err) = dpctl(&[&["bench", "clip"][..], args].concat());
+        assert_ne!(code, 0);
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
+}
