@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Device, Distribution, Tensor, TensorData};
+use burn::tensor::{Device, Distribution, Tensor};
 use dpcap_worker::CpuBackend;
 use dpcap_worker::clip::{ClipEngine, Objective, naive_clipped_sum, nonprivate_sum};
 use dpcap_worker::model::{CaptionBatch, Captioner, CaptionerConfig, Mae, MaeBatch, MaeConfig};
@@ -59,26 +59,6 @@ fn peak_rss_bytes() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
 }
 
-fn caption_batch<AB: AutodiffBackend>(config: CaptionerConfig, b: usize, device: &Device<AB>) -> CaptionBatch<AB> {
-    let s = config.seq;
-    let tokens: Vec<i64> = (0..b)
-        .flat_map(|i| {
-            let len = 4 + (i * 7) % (s - 4);
-            (0..s).map(move |j| match j {
-                0 => 1,
-                j if j < len => 3 + ((i * 131 + j * 71) % (config.vocab - 3)) as i64,
-                j if j == len => 2,
-                _ => 0,
-            })
-        })
-        .collect();
-    let image = config.encoder.image;
-    CaptionBatch {
-        images: Tensor::random([b, 3, image, image], Distribution::Normal(0.0, 1.0), device),
-        tokens: Tensor::from_data(TensorData::new(tokens, [b, s]), device),
-    }
-}
-
 /// Step times of one objective on one backend, medians in seconds.
 struct Timings {
     params: usize,
@@ -117,7 +97,7 @@ fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<T
                 bail!("invalid --model {}: use one of {}", opts.model, CaptionerConfig::NAMES.join(", "))
             };
             let model = Captioner::new(&mut params, config);
-            Ok(measure::<AB, _>(&model, &params, &caption_batch::<AB>(config, opts.batch, &device), opts))
+            Ok(measure::<AB, _>(&model, &params, &CaptionBatch::<AB>::random(config, opts.batch, &device), opts))
         }
         "mae" => {
             let Some(config) = MaeConfig::named(&opts.model) else {

@@ -150,33 +150,12 @@ fn free_parameter_matches_naive() {
     assert_matches_naive(&Case { layer }, &ps, &case_batch(9, 5, 4, 4, 5), 4);
 }
 
-fn caption_batch(config: CaptionerConfig, b: usize) -> CaptionBatch<AB> {
-    let s = config.seq;
-    // BOS = 1, words in [3, vocab), EOS = 2, then PAD = 0; lengths vary per example.
-    let tokens: Vec<i64> = (0..b)
-        .flat_map(|i| {
-            let len = 3 + i % (s - 3);
-            (0..s).map(move |j| match j {
-                0 => 1,
-                j if j < len => 3 + ((i * 31 + j * 17) % (config.vocab - 3)) as i64,
-                j if j == len => 2,
-                _ => 0,
-            })
-        })
-        .collect();
-    let image = config.encoder.image;
-    CaptionBatch {
-        images: random([b, 3, image, image], 1.0),
-        tokens: Tensor::from_data(TensorData::new(tokens, [b, s]), &device()),
-    }
-}
-
 #[test]
 fn captioner_matches_naive_with_padding_and_micro_batches() {
     let config = CaptionerConfig::named("micro").unwrap();
     let mut ps = ParamSet::<Inner>::new(&device());
     let model = Captioner::new(&mut ps, config);
-    assert_matches_naive(&model, &ps, &caption_batch(config, 6), 4);
+    assert_matches_naive(&model, &ps, &CaptionBatch::random(config, 6, &device()), 4);
 }
 
 #[test]

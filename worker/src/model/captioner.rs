@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Distribution, Int, Tensor, TensorData};
 
 use super::encoder::{Encoder, EncoderConfig};
 use super::layers::{Block, INIT_STD, LayerNorm, Linear};
@@ -70,6 +70,30 @@ pub struct CaptionBatch<B: Backend> {
     pub images: Tensor<B, 4>,
     /// Token ids.
     pub tokens: Tensor<B, 2, Int>,
+}
+
+impl<B: Backend> CaptionBatch<B> {
+    /// A batch of N(0, 1) images and token sequences of varied lengths (BOS = 1, words,
+    /// EOS = 2, then PAD), for benchmarks and tests.
+    pub fn random(config: CaptionerConfig, b: usize, device: &B::Device) -> Self {
+        let s = config.seq;
+        let tokens: Vec<i64> = (0..b)
+            .flat_map(|i| {
+                let len = 3 + (i * 7) % (s - 3);
+                (0..s).map(move |j| match j {
+                    0 => 1,
+                    j if j < len => 3 + ((i * 131 + j * 71) % (config.vocab - 3)) as i64,
+                    j if j == len => 2,
+                    _ => PAD,
+                })
+            })
+            .collect();
+        let image = config.encoder.image;
+        Self {
+            images: Tensor::random([b, 3, image, image], Distribution::Normal(0.0, 1.0), device),
+            tokens: Tensor::from_data(TensorData::new(tokens, [b, s]), device),
+        }
+    }
 }
 
 /// The captioner.
