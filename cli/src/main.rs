@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_clip;
+mod dataset;
 mod model;
 mod privacy;
 
@@ -21,6 +22,9 @@ enum Command {
     /// Offline privacy accounting: epsilon, noise multiplier or steps for a DP-SGD run.
     #[command(subcommand)]
     Privacy(privacy::PrivacyCommand),
+    /// Datasets: synthetic shards and indexes.
+    #[command(subcommand)]
+    Dataset(dataset::DatasetCommand),
     /// Model configurations.
     #[command(subcommand)]
     Model(model::ModelCommand),
@@ -35,6 +39,7 @@ fn main() {
         Command::Privacy(command) => privacy::run(command),
         Command::Bench(command) => bench::run(command),
         Command::Model(command) => model::run(command),
+        Command::Dataset(command) => dataset::run(command),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

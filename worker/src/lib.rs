@@ -7,6 +7,7 @@
 
 pub mod checkpoint;
 pub mod clip;
+pub mod data;
 pub mod model;
 pub mod optim;
 pub mod params;

@@ -1,0 +1,30 @@
+//! `dpctl dataset synth` writes real shards and a held-out split; `dpctl dataset index` counts
+//! them and writes index.json.
+
+use std::process::Command;
+
+fn dpctl(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dpctl")).args(args).output().expect("dpctl runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+}
+
+#[test]
+fn synth_then_index_counts_every_example() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let (code, stdout, err) =
+        dpctl(&["dataset", "synth", "--out", out, "--examples", "230", "--eval-examples", "40", "--shard-size", "100"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!((v["train_shards"].as_u64(), v["eval_shards"].as_u64()), (Some(3), Some(1)));
+    let train = dir.path().join("train");
+    let (code, stdout, err) = dpctl(&["dataset", "index", train.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&stdout).unwrap()["examples"], 230);
+    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(train.join("index.json")).unwrap()).unwrap();
+    assert_eq!(index["examples"], 230);
+    assert_eq!(index["shards"][2]["examples"].as_array().unwrap().len(), 30);
+    let (code, _, err) = dpctl(&["dataset", "index", dir.path().join("missing").to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("missing"), "{err}");
+}

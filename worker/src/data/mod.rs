@@ -1,0 +1,8 @@
+//! Training data: WebDataset tar shards on an object store, their index (which fixes N for
+//! accounting), random access to sampled examples by range reads, and a synthetic captioning
+//! dataset for the demo, tests and benchmarks.
+
+pub mod shards;
+pub mod synth;
+
+pub use shards::{DataError, DatasetIndex, Example, build_index, read_example};
