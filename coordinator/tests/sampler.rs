@@ -1,0 +1,88 @@
+//! The PoissonSampler draws each example independently with probability q, reproducibly per
+//! (secret, step), whatever the number of workers; work units cover the sample exactly.
+
+use dpcap_coordinator::sampler::SamplerError;
+use dpcap_coordinator::{JobSecret, PoissonSampler, ShardLayout, split_work};
+
+fn sampler(secret: u8, n: u64, q: f64) -> PoissonSampler {
+    PoissonSampler::new(JobSecret([secret; 32]), n, q).unwrap()
+}
+
+#[test]
+fn a_step_is_reproducible_and_keyed_by_secret_and_step() {
+    let s = sampler(1, 10_000, 0.01);
+    assert_eq!(s.sample(5), s.sample(5));
+    assert_ne!(s.sample(5), s.sample(6));
+    assert_ne!(s.sample(5), sampler(2, 10_000, 0.01).sample(5));
+    let batch = s.sample(5);
+    assert!(batch.windows(2).all(|w| w[0] < w[1]) && *batch.last().unwrap() < 10_000);
+}
+
+#[test]
+fn inclusion_is_independent_with_probability_q() {
+    let (n, q, steps) = (1000u64, 0.1, 2000u64);
+    let s = sampler(3, n, q);
+    let mut counts = vec![0u64; n as usize];
+    let mut sizes = Vec::new();
+    let mut neighbours = 0u64;
+    for t in 0..steps {
+        let batch = s.sample(t);
+        sizes.push(batch.len() as f64);
+        for &i in &batch {
+            counts[i as usize] += 1;
+        }
+        neighbours += batch.windows(2).filter(|w| w[1] == w[0] + 1).count() as u64;
+    }
+    let mean = sizes.iter().sum::<f64>() / steps as f64;
+    let var = sizes.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (steps - 1) as f64;
+    assert!((mean - 100.0).abs() < 1.5, "mean batch size {mean}, expected qN = 100");
+    assert!((70.0..110.0).contains(&var), "batch size variance {var}, expected Nq(1-q) = 90");
+    // χ² over per-example inclusion counts: 1000 degrees of freedom, mean 1000, sd ~45.
+    let expected = steps as f64 * q;
+    let chi2: f64 = counts.iter().map(|&c| (c as f64 - expected).powi(2) / (expected * (1.0 - q))).sum();
+    assert!((800.0..1200.0).contains(&chi2), "chi-square {chi2}");
+    // Both of two adjacent examples sampled: probability q² each, independently.
+    let trials = (steps * (n - 1)) as f64;
+    let want = trials * q * q;
+    assert!((neighbours as f64 - want).abs() < 5.0 * want.sqrt(), "adjacent pairs {neighbours}, expected {want}");
+}
+
+#[test]
+fn edge_rates_and_bad_parameters() {
+    assert_eq!(sampler(1, 7, 1.0).sample(0), (0..7).collect::<Vec<_>>());
+    assert_eq!(PoissonSampler::new(JobSecret([0; 32]), 10, 0.0).unwrap_err(), SamplerError::Rate(0.0));
+    assert_eq!(PoissonSampler::new(JobSecret([0; 32]), 10, 1.5).unwrap_err(), SamplerError::Rate(1.5));
+    assert_eq!(PoissonSampler::new(JobSecret([0; 32]), 0, 0.5).unwrap_err(), SamplerError::Empty);
+    let big = sampler(9, 233_804_767, 1_310_720.0 / 233_804_767.0);
+    let batch = big.sample(0);
+    assert!((batch.len() as f64 - 1_310_720.0).abs() < 5.0 * 1_310_720f64.sqrt(), "{}", batch.len());
+    assert!((big.expected_batch_size() - 1_310_720.0).abs() < 1e-6);
+}
+
+#[test]
+fn work_units_cover_the_sample_for_any_number_of_ranks_and_follow_throughput() {
+    let layout = ShardLayout::from_counts(&[300, 300, 400]);
+    let batch = sampler(4, 1000, 0.2).sample(1);
+    for weights in [vec![1.0], vec![1.0, 1.0], vec![1.0, 3.0], vec![2.0, 1.0, 1.0]] {
+        let ranks = split_work(&batch, &layout, &weights);
+        assert_eq!(ranks.len(), weights.len());
+        let mut covered: Vec<u64> = Vec::new();
+        for units in &ranks {
+            for unit in units {
+                let base = [0u64, 300, 600][unit.shard];
+                assert!(unit.indices.iter().all(|&i| i < [300, 300, 400][unit.shard]));
+                covered.extend(unit.indices.iter().map(|i| base + i));
+            }
+        }
+        assert_eq!(covered, batch, "weights {weights:?}: the ranks' units are exactly the sample");
+        let total: f64 = weights.iter().sum();
+        for (units, w) in ranks.iter().zip(&weights) {
+            let got = units.iter().map(|u| u.indices.len()).sum::<usize>() as f64;
+            assert!((got - batch.len() as f64 * w / total).abs() <= 1.0, "weights {weights:?}: share {got}");
+        }
+    }
+    assert!(
+        split_work(&[], &layout, &[1.0, 1.0]).iter().all(|units| units.is_empty()),
+        "ranks with no examples get empty lists"
+    );
+}
