@@ -4,5 +4,6 @@
 
 pub mod shards;
 pub mod synth;
+pub mod tokenizer;
 
 pub use shards::{DataError, DatasetIndex, Example, build_index, read_example};
