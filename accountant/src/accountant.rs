@@ -132,7 +132,7 @@ impl Accountant {
     /// Adds one complete part. When it is the last of the W parts, charges and releases the
     /// step before returning.
     pub async fn submit_part(&self, job: &Job, part: Part) -> Result<PartOutcome, AccountantError> {
-        let Part { step, part, values, digest } = part;
+        let Part { step, part, values, digest, attempt } = part;
         let r = &job.registration;
         let mut state = job.state.lock().await;
         let progress = job.progress();
@@ -143,11 +143,23 @@ impl Accountant {
             return Ok(PartOutcome { received: r.parts, released: true, accepted_new: false });
         }
         check_step_open(job, &progress, step)?;
+        if let Some(pending) = &state.pending {
+            if pending.attempt > attempt {
+                return Err(AccountantError::StalePart { job_id: r.job_id.clone(), step, attempt, current: pending.attempt });
+            }
+            if pending.attempt < attempt {
+                // The group that sent these parts was re-formed before the step was complete;
+                // nothing was charged or released from them, so dropping them is safe.
+                tracing::info!(job_id = %r.job_id, step, attempt, "dropping pending parts of an older attempt");
+                state.pending = None;
+            }
+        }
         let pending = state.pending.get_or_insert_with(|| Pending {
             step,
             sum: vec![0.0; values.len()],
             digests: vec![None; r.parts as usize],
             started: Instant::now(),
+            attempt,
         });
         let slot = &mut pending.digests[part as usize];
         let accepted_new = match slot {

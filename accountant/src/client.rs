@@ -30,12 +30,23 @@ impl AccountantClient {
         &mut self.inner
     }
 
-    /// Streams part `part` of `step` (all P values) in chunks of [`CHUNK_VALUES`].
+    /// Streams part `part` of `step` (all P values) in chunks of [`CHUNK_VALUES`], as attempt 0.
     pub async fn submit_part(
         &mut self,
         job_id: &str,
         step: u64,
         part: u32,
+        values: &[f32],
+    ) -> Result<SubmitPartResponse, Status> {
+        self.submit_attempt(job_id, (step, part, 0), values).await
+    }
+
+    /// Streams part `part` of `step`, computed by group generation `attempt`: a newer attempt
+    /// replaces pending parts of an older one (a re-formed group reruns an unreleased step).
+    pub async fn submit_attempt(
+        &mut self,
+        job_id: &str,
+        (step, part, attempt): (u64, u32, u64),
         values: &[f32],
     ) -> Result<SubmitPartResponse, Status> {
         let chunks: Vec<GradientChunk> = values
@@ -47,6 +58,7 @@ impl AccountantClient {
                 part,
                 offset: (i * CHUNK_VALUES) as u64,
                 values: c.to_vec(),
+                attempt,
             })
             .collect();
         Ok(self.inner.submit_part(Request::new(futures::stream::iter(chunks))).await?.into_inner())

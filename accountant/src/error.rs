@@ -67,6 +67,18 @@ pub enum AccountantError {
         /// The part index.
         part: u32,
     },
+    /// A part from a group generation older than the parts already pending for its step.
+    #[error("job {job_id} step {step}: part from attempt {attempt} is stale; attempt {current} is collecting")]
+    StalePart {
+        /// The job.
+        job_id: String,
+        /// The step.
+        step: u64,
+        /// The part's attempt.
+        attempt: u64,
+        /// The attempt being collected.
+        current: u64,
+    },
     /// Another accountant process sharing the ledger charged this step first.
     #[error("job {job_id} step {step} was charged by another accountant sharing this ledger")]
     ChargedElsewhere {
@@ -113,7 +125,7 @@ impl ServiceError for AccountantError {
             UnknownJob { .. } => ErrorCode::NotFound,
             RegistrationConflict { .. } => ErrorCode::AlreadyExists,
             StepRefused { .. } | BudgetExhausted { .. } | JobClosed { .. } => ErrorCode::FailedPrecondition,
-            ConflictingPart { .. } | ChargedElsewhere { .. } => ErrorCode::Aborted,
+            ConflictingPart { .. } | StalePart { .. } | ChargedElsewhere { .. } => ErrorCode::Aborted,
             Unavailable(_) => ErrorCode::Unavailable,
             Storage(_) | CorruptLedger { .. } | Internal(_) => ErrorCode::Internal,
         }

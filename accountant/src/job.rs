@@ -63,6 +63,8 @@ pub struct Pending {
     pub digests: Vec<Option<u64>>,
     /// When the first part arrived.
     pub started: std::time::Instant,
+    /// The group generation whose parts these are.
+    pub attempt: u64,
 }
 
 /// Mutable step state, behind the job's async mutex (held across the durable charge).
@@ -116,6 +118,8 @@ pub struct Part {
     pub values: Vec<f32>,
     /// A digest of the values, to tell an identical retry from a conflicting part.
     pub digest: u64,
+    /// The group generation that computed it (newer attempts replace pending older parts).
+    pub attempt: u64,
 }
 
 /// Collects one part's chunks, checking every chunk against the job's shape.
@@ -126,11 +130,12 @@ pub struct PartAssembler {
     part: u32,
     values: Vec<f32>,
     dim: usize,
+    attempt: u64,
 }
 
 impl PartAssembler {
-    /// Starts a part of (job, step, part) for a job of dimension `dim` and `parts` parts.
-    pub fn new(job: &Job, step: u64, part: u32) -> Result<Self, AccountantError> {
+    /// Starts a part of (job, step, part) computed by group generation `attempt`, for a job of dimension `dim` and `parts` parts.
+    pub fn new(job: &Job, step: u64, part: u32, attempt: u64) -> Result<Self, AccountantError> {
         let r = &job.registration;
         if part >= r.parts {
             return Err(AccountantError::invalid(
@@ -140,7 +145,7 @@ impl PartAssembler {
         }
         let dim = usize::try_from(r.gradient_dim)
             .map_err(|_| AccountantError::invalid("gradient_dim", "too large for this host"))?;
-        Ok(Self { job_id: r.job_id.clone(), step, part, values: Vec::with_capacity(dim), dim })
+        Ok(Self { job_id: r.job_id.clone(), step, part, values: Vec::with_capacity(dim), dim, attempt })
     }
 
     /// Appends one chunk; its header must repeat the part's and its offset must follow on.
@@ -199,6 +204,6 @@ impl PartAssembler {
         for v in &self.values {
             hasher.write_u32(v.to_bits());
         }
-        Ok(Part { step: self.step, part: self.part, values: self.values, digest: hasher.finish() })
+        Ok(Part { step: self.step, part: self.part, values: self.values, digest: hasher.finish(), attempt: self.attempt })
     }
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use dpcap_accountant::process::{shutdown_signal, write_addr_file};
 use tokio::net::TcpListener;
 
 /// dpcap's privacy accountant: adds the noise, enforces budgets, keeps the ledger.
@@ -34,39 +35,19 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if args.log_json {
-        builder.json().init()
-    } else {
-        builder.init()
-    }
+    dpcap_accountant::process::init_tracing(args.log_json);
 
     let grpc = TcpListener::bind(args.listen).await.with_context(|| format!("binding --listen {}", args.listen))?;
     let metrics = TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
-    let addrs =
-        serde_json::json!({ "grpc": grpc.local_addr()?.to_string(), "metrics": metrics.local_addr()?.to_string() });
-    tracing::info!(grpc = %addrs["grpc"], metrics = %addrs["metrics"], ledger = %args.ledger, "accountant listening");
+    let (grpc_addr, metrics_addr) = (grpc.local_addr()?, metrics.local_addr()?);
+    tracing::info!(%grpc_addr, %metrics_addr, ledger = %args.ledger, "accountant listening");
     if let Some(path) = &args.addr_file {
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, addrs.to_string()).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, path).with_context(|| format!("writing --addr-file {}", path.display()))?;
+        write_addr_file(path, grpc_addr, Some(metrics_addr)).with_context(|| format!("writing --addr-file {}", path.display()))?;
     }
     let ledger = dpcap_accountant::server::open_ledger(&args.ledger)?;
     dpcap_accountant::server::serve(grpc, metrics, ledger, args.allow_seeded_noise, shutdown_signal()).await?;
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing the SIGTERM handler");
-        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-}

@@ -103,6 +103,16 @@ pub async fn serve(
     accountant: Arc<Accountant>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    serve_http(listener, Arc::new(move || render(&handle, &accountant)), shutdown).await;
+}
+
+/// Serves `/metrics` (the text `render` returns at each scrape) and `/healthz` over HTTP/1
+/// until `shutdown` resolves. Every dpcap component exposes its metrics through this.
+pub async fn serve_http(
+    listener: TcpListener,
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -112,13 +122,13 @@ pub async fn serve(
                 Err(e) => { tracing::warn!(error = %e, "metrics accept failed"); continue; }
             },
         };
-        let (handle, accountant) = (handle.clone(), accountant.clone());
+        let render = render.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
                 let response = match request.uri().path() {
                     "/metrics" => Response::builder()
                         .header("content-type", "text/plain; version=0.0.4")
-                        .body(Full::new(Bytes::from(render(&handle, &accountant)))),
+                        .body(Full::new(Bytes::from(render()))),
                     "/healthz" => Response::builder().body(Full::new(Bytes::from_static(b"ok\n"))),
                     _ => Response::builder()
                         .status(StatusCode::NOT_FOUND)

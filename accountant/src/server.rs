@@ -44,20 +44,30 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
-/// Opens the ledger: a local directory path (created if missing) or an object-store URL
-/// (`file://`, and `s3://`, `gs://`, `az://` with the matching cargo features).
-pub fn open_ledger(location: &str) -> Result<Ledger, ServeError> {
+/// Opens an object store from a local directory path (created if missing) or a URL
+/// (`file://`, and `s3://`, `gs://`, `az://` with the matching cargo features), returning the
+/// store and the root path inside it. The ledger, job store, checkpoints and datasets all use it.
+pub fn open_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), ServeError> {
     let store_error = |reason: String| ServeError::Store { url: location.to_owned(), reason };
+    if location.is_empty() {
+        return Err(store_error("empty location".into()));
+    }
     if !location.contains("://") || location.starts_with("file://") {
         let dir = location.strip_prefix("file://").unwrap_or(location);
         std::fs::create_dir_all(dir).map_err(|e| store_error(e.to_string()))?;
         let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| store_error(e.to_string()))?;
-        return Ok(Ledger::new(Arc::new(store), Path::default()));
+        return Ok((Arc::new(store), Path::default()));
     }
     let url = url::Url::parse(location).map_err(|e| store_error(e.to_string()))?;
     let (store, root): (Box<dyn ObjectStore>, Path) =
         object_store::parse_url(&url).map_err(|e| store_error(e.to_string()))?;
-    Ok(Ledger::new(Arc::from(store), root))
+    Ok((Arc::from(store), root))
+}
+
+/// Opens the ledger at a directory or URL (see [`open_store`]).
+pub fn open_ledger(location: &str) -> Result<Ledger, ServeError> {
+    let (store, root) = open_store(location)?;
+    Ok(Ledger::new(store, root))
 }
 
 /// Serves until `shutdown` resolves, then drains. Replays the ledger after the listeners are
@@ -74,14 +84,7 @@ pub async fn serve(
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_service_status("", ServingStatus::NotServing).await;
     health.set_not_serving::<AccountantServiceServer<AccountantGrpc>>().await;
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(dpcap_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(dpcap_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    let (reflection_v1, reflection_v1alpha) = dpcap_proto::reflection::services()?;
     let service = AccountantServiceServer::new(AccountantGrpc::new(accountant.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

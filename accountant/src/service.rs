@@ -123,7 +123,7 @@ impl AccountantService for AccountantGrpc {
             .await?
             .ok_or_else(|| Status::invalid_argument("invalid values: the part stream is empty"))?;
         let job = self.accountant.job(&first.job_id).map_err(to_status)?;
-        let mut assembler = PartAssembler::new(&job, first.step, first.part).map_err(to_status)?;
+        let mut assembler = PartAssembler::new(&job, first.step, first.part, first.attempt).map_err(to_status)?;
         let mut next = Some(first);
         while let Some(chunk) = next {
             assembler.push(&chunk.job_id, chunk.step, chunk.part, chunk.offset, &chunk.values).map_err(to_status)?;

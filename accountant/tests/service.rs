@@ -174,8 +174,8 @@ async fn bad_input_is_refused_with_a_clear_status_and_loses_nothing() {
     nan[3] = f32::NAN;
     expect(client.submit_part("bad", 0, 1, &nan).await, Code::InvalidArgument, &["not finite", "index 3"]);
     let gap = vec![
-        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 0, values: part(1, 4) },
-        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 5, values: part(1, 6) },
+        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 0, values: part(1, 4), attempt: 0 },
+        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 5, values: part(1, 6), attempt: 0 },
     ];
     expect(
         client.raw().submit_part(futures::stream::iter(gap)).await,
@@ -350,4 +350,25 @@ async fn dataset_budget_composes_jobs_and_refuses_the_step_that_would_pass_it() 
     assert!(steps[0] + steps[1] <= one_job + 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
     assert!(steps[0] + steps[1] >= one_job - 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
     assert!(server.scrape().await.contains("dpcap_budget_rejections_total{reason=\"dataset_budget\"} 1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_attempt_replaces_pending_parts_and_an_older_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let mut client = server.client().await;
+    let dim = 64;
+    client.raw().register_job(job("regroup", 0.01, 1.0, 1.0, 10.0, dim as u64, 2, Some(3))).await.unwrap();
+    // Generation 1 sends part 0 and is re-formed before part 1 arrives.
+    let old = client.submit_attempt("regroup", (0, 0, 1), &part(9, dim)).await.unwrap();
+    assert!(!old.released);
+    // Generation 2 reruns the step with another split: its part 0 differs, and is not a conflict.
+    let new0 = client.submit_attempt("regroup", (0, 0, 2), &part(1, dim)).await.unwrap();
+    assert_eq!(new0.parts_received, 1, "older parts dropped: {new0:?}");
+    let stale = client.submit_attempt("regroup", (0, 1, 1), &part(9, dim)).await.unwrap_err();
+    assert_eq!(stale.code(), Code::Aborted, "{stale:?}");
+    assert!(stale.message().contains("stale"), "{stale:?}");
+    assert!(client.submit_attempt("regroup", (0, 1, 2), &part(2, dim)).await.unwrap().released);
+    let spend = client.raw().get_spend(GetSpendRequest { job_id: "regroup".into() }).await.unwrap().into_inner();
+    assert_eq!(spend.steps_charged, 1);
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use dpcap_worker::data::{build_index, synth};
+use dpcap_worker::data::tokenizer::CaptionTokenizer;
+use dpcap_worker::data::{build_index, read_captions, synth};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -32,10 +33,14 @@ pub enum DatasetCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
-    /// Index the .tar shards under a directory (or file:// URL) and write DIR/index.json.
+    /// Index the .tar shards under a directory (or file:// URL) and write DIR/index.json; train
+    /// DIR/tokenizer.json on the captions unless one exists.
     Index {
         /// Dataset directory.
         url: String,
+        /// Vocabulary size of the trained WordPiece tokenizer (the micro captioner takes 256).
+        #[arg(long, default_value_t = 256)]
+        vocab_size: usize,
     },
 }
 
@@ -69,16 +74,30 @@ pub fn run(command: DatasetCommand) -> Result<()> {
                 json!({"out": out, "train_examples": examples, "train_shards": train.len(), "eval_examples": eval_examples, "eval_shards": eval.len()})
             );
         }
-        DatasetCommand::Index { url } => {
-            let store = local_store(&url)?;
-            let index = runtime.block_on(build_index(store.as_ref(), &Path::default()))?;
-            let body = serde_json::to_vec_pretty(&index)?;
-            runtime.block_on(store.put(&Path::from("index.json"), PutPayload::from(body)))?;
-            println!(
-                "{}",
-                json!({"url": url, "examples": index.examples, "shards": index.shards.len(), "index": "index.json"})
-            );
+        DatasetCommand::Index { url, vocab_size } => {
+            let summary = runtime.block_on(index_dataset(&url, vocab_size))?;
+            println!("{summary}");
         }
     }
     Ok(())
+}
+
+/// Indexes a local dataset directory and trains its tokenizer if it has none; returns a summary.
+pub async fn index_dataset(url: &str, vocab_size: usize) -> Result<serde_json::Value> {
+    let store = local_store(url)?;
+    let index = build_index(store.as_ref(), &Path::default()).await?;
+    let body = serde_json::to_vec_pretty(&index)?;
+    store.put(&Path::from("index.json"), PutPayload::from(body)).await?;
+    let tokenizer_path = Path::from("tokenizer.json");
+    let tokenizer = match store.head(&tokenizer_path).await {
+        Ok(_) => "kept",
+        Err(object_store::Error::NotFound { .. }) => {
+            let captions = read_captions(store.as_ref(), &Path::default(), &index).await?;
+            let trained = CaptionTokenizer::train(captions.into_iter(), vocab_size).context("training the tokenizer")?;
+            store.put(&tokenizer_path, PutPayload::from(trained.to_json()?.into_bytes())).await?;
+            "trained"
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(json!({"url": url, "examples": index.examples, "shards": index.shards.len(), "index": "index.json", "tokenizer": tokenizer}))
 }

@@ -1,24 +1,60 @@
-//! `dpctl`: dpcap's operator CLI. Offline privacy calculators, model configurations and
-//! benchmarks today; job control and the embedded demo arrive with the coordinator.
+//! `dpctl`: dpcap's operator CLI. Job control over the coordinator's JobService, the embedded
+//! demo cluster, offline privacy calculators, datasets, model configurations and benchmarks.
 
 mod bench;
 mod bench_clip;
 mod dataset;
+mod demo;
+mod jobs;
 mod model;
 mod privacy;
 
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand};
 
-/// Operate dpcap: privacy calculators and benchmarks.
+/// Operate dpcap: jobs, the local demo, privacy calculators, datasets and benchmarks.
 #[derive(Debug, Parser)]
 #[command(name = "dpctl", version, about)]
 struct Cli {
+    #[command(flatten)]
+    server: jobs::Server,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Submit a job spec (YAML or JSON); prints the plan with the calibrated sigma.
+    Submit {
+        /// The spec file.
+        file: PathBuf,
+        /// A repeat with the same key returns the original job.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one job.
+    Get {
+        job_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List jobs.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow a job with a progress bar until it ends; the exit code tells the outcome.
+    Watch { job_id: String },
+    /// Cancel a pending or running job.
+    Cancel { job_id: String },
+    /// Wait for a job to end: exit 0 succeeded, 3 failed, 4 cancelled, 5 budget exhausted.
+    Wait { job_id: String },
+    /// Run the whole product locally: dataset, embedded cluster, a DP-Cap job, a report.
+    Demo(demo::DemoArgs),
     /// Offline privacy accounting: epsilon, noise multiplier or steps for a DP-SGD run.
     #[command(subcommand)]
     Privacy(privacy::PrivacyCommand),
@@ -33,16 +69,39 @@ enum Command {
     Bench(bench::BenchCommand),
 }
 
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+fn run(cli: Cli) -> anyhow::Result<i32> {
+    let server = cli.server;
+    match cli.command {
+        Command::Privacy(command) => privacy::run(command)?,
+        Command::Bench(command) => bench::run(command)?,
+        Command::Model(command) => model::run(command)?,
+        Command::Dataset(command) => dataset::run(command)?,
+        Command::Submit { file, idempotency_key, json } => {
+            runtime()?.block_on(jobs::submit(&server, &file, idempotency_key, json))?;
+        }
+        Command::Get { job_id, json } => runtime()?.block_on(jobs::get(&server, &job_id, json))?,
+        Command::List { json } => runtime()?.block_on(jobs::list(&server, json))?,
+        Command::Cancel { job_id } => runtime()?.block_on(jobs::cancel(&server, &job_id))?,
+        Command::Watch { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, true)),
+        Command::Wait { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, false)),
+        Command::Demo(args) => {
+            dpcap_accountant::process::init_tracing(false);
+            runtime()?.block_on(demo::run(args))?;
+        }
+    }
+    Ok(0)
+}
+
 fn main() {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Privacy(command) => privacy::run(command),
-        Command::Bench(command) => bench::run(command),
-        Command::Model(command) => model::run(command),
-        Command::Dataset(command) => dataset::run(command),
-    };
-    if let Err(e) = result {
-        eprintln!("error: {e:#}");
-        std::process::exit(2);
+    match run(Cli::parse()) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
     }
 }

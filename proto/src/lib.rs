@@ -5,7 +5,9 @@
 //! This crate owns the contract between processes. It must never hold service logic or
 //! depend on a service crate: dependencies point from the services to it.
 
+pub mod auth;
 pub mod error;
+pub mod reflection;
 
 /// Generated messages, clients and servers of package `dpcap.v1`.
 pub mod v1 {

@@ -79,8 +79,14 @@ fn read<B: Backend>(
 
 /// The model's weights as a safetensors file.
 pub fn save_weights<B: Backend>(params: &ParamSet<B>) -> Result<Vec<u8>, CheckpointError> {
+    save_weights_with_prefix(params, "")
+}
+
+/// The weights whose names start with `prefix` (e.g. "encoder." to export the encoder).
+pub fn save_weights_with_prefix<B: Backend>(params: &ParamSet<B>, prefix: &str) -> Result<Vec<u8>, CheckpointError> {
     let named = params
         .ids()
+        .filter(|&id| params.spec(id).name.starts_with(prefix))
         .map(|id| (params.spec(id).name.clone(), params.spec(id).shape.clone(), to_bytes(params.value(id))))
         .collect();
     serialize(named, None)

@@ -1,5 +1,6 @@
-//! dpcap's worker compute: models with per-example losses, the ClipEngine that turns a logical
-//! batch into Σ_i clip_C(g_i), and (later) the optimizer and step runtime.
+//! dpcap's worker: models with per-example losses, the ClipEngine that turns a logical batch
+//! into Σ_i clip_C(g_i), the optimizer, checkpoints, data, and the step runtime (register,
+//! clip, submit the part, fetch the release, update, report).
 //!
 //! It is generic over burn autodiff backends (`Autodiff<Flex>` on CPU, `Autodiff<Cuda>` with
 //! the `cuda` feature). It must never add noise or divide by a realised batch size: noise is the
@@ -8,9 +9,11 @@
 pub mod checkpoint;
 pub mod clip;
 pub mod data;
+pub mod eval;
 pub mod model;
 pub mod optim;
 pub mod params;
+pub mod runtime;
 
 /// The default CPU training backend.
 pub type CpuBackend = burn::backend::Autodiff<burn::backend::Flex>;

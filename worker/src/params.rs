@@ -3,7 +3,9 @@
 //! (all parameters concatenated in order) the same simple loop.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::{Tensor, TensorData};
+use rand_chacha::ChaCha20Rng;
+use rand_chacha::rand_core::{Rng, SeedableRng};
 
 /// Index of a parameter in its [`ParamSet`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -43,12 +45,19 @@ pub struct ParamSet<B: Backend> {
     values: Vec<Tensor<B, 1>>,
     device: B::Device,
     materialized: bool,
+    seed: u64,
 }
 
 impl<B: Backend> ParamSet<B> {
-    /// An empty set on `device`.
+    /// An empty set on `device` whose initial values come from seed 0.
     pub fn new(device: &B::Device) -> Self {
-        Self { specs: Vec::new(), values: Vec::new(), device: device.clone(), materialized: true }
+        Self::seeded(device, 0)
+    }
+
+    /// An empty set whose initial values are a pure function of `seed` and each parameter's
+    /// position: every rank of a job, on any device and in any process, starts identical.
+    pub fn seeded(device: &B::Device, seed: u64) -> Self {
+        Self { specs: Vec::new(), values: Vec::new(), device: device.clone(), materialized: true, seed }
     }
 
     /// A set that records names and shapes only (no memory): for counting the parameters of
@@ -66,7 +75,10 @@ impl<B: Backend> ParamSet<B> {
             return ParamId(self.specs.len() - 1);
         }
         let value = match init {
-            Init::Normal(std) => Tensor::random([n], Distribution::Normal(0.0, std), &self.device),
+            Init::Normal(std) => {
+                let values = normal_values(self.seed, self.specs.len() as u64, n, std);
+                Tensor::from_data(TensorData::new(values, [n]), &self.device)
+            }
             Init::Zeros => Tensor::zeros([n], &self.device),
             Init::Ones => Tensor::ones([n], &self.device),
         };
@@ -115,4 +127,19 @@ impl<B: Backend> ParamSet<B> {
     pub fn device(&self) -> &B::Device {
         &self.device
     }
+}
+
+/// `n` draws of N(0, std²) from the ChaCha20 stream `stream` of `seed` (Box–Muller).
+fn normal_values(seed: u64, stream: u64, n: usize, std: f64) -> Vec<f32> {
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    rng.set_stream(stream);
+    let mut unit = || ((rng.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64;
+    let mut out = Vec::with_capacity(n + 1);
+    while out.len() < n {
+        let (radius, angle) = ((-2.0 * unit().ln()).sqrt() * std, std::f64::consts::TAU * unit());
+        out.push((radius * angle.cos()) as f32);
+        out.push((radius * angle.sin()) as f32);
+    }
+    out.truncate(n);
+    out
 }

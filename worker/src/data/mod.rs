@@ -6,4 +6,4 @@ pub mod shards;
 pub mod synth;
 pub mod tokenizer;
 
-pub use shards::{DataError, DatasetIndex, Example, build_index, read_example};
+pub use shards::{DataError, DatasetIndex, Example, build_index, read_captions, read_example};

@@ -62,6 +62,16 @@ impl CaptionTokenizer {
         Self::wrap(Tokenizer::from_file(path).map_err(library)?)
     }
 
+    /// Parses the bytes of a `tokenizer.json` (e.g. read from an object store).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, TokenizerError> {
+        Self::wrap(Tokenizer::from_bytes(bytes).map_err(library)?)
+    }
+
+    /// The `tokenizer.json` text.
+    pub fn to_json(&self) -> Result<String, TokenizerError> {
+        self.inner.to_string(false).map_err(library)
+    }
+
     /// Trains a lower-casing WordPiece vocabulary of at most `vocab_size` on `captions`.
     pub fn train<I: Iterator<Item = String> + Send>(captions: I, vocab_size: usize) -> Result<Self, TokenizerError> {
         let model = WordPiece::builder().unk_token("[UNK]".into()).build().map_err(library)?;
@@ -83,6 +93,11 @@ impl CaptionTokenizer {
     /// Saves as `tokenizer.json`.
     pub fn save(&self, path: &Path) -> Result<(), TokenizerError> {
         self.inner.save(path, true).map_err(library)
+    }
+
+    /// The ids of [CLS] (begin) and [SEP] (end).
+    pub fn bos_eos(&self) -> (i64, i64) {
+        (i64::from(self.bos), i64::from(self.eos))
     }
 
     /// Vocabulary size including special tokens.

@@ -1,0 +1,191 @@
+//! `dpctl submit|get|list|watch|cancel|wait`: the operator's view of jobs over JobService.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use dpcap_coordinator::SpecFile;
+use dpcap_proto::auth::AttachToken;
+use dpcap_proto::v1::job_service_client::JobServiceClient;
+use dpcap_proto::v1::{CancelJobRequest, GetJobRequest, Job, JobState, ListJobsRequest, SubmitJobRequest, WatchJobRequest};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Value, json};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+/// Where the coordinator is and how to authenticate.
+#[derive(Debug, Clone, Args)]
+pub struct Server {
+    /// The coordinator's gRPC endpoint.
+    #[arg(long, global = true, default_value = "http://127.0.0.1:7071", env = "DPCAP_COORDINATOR")]
+    pub coordinator: String,
+    /// Operator bearer token.
+    #[arg(long, global = true, env = "DPCAP_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// A JobService client.
+pub type Client = JobServiceClient<InterceptedService<Channel, AttachToken>>;
+
+impl Server {
+    /// Connects to the coordinator.
+    pub async fn connect(&self) -> Result<Client> {
+        let channel = tonic::transport::Endpoint::from_shared(self.coordinator.clone())
+            .with_context(|| format!("invalid --coordinator {}", self.coordinator))?
+            .connect()
+            .await
+            .with_context(|| format!("cannot reach the coordinator at {}", self.coordinator))?;
+        Ok(JobServiceClient::with_interceptor(channel, AttachToken(self.token.clone())))
+    }
+}
+
+/// Exit codes of `dpctl wait` and `dpctl watch` by outcome.
+pub fn exit_code(state: i32) -> i32 {
+    match JobState::try_from(state) {
+        Ok(JobState::Succeeded) => 0,
+        Ok(JobState::Failed) => 3,
+        Ok(JobState::Cancelled) => 4,
+        Ok(JobState::BudgetExhausted) => 5,
+        _ => 1,
+    }
+}
+
+/// A state's short name: pending, running, succeeded, …
+pub fn state_name(state: i32) -> String {
+    JobState::try_from(state).map(|s| s.as_str_name().trim_start_matches("JOB_STATE_").to_owned()).unwrap_or_else(|_| format!("UNKNOWN({state})"))
+}
+
+/// A job as JSON (the wire message's fields).
+pub fn job_json(job: &Job) -> Value {
+    let plan = job.plan.clone().unwrap_or_default();
+    let progress = job.progress.clone().unwrap_or_default();
+    let spec = job.spec.clone().unwrap_or_default();
+    json!({
+        "job_id": job.job_id,
+        "name": spec.name,
+        "state": state_name(job.state),
+        "dataset": spec.dataset,
+        "model": spec.model,
+        "plan": {
+            "examples": plan.examples, "sample_rate": plan.sample_rate, "expected_batch_size": plan.expected_batch_size,
+            "noise_multiplier": plan.noise_multiplier, "calibrated": plan.calibrated, "steps": plan.steps, "delta": plan.delta,
+            "epsilon_target": plan.epsilon_target, "epsilon_planned": plan.epsilon_planned, "clipping_norm": plan.clipping_norm,
+            "learning_rate": plan.learning_rate, "micro_batch": plan.micro_batch, "workers": plan.workers,
+            "checkpoint_interval": plan.checkpoint_interval,
+        },
+        "progress": {
+            "step": progress.step, "steps_total": progress.steps_total, "epsilon_spent": progress.epsilon_spent,
+            "loss": progress.loss, "loss_first": progress.loss_first, "examples_per_second": progress.examples_per_second,
+            "eta_seconds": progress.eta_seconds, "checkpoint_step": progress.checkpoint_step, "generation": progress.generation,
+            "workers": progress.workers, "steps_discarded": progress.steps_discarded,
+        },
+        "conditions": job.conditions.iter().map(|c| json!({"type": c.r#type, "reason": c.reason, "message": c.message, "time_unix_ms": c.time_unix_ms})).collect::<Vec<_>>(),
+        "checkpoint_root": job.checkpoint_root,
+        "created_unix_ms": job.created_unix_ms,
+    })
+}
+
+fn print_job(job: &Job, as_json: bool) {
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&job_json(job)).unwrap_or_default());
+        return;
+    }
+    let plan = job.plan.clone().unwrap_or_default();
+    let p = job.progress.clone().unwrap_or_default();
+    println!("job {}  {}", job.job_id, state_name(job.state));
+    println!(
+        "  plan: N={} q={:.6} L={:.1} sigma={:.4} ({}) steps={} C={} eps target={:.4} (planned {:.4}) at delta={:.3e}",
+        plan.examples, plan.sample_rate, plan.expected_batch_size, plan.noise_multiplier,
+        if plan.calibrated { "calibrated" } else { "fixed" }, plan.steps, plan.clipping_norm, plan.epsilon_target,
+        plan.epsilon_planned, plan.delta
+    );
+    println!("  progress: step {}/{} eps spent {:.4} checkpoint {} workers {}", p.step, plan.steps, p.epsilon_spent, p.checkpoint_step, p.workers.join(","));
+    for c in &job.conditions {
+        println!("  {} {}: {}", c.r#type, c.reason, c.message);
+    }
+}
+
+/// `dpctl submit FILE`.
+pub async fn submit(server: &Server, file: &PathBuf, key: Option<String>, as_json: bool) -> Result<Job> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let spec = SpecFile::parse(&text).and_then(SpecFile::into_proto).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let request = SubmitJobRequest { spec: Some(spec), idempotency_key: key.unwrap_or_default() };
+    let job = server.connect().await?.submit_job(request).await.map_err(status)?.into_inner();
+    print_job(&job, as_json);
+    Ok(job)
+}
+
+/// A gRPC status as an operator-facing error.
+pub fn status(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+}
+
+/// `dpctl get ID`.
+pub async fn get(server: &Server, job_id: &str, as_json: bool) -> Result<()> {
+    let job = server.connect().await?.get_job(GetJobRequest { job_id: job_id.into() }).await.map_err(status)?.into_inner();
+    print_job(&job, as_json);
+    Ok(())
+}
+
+/// `dpctl list`.
+pub async fn list(server: &Server, as_json: bool) -> Result<()> {
+    let jobs = server.connect().await?.list_jobs(ListJobsRequest {}).await.map_err(status)?.into_inner().jobs;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&jobs.iter().map(job_json).collect::<Vec<_>>())?);
+        return Ok(());
+    }
+    println!("{:<18} {:<17} {:>11} {:>16} NAME", "JOB", "STATE", "STEP", "EPSILON");
+    for job in jobs {
+        let (plan, p) = (job.plan.clone().unwrap_or_default(), job.progress.clone().unwrap_or_default());
+        let name = job.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
+        println!("{:<18} {:<17} {:>5}/{:<5} {:>7.3}/{:<8.3} {name}", job.job_id, state_name(job.state), p.step, plan.steps, p.epsilon_spent, plan.epsilon_target);
+    }
+    Ok(())
+}
+
+/// `dpctl cancel ID`.
+pub async fn cancel(server: &Server, job_id: &str) -> Result<()> {
+    let job = server.connect().await?.cancel_job(CancelJobRequest { job_id: job_id.into() }).await.map_err(status)?.into_inner();
+    println!("job {} {}", job.job_id, state_name(job.state));
+    Ok(())
+}
+
+/// Follows a job to its end; with `bar`, draws the progress bar. Returns the final job.
+pub async fn follow(client: &mut Client, job_id: &str, bar: bool) -> Result<Job> {
+    let mut stream = client.watch_job(WatchJobRequest { job_id: job_id.into() }).await.map_err(status)?.into_inner();
+    let progress = if bar { ProgressBar::new(1) } else { ProgressBar::hidden() };
+    progress.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    progress.enable_steady_tick(Duration::from_millis(250));
+    let mut last = None;
+    while let Some(job) = stream.message().await.map_err(status)? {
+        let (plan, p) = (job.plan.clone().unwrap_or_default(), job.progress.clone().unwrap_or_default());
+        progress.set_length(plan.steps.max(1));
+        progress.set_position(p.step);
+        let loss = p.loss.map(|l| format!(" loss {l:.3} (non-DP)")).unwrap_or_default();
+        progress.set_message(format!(
+            "eps {:.3}/{:.3} at delta {:.1e}{loss} {:.0} ex/s eta {:.0}s {}",
+            p.epsilon_spent, plan.epsilon_target, plan.delta, p.examples_per_second, p.eta_seconds, state_name(job.state).to_lowercase()
+        ));
+        last = Some(job);
+    }
+    progress.finish();
+    let job = last.context("the watch stream ended without a job")?;
+    if let Some(c) = job.conditions.last() {
+        eprintln!("{} {}: {}", state_name(job.state), c.reason, c.message);
+    }
+    Ok(job)
+}
+
+/// `dpctl watch ID` and `dpctl wait ID`: the exit code tells the outcome.
+pub async fn wait(server: &Server, job_id: &str, bar: bool) -> Result<i32> {
+    let mut client = server.connect().await?;
+    let job = follow(&mut client, job_id, bar).await?;
+    if !dpcap_coordinator::state::is_terminal(job.state) {
+        bail!("the watch stream of {job_id} ended while it is {}", state_name(job.state));
+    }
+    Ok(exit_code(job.state))
+}

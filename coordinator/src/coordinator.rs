@@ -1,0 +1,356 @@
+//! The coordinator's API, shared by the gRPC services: each call takes the state lock for a
+//! pure transition (never across an await), then persists the touched jobs, tells the
+//! accountant about ended jobs, and wakes watchers and waiting ranks.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
+use dpcap_proto::v1::{
+    Assignment, CloseJobRequest, ExampleRange, GetSpendRequest, Job, JobSpec, JobState, Progress, StepWork,
+    step_work::Action,
+};
+use tonic::transport::Channel;
+
+use crate::dataset;
+use crate::error::CoordinatorError;
+use crate::sampler::{JobSecret, PoissonSampler};
+use crate::state::{Effects, JobEntry, Report, State, WorkerEntry, condition, is_terminal, now_ms};
+use crate::store::{JobStore, Private, hex};
+
+/// How the coordinator is set up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The object-store URL or directory of jobs and checkpoints.
+    pub store_url: String,
+    /// The accountant workers send parts to, e.g. "http://127.0.0.1:7070".
+    pub accountant_endpoint: String,
+    /// A worker silent for this long is dropped and its job's group re-formed.
+    pub lease: Duration,
+}
+
+/// The coordinator.
+#[derive(Debug)]
+pub struct Coordinator {
+    config: Config,
+    store: JobStore,
+    accountant: AccountantServiceClient<Channel>,
+    state: Mutex<State>,
+    changed: tokio::sync::watch::Sender<u64>,
+    writes: tokio::sync::Mutex<()>,
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).expect("OS entropy is available");
+    bytes
+}
+
+impl Coordinator {
+    /// A coordinator over `store`, restoring every stored job: unfinished ones are queued
+    /// again in submission order and resume from their stored position.
+    pub async fn open(config: Config, store: JobStore) -> Result<Arc<Self>, CoordinatorError> {
+        let channel = tonic::transport::Endpoint::from_shared(config.accountant_endpoint.clone())
+            .map_err(|e| CoordinatorError::invalid("accountant", e.to_string()))?
+            .http2_adaptive_window(true)
+            .connect_lazy();
+        let mut state = State::default();
+        let mut restored = store.load_all().await?;
+        restored.sort_by_key(|(job, _)| (job.created_unix_ms, job.job_id.clone()));
+        for (mut job, private) in restored {
+            let running = !is_terminal(job.state);
+            if running {
+                if job.state == JobState::Running as i32 {
+                    condition(&mut job, "Restored", "CoordinatorRestarted", "re-queued after a coordinator restart");
+                }
+                job.state = JobState::Pending as i32;
+                state.queue.push_back(job.job_id.clone());
+            }
+            let entry = entry_for(job, &private)?;
+            state.jobs.insert(entry.job.job_id.clone(), entry);
+        }
+        tracing::info!(jobs = state.jobs.len(), queued = state.queue.len(), "job store restored");
+        Ok(Arc::new(Self {
+            accountant: AccountantServiceClient::new(channel),
+            config,
+            store,
+            state: Mutex::new(state),
+            changed: tokio::sync::watch::channel(0).0,
+            writes: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Persists, closes and notifies after a transition.
+    async fn apply(&self, effects: Effects) -> Result<(), CoordinatorError> {
+        self.changed.send_modify(|v| *v += 1);
+        let _serial = self.writes.lock().await;
+        for job_id in effects.persist {
+            let snapshot = self.lock().jobs.get(&job_id).map(|e| e.job.clone());
+            if let Some(job) = snapshot {
+                self.store.put_job(&job).await?;
+            }
+        }
+        for (job_id, reason) in effects.close {
+            let request = CloseJobRequest { job_id: job_id.clone(), reason };
+            match self.accountant.clone().close_job(request).await {
+                Ok(_) => {}
+                Err(s) if s.code() == tonic::Code::NotFound => {}
+                Err(s) => tracing::warn!(job_id, error = %s, "could not close the job at the accountant"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates, calibrates and queues a job; a repeated idempotency key returns the original.
+    pub async fn submit(&self, spec: JobSpec, idempotency_key: &str) -> Result<Job, CoordinatorError> {
+        crate::spec::check_fields(&spec)?;
+        let (examples, counts) = dataset::read_layout(&spec.dataset).await?;
+        let for_plan = spec.clone();
+        let plan = tokio::task::spawn_blocking(move || crate::spec::plan(&for_plan, examples))
+            .await
+            .map_err(|e| CoordinatorError::Store(e.to_string()))??;
+        let job_id = format!("job-{}", hex(&random_bytes::<6>()));
+        if !idempotency_key.is_empty()
+            && let Some(existing) = self.store.claim_key(idempotency_key, &job_id).await?
+        {
+            return self.get(&existing);
+        }
+        let secret = random_bytes::<32>();
+        let mut job = Job {
+            job_id: job_id.clone(),
+            state: JobState::Pending as i32,
+            created_unix_ms: now_ms(),
+            checkpoint_root: format!("{}/jobs/{job_id}/checkpoints", self.config.store_url.trim_end_matches('/')),
+            progress: Some(Progress { steps_total: plan.steps, ..Default::default() }),
+            spec: Some(spec),
+            plan: Some(plan),
+            conditions: vec![],
+        };
+        let plan = job.plan.clone().unwrap_or_default();
+        condition(&mut job, "Submitted", "Accepted", format!("N = {examples}, q = {:.6}, L = {:.1}, {} steps", plan.sample_rate, plan.expected_batch_size, plan.steps));
+        let how = if plan.calibrated { "calibrated" } else { "fixed" };
+        condition(&mut job, "Calibrated", if plan.calibrated { "Calibrated" } else { "Fixed" }, format!("sigma = {:.4} ({how}); epsilon {:.4} planned, target {:.4} at delta {:.3e}", plan.noise_multiplier, plan.epsilon_planned, plan.epsilon_target, plan.delta));
+        if plan.epsilon_planned > plan.epsilon_target * (1.0 + 1e-9) {
+            condition(&mut job, "Warning", "BudgetWillExhaust", format!("{} steps at sigma {:.4} spend epsilon {:.4} > target {:.4}: the job will end BUDGET_EXHAUSTED", plan.steps, plan.noise_multiplier, plan.epsilon_planned, plan.epsilon_target));
+        }
+        let private = Private { secret: hex(&secret), shard_counts: counts };
+        self.store.put_private(&job_id, &private).await?;
+        self.store.put_job(&job).await?;
+        tracing::info!(job_id, sigma = plan.noise_multiplier, steps = plan.steps, "job submitted");
+        let effects = {
+            let mut state = self.lock();
+            state.jobs.insert(job_id.clone(), entry_for(job, &private)?);
+            state.queue.push_back(job_id.clone());
+            state.schedule()
+        };
+        self.apply(effects).await?;
+        self.get(&job_id)
+    }
+
+    /// One job.
+    pub fn get(&self, job_id: &str) -> Result<Job, CoordinatorError> {
+        self.lock().jobs.get(job_id).map(|e| e.job.clone()).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))
+    }
+
+    /// Every job, oldest first.
+    pub fn list(&self) -> Vec<Job> {
+        let mut jobs: Vec<Job> = self.lock().jobs.values().map(|e| e.job.clone()).collect();
+        jobs.sort_by_key(|j| (j.created_unix_ms, j.job_id.clone()));
+        jobs
+    }
+
+    /// The job's version and snapshot, for watchers.
+    pub fn snapshot(&self, job_id: &str) -> Result<(u64, Job), CoordinatorError> {
+        let state = self.lock();
+        let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
+        Ok((entry.version, entry.job.clone()))
+    }
+
+    /// A receiver that changes whenever any job or worker does.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Cancels a pending or running job.
+    pub async fn cancel(&self, job_id: &str) -> Result<Job, CoordinatorError> {
+        let effects = {
+            let mut state = self.lock();
+            let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
+            if is_terminal(entry.job.state) {
+                return Err(CoordinatorError::Precondition {
+                    job_id: job_id.into(),
+                    state: JobState::try_from(entry.job.state).map(|s| s.as_str_name()).unwrap_or("UNKNOWN").into(),
+                    reason: "it has already ended".into(),
+                });
+            }
+            state.finish(job_id, JobState::Cancelled, "Cancelled", "cancelled by the operator".into())
+        };
+        self.apply(effects).await?;
+        self.get(job_id)
+    }
+
+    /// Registers a worker and schedules queued jobs onto it.
+    pub async fn register_worker(&self, name: String, device: String, throughput: f64) -> Result<String, CoordinatorError> {
+        if name.is_empty() {
+            return Err(CoordinatorError::invalid("name", "a worker needs a name"));
+        }
+        if !(throughput >= 0.0 && throughput.is_finite()) {
+            return Err(CoordinatorError::invalid("throughput", format!("{throughput} must be finite and >= 0")));
+        }
+        let worker_id = format!("w-{}", hex(&random_bytes::<4>()));
+        let throughput = if throughput > 0.0 { throughput } else { 1.0 };
+        tracing::info!(worker_id, name, device, throughput, "worker registered");
+        let effects = {
+            let mut state = self.lock();
+            state.workers.insert(worker_id.clone(), WorkerEntry { name, device, throughput, last_seen: Instant::now(), job: None });
+            state.schedule()
+        };
+        self.apply(effects).await?;
+        Ok(worker_id)
+    }
+
+    /// Renews a lease and returns the worker's assignment, if it has one.
+    pub fn heartbeat(&self, worker_id: &str) -> Result<Option<Assignment>, CoordinatorError> {
+        let mut state = self.lock();
+        let worker = state.workers.get_mut(worker_id).ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
+        worker.last_seen = Instant::now();
+        let Some(job_id) = worker.job.clone() else { return Ok(None) };
+        let Some(entry) = state.jobs.get(&job_id) else { return Ok(None) };
+        let Some(group) = entry.group.as_ref() else { return Ok(None) };
+        let rank = group.members.iter().position(|m| m == worker_id).unwrap_or(0);
+        Ok(Some(Assignment {
+            job_id,
+            spec: entry.job.spec.clone(),
+            plan: entry.job.plan.clone(),
+            rank: rank as u32,
+            world_size: group.members.len() as u32,
+            generation: group.generation,
+            checkpoint_root: entry.job.checkpoint_root.clone(),
+        }))
+    }
+
+    /// Drops workers whose lease expired.
+    pub async fn reap(&self) -> Result<(), CoordinatorError> {
+        let effects = self.lock().reap(self.config.lease);
+        if !effects.persist.is_empty() {
+            self.apply(effects).await?;
+        }
+        Ok(())
+    }
+
+    /// The accountant's next step for a job (0 before its registration).
+    async fn ledger_next_step(&self, job_id: &str) -> Result<u64, CoordinatorError> {
+        match self.accountant.clone().get_spend(GetSpendRequest { job_id: job_id.into() }).await {
+            Ok(spend) => Ok(spend.into_inner().next_step),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(0),
+            Err(s) => Err(CoordinatorError::Accountant(s.message().to_owned())),
+        }
+    }
+
+    /// Waits until this rank has work: the current step's units, or STOP when the job ended or
+    /// the group was re-formed.
+    pub async fn next_step(&self, worker_id: &str, job_id: &str, generation: u64) -> Result<StepWork, CoordinatorError> {
+        let stop = StepWork { action: Action::Stop as i32, ..Default::default() };
+        loop {
+            let mut changed = self.changed.subscribe();
+            let need_position = {
+                let mut state = self.lock();
+                let worker = state.workers.get_mut(worker_id).ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
+                worker.last_seen = Instant::now();
+                let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
+                let plan = entry.job.plan.clone().unwrap_or_default();
+                let Some(group) = entry.group.as_ref().filter(|g| g.generation == generation && !is_terminal(entry.job.state)) else {
+                    return Ok(stop);
+                };
+                let Some(rank) = group.members.iter().position(|m| m == worker_id) else { return Ok(stop) };
+                match group.step {
+                    None => true,
+                    Some(step) if step >= plan.steps => return Ok(stop),
+                    Some(_) if group.reported[rank] => false,
+                    Some(_) => {
+                        let (step, units) = state.work_for(job_id, rank).ok_or_else(|| CoordinatorError::Store("work units unavailable".into()))?;
+                        let checkpoint = (step + 1) % plan.checkpoint_interval.max(1) == 0 || step + 1 >= plan.steps;
+                        let units = units.into_iter().map(|u| ExampleRange { shard: u.shard as u32, indices: u.indices }).collect();
+                        return Ok(StepWork { action: Action::Run as i32, step, units, checkpoint });
+                    }
+                }
+            };
+            if need_position {
+                let next = self.ledger_next_step(job_id).await?;
+                let effects = {
+                    let mut state = self.lock();
+                    let mut done = false;
+                    if let Some(entry) = state.jobs.get_mut(job_id)
+                        && let Some(group) = entry.group.as_mut().filter(|g| g.generation == generation && g.step.is_none())
+                    {
+                        let stored = entry.job.progress.as_ref().map_or(0, |p| p.step);
+                        let step = next.max(stored);
+                        group.step = Some(step);
+                        entry.version += 1;
+                        done = step >= entry.job.plan.as_ref().map_or(0, |p| p.steps);
+                    }
+                    if done {
+                        // Every planned step was charged before a restart: nothing left to run.
+                        state.finish(job_id, JobState::Succeeded, "Succeeded", "all planned steps were already charged".into())
+                    } else {
+                        Effects::default()
+                    }
+                };
+                self.apply(effects).await?;
+                continue;
+            }
+            // Wait for the other ranks (or a re-formation); wake periodically to renew the lease.
+            let _ = tokio::time::timeout(Duration::from_secs(5), changed.changed()).await;
+        }
+    }
+
+    /// Records one rank's report of the current step.
+    pub async fn report(&self, worker_id: &str, job_id: &str, generation: u64, step: u64, report: Report) -> Result<(), CoordinatorError> {
+        let effects = {
+            let mut state = self.lock();
+            let worker = state.workers.get_mut(worker_id).ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
+            worker.last_seen = Instant::now();
+            let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
+            if is_terminal(entry.job.state) {
+                // A late report from a rank of a job that already ended: nothing to record.
+                return Ok(());
+            }
+            let Some(group) = entry.group.as_ref().filter(|g| g.generation == generation) else {
+                return Err(CoordinatorError::Precondition { job_id: job_id.into(), state: "re-formed".into(), reason: format!("generation {generation} is no longer running") });
+            };
+            let Some(rank) = group.members.iter().position(|m| m == worker_id) else {
+                return Err(CoordinatorError::invalid("worker_id", format!("{worker_id} is not in the group of {job_id}")));
+            };
+            if group.step != Some(step) {
+                return Err(CoordinatorError::invalid("step", format!("{step} is not the current step {:?}", group.step)));
+            }
+            tracing::debug!(job_id, step, rank, outcome = ?report.outcome, "step reported");
+            state.report(job_id, rank, &report)
+        };
+        self.apply(effects).await
+    }
+
+    /// Text for `/metrics`.
+    pub fn render_metrics(&self) -> String {
+        crate::metrics::render(&self.lock())
+    }
+}
+
+fn entry_for(job: Job, private: &Private) -> Result<JobEntry, CoordinatorError> {
+    let plan = job.plan.clone().unwrap_or_default();
+    let secret: JobSecret = private.job_secret()?;
+    let sampler = PoissonSampler::new(secret, plan.examples, plan.sample_rate).map_err(|e| CoordinatorError::invalid("sample_rate", e.to_string()))?;
+    Ok(JobEntry {
+        job,
+        sampler,
+        layout: dataset::layout(&private.shard_counts),
+        group: None,
+        phase_seconds: [0.0; 5],
+        phase_reports: 0,
+        version: 0,
+    })
+}

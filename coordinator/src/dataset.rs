@@ -1,0 +1,44 @@
+//! What the coordinator needs of a dataset: N (for accounting) and examples per shard (for
+//! work units), read from the `index.json` that `dpctl dataset index` writes beside the shards.
+
+use dpcap_accountant::server::open_store;
+use object_store::ObjectStoreExt;
+use object_store::path::Path;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+use crate::error::CoordinatorError;
+use crate::work::ShardLayout;
+
+#[derive(Deserialize)]
+struct Index {
+    examples: u64,
+    shards: Vec<Shard>,
+}
+
+#[derive(Deserialize)]
+struct Shard {
+    examples: Vec<IgnoredAny>,
+}
+
+/// Reads `index.json` under the dataset URL: (N, shard layout).
+pub async fn read_layout(dataset: &str) -> Result<(u64, Vec<u64>), CoordinatorError> {
+    let invalid = |reason: String| CoordinatorError::invalid("dataset", reason);
+    let (store, root) = open_store(dataset).map_err(|e| invalid(e.to_string()))?;
+    let path = Path::from(format!("{root}/index.json").trim_start_matches('/'));
+    let bytes = async { store.get(&path).await?.bytes().await }
+        .await
+        .map_err(|e| invalid(format!("cannot read index.json in {dataset:?} (run `dpctl dataset index`): {e}")))?;
+    let index: Index =
+        serde_json::from_slice(&bytes).map_err(|e| invalid(format!("index.json in {dataset:?} is malformed: {e}")))?;
+    let counts: Vec<u64> = index.shards.iter().map(|s| s.examples.len() as u64).collect();
+    if counts.iter().sum::<u64>() != index.examples {
+        return Err(invalid(format!("index.json in {dataset:?} says {} examples but its shards hold {}", index.examples, counts.iter().sum::<u64>())));
+    }
+    Ok((index.examples, counts))
+}
+
+/// The layout of shard counts.
+pub fn layout(counts: &[u64]) -> ShardLayout {
+    ShardLayout::from_counts(counts)
+}

@@ -1,0 +1,67 @@
+//! The coordinator's errors, each mapped to one [`ErrorCode`].
+
+use dpcap_proto::{ErrorCode, ServiceError};
+
+/// Why a coordinator request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    /// A spec or request field is malformed or out of range.
+    #[error("invalid {field}: {reason}")]
+    Invalid {
+        /// The field, as the spec names it.
+        field: &'static str,
+        /// Why, with the offending value.
+        reason: String,
+    },
+    /// No such job.
+    #[error("job {0} not found")]
+    JobNotFound(String),
+    /// The worker is unknown: its lease expired or the coordinator restarted.
+    #[error("worker {0} is not registered (lease expired or coordinator restarted); register again")]
+    WorkerNotFound(String),
+    /// The job's state refuses the request (e.g. cancelling a finished job).
+    #[error("job {job_id} is {state}: {reason}")]
+    Precondition {
+        /// The job.
+        job_id: String,
+        /// Its state.
+        state: String,
+        /// Why the request is refused.
+        reason: String,
+    },
+    /// The request carried no or a wrong bearer token.
+    #[error("missing or invalid bearer token")]
+    Unauthenticated,
+    /// The accountant could not be reached or failed.
+    #[error("accountant unavailable: {0}")]
+    Accountant(String),
+    /// The job store failed.
+    #[error("job store: {0}")]
+    Store(String),
+}
+
+impl CoordinatorError {
+    /// An invalid field.
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Self::Invalid { field, reason: reason.into() }
+    }
+}
+
+impl ServiceError for CoordinatorError {
+    fn error_code(&self) -> ErrorCode {
+        match self {
+            Self::Invalid { .. } => ErrorCode::InvalidArgument,
+            Self::JobNotFound(_) | Self::WorkerNotFound(_) => ErrorCode::NotFound,
+            Self::Precondition { .. } => ErrorCode::FailedPrecondition,
+            Self::Unauthenticated => ErrorCode::Unauthenticated,
+            Self::Accountant(_) => ErrorCode::Unavailable,
+            Self::Store(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+impl From<object_store::Error> for CoordinatorError {
+    fn from(e: object_store::Error) -> Self {
+        Self::Store(e.to_string())
+    }
+}

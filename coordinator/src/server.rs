@@ -1,0 +1,95 @@
+//! Runs the coordinator: JobService and WorkerService with health and reflection beside them,
+//! the metrics port, and the lease reaper. On shutdown health turns NOT_SERVING, new
+//! connections stop and in-flight requests drain.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dpcap_accountant::server::open_store;
+use dpcap_proto::v1::job_service_server::JobServiceServer;
+use dpcap_proto::v1::worker_service_server::WorkerServiceServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
+
+use dpcap_proto::auth::BearerAuth;
+use crate::coordinator::{Config, Coordinator};
+use crate::error::CoordinatorError;
+use crate::service::{JobGrpc, WorkerGrpc};
+use crate::store::JobStore;
+
+/// Tokens checked by the interceptors (None: open, for the local demo).
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    /// Operators (JobService).
+    pub operator: Option<String>,
+    /// Cluster members (WorkerService).
+    pub cluster: Option<String>,
+}
+
+/// Serves until `shutdown` resolves, then drains.
+pub async fn serve(
+    grpc: TcpListener,
+    metrics_listener: TcpListener,
+    config: Config,
+    tokens: Tokens,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), CoordinatorError> {
+    let (store, root) = open_store(&config.store_url).map_err(|e| CoordinatorError::invalid("store", e.to_string()))?;
+    let lease = config.lease;
+    let accountant_endpoint = config.accountant_endpoint.clone();
+    let coordinator = Coordinator::open(config, JobStore::new(store, root)).await?;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<JobServiceServer<JobGrpc>>().await;
+    health.set_serving::<WorkerServiceServer<WorkerGrpc>>().await;
+    let (reflection_v1, reflection_v1alpha) =
+        dpcap_proto::reflection::services().map_err(|e| CoordinatorError::Store(e.to_string()))?;
+    let jobs = JobServiceServer::with_interceptor(JobGrpc(coordinator.clone()), BearerAuth::new(tokens.operator));
+    let workers = WorkerServiceServer::with_interceptor(
+        WorkerGrpc { coordinator: coordinator.clone(), accountant_endpoint, lease_seconds: lease.as_secs().max(1) as u32 },
+        BearerAuth::new(tokens.cluster),
+    );
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let health_on_stop = health.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down: draining in-flight requests");
+        health_on_stop.set_service_status("", ServingStatus::NotServing).await;
+        health_on_stop.set_not_serving::<JobServiceServer<JobGrpc>>().await;
+        health_on_stop.set_not_serving::<WorkerServiceServer<WorkerGrpc>>().await;
+        let _ = stop_tx.send(true);
+    });
+    let render = coordinator.clone();
+    tokio::spawn(dpcap_accountant::metrics::serve_http(
+        metrics_listener,
+        Arc::new(move || render.render_metrics()),
+        stopped(stop_rx.clone()),
+    ));
+    let reaper = coordinator.clone();
+    let reaper_stop = stopped(stop_rx.clone());
+    tokio::spawn(async move {
+        tokio::pin!(reaper_stop);
+        let mut tick = tokio::time::interval((lease / 4).max(Duration::from_millis(100)));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => if let Err(e) = reaper.reap().await { tracing::warn!(error = %e, "lease reaper failed") },
+                _ = &mut reaper_stop => return,
+            }
+        }
+    });
+    tonic::transport::Server::builder()
+        .http2_adaptive_window(Some(true))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(jobs)
+        .add_service(workers)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(stop_rx))
+        .await
+        .map_err(|e| CoordinatorError::Store(format!("grpc server failed: {e}")))
+}

@@ -1,0 +1,239 @@
+//! Job specs: the YAML/JSON file an operator writes (the same fields as the `JobSpec` message),
+//! and its validation into a [`Plan`]: N from the dataset index, q, L = qN, steps, δ (default
+//! 1/N), and σ calibrated from ε through the accountant's math. Every refusal names its field.
+
+use dpcap_accountant::privacy::{self, AccountantKind};
+use dpcap_proto::v1::{self, JobSpec, Objective, Plan, TelemetryMode};
+use serde::{Deserialize, Serialize};
+
+use crate::error::CoordinatorError;
+
+/// Model configuration names every objective accepts (the worker's `CaptionerConfig::NAMES`).
+pub const MODEL_NAMES: [&str; 6] = ["micro", "bench", "tiny", "small", "base", "large"];
+
+/// Largest micro-batch accepted: a bigger one is a typo, not a memory plan.
+pub const MAX_MICRO_BATCH: u32 = 65_536;
+
+/// A job spec file (YAML or JSON). Unknown keys are refused, so a typo names itself.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecFile {
+    #[serde(default)]
+    pub name: String,
+    pub dataset: String,
+    pub model: String,
+    /// caption (default) | mae
+    pub objective: Option<String>,
+    pub epsilon: Option<f64>,
+    pub delta: Option<f64>,
+    pub noise_multiplier: Option<f64>,
+    pub sample_rate: Option<f64>,
+    pub batch_size: Option<u64>,
+    pub steps: Option<u64>,
+    pub epochs: Option<f64>,
+    pub clipping_norm: Option<f64>,
+    pub learning_rate: Option<f64>,
+    pub warmup_steps: Option<u64>,
+    pub micro_batch: Option<u32>,
+    pub workers: Option<u32>,
+    pub checkpoint_interval: Option<u64>,
+    /// full (default) | strict
+    pub telemetry: Option<String>,
+    /// pld (default) | rdp
+    pub accountant: Option<String>,
+    pub tokenizer: Option<String>,
+    pub seed: Option<u64>,
+    pub dataset_epsilon_budget: Option<f64>,
+}
+
+impl SpecFile {
+    /// Parses YAML (of which JSON is a subset).
+    pub fn parse(text: &str) -> Result<Self, CoordinatorError> {
+        serde_yaml::from_str(text).map_err(|e| CoordinatorError::invalid("spec", e.to_string()))
+    }
+
+    /// The wire message; enum names are checked here.
+    pub fn into_proto(self) -> Result<JobSpec, CoordinatorError> {
+        let objective = match self.objective.as_deref().unwrap_or("caption") {
+            "caption" => Objective::Caption,
+            "mae" => Objective::Mae,
+            other => return Err(CoordinatorError::invalid("objective", format!("{other:?} is not caption or mae"))),
+        };
+        let telemetry = match self.telemetry.as_deref().unwrap_or("full") {
+            "full" => TelemetryMode::Full,
+            "strict" => TelemetryMode::Strict,
+            other => return Err(CoordinatorError::invalid("telemetry", format!("{other:?} is not full or strict"))),
+        };
+        let accountant = match self.accountant.as_deref().unwrap_or("pld") {
+            "pld" => v1::AccountantKind::Pld,
+            "rdp" => v1::AccountantKind::Rdp,
+            other => return Err(CoordinatorError::invalid("accountant", format!("{other:?} is not pld or rdp"))),
+        };
+        Ok(JobSpec {
+            name: self.name,
+            dataset: self.dataset,
+            model: self.model,
+            objective: objective as i32,
+            epsilon: self.epsilon,
+            delta: self.delta,
+            noise_multiplier: self.noise_multiplier,
+            sample_rate: self.sample_rate,
+            batch_size: self.batch_size,
+            steps: self.steps,
+            epochs: self.epochs,
+            clipping_norm: self.clipping_norm,
+            learning_rate: self.learning_rate,
+            warmup_steps: self.warmup_steps,
+            micro_batch: self.micro_batch,
+            workers: self.workers,
+            checkpoint_interval: self.checkpoint_interval,
+            telemetry: telemetry as i32,
+            accountant: accountant as i32,
+            tokenizer: self.tokenizer.unwrap_or_default(),
+            seed: self.seed.unwrap_or(0),
+            dataset_epsilon_budget: self.dataset_epsilon_budget.unwrap_or(0.0),
+        })
+    }
+}
+
+fn positive(field: &'static str, value: Option<f64>) -> Result<Option<f64>, CoordinatorError> {
+    match value {
+        Some(v) if !(v > 0.0 && v.is_finite()) => {
+            Err(CoordinatorError::invalid(field, format!("{v} must be a finite number > 0")))
+        }
+        other => Ok(other),
+    }
+}
+
+/// The accountant kind of a spec.
+pub fn accountant_kind(spec: &JobSpec) -> Result<AccountantKind, CoordinatorError> {
+    match v1::AccountantKind::try_from(spec.accountant) {
+        Ok(v1::AccountantKind::Rdp) => Ok(AccountantKind::Rdp),
+        Ok(_) => Ok(AccountantKind::Pld),
+        Err(_) => Err(CoordinatorError::invalid("accountant", format!("unknown value {}", spec.accountant))),
+    }
+}
+
+/// Checks every field that does not need the dataset; the first problem is returned.
+pub fn check_fields(spec: &JobSpec) -> Result<(), CoordinatorError> {
+    if spec.dataset.trim().is_empty() {
+        return Err(CoordinatorError::invalid("dataset", "must name a dataset directory or URL"));
+    }
+    if !MODEL_NAMES.contains(&spec.model.as_str()) {
+        return Err(CoordinatorError::invalid(
+            "model",
+            format!("{:?} is not one of {}", spec.model, MODEL_NAMES.join(", ")),
+        ));
+    }
+    if Objective::try_from(spec.objective).is_err() {
+        return Err(CoordinatorError::invalid("objective", format!("unknown value {}", spec.objective)));
+    }
+    if TelemetryMode::try_from(spec.telemetry).is_err() {
+        return Err(CoordinatorError::invalid("telemetry", format!("unknown value {}", spec.telemetry)));
+    }
+    accountant_kind(spec)?;
+    positive("epsilon", spec.epsilon)?;
+    positive("noise_multiplier", spec.noise_multiplier)?;
+    positive("clipping_norm", spec.clipping_norm)?;
+    positive("learning_rate", spec.learning_rate)?;
+    positive("epochs", spec.epochs)?;
+    if spec.epsilon.is_none() && spec.noise_multiplier.is_none() {
+        return Err(CoordinatorError::invalid("epsilon", "give a target epsilon, a fixed noise_multiplier, or both"));
+    }
+    if let Some(d) = spec.delta
+        && !(d > 0.0 && d < 1.0)
+    {
+        return Err(CoordinatorError::invalid("delta", format!("{d} must be in (0, 1)")));
+    }
+    match (spec.sample_rate, spec.batch_size) {
+        (Some(_), Some(_)) => return Err(CoordinatorError::invalid("sample_rate", "give sample_rate or batch_size, not both")),
+        (None, None) => return Err(CoordinatorError::invalid("sample_rate", "give sample_rate or batch_size")),
+        (Some(q), None) if !(q > 0.0 && q <= 1.0) => {
+            return Err(CoordinatorError::invalid("sample_rate", format!("{q} must be in (0, 1]")));
+        }
+        (None, Some(0)) => return Err(CoordinatorError::invalid("batch_size", "0 must be at least 1")),
+        _ => {}
+    }
+    match (spec.steps, spec.epochs) {
+        (Some(_), Some(_)) => return Err(CoordinatorError::invalid("steps", "give steps or epochs, not both")),
+        (None, None) => return Err(CoordinatorError::invalid("steps", "give steps or epochs")),
+        (Some(0), None) => return Err(CoordinatorError::invalid("steps", "0 must be at least 1")),
+        _ => {}
+    }
+    if let Some(m) = spec.micro_batch
+        && !(1..=MAX_MICRO_BATCH).contains(&m)
+    {
+        return Err(CoordinatorError::invalid("micro_batch", format!("{m} must be in 1..={MAX_MICRO_BATCH}")));
+    }
+    if spec.workers == Some(0) {
+        return Err(CoordinatorError::invalid("workers", "0 must be at least 1"));
+    }
+    if spec.checkpoint_interval == Some(0) {
+        return Err(CoordinatorError::invalid("checkpoint_interval", "0 must be at least 1"));
+    }
+    let budget = spec.dataset_epsilon_budget;
+    if !(budget >= 0.0 && budget.is_finite()) {
+        return Err(CoordinatorError::invalid("dataset_epsilon_budget", format!("{budget} must be finite and >= 0")));
+    }
+    Ok(())
+}
+
+/// Resolves a checked spec over a dataset of `examples` examples into the plan the operator
+/// sees before training: calibration runs here (σ for the target ε at δ over all steps).
+pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
+    check_fields(spec)?;
+    if examples == 0 {
+        return Err(CoordinatorError::invalid("dataset", "the dataset index has 0 examples"));
+    }
+    let n = examples as f64;
+    let sample_rate = match (spec.sample_rate, spec.batch_size) {
+        (Some(q), _) => q,
+        (_, Some(b)) if b > examples => {
+            return Err(CoordinatorError::invalid("batch_size", format!("{b} exceeds the dataset's {examples} examples")));
+        }
+        (_, Some(b)) => b as f64 / n,
+        _ => unreachable!("check_fields requires one"),
+    };
+    let steps = match (spec.steps, spec.epochs) {
+        (Some(s), _) => s,
+        (_, Some(e)) => (e / sample_rate).ceil().max(1.0) as u64,
+        _ => unreachable!("check_fields requires one"),
+    };
+    let delta = spec.delta.unwrap_or(1.0 / n);
+    if delta >= 1.0 {
+        return Err(CoordinatorError::invalid("delta", format!("default 1/N = {delta} is not < 1; set delta")));
+    }
+    let kind = accountant_kind(spec)?;
+    let invalid_privacy = |field: &'static str| move |e: privacy::PrivacyError| CoordinatorError::invalid(field, e.to_string());
+    let (noise_multiplier, calibrated) = match (spec.noise_multiplier, spec.epsilon) {
+        (Some(sigma), _) => (sigma, false),
+        (None, Some(eps)) => {
+            (privacy::noise_multiplier(kind, sample_rate, steps, eps, delta).map_err(invalid_privacy("epsilon"))?, true)
+        }
+        (None, None) => unreachable!("check_fields requires one"),
+    };
+    let curve = privacy::EpsilonCurve::new(kind, sample_rate, noise_multiplier, delta).map_err(invalid_privacy("noise_multiplier"))?;
+    let epsilon_planned = curve.epsilon_after(steps);
+    let warmup_steps = spec.warmup_steps.unwrap_or(steps / 20);
+    if warmup_steps > steps {
+        return Err(CoordinatorError::invalid("warmup_steps", format!("{warmup_steps} exceeds the {steps} steps")));
+    }
+    Ok(Plan {
+        examples,
+        sample_rate,
+        expected_batch_size: sample_rate * n,
+        noise_multiplier,
+        steps,
+        delta,
+        epsilon_target: spec.epsilon.unwrap_or(epsilon_planned),
+        accountant: spec.accountant,
+        clipping_norm: spec.clipping_norm.unwrap_or(1.0),
+        learning_rate: spec.learning_rate.unwrap_or(1e-3),
+        warmup_steps,
+        micro_batch: spec.micro_batch.unwrap_or(64),
+        workers: spec.workers.unwrap_or(1),
+        checkpoint_interval: spec.checkpoint_interval.unwrap_or(50),
+        calibrated,
+        epsilon_planned,
+    })
+}

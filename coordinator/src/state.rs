@@ -1,0 +1,297 @@
+//! The coordinator's in-memory state and its pure transitions: the FIFO queue, gang allocation
+//! of W free workers, leases, step barriers and job outcomes. No I/O here: [`crate::Coordinator`]
+//! persists and notifies after each transition.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant, SystemTime};
+
+use dpcap_proto::v1::{Condition, Job, JobState, StepOutcome};
+
+use crate::sampler::PoissonSampler;
+use crate::work::{ShardLayout, WorkUnit, split_work};
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// Appends a condition to a job.
+pub fn condition(job: &mut Job, kind: &str, reason: &str, message: impl Into<String>) {
+    job.conditions.push(Condition {
+        r#type: kind.into(),
+        reason: reason.into(),
+        message: message.into(),
+        time_unix_ms: now_ms(),
+    });
+}
+
+/// Whether a state is final.
+pub fn is_terminal(state: i32) -> bool {
+    !matches!(JobState::try_from(state), Ok(JobState::Pending | JobState::Running))
+}
+
+/// Phases of a step, in the order of `dpcap_step_duration_seconds{phase}`.
+pub const PHASES: [&str; 5] = ["compute", "reduce", "release", "update", "checkpoint"];
+
+/// A job's running group: W workers in rank order, at one step.
+#[derive(Debug)]
+pub struct Group {
+    /// Increases with every re-formation; stale ranks get STOP.
+    pub generation: u64,
+    /// Worker ids by rank.
+    pub members: Vec<String>,
+    /// The step being run; `None` until the ledger's next step is known.
+    pub step: Option<u64>,
+    /// Ranks that reported the current step.
+    pub reported: Vec<bool>,
+    /// The current step's work units by rank.
+    pub work: Option<Vec<Vec<WorkUnit>>>,
+    /// When the current step's work was handed out.
+    pub step_started: Instant,
+    /// Examples and loss·examples reported for the current step.
+    pub step_examples: u64,
+    pub step_loss: f64,
+}
+
+/// A job and what the coordinator derives from it.
+#[derive(Debug)]
+pub struct JobEntry {
+    /// The operator-visible record (persisted).
+    pub job: Job,
+    /// Its sampler.
+    pub sampler: PoissonSampler,
+    /// Its shards.
+    pub layout: ShardLayout,
+    /// The running group, if any.
+    pub group: Option<Group>,
+    /// Seconds by phase summed over reports, and the number of reports.
+    pub phase_seconds: [f64; 5],
+    pub phase_reports: u64,
+    /// Bumped on every change (watchers compare it).
+    pub version: u64,
+}
+
+/// A registered worker.
+#[derive(Debug)]
+pub struct WorkerEntry {
+    pub name: String,
+    pub device: String,
+    /// Examples per second (1 when unknown).
+    pub throughput: f64,
+    pub last_seen: Instant,
+    /// The job whose group it belongs to.
+    pub job: Option<String>,
+}
+
+/// Everything behind the coordinator's lock.
+#[derive(Debug, Default)]
+pub struct State {
+    pub jobs: BTreeMap<String, JobEntry>,
+    pub queue: VecDeque<String>,
+    pub workers: BTreeMap<String, WorkerEntry>,
+}
+
+/// What a transition asks the async layer to do afterwards.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Jobs whose record must be persisted.
+    pub persist: Vec<String>,
+    /// Jobs to close at the accountant, with the reason.
+    pub close: Vec<(String, String)>,
+}
+
+impl Effects {
+    fn merge(&mut self, other: Effects) {
+        self.persist.extend(other.persist);
+        self.close.extend(other.close);
+    }
+}
+
+impl State {
+    fn touch(&mut self, job_id: &str) {
+        if let Some(entry) = self.jobs.get_mut(job_id) {
+            entry.version += 1;
+        }
+    }
+
+    /// Frees a job's workers and drops its group.
+    fn dissolve(&mut self, job_id: &str) {
+        let Some(group) = self.jobs.get_mut(job_id).and_then(|e| e.group.take()) else { return };
+        for id in group.members {
+            if let Some(w) = self.workers.get_mut(&id) {
+                w.job = None;
+            }
+        }
+    }
+
+    /// Ends a job in a final state with a condition.
+    pub fn finish(&mut self, job_id: &str, state: JobState, reason: &str, message: String) -> Effects {
+        self.dissolve(job_id);
+        self.queue.retain(|id| id != job_id);
+        let Some(entry) = self.jobs.get_mut(job_id) else { return Effects::default() };
+        entry.job.state = state as i32;
+        tracing::info!(job_id, state = ?state, reason, %message, "job finished");
+        condition(&mut entry.job, "Finished", reason, message);
+        self.touch(job_id);
+        let mut effects = Effects { persist: vec![job_id.to_owned()], close: vec![] };
+        effects.close.push((job_id.to_owned(), reason.to_owned()));
+        effects.merge(self.schedule());
+        effects
+    }
+
+    /// Gang allocation: while the queue's head can have all its W workers, start it.
+    pub fn schedule(&mut self) -> Effects {
+        let mut effects = Effects::default();
+        while let Some(job_id) = self.queue.front().cloned() {
+            let Some(entry) = self.jobs.get(&job_id) else {
+                self.queue.pop_front();
+                continue;
+            };
+            let want = entry.job.plan.as_ref().map_or(1, |p| p.workers) as usize;
+            let free: Vec<String> = self.workers.iter().filter(|(_, w)| w.job.is_none()).map(|(id, _)| id.clone()).take(want).collect();
+            if free.len() < want {
+                break;
+            }
+            self.queue.pop_front();
+            for id in &free {
+                if let Some(w) = self.workers.get_mut(id) {
+                    w.job = Some(job_id.clone());
+                }
+            }
+            let entry = self.jobs.get_mut(&job_id).expect("checked above");
+            let progress = entry.job.progress.get_or_insert_with(Default::default);
+            progress.generation += 1;
+            progress.workers = free.clone();
+            let generation = progress.generation;
+            entry.job.state = JobState::Running as i32;
+            entry.group = Some(Group {
+                generation,
+                reported: vec![false; free.len()],
+                members: free.clone(),
+                step: None,
+                work: None,
+                step_started: Instant::now(),
+                step_examples: 0,
+                step_loss: 0.0,
+            });
+            tracing::info!(job_id, generation, workers = ?free, "job scheduled");
+            condition(&mut entry.job, "Scheduled", "WorkersAllocated", format!("generation {generation} on {}", free.join(", ")));
+            self.touch(&job_id);
+            effects.persist.push(job_id);
+        }
+        effects
+    }
+
+    /// Drops workers whose lease expired; their jobs go back to the head of the queue.
+    pub fn reap(&mut self, lease: Duration) -> Effects {
+        let now = Instant::now();
+        let expired: Vec<String> =
+            self.workers.iter().filter(|(_, w)| now.duration_since(w.last_seen) > lease).map(|(id, _)| id.clone()).collect();
+        let mut effects = Effects::default();
+        for id in expired {
+            let Some(worker) = self.workers.remove(&id) else { continue };
+            tracing::warn!(worker_id = %id, name = %worker.name, "worker lease expired");
+            if let Some(job_id) = worker.job {
+                self.dissolve(&job_id);
+                if let Some(entry) = self.jobs.get_mut(&job_id) {
+                    entry.job.state = JobState::Pending as i32;
+                    condition(&mut entry.job, "WorkerLost", "LeaseExpired", format!("worker {id} ({}) stopped answering; re-forming the group", worker.name));
+                    self.queue.push_front(job_id.clone());
+                    self.touch(&job_id);
+                    effects.persist.push(job_id);
+                }
+            }
+        }
+        effects.merge(self.schedule());
+        effects
+    }
+
+    /// The work units of `rank` for the group's current step, computing them once per step.
+    pub fn work_for(&mut self, job_id: &str, rank: usize) -> Option<(u64, Vec<WorkUnit>)> {
+        let weights: Vec<f64> = {
+            let group = self.jobs.get(job_id)?.group.as_ref()?;
+            group.members.iter().map(|id| self.workers.get(id).map_or(1.0, |w| w.throughput)).collect()
+        };
+        let entry = self.jobs.get_mut(job_id)?;
+        let group = entry.group.as_mut()?;
+        let step = group.step?;
+        if group.work.is_none() {
+            let sample = entry.sampler.sample(step);
+            group.work = Some(split_work(&sample, &entry.layout, &weights));
+            group.step_started = Instant::now();
+        }
+        Some((step, group.work.as_ref()?.get(rank)?.clone()))
+    }
+
+    /// Applies one rank's report of the current step.
+    pub fn report(&mut self, job_id: &str, rank: usize, report: &Report) -> Effects {
+        let Some(entry) = self.jobs.get_mut(job_id) else { return Effects::default() };
+        match report.outcome {
+            StepOutcome::BudgetExhausted => {
+                return self.finish(job_id, JobState::BudgetExhausted, "BudgetExhausted", report.message.clone());
+            }
+            StepOutcome::Failed | StepOutcome::Unspecified => {
+                return self.finish(job_id, JobState::Failed, "WorkerFailed", format!("rank {rank}: {}", report.message));
+            }
+            StepOutcome::Done => {}
+        }
+        let plan_steps = entry.job.plan.as_ref().map_or(0, |p| p.steps);
+        let Some(group) = entry.group.as_mut() else { return Effects::default() };
+        if group.reported[rank] {
+            return Effects::default();
+        }
+        group.reported[rank] = true;
+        group.step_examples += report.examples;
+        group.step_loss += report.loss.unwrap_or(0.0) * report.examples as f64;
+        for (sum, s) in entry.phase_seconds.iter_mut().zip(report.phases) {
+            *sum += s;
+        }
+        entry.phase_reports += 1;
+        let progress = entry.job.progress.get_or_insert_with(Default::default);
+        progress.epsilon_spent = progress.epsilon_spent.max(report.epsilon_spent);
+        progress.steps_discarded = progress.steps_discarded.max(report.steps_discarded);
+        if report.checkpoint_step > 0 {
+            progress.checkpoint_step = report.checkpoint_step;
+        }
+        if !group.reported.iter().all(|r| *r) {
+            entry.version += 1;
+            return Effects::default();
+        }
+        // Every rank is done: the step is complete.
+        let step = group.step.unwrap_or(0);
+        let seconds = group.step_started.elapsed().as_secs_f64().max(1e-9);
+        progress.step = step + 1;
+        progress.steps_total = plan_steps;
+        progress.examples_per_second = group.step_examples as f64 / seconds;
+        progress.eta_seconds = seconds * plan_steps.saturating_sub(step + 1) as f64;
+        if report.loss.is_some() && group.step_examples > 0 {
+            let loss = group.step_loss / group.step_examples as f64;
+            progress.loss = Some(loss);
+            progress.loss_first.get_or_insert(loss);
+        }
+        group.step = Some(step + 1);
+        group.reported.iter_mut().for_each(|r| *r = false);
+        group.work = None;
+        group.step_examples = 0;
+        group.step_loss = 0.0;
+        entry.version += 1;
+        if step + 1 >= plan_steps {
+            return self.finish(job_id, JobState::Succeeded, "Succeeded", format!("{plan_steps} steps done"));
+        }
+        Effects { persist: vec![job_id.to_owned()], close: vec![] }
+    }
+}
+
+/// One rank's report, decoded.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub outcome: StepOutcome,
+    pub message: String,
+    pub examples: u64,
+    pub loss: Option<f64>,
+    /// Seconds by phase, in [`PHASES`] order.
+    pub phases: [f64; 5],
+    pub checkpoint_step: u64,
+    pub epsilon_spent: f64,
+    pub steps_discarded: u64,
+}

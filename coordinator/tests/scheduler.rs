@@ -1,0 +1,141 @@
+//! The scheduler's pure transitions: FIFO gang allocation, lease expiry re-forming a group,
+//! the step barrier, and outcomes.
+
+use std::time::{Duration, Instant};
+
+use dpcap_coordinator::state::{JobEntry, Report, State, WorkerEntry};
+use dpcap_coordinator::{JobSecret, PoissonSampler, ShardLayout};
+use dpcap_proto::v1::{Job, JobState, Plan, StepOutcome};
+
+fn job(id: &str, workers: u32, steps: u64) -> JobEntry {
+    JobEntry {
+        job: Job {
+            job_id: id.into(),
+            state: JobState::Pending as i32,
+            plan: Some(Plan { workers, steps, examples: 100, sample_rate: 0.2, checkpoint_interval: 10, ..Default::default() }),
+            ..Default::default()
+        },
+        sampler: PoissonSampler::new(JobSecret([7; 32]), 100, 0.2).unwrap(),
+        layout: ShardLayout::from_counts(&[50, 50]),
+        group: None,
+        phase_seconds: [0.0; 5],
+        phase_reports: 0,
+        version: 0,
+    }
+}
+
+fn worker(state: &mut State, id: &str) {
+    state.workers.insert(id.into(), WorkerEntry { name: id.into(), device: "cpu".into(), throughput: 1.0, last_seen: Instant::now(), job: None });
+}
+
+fn submit(state: &mut State, entry: JobEntry) {
+    state.queue.push_back(entry.job.job_id.clone());
+    state.jobs.insert(entry.job.job_id.clone(), entry);
+}
+
+fn running(state: &State, id: &str) -> bool {
+    state.jobs[id].job.state == JobState::Running as i32
+}
+
+fn done() -> Report {
+    Report { outcome: StepOutcome::Done, message: String::new(), examples: 3, loss: Some(2.0), phases: [0.1; 5], checkpoint_step: 0, epsilon_spent: 0.5, steps_discarded: 0 }
+}
+
+#[test]
+fn jobs_start_in_fifo_order_only_when_all_their_workers_are_free() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 2, 5));
+    submit(&mut state, job("b", 1, 5));
+    worker(&mut state, "w1");
+    state.schedule();
+    assert!(!running(&state, "a") && !running(&state, "b"), "a needs 2 workers and b must not jump the queue");
+    worker(&mut state, "w2");
+    worker(&mut state, "w3");
+    state.schedule();
+    assert!(running(&state, "a") && running(&state, "b"));
+    let group = state.jobs["a"].group.as_ref().unwrap();
+    assert_eq!(group.members.len(), 2);
+    assert_eq!(group.generation, 1);
+    assert!(state.jobs["b"].group.as_ref().unwrap().members.iter().all(|m| !group.members.contains(m)), "no worker in two groups");
+}
+
+#[test]
+fn an_expired_lease_requeues_the_job_at_the_head_and_re_forms_its_group() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 2, 5));
+    worker(&mut state, "w1");
+    worker(&mut state, "w2");
+    state.schedule();
+    state.workers.get_mut("w2").unwrap().last_seen = Instant::now() - Duration::from_secs(60);
+    state.reap(Duration::from_secs(10));
+    assert_eq!(state.jobs["a"].job.state, JobState::Pending as i32);
+    assert!(state.jobs["a"].job.conditions.iter().any(|c| c.reason == "LeaseExpired"));
+    assert!(state.workers["w1"].job.is_none(), "the survivor is freed");
+    worker(&mut state, "w3");
+    state.schedule();
+    assert!(running(&state, "a"));
+    assert_eq!(state.jobs["a"].group.as_ref().unwrap().generation, 2);
+}
+
+#[test]
+fn a_step_completes_when_every_rank_reports_and_the_job_succeeds_after_its_last_step() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 2, 2));
+    worker(&mut state, "w1");
+    worker(&mut state, "w2");
+    state.schedule();
+    state.jobs.get_mut("a").unwrap().group.as_mut().unwrap().step = Some(0);
+    let (step, units0) = state.work_for("a", 0).unwrap();
+    let (_, units1) = state.work_for("a", 1).unwrap();
+    assert_eq!(step, 0);
+    let mut sampled: Vec<(usize, u64)> = units0.iter().chain(&units1).flat_map(|u| u.indices.iter().map(move |&i| (u.shard, i))).collect();
+    sampled.sort_unstable();
+    let expected: Vec<(usize, u64)> = state.jobs["a"].sampler.sample(0).iter().map(|&g| ShardLayout::from_counts(&[50, 50]).locate(g)).collect();
+    assert_eq!(sampled, expected, "the ranks' units are exactly the step's Poisson sample");
+    state.report("a", 0, &done());
+    assert_eq!(state.jobs["a"].job.progress.as_ref().unwrap().step, 0, "one rank is not enough");
+    state.report("a", 1, &done());
+    assert_eq!(state.jobs["a"].job.progress.as_ref().unwrap().step, 1);
+    state.work_for("a", 0);
+    state.report("a", 0, &done());
+    let effects = state.report("a", 1, &done());
+    assert_eq!(state.jobs["a"].job.state, JobState::Succeeded as i32);
+    assert_eq!(effects.close.len(), 1, "the accountant is told");
+    assert!(state.workers.values().all(|w| w.job.is_none()));
+}
+
+#[test]
+fn a_budget_refusal_ends_the_job_budget_exhausted_not_failed() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 1, 9));
+    worker(&mut state, "w1");
+    state.schedule();
+    state.jobs.get_mut("a").unwrap().group.as_mut().unwrap().step = Some(0);
+    let refused = Report { outcome: StepOutcome::BudgetExhausted, message: "budget exhausted".into(), ..done() };
+    state.report("a", 0, &refused);
+    assert_eq!(state.jobs["a"].job.state, JobState::BudgetExhausted as i32);
+}
+
+#[test]
+fn spec_files_parse_from_yaml_and_json_and_name_unknown_keys() {
+    use dpcap_coordinator::SpecFile;
+    let yaml = SpecFile::parse("dataset: /data\nmodel: micro\nepsilon: 8\nbatch_size: 64\nsteps: 10\nobjective: mae\n").unwrap();
+    let json = SpecFile::parse(r#"{"dataset": "/data", "model": "micro", "epsilon": 8, "batch_size": 64, "steps": 10, "objective": "mae"}"#).unwrap();
+    assert_eq!(yaml, json);
+    assert_eq!(yaml.clone().into_proto().unwrap().objective, dpcap_proto::v1::Objective::Mae as i32);
+    let typo = SpecFile::parse("dataset: /data\nmodel: micro\nclip_norm: 1\n").unwrap_err();
+    assert!(typo.to_string().contains("unknown field `clip_norm`"), "{typo}");
+    let bad_enum = SpecFile { telemetry: Some("verbose".into()), ..yaml }.into_proto().unwrap_err();
+    assert!(bad_enum.to_string().starts_with("invalid telemetry"), "{bad_enum}");
+}
+
+#[test]
+fn the_plan_calibrates_sigma_for_the_target_and_defaults_delta_to_one_over_n() {
+    use dpcap_coordinator::SpecFile;
+    let spec = SpecFile { dataset: "/d".into(), model: "micro".into(), epsilon: Some(8.0), batch_size: Some(1000), epochs: Some(3.0), ..Default::default() };
+    let plan = dpcap_coordinator::spec::plan(&spec.into_proto().unwrap(), 20_000).unwrap();
+    assert_eq!(plan.steps, 60, "epochs / q");
+    assert!((plan.sample_rate - 0.05).abs() < 1e-12 && (plan.expected_batch_size - 1000.0).abs() < 1e-9);
+    assert!((plan.delta - 1.0 / 20_000.0).abs() < 1e-15);
+    assert!(plan.calibrated && plan.epsilon_planned <= 8.0 && plan.epsilon_planned > 7.9, "{plan:?}");
+}

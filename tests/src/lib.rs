@@ -1,0 +1,199 @@
+//! Harness for dpcap's end-to-end tests: builds and starts the real `dpcap-accountant`,
+//! `dpcap-coordinator`, `dpcap-worker` and `dpctl` binaries on 127.0.0.1 ephemeral ports over
+//! local directories, waits for their health checks, and scrapes their metrics.
+//!
+//! It must never stand in for a component: every test process is the shipped binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use dpcap_proto::auth::AttachToken;
+use dpcap_proto::v1::job_service_client::JobServiceClient;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+/// The workspace's binaries, built once per test process (a no-op when up to date).
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "dpcap-accountant", "-p", "dpcap-coordinator", "-p", "dpcap-worker", "-p", "dpctl", "--bins"])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the dpcap binaries failed");
+        // target/debug/deps/this-test → target/debug
+        let exe = std::env::current_exe().expect("test executable path");
+        exe.parent().and_then(Path::parent).expect("target directory").to_owned()
+    });
+    dir.join(name)
+}
+
+/// A running component; SIGKILLed on drop.
+pub struct Process {
+    child: Option<Child>,
+    /// "http://127.0.0.1:PORT" of its gRPC server.
+    pub grpc: String,
+    /// "127.0.0.1:PORT" of its metrics server.
+    pub metrics: String,
+}
+
+impl Process {
+    /// Starts `binary` with `args` plus `--addr-file`, and waits until `service` is SERVING.
+    pub async fn server(binary_name: &str, args: &[String], dir: &Path, service: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let addr_file = dir.join(format!("{binary_name}-{}.addr", NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
+        let child = Command::new(binary(binary_name))
+            .args(args)
+            .arg("--addr-file")
+            .arg(&addr_file)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log_file(dir, binary_name))
+            .spawn()
+            .unwrap_or_else(|e| panic!("{binary_name} starts: {e}"));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let addrs: serde_json::Value = loop {
+            if let Some(v) = std::fs::read_to_string(&addr_file).ok().and_then(|t| serde_json::from_str(&t).ok()) {
+                break v;
+            }
+            assert!(Instant::now() < deadline, "{binary_name} wrote no addr file");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let process = Self {
+            child: Some(child),
+            grpc: format!("http://{}", addrs["grpc"].as_str().expect("grpc address")),
+            metrics: addrs["metrics"].as_str().unwrap_or_default().to_owned(),
+        };
+        process.wait_serving(service).await;
+        process
+    }
+
+    /// A worker process pointed at `coordinator`.
+    pub fn worker(coordinator: &str, name: &str, dir: &Path) -> Self {
+        let child = Command::new(binary("dpcap-worker"))
+            .args(["--coordinator", coordinator, "--name", name, "--device", "cpu"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log_file(dir, name))
+            .spawn()
+            .expect("dpcap-worker starts");
+        Self { child: Some(child), grpc: String::new(), metrics: String::new() }
+    }
+
+    async fn wait_serving(&self, service: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(channel) = tonic::transport::Endpoint::new(self.grpc.clone()).expect("endpoint").connect().await {
+                let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+                let request = tonic_health::pb::HealthCheckRequest { service: service.into() };
+                if let Ok(r) = health.check(request).await
+                    && r.into_inner().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+                {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "{service} never reported SERVING");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL: a crash, no drain.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The `/metrics` text.
+    pub async fn scrape(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(&self.metrics).await.expect("metrics port");
+        let request = format!("GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.metrics);
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await.expect("read");
+        body
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// An appending log file `dir/NAME.log` for a child's stderr (kept for failure analysis).
+fn log_file(dir: &Path, name: &str) -> Stdio {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
+        .map(Stdio::from)
+        .unwrap_or_else(|_| Stdio::inherit())
+}
+
+/// Runs `dpctl` with `args` to completion.
+pub fn dpctl(args: &[&str]) -> Output {
+    Command::new(binary("dpctl")).args(args).env("RUST_LOG", "warn").output().expect("dpctl runs")
+}
+
+/// Writes a synthetic dataset of `examples` training examples under `dir` and indexes it.
+pub fn synth_dataset(dir: &Path, examples: u64) -> PathBuf {
+    let out = dir.join("data");
+    let o = dpctl(&["dataset", "synth", "--out", out.to_str().unwrap(), "--examples", &examples.to_string(), "--eval-examples", "0", "--shard-size", "100"]);
+    assert!(o.status.success(), "dataset synth: {}", String::from_utf8_lossy(&o.stderr));
+    let train = out.join("train");
+    let o = dpctl(&["dataset", "index", train.to_str().unwrap()]);
+    assert!(o.status.success(), "dataset index: {}", String::from_utf8_lossy(&o.stderr));
+    train
+}
+
+/// The accountant and coordinator of a test cluster (workers are started separately).
+pub struct Services {
+    pub accountant: Process,
+    pub coordinator: Process,
+    pub store: PathBuf,
+    pub ledger: PathBuf,
+}
+
+impl Services {
+    /// Starts both over `dir/ledger` and `dir/store`.
+    pub async fn start(dir: &Path) -> Self {
+        let ledger = dir.join("ledger");
+        let args = vec!["--listen".into(), "127.0.0.1:0".into(), "--metrics-listen".into(), "127.0.0.1:0".into(), "--ledger".into(), ledger.to_string_lossy().into_owned()];
+        let accountant = Process::server("dpcap-accountant", &args, dir, "dpcap.v1.AccountantService").await;
+        let store = dir.join("store");
+        let coordinator = Self::coordinator(dir, &store, &accountant.grpc).await;
+        Self { accountant, coordinator, store, ledger }
+    }
+
+    /// Starts a coordinator on `store` (also used to restart one).
+    pub async fn coordinator(dir: &Path, store: &Path, accountant: &str) -> Process {
+        let args: Vec<String> = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--lease-seconds", "3", "--accountant", accountant, "--store"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([store.to_string_lossy().into_owned()])
+            .collect();
+        Process::server("dpcap-coordinator", &args, dir, "dpcap.v1.JobService").await
+    }
+
+    /// A JobService client.
+    pub async fn jobs(&self) -> JobServiceClient<InterceptedService<Channel, AttachToken>> {
+        let channel = tonic::transport::Endpoint::new(self.coordinator.grpc.clone()).expect("endpoint").connect().await.expect("connects");
+        JobServiceClient::with_interceptor(channel, AttachToken(None))
+    }
+
+    /// Charge records in the ledger for `job_id`, by step number.
+    pub fn charged_steps(&self, job_id: &str) -> Vec<u64> {
+        let dir = self.ledger.join("jobs").join(job_id).join("charges");
+        let mut steps: Vec<u64> = std::fs::read_dir(dir)
+            .map(|d| d.filter_map(|e| e.ok()?.path().file_stem()?.to_str()?.parse().ok()).collect())
+            .unwrap_or_default();
+        steps.sort_unstable();
+        steps
+    }
+}

@@ -1,0 +1,221 @@
+//! The product end to end with real processes: `dpcap-accountant`, `dpcap-coordinator`, two
+//! `dpcap-worker`s and `dpctl`, on 127.0.0.1 ephemeral ports over local directories.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use dpcap_coordinator::SpecFile;
+use dpcap_e2e::{Process, Services, dpctl, synth_dataset};
+use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
+use dpcap_proto::v1::{CancelJobRequest, GetJobRequest, GetSpendRequest, Job, JobPhase, JobState, SubmitJobRequest};
+
+fn spec(dataset: &Path, steps: u64) -> SpecFile {
+    SpecFile {
+        name: "e2e".into(),
+        dataset: dataset.to_string_lossy().into_owned(),
+        model: "micro".into(),
+        epsilon: Some(8.0),
+        batch_size: Some(24),
+        steps: Some(steps),
+        micro_batch: Some(16),
+        workers: Some(2),
+        checkpoint_interval: Some(3),
+        ..Default::default()
+    }
+}
+
+async fn submit(services: &Services, spec: SpecFile) -> Job {
+    let request = SubmitJobRequest { spec: Some(spec.into_proto().unwrap()), idempotency_key: String::new() };
+    services.jobs().await.submit_job(request).await.expect("submitted").into_inner()
+}
+
+async fn get(services: &Services, job_id: &str) -> Job {
+    services.jobs().await.get_job(GetJobRequest { job_id: job_id.into() }).await.expect("get").into_inner()
+}
+
+/// Polls until `done(job)` or panics after `timeout`.
+async fn wait_until(services: &Services, job_id: &str, timeout: Duration, done: impl Fn(&Job) -> bool) -> Job {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let job = get(services, job_id).await;
+        if done(&job) {
+            return job;
+        }
+        assert!(Instant::now() < deadline, "timed out; job is {job:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn is(state: JobState) -> impl Fn(&Job) -> bool {
+    move |job| job.state == state as i32
+}
+
+fn step(job: &Job) -> u64 {
+    job.progress.as_ref().map_or(0, |p| p.step)
+}
+
+async fn spend(services: &Services, job_id: &str) -> dpcap_proto::v1::JobSpend {
+    let mut client = AccountantServiceClient::connect(services.accountant.grpc.clone()).await.unwrap();
+    client.get_spend(GetSpendRequest { job_id: job_id.into() }).await.unwrap().into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_checkpoint() {
+    let dir = tempfile_dir("success");
+    let dataset = synth_dataset(&dir, 240);
+    let services = Services::start(&dir).await;
+    let _workers = [Process::worker(&services.coordinator.grpc, "w0", &dir), Process::worker(&services.coordinator.grpc, "w1", &dir)];
+    let job = submit(&services, spec(&dataset, 5)).await;
+    let plan = job.plan.clone().unwrap();
+    assert!(plan.calibrated && plan.noise_multiplier > 0.0, "sigma calibrated before training: {plan:?}");
+    assert!((plan.delta - 1.0 / 240.0).abs() < 1e-12, "delta defaults to 1/N");
+
+    let waited = dpctl(&["--coordinator", &services.coordinator.grpc, "wait", &job.job_id]);
+    assert_eq!(waited.status.code(), Some(0), "dpctl wait exits 0 on success: {}", String::from_utf8_lossy(&waited.stderr));
+    let job = get(&services, &job.job_id).await;
+    assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
+    assert_eq!(services.charged_steps(&job.job_id), (0..5).collect::<Vec<_>>(), "one charge per step, no more");
+    let spend = spend(&services, &job.job_id).await;
+    assert!(spend.epsilon_spent <= plan.epsilon_target + 1e-9, "{spend:?}");
+    assert_eq!(spend.phase, JobPhase::Closed as i32, "the accountant closed the finished job");
+
+    // The checkpoint of the last step exists and loads into the model.
+    let checkpoints = dpcap_worker::runtime::ckpt::CheckpointStore::open(&job.checkpoint_root).unwrap();
+    assert_eq!(checkpoints.latest().await.unwrap(), Some(5));
+    let (manifest, weights, optimizer) = checkpoints.load(5).await.unwrap();
+    assert_eq!((manifest.step, manifest.model.as_str()), (5, "micro"));
+    let mut params = dpcap_worker::params::ParamSet::<burn_inner::Inner>::new(&Default::default());
+    let captioner = dpcap_worker::model::Captioner::new(&mut params, dpcap_worker::model::CaptionerConfig::named("micro").unwrap());
+    dpcap_worker::checkpoint::load_weights(&mut params, &weights).expect("weights load");
+    dpcap_worker::checkpoint::load_optimizer(&params, &optimizer).expect("optimizer state loads");
+    drop(captioner);
+
+    let metrics = services.coordinator.scrape().await;
+    assert!(metrics.contains(&format!("dpcap_job_state{{job_id=\"{}\",state=\"succeeded\"}} 1", job.job_id)), "{metrics}");
+    assert!(metrics.contains(&format!("dpcap_job_steps_completed{{job_id=\"{}\"}} 5", job.job_id)), "{metrics}");
+    assert!(metrics.contains("dpcap_step_duration_seconds_count"), "{metrics}");
+}
+
+mod burn_inner {
+    pub type Inner = <dpcap_worker::CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_resumes_after_its_coordinator_and_workers_are_killed_without_charging_a_step_twice() {
+    let dir = tempfile_dir("resume");
+    let dataset = synth_dataset(&dir, 240);
+    let mut services = Services::start(&dir).await;
+    let mut workers = vec![Process::worker(&services.coordinator.grpc, "w0", &dir), Process::worker(&services.coordinator.grpc, "w1", &dir)];
+    let job = submit(&services, spec(&dataset, 10)).await;
+    wait_until(&services, &job.job_id, Duration::from_secs(300), |j| step(j) >= 4).await;
+    services.coordinator.kill();
+    workers.iter_mut().for_each(Process::kill);
+
+    services.coordinator = Services::coordinator(&dir, &services.store, &services.accountant.grpc).await;
+    let restored = get(&services, &job.job_id).await;
+    assert!(restored.conditions.iter().any(|c| c.reason == "CoordinatorRestarted"), "{restored:#?}");
+    let _workers = [Process::worker(&services.coordinator.grpc, "w2", &dir), Process::worker(&services.coordinator.grpc, "w3", &dir)];
+    let job = wait_until(&services, &job.job_id, Duration::from_secs(300), |j| j.state != JobState::Running as i32 && j.state != JobState::Pending as i32).await;
+    assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
+    assert!(job.progress.as_ref().unwrap().generation >= 2, "the group was re-formed");
+    let charged = services.charged_steps(&job.job_id);
+    assert_eq!(charged, (0..10).collect::<Vec<_>>(), "every step number charged exactly once");
+    assert_eq!(spend(&services, &job.job_id).await.steps_charged, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_budget_exhaustion_end_jobs_in_their_own_states() {
+    let dir = tempfile_dir("cancel");
+    let dataset = synth_dataset(&dir, 240);
+    let services = Services::start(&dir).await;
+    let _workers = [Process::worker(&services.coordinator.grpc, "w0", &dir), Process::worker(&services.coordinator.grpc, "w1", &dir)];
+
+    // Budget: a fixed sigma whose 40 steps would pass epsilon 1.5.
+    let mut over = spec(&dataset, 40);
+    (over.epsilon, over.noise_multiplier) = (Some(1.5), Some(0.7));
+    let job = submit(&services, over).await;
+    assert!(job.conditions.iter().any(|c| c.reason == "BudgetWillExhaust"), "warned at submission: {job:#?}");
+    let waited = dpctl(&["--coordinator", &services.coordinator.grpc, "wait", &job.job_id]);
+    assert_eq!(waited.status.code(), Some(5), "dpctl wait exits 5 on budget exhaustion");
+    let job = get(&services, &job.job_id).await;
+    assert_eq!(job.state, JobState::BudgetExhausted as i32, "not FAILED: {job:#?}");
+    let spend = spend(&services, &job.job_id).await;
+    assert!(spend.epsilon_spent <= 1.5 && spend.steps_charged < 40, "{spend:?}");
+
+    // Cancel a running job.
+    let job = submit(&services, spec(&dataset, 500)).await;
+    wait_until(&services, &job.job_id, Duration::from_secs(300), |j| step(j) >= 1).await;
+    let cancelled = services.jobs().await.cancel_job(CancelJobRequest { job_id: job.job_id.clone() }).await.unwrap().into_inner();
+    assert_eq!(cancelled.state, JobState::Cancelled as i32);
+    let again = services.jobs().await.cancel_job(CancelJobRequest { job_id: job.job_id.clone() }).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::FailedPrecondition);
+    let closed = wait_until(&services, &job.job_id, Duration::from_secs(10), is(JobState::Cancelled)).await;
+    assert!(step(&closed) < 500);
+    assert_eq!(spend_phase(&services, &job.job_id).await, JobPhase::Closed as i32);
+}
+
+async fn spend_phase(services: &Services, job_id: &str) -> i32 {
+    spend(services, job_id).await.phase
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_specs_are_refused_naming_the_field_and_idempotency_keys_return_the_original() {
+    let dir = tempfile_dir("invalid");
+    let dataset = synth_dataset(&dir, 50);
+    let services = Services::start(&dir).await;
+    let base = spec(&dataset, 5);
+    let cases: Vec<(&str, SpecFile)> = vec![
+        ("model", SpecFile { model: "huge".into(), ..base.clone() }),
+        ("epsilon", SpecFile { epsilon: Some(-1.0), ..base.clone() }),
+        ("epsilon", SpecFile { epsilon: None, noise_multiplier: None, ..base.clone() }),
+        ("noise_multiplier", SpecFile { noise_multiplier: Some(0.0), ..base.clone() }),
+        ("delta", SpecFile { delta: Some(1.5), ..base.clone() }),
+        ("sample_rate", SpecFile { sample_rate: Some(2.0), batch_size: None, ..base.clone() }),
+        ("sample_rate", SpecFile { sample_rate: Some(0.1), ..base.clone() }),
+        ("batch_size", SpecFile { batch_size: Some(51), ..base.clone() }),
+        ("steps", SpecFile { epochs: Some(1.0), ..base.clone() }),
+        ("steps", SpecFile { steps: Some(0), ..base.clone() }),
+        ("workers", SpecFile { workers: Some(0), ..base.clone() }),
+        ("micro_batch", SpecFile { micro_batch: Some(0), ..base.clone() }),
+        ("clipping_norm", SpecFile { clipping_norm: Some(f64::NAN), ..base.clone() }),
+        ("checkpoint_interval", SpecFile { checkpoint_interval: Some(0), ..base.clone() }),
+        ("warmup_steps", SpecFile { warmup_steps: Some(6), ..base.clone() }),
+        ("dataset", SpecFile { dataset: dir.join("nowhere").to_string_lossy().into_owned(), ..base.clone() }),
+    ];
+    let mut client = services.jobs().await;
+    for (field, bad) in cases {
+        let request = SubmitJobRequest { spec: Some(bad.clone().into_proto().unwrap()), idempotency_key: String::new() };
+        let error = client.submit_job(request).await.expect_err(field);
+        assert_eq!(error.code(), tonic::Code::InvalidArgument, "{field}: {error:?}");
+        assert!(error.message().starts_with(&format!("invalid {field}:")), "{field}: {}", error.message());
+    }
+    let mut raw = base.clone().into_proto().unwrap();
+    raw.objective = 7;
+    let error = client.submit_job(SubmitJobRequest { spec: Some(raw), idempotency_key: String::new() }).await.unwrap_err();
+    assert!(error.message().contains("invalid objective"), "{error:?}");
+    assert!(client.list_jobs(dpcap_proto::v1::ListJobsRequest {}).await.unwrap().into_inner().jobs.is_empty(), "nothing was queued");
+
+    let keyed = |key: &str| SubmitJobRequest { spec: Some(base.clone().into_proto().unwrap()), idempotency_key: key.into() };
+    let first = client.submit_job(keyed("deploy-42")).await.unwrap().into_inner();
+    let again = client.submit_job(keyed("deploy-42")).await.unwrap().into_inner();
+    let other = client.submit_job(keyed("deploy-43")).await.unwrap().into_inner();
+    assert_eq!(first.job_id, again.job_id);
+    assert_ne!(first.job_id, other.job_id);
+    let missing = client.get_job(GetJobRequest { job_id: "job-nope".into() }).await.unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+
+    // dpctl names a mistyped key in a spec file.
+    let file = dir.join("typo.yaml");
+    std::fs::write(&file, "dataset: x\nmodel: micro\nepsilonn: 8\n").unwrap();
+    let out = dpctl(&["--coordinator", &services.coordinator.grpc, "submit", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field `epsilonn`"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A fresh directory under the target dir, kept for inspection after a failure.
+fn tempfile_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("dpcap-e2e-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

@@ -1,0 +1,56 @@
+//! The `dpcap-worker` binary: one rank, on CPU (burn-flex) or CUDA (feature `cuda`).
+
+use anyhow::{Result, bail};
+use clap::Parser;
+use dpcap_accountant::process::{init_tracing, shutdown_signal};
+use dpcap_worker::runtime::{WorkerConfig, run};
+
+/// dpcap's worker.
+#[derive(Debug, Parser)]
+#[command(name = "dpcap-worker", version, about)]
+struct Args {
+    /// The coordinator's gRPC endpoint.
+    #[arg(long, default_value = "http://127.0.0.1:7071", env = "DPCAP_COORDINATOR")]
+    coordinator: String,
+    /// Name shown in listings (default: host name and process id).
+    #[arg(long, env = "DPCAP_WORKER_NAME")]
+    name: Option<String>,
+    /// cpu, or cuda:N with the `cuda` feature.
+    #[arg(long, default_value = "cpu", env = "DPCAP_DEVICE")]
+    device: String,
+    /// Bearer token for the coordinator's WorkerService.
+    #[arg(long, env = "DPCAP_CLUSTER_TOKEN", hide_env_values = true)]
+    cluster_token: Option<String>,
+    /// Log as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    init_tracing(args.log_json);
+    let name = args.name.unwrap_or_else(|| format!("{}-{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id()));
+    let config = WorkerConfig { coordinator: args.coordinator, name, device: args.device.clone(), cluster_token: args.cluster_token };
+    if args.device == "cpu" {
+        run::<dpcap_worker::CpuBackend>(config, Default::default(), shutdown_signal()).await?;
+        return Ok(());
+    }
+    if let Some(index) = args.device.strip_prefix("cuda:") {
+        let Ok(index) = index.parse::<usize>() else { bail!("invalid --device {}: expected cpu or cuda:N", args.device) };
+        return run_cuda(config, index).await;
+    }
+    bail!("invalid --device {}: expected cpu or cuda:N", args.device)
+}
+
+#[cfg(feature = "cuda")]
+async fn run_cuda(config: WorkerConfig, index: usize) -> Result<()> {
+    let device = burn::backend::cuda::CudaDevice::new(index);
+    run::<dpcap_worker::CudaBackend>(config, device, shutdown_signal()).await?;
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+async fn run_cuda(_config: WorkerConfig, _index: usize) -> Result<()> {
+    bail!("invalid --device cuda: this dpcap-worker was built without the `cuda` feature")
+}

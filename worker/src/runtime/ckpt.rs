@@ -1,0 +1,87 @@
+//! Checkpoints on the job's object store: `{root}/{STEP}/weights.safetensors`,
+//! `optimizer.safetensors` and `manifest.json`, then `{root}/latest` naming STEP, written last so
+//! that a reader never sees a pointer to a partial checkpoint. Rank 0 is the only writer.
+//! A checkpoint at STEP holds the state after every release of steps < STEP.
+
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::RuntimeError;
+
+/// What a checkpoint is, for people and for resume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub job_id: String,
+    /// Releases of steps < step are applied.
+    pub step: u64,
+    /// The ledger's next step when it was written (the same number: the ledger owns steps).
+    pub ledger_position: u64,
+    pub model: String,
+    pub objective: String,
+    pub parameters: u64,
+    pub generation: u64,
+    pub created_unix_ms: i64,
+}
+
+/// The checkpoints of one job.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+}
+
+fn store_error(e: object_store::Error) -> RuntimeError {
+    RuntimeError::Checkpoint(e.to_string())
+}
+
+impl CheckpointStore {
+    /// The store at `root_url` (a directory or URL, see `open_store`).
+    pub fn open(root_url: &str) -> Result<Self, RuntimeError> {
+        let (store, root) = dpcap_accountant::server::open_store(root_url).map_err(|e| RuntimeError::Checkpoint(e.to_string()))?;
+        Ok(Self { store, root })
+    }
+
+    fn path(&self, rest: &str) -> Path {
+        Path::from(format!("{}/{rest}", self.root).trim_start_matches('/'))
+    }
+
+    /// The latest complete checkpoint's step, if any.
+    pub async fn latest(&self) -> Result<Option<u64>, RuntimeError> {
+        match self.store.get(&self.path("latest")).await {
+            Ok(r) => {
+                let text = r.bytes().await.map_err(store_error)?;
+                let step = String::from_utf8_lossy(&text).trim().parse().map_err(|_| RuntimeError::Checkpoint(format!("latest pointer {:?} is not a step number", String::from_utf8_lossy(&text))))?;
+                Ok(Some(step))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(store_error(e)),
+        }
+    }
+
+    /// Writes a checkpoint and then moves `latest` to it.
+    pub async fn save(&self, manifest: &Manifest, weights: Vec<u8>, optimizer: Vec<u8>) -> Result<(), RuntimeError> {
+        let dir = manifest.step.to_string();
+        let json = serde_json::to_vec_pretty(manifest).map_err(|e| RuntimeError::Checkpoint(e.to_string()))?;
+        for (name, body) in [("weights.safetensors", weights), ("optimizer.safetensors", optimizer), ("manifest.json", json)] {
+            self.store.put(&self.path(&format!("{dir}/{name}")), PutPayload::from(body)).await.map_err(store_error)?;
+        }
+        self.store.put(&self.path("latest"), PutPayload::from(dir.into_bytes())).await.map_err(store_error)?;
+        Ok(())
+    }
+
+    /// The manifest, weights and optimizer bytes of checkpoint `step`.
+    pub async fn load(&self, step: u64) -> Result<(Manifest, Vec<u8>, Vec<u8>), RuntimeError> {
+        let get = |name: &str| {
+            let path = self.path(&format!("{step}/{name}"));
+            async move { self.store.get(&path).await?.bytes().await }
+        };
+        let manifest = get("manifest.json").await.map_err(store_error)?;
+        let manifest: Manifest = serde_json::from_slice(&manifest).map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step} manifest: {e}")))?;
+        let weights = get("weights.safetensors").await.map_err(store_error)?.to_vec();
+        let optimizer = get("optimizer.safetensors").await.map_err(store_error)?.to_vec();
+        Ok((manifest, weights, optimizer))
+    }
+}

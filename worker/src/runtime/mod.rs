@@ -1,0 +1,48 @@
+//! The worker runtime: register with the coordinator, keep the lease, take assignments, and
+//! run each step of a job (read the sampled examples, clip, send the part to the accountant,
+//! fetch the release, update, report; rank 0 checkpoints).
+
+pub mod ckpt;
+pub mod dataset;
+pub mod session;
+pub mod trainer;
+pub mod worker;
+
+pub use worker::{WorkerConfig, run};
+
+/// Why a worker step or session failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The job spec cannot be run by this worker.
+    #[error("invalid {field}: {reason}")]
+    Spec {
+        /// The spec field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// Reading the dataset or tokenizer failed.
+    #[error("data: {0}")]
+    Data(String),
+    /// Writing or reading a checkpoint failed.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    /// The accountant refused the step: the budget is spent.
+    #[error("budget exhausted: {0}")]
+    BudgetExhausted(String),
+    /// A peer answered something unexpected or failed.
+    #[error("rpc: {0}")]
+    Protocol(String),
+    /// The coordinator no longer knows this worker (lease expired): register again.
+    #[error("lease lost")]
+    LeaseLost,
+}
+
+impl From<tonic::Status> for RuntimeError {
+    fn from(s: tonic::Status) -> Self {
+        if s.code() == tonic::Code::FailedPrecondition && s.message().contains("budget exhausted") {
+            return Self::BudgetExhausted(s.message().to_owned());
+        }
+        Self::Protocol(format!("{:?}: {}", s.code(), s.message()))
+    }
+}

@@ -1,0 +1,152 @@
+//! One rank's model replica: parameters, optimizer and objective for a job, turning examples
+//! into a clipped part (Σ clip_C(g_i) as P f32 values) and applying a release (g = R / L).
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor, TensorData};
+use image::imageops::FilterType;
+
+use crate::clip::{ClipEngine, Telemetry};
+use crate::data::Example;
+use crate::data::tokenizer::CaptionTokenizer;
+use crate::model::{CaptionBatch, Captioner, CaptionerConfig, Encoder, Mae, MaeBatch, MaeConfig};
+use crate::optim::{AdamW, AdamWConfig, Schedule};
+use crate::params::ParamSet;
+use crate::runtime::RuntimeError;
+
+type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
+
+/// Which objective a job trains.
+#[derive(Debug, Clone)]
+pub enum Model {
+    /// DP-Cap, with the tokenizer its captions go through.
+    Caption(Captioner, CaptionTokenizer),
+    /// ViP.
+    Mae(Mae),
+}
+
+impl Model {
+    /// The image encoder (what the job exports).
+    pub fn encoder(&self) -> &Encoder {
+        match self {
+            Model::Caption(m, _) => m.encoder(),
+            Model::Mae(m) => m.encoder(),
+        }
+    }
+}
+
+/// A replica: identical on every rank because it starts from the same seed or checkpoint and
+/// applies the same releases.
+#[derive(Debug)]
+pub struct Trainer<AB: AutodiffBackend> {
+    /// The objective.
+    pub model: Model,
+    /// Trainable parameters.
+    pub params: ParamSet<Inner<AB>>,
+    /// AdamW state.
+    pub optimizer: AdamW<Inner<AB>>,
+    /// Learning-rate schedule over ledger steps.
+    pub schedule: Schedule,
+    /// Clipping.
+    pub engine: ClipEngine,
+    /// L = qN: every update divides the release by it.
+    pub expected_batch_size: f64,
+}
+
+/// Pixels to roughly zero-mean, unit-variance floats, [3, side, side] channel-major.
+pub fn image_values(image: &image::RgbImage, side: usize) -> Vec<f32> {
+    let resized;
+    let image = if image.width() as usize == side && image.height() as usize == side {
+        image
+    } else {
+        resized = image::imageops::resize(image, side as u32, side as u32, FilterType::Triangle);
+        &resized
+    };
+    let mut out = vec![0.0; 3 * side * side];
+    for (x, y, pixel) in image.enumerate_pixels() {
+        for c in 0..3 {
+            out[c * side * side + y as usize * side + x as usize] = (f32::from(pixel[c]) / 255.0 - 0.5) / 0.25;
+        }
+    }
+    out
+}
+
+/// A batch of images as a [B, 3, side, side] tensor.
+pub fn images_tensor<B: burn::tensor::backend::Backend>(examples: &[Example], side: usize, device: &B::Device) -> Tensor<B, 4> {
+    let values: Vec<f32> = examples.iter().flat_map(|e| image_values(&e.image, side)).collect();
+    Tensor::from_data(TensorData::new(values, [examples.len(), 3, side, side]), device)
+}
+
+impl<AB: AutodiffBackend> Trainer<AB> {
+    /// A fresh replica for `model_name`/`objective` with weights from `seed`.
+    pub fn new(
+        model_name: &str,
+        mae: bool,
+        tokenizer: Option<CaptionTokenizer>,
+        seed: u64,
+        (engine, expected_batch_size, schedule): (ClipEngine, f64, Schedule),
+        device: &AB::Device,
+    ) -> Result<Self, RuntimeError> {
+        let unknown = || RuntimeError::Spec { field: "model", reason: format!("unknown configuration {model_name:?}") };
+        let mut params = ParamSet::seeded(device, seed);
+        let model = if mae {
+            Model::Mae(Mae::new(&mut params, MaeConfig::named(model_name).ok_or_else(unknown)?))
+        } else {
+            let config = CaptionerConfig::named(model_name).ok_or_else(unknown)?;
+            let tokenizer = tokenizer.ok_or(RuntimeError::Spec { field: "tokenizer", reason: "the caption objective needs a tokenizer".into() })?;
+            if tokenizer.vocab_size() > config.vocab {
+                return Err(RuntimeError::Spec {
+                    field: "tokenizer",
+                    reason: format!("vocabulary of {} exceeds model {model_name}'s {}", tokenizer.vocab_size(), config.vocab),
+                });
+            }
+            Model::Caption(Captioner::new(&mut params, config), tokenizer)
+        };
+        let optimizer = AdamW::new(AdamWConfig::default(), &params);
+        Ok(Self { model, params, optimizer, schedule, engine, expected_batch_size })
+    }
+
+    /// P: the number of values in a part and in a release.
+    pub fn dim(&self) -> usize {
+        self.params.numel()
+    }
+
+    /// Σ_i clip_C(g_i) over `examples` as P values, with non-DP telemetry. No examples: zeros.
+    pub fn clipped_part(&self, examples: &[Example]) -> Result<(Vec<f32>, Telemetry), RuntimeError> {
+        if examples.is_empty() {
+            return Ok((vec![0.0; self.dim()], Telemetry::default()));
+        }
+        let device = self.params.device().clone();
+        let side = self.model.encoder().config().image;
+        let images = images_tensor::<AB>(examples, side, &device);
+        let out = match &self.model {
+            Model::Caption(model, tokenizer) => {
+                let seq = model.config().seq;
+                let mut tokens = Vec::with_capacity(examples.len() * seq);
+                for e in examples {
+                    let ids = tokenizer.encode(&e.caption, seq).map_err(|err| RuntimeError::Data(format!("example {}: {err}", e.key)))?;
+                    tokens.extend(ids);
+                }
+                let tokens = Tensor::<AB, 2, Int>::from_data(TensorData::new(tokens, [examples.len(), seq]), &device);
+                self.engine.clipped_sum(model, &self.params, &CaptionBatch { images, tokens })
+            }
+            Model::Mae(model) => {
+                let batch = MaeBatch::new(images, model.encoder().config().patches());
+                self.engine.clipped_sum(model, &self.params, &batch)
+            }
+        };
+        let values = out.sum.flatten().into_data().into_vec::<f32>().map_err(|e| RuntimeError::Data(format!("{e:?}")))?;
+        Ok((values, out.telemetry))
+    }
+
+    /// Applies the release of ledger step `step`: AdamW on R / L at the schedule's rate.
+    pub fn apply(&mut self, release: Vec<f32>, step: u64) -> Result<(), RuntimeError> {
+        if release.len() != self.dim() {
+            return Err(RuntimeError::Protocol(format!("release of step {step} has {} values, the model {}", release.len(), self.dim())));
+        }
+        let n = release.len();
+        let release = Tensor::from_data(TensorData::new(release, [n]), self.params.device());
+        let lr = self.schedule.lr(step);
+        self.optimizer.apply_release(&mut self.params, release, self.expected_batch_size, lr);
+        Ok(())
+    }
+}

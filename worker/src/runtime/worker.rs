@@ -1,0 +1,148 @@
+//! The worker's outer loop: register, heartbeat, and run each assignment as a [`Session`]
+//! while a heartbeat task keeps the lease. A lost lease (coordinator restart, long pause)
+//! means registering again; a shutdown stops between steps' RPCs.
+
+use std::future::Future;
+use std::time::Duration;
+
+use burn::tensor::backend::AutodiffBackend;
+use dpcap_accountant::client::AccountantClient;
+use dpcap_proto::auth::AttachToken;
+use dpcap_proto::v1::worker_service_client::WorkerServiceClient;
+use dpcap_proto::v1::{HeartbeatRequest, RegisterWorkerRequest};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::runtime::RuntimeError;
+use crate::runtime::session::Session;
+
+/// The coordinator's WorkerService client with the cluster token attached.
+pub type CoordinatorClient = WorkerServiceClient<InterceptedService<Channel, AttachToken>>;
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The coordinator, e.g. "http://127.0.0.1:7071".
+    pub coordinator: String,
+    /// Shown in listings.
+    pub name: String,
+    /// "cpu" or "cuda:N".
+    pub device: String,
+    /// The cluster bearer token, if the coordinator requires one.
+    pub cluster_token: Option<String>,
+}
+
+async fn connect(config: &WorkerConfig) -> Result<CoordinatorClient, RuntimeError> {
+    let channel = tonic::transport::Endpoint::from_shared(config.coordinator.clone())
+        .map_err(|e| RuntimeError::Spec { field: "coordinator", reason: e.to_string() })?
+        .connect_lazy();
+    Ok(WorkerServiceClient::with_interceptor(channel, AttachToken(config.cluster_token.clone())))
+}
+
+/// Runs the worker until `shutdown` resolves.
+pub async fn run<AB: AutodiffBackend>(config: WorkerConfig, device: AB::Device, shutdown: impl Future<Output = ()>) -> Result<(), RuntimeError> {
+    let coordinator = connect(&config).await?;
+    tokio::pin!(shutdown);
+    tokio::select! {
+        result = serve::<AB>(&config, coordinator, &device) => result,
+        _ = &mut shutdown => {
+            tracing::info!(name = %config.name, "worker shutting down");
+            Ok(())
+        }
+    }
+}
+
+async fn serve<AB: AutodiffBackend>(config: &WorkerConfig, mut coordinator: CoordinatorClient, device: &AB::Device) -> Result<(), RuntimeError> {
+    loop {
+        let request = RegisterWorkerRequest { name: config.name.clone(), device: config.device.clone(), throughput: 0.0 };
+        let registered = match coordinator.register_worker(request).await {
+            Ok(r) => r.into_inner(),
+            Err(s) if s.code() == tonic::Code::Unavailable || s.code() == tonic::Code::Unknown => {
+                tracing::debug!(error = %s, "coordinator unreachable; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(s) => return Err(s.into()),
+        };
+        let worker_id = registered.worker_id;
+        let beat = Duration::from_millis(u64::from(registered.lease_seconds.max(1)) * 1000 / 4);
+        tracing::info!(worker_id, name = %config.name, accountant = %registered.accountant_endpoint, "registered");
+        let accountant = loop {
+            match AccountantClient::connect(registered.accountant_endpoint.clone()).await {
+                Ok(c) => break c,
+                Err(e) => {
+                    tracing::debug!(error = %e, "accountant unreachable; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        };
+        // Heartbeat; run assignments; stop when the lease is lost.
+        loop {
+            let assignment = match coordinator.heartbeat(HeartbeatRequest { worker_id: worker_id.clone() }).await {
+                Ok(r) => r.into_inner().assignment,
+                Err(s) if s.code() == tonic::Code::NotFound => break,
+                Err(s) => {
+                    tracing::debug!(error = %s, "heartbeat failed; retrying");
+                    tokio::time::sleep(beat).await;
+                    continue;
+                }
+            };
+            let Some(assignment) = assignment else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            let (job_id, rank) = (assignment.job_id.clone(), assignment.rank);
+            tracing::info!(worker_id, job_id, rank, generation = assignment.generation, "assigned");
+            let session = async {
+                let session = Session::<AB>::start(worker_id.clone(), assignment, coordinator.clone(), accountant.clone(), device).await?;
+                session.run().await
+            };
+            let result = tokio::select! {
+                r = session => r,
+                lost = keep_lease(coordinator.clone(), worker_id.clone(), beat) => Err(lost),
+            };
+            match result {
+                Ok(()) => {}
+                Err(RuntimeError::LeaseLost) => break,
+                Err(e) => {
+                    tracing::error!(worker_id, job_id, rank, error = %e, "session failed");
+                    fail_job(&mut coordinator, &worker_id, &job_id, &e).await;
+                }
+            }
+        }
+        tracing::warn!(worker_id, "lease lost; registering again");
+    }
+}
+
+/// Heartbeats until the coordinator forgets this worker.
+async fn keep_lease(mut coordinator: CoordinatorClient, worker_id: String, beat: Duration) -> RuntimeError {
+    loop {
+        tokio::time::sleep(beat).await;
+        if let Err(s) = coordinator.heartbeat(HeartbeatRequest { worker_id: worker_id.clone() }).await
+            && s.code() == tonic::Code::NotFound
+        {
+            return RuntimeError::LeaseLost;
+        }
+    }
+}
+
+/// A session that could not start (bad spec, unreadable data) fails its job with the reason.
+async fn fail_job(coordinator: &mut CoordinatorClient, worker_id: &str, job_id: &str, error: &RuntimeError) {
+    let Ok(Some(assignment)) = coordinator.heartbeat(HeartbeatRequest { worker_id: worker_id.into() }).await.map(|r| r.into_inner().assignment) else { return };
+    if assignment.job_id != job_id {
+        return;
+    }
+    let request = dpcap_proto::v1::GetStepRequest { worker_id: worker_id.into(), job_id: job_id.into(), generation: assignment.generation };
+    let Ok(work) = coordinator.get_step(request).await.map(|r| r.into_inner()) else { return };
+    let outcome = if matches!(error, RuntimeError::BudgetExhausted(_)) { dpcap_proto::v1::StepOutcome::BudgetExhausted } else { dpcap_proto::v1::StepOutcome::Failed };
+    let report = dpcap_proto::v1::ReportStepRequest {
+        worker_id: worker_id.into(),
+        job_id: job_id.into(),
+        generation: assignment.generation,
+        step: work.step,
+        outcome: outcome as i32,
+        message: error.to_string(),
+        ..Default::default()
+    };
+    let _ = coordinator.report_step(report).await;
+}
