@@ -31,3 +31,43 @@ fn bench_config_is_the_issue_shape() {
     );
     assert_eq!((c.dec_width, c.dec_depth, c.dec_heads, c.vocab, c.seq), (128, 2, 4, 1000, 16));
 }
+
+#[test]
+fn model_names_match_what_the_coordinator_accepts() {
+    // The coordinator validates specs without burn; its list must be this one.
+    assert_eq!(CaptionerConfig::NAMES, dpcap_coordinator::spec::MODEL_NAMES);
+}
+
+#[test]
+fn the_decoder_is_causal_a_later_token_never_changes_an_earlier_prediction() {
+    use burn::tensor::{Int, Tensor, TensorData};
+    use dpcap_worker::clip::{Mode, Tape};
+    use dpcap_worker::model::CaptionBatch;
+    let config = CaptionerConfig::named("micro").unwrap();
+    let mut ps = ParamSet::<Inner>::new(&Default::default());
+    let model = Captioner::new(&mut ps, config);
+    let batch = CaptionBatch::<CpuBackend>::random(config, 2, &Default::default());
+    let logits = |tokens: Tensor<CpuBackend, 2, Int>| {
+        let mut tape = Tape::new(Mode::Frozen, &ps);
+        let b = CaptionBatch { images: batch.images.clone(), tokens };
+        model.logits(&mut tape, &b).into_data().convert::<f32>().into_vec::<f32>().unwrap()
+    };
+    let base = logits(batch.tokens.clone());
+    let mut changed: Vec<i64> = batch.tokens.clone().into_data().convert::<i64>().into_vec().unwrap();
+    let (s, cut) = (config.seq, 5);
+    for row in 0..2 {
+        for j in cut..s {
+            changed[row * s + j] = 7 + j as i64;
+        }
+    }
+    let other = logits(Tensor::from_data(TensorData::new(changed, [2, s]), &Default::default()));
+    let per_position = config.vocab;
+    for row in 0..2 {
+        for position in 0..cut {
+            let at = (row * (s - 1) + position) * per_position;
+            assert_eq!(base[at..at + per_position], other[at..at + per_position], "position {position} saw the future");
+        }
+        let at = (row * (s - 1) + cut) * per_position;
+        assert_ne!(base[at..at + per_position], other[at..at + per_position], "position {cut} sees its own input");
+    }
+}

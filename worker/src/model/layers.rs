@@ -101,7 +101,9 @@ impl Attention {
         let v = self.split(self.v.forward(tape, memory));
         let mut scores = q.matmul(k.swap_dims(2, 3)).div_scalar(((d / self.heads) as f64).sqrt());
         if causal {
-            let mask = Tensor::<AB, 2, Bool>::triu_mask([t, s], 1, &scores.device()).unsqueeze::<4>();
+            // burn's masks are inverted from their names: `tril_mask` is true strictly *above*
+            // the diagonal, i.e. exactly the future positions to hide (docs/burn.md).
+            let mask = Tensor::<AB, 2, Bool>::tril_mask([t, s], 0, &scores.device()).unsqueeze::<4>();
             scores = scores.mask_fill(mask.expand([b, self.heads, t, s]), -1e9);
         }
         let out = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, t, d]);
