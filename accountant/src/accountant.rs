@@ -145,7 +145,12 @@ impl Accountant {
         check_step_open(job, &progress, step)?;
         if let Some(pending) = &state.pending {
             if pending.attempt > attempt {
-                return Err(AccountantError::StalePart { job_id: r.job_id.clone(), step, attempt, current: pending.attempt });
+                return Err(AccountantError::StalePart {
+                    job_id: r.job_id.clone(),
+                    step,
+                    attempt,
+                    current: pending.attempt,
+                });
             }
             if pending.attempt < attempt {
                 // The group that sent these parts was re-formed before the step was complete;

@@ -204,6 +204,12 @@ impl PartAssembler {
         for v in &self.values {
             hasher.write_u32(v.to_bits());
         }
-        Ok(Part { step: self.step, part: self.part, values: self.values, digest: hasher.finish(), attempt: self.attempt })
+        Ok(Part {
+            step: self.step,
+            part: self.part,
+            values: self.values,
+            digest: hasher.finish(),
+            attempt: self.attempt,
+        })
     }
 }

@@ -44,10 +44,10 @@ async fn main() -> anyhow::Result<()> {
     let (grpc_addr, metrics_addr) = (grpc.local_addr()?, metrics.local_addr()?);
     tracing::info!(%grpc_addr, %metrics_addr, ledger = %args.ledger, "accountant listening");
     if let Some(path) = &args.addr_file {
-        write_addr_file(path, grpc_addr, Some(metrics_addr)).with_context(|| format!("writing --addr-file {}", path.display()))?;
+        write_addr_file(path, grpc_addr, Some(metrics_addr))
+            .with_context(|| format!("writing --addr-file {}", path.display()))?;
     }
     let ledger = dpcap_accountant::server::open_ledger(&args.ledger)?;
     dpcap_accountant::server::serve(grpc, metrics, ledger, args.allow_seeded_noise, shutdown_signal()).await?;
     Ok(())
 }
-

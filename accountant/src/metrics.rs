@@ -90,7 +90,7 @@ pub fn render(handle: &PrometheusHandle, accountant: &Accountant) -> String {
     for (name, kind, help, value) in series {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for job in &jobs {
-            let _ = writeln!(out, "{name}{{job=\"{}\"}} {}", job.registration.job_id, value(job));
+            let _ = writeln!(out, "{name}{{job_id=\"{}\"}} {}", job.registration.job_id, value(job));
         }
     }
     out

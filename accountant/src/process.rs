@@ -6,7 +6,12 @@ use std::path::Path;
 
 /// Logs to stderr, filtered by `RUST_LOG` (default info), as text or JSON lines.
 pub fn init_tracing(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    init_tracing_at(json, "info");
+}
+
+/// Like [`init_tracing`] with another default filter (`dpctl demo` keeps its servers quiet).
+pub fn init_tracing_at(json: bool, default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }

@@ -83,8 +83,8 @@ async fn restart_between_charge_and_delivery_discards_the_step_and_continues() {
     client.fetch_release("crash", 2).await.unwrap();
     assert_eq!(charged_steps(dir.path(), "crash"), vec![0, 1, 2]);
     let metrics = server.scrape().await;
-    assert!(metrics.contains("dpcap_steps_charged_total{job=\"crash\"} 3"), "{metrics}");
-    assert!(metrics.contains("dpcap_steps_discarded_total{job=\"crash\"} 1"), "{metrics}");
+    assert!(metrics.contains("dpcap_steps_charged_total{job_id=\"crash\"} 3"), "{metrics}");
+    assert!(metrics.contains("dpcap_steps_discarded_total{job_id=\"crash\"} 1"), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,13 +222,13 @@ async fn metrics_expose_per_job_spend_until_the_job_is_closed() {
     client.submit_part("m1", 0, 0, &part(0, 4)).await.unwrap();
     let text = server.scrape().await;
     for series in [
-        "dpcap_privacy_epsilon_spent{job=\"m1\"}",
-        "dpcap_privacy_epsilon_target{job=\"m1\"} 8",
-        "dpcap_privacy_delta{job=\"m1\"} 0.00001",
-        "dpcap_noise_multiplier{job=\"m1\"} 1.1",
-        "dpcap_sampling_rate{job=\"m1\"} 0.02",
-        "dpcap_steps_charged_total{job=\"m1\"} 1",
-        "dpcap_steps_discarded_total{job=\"m1\"} 0",
+        "dpcap_privacy_epsilon_spent{job_id=\"m1\"}",
+        "dpcap_privacy_epsilon_target{job_id=\"m1\"} 8",
+        "dpcap_privacy_delta{job_id=\"m1\"} 0.00001",
+        "dpcap_noise_multiplier{job_id=\"m1\"} 1.1",
+        "dpcap_sampling_rate{job_id=\"m1\"} 0.02",
+        "dpcap_steps_charged_total{job_id=\"m1\"} 1",
+        "dpcap_steps_discarded_total{job_id=\"m1\"} 0",
         "dpcap_release_duration_seconds_bucket",
         "dpcap_build_info{",
     ] {
@@ -237,7 +237,7 @@ async fn metrics_expose_per_job_spend_until_the_job_is_closed() {
     let closed =
         client.raw().close_job(CloseJobRequest { job_id: "m1".into(), reason: "succeeded".into() }).await.unwrap();
     assert_eq!(closed.into_inner().steps_charged, 1);
-    assert!(!server.scrape().await.contains("job=\"m1\""), "per-job series removed on close");
+    assert!(!server.scrape().await.contains("job_id=\"m1\""), "per-job series removed on close");
     let refused = client.submit_part("m1", 1, 0, &part(0, 4)).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
 }

@@ -93,11 +93,14 @@ pub async fn index_dataset(url: &str, vocab_size: usize) -> Result<serde_json::V
         Ok(_) => "kept",
         Err(object_store::Error::NotFound { .. }) => {
             let captions = read_captions(store.as_ref(), &Path::default(), &index).await?;
-            let trained = CaptionTokenizer::train(captions.into_iter(), vocab_size).context("training the tokenizer")?;
+            let trained =
+                CaptionTokenizer::train(captions.into_iter(), vocab_size).context("training the tokenizer")?;
             store.put(&tokenizer_path, PutPayload::from(trained.to_json()?.into_bytes())).await?;
             "trained"
         }
         Err(e) => return Err(e.into()),
     };
-    Ok(json!({"url": url, "examples": index.examples, "shards": index.shards.len(), "index": "index.json", "tokenizer": tokenizer}))
+    Ok(
+        json!({"url": url, "examples": index.examples, "shards": index.shards.len(), "index": "index.json", "tokenizer": tokenizer}),
+    )
 }

@@ -8,7 +8,9 @@ use clap::Args;
 use dpcap_coordinator::SpecFile;
 use dpcap_proto::auth::AttachToken;
 use dpcap_proto::v1::job_service_client::JobServiceClient;
-use dpcap_proto::v1::{CancelJobRequest, GetJobRequest, Job, JobState, ListJobsRequest, SubmitJobRequest, WatchJobRequest};
+use dpcap_proto::v1::{
+    CancelJobRequest, GetJobRequest, Job, JobState, ListJobsRequest, SubmitJobRequest, WatchJobRequest,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 use tonic::service::interceptor::InterceptedService;
@@ -53,7 +55,9 @@ pub fn exit_code(state: i32) -> i32 {
 
 /// A state's short name: pending, running, succeeded, …
 pub fn state_name(state: i32) -> String {
-    JobState::try_from(state).map(|s| s.as_str_name().trim_start_matches("JOB_STATE_").to_owned()).unwrap_or_else(|_| format!("UNKNOWN({state})"))
+    JobState::try_from(state)
+        .map(|s| s.as_str_name().trim_start_matches("JOB_STATE_").to_owned())
+        .unwrap_or_else(|_| format!("UNKNOWN({state})"))
 }
 
 /// A job as JSON (the wire message's fields).
@@ -96,11 +100,25 @@ fn print_job(job: &Job, as_json: bool) {
     println!("job {}  {}", job.job_id, state_name(job.state));
     println!(
         "  plan: N={} q={:.6} L={:.1} sigma={:.4} ({}) steps={} C={} eps target={:.4} (planned {:.4}) at delta={:.3e}",
-        plan.examples, plan.sample_rate, plan.expected_batch_size, plan.noise_multiplier,
-        if plan.calibrated { "calibrated" } else { "fixed" }, plan.steps, plan.clipping_norm, plan.epsilon_target,
-        plan.epsilon_planned, plan.delta
+        plan.examples,
+        plan.sample_rate,
+        plan.expected_batch_size,
+        plan.noise_multiplier,
+        if plan.calibrated { "calibrated" } else { "fixed" },
+        plan.steps,
+        plan.clipping_norm,
+        plan.epsilon_target,
+        plan.epsilon_planned,
+        plan.delta
     );
-    println!("  progress: step {}/{} eps spent {:.4} checkpoint {} workers {}", p.step, plan.steps, p.epsilon_spent, p.checkpoint_step, p.workers.join(","));
+    println!(
+        "  progress: step {}/{} eps spent {:.4} checkpoint {} workers {}",
+        p.step,
+        plan.steps,
+        p.epsilon_spent,
+        p.checkpoint_step,
+        p.workers.join(",")
+    );
     for c in &job.conditions {
         println!("  {} {}: {}", c.r#type, c.reason, c.message);
     }
@@ -109,7 +127,9 @@ fn print_job(job: &Job, as_json: bool) {
 /// `dpctl submit FILE`.
 pub async fn submit(server: &Server, file: &PathBuf, key: Option<String>, as_json: bool) -> Result<Job> {
     let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let spec = SpecFile::parse(&text).and_then(SpecFile::into_proto).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let spec = SpecFile::parse(&text)
+        .and_then(SpecFile::into_proto)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let request = SubmitJobRequest { spec: Some(spec), idempotency_key: key.unwrap_or_default() };
     let job = server.connect().await?.submit_job(request).await.map_err(status)?.into_inner();
     print_job(&job, as_json);
@@ -123,7 +143,8 @@ pub fn status(s: tonic::Status) -> anyhow::Error {
 
 /// `dpctl get ID`.
 pub async fn get(server: &Server, job_id: &str, as_json: bool) -> Result<()> {
-    let job = server.connect().await?.get_job(GetJobRequest { job_id: job_id.into() }).await.map_err(status)?.into_inner();
+    let job =
+        server.connect().await?.get_job(GetJobRequest { job_id: job_id.into() }).await.map_err(status)?.into_inner();
     print_job(&job, as_json);
     Ok(())
 }
@@ -139,14 +160,28 @@ pub async fn list(server: &Server, as_json: bool) -> Result<()> {
     for job in jobs {
         let (plan, p) = (job.plan.clone().unwrap_or_default(), job.progress.clone().unwrap_or_default());
         let name = job.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
-        println!("{:<18} {:<17} {:>5}/{:<5} {:>7.3}/{:<8.3} {name}", job.job_id, state_name(job.state), p.step, plan.steps, p.epsilon_spent, plan.epsilon_target);
+        println!(
+            "{:<18} {:<17} {:>5}/{:<5} {:>7.3}/{:<8.3} {name}",
+            job.job_id,
+            state_name(job.state),
+            p.step,
+            plan.steps,
+            p.epsilon_spent,
+            plan.epsilon_target
+        );
     }
     Ok(())
 }
 
 /// `dpctl cancel ID`.
 pub async fn cancel(server: &Server, job_id: &str) -> Result<()> {
-    let job = server.connect().await?.cancel_job(CancelJobRequest { job_id: job_id.into() }).await.map_err(status)?.into_inner();
+    let job = server
+        .connect()
+        .await?
+        .cancel_job(CancelJobRequest { job_id: job_id.into() })
+        .await
+        .map_err(status)?
+        .into_inner();
     println!("job {} {}", job.job_id, state_name(job.state));
     Ok(())
 }
@@ -168,7 +203,12 @@ pub async fn follow(client: &mut Client, job_id: &str, bar: bool) -> Result<Job>
         let loss = p.loss.map(|l| format!(" loss {l:.3} (non-DP)")).unwrap_or_default();
         progress.set_message(format!(
             "eps {:.3}/{:.3} at delta {:.1e}{loss} {:.0} ex/s eta {:.0}s {}",
-            p.epsilon_spent, plan.epsilon_target, plan.delta, p.examples_per_second, p.eta_seconds, state_name(job.state).to_lowercase()
+            p.epsilon_spent,
+            plan.epsilon_target,
+            plan.delta,
+            p.examples_per_second,
+            p.eta_seconds,
+            state_name(job.state).to_lowercase()
         ));
         last = Some(job);
     }

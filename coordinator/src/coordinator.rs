@@ -131,11 +131,35 @@ impl Coordinator {
             conditions: vec![],
         };
         let plan = job.plan.clone().unwrap_or_default();
-        condition(&mut job, "Submitted", "Accepted", format!("N = {examples}, q = {:.6}, L = {:.1}, {} steps", plan.sample_rate, plan.expected_batch_size, plan.steps));
+        condition(
+            &mut job,
+            "Submitted",
+            "Accepted",
+            format!(
+                "N = {examples}, q = {:.6}, L = {:.1}, {} steps",
+                plan.sample_rate, plan.expected_batch_size, plan.steps
+            ),
+        );
         let how = if plan.calibrated { "calibrated" } else { "fixed" };
-        condition(&mut job, "Calibrated", if plan.calibrated { "Calibrated" } else { "Fixed" }, format!("sigma = {:.4} ({how}); epsilon {:.4} planned, target {:.4} at delta {:.3e}", plan.noise_multiplier, plan.epsilon_planned, plan.epsilon_target, plan.delta));
+        condition(
+            &mut job,
+            "Calibrated",
+            if plan.calibrated { "Calibrated" } else { "Fixed" },
+            format!(
+                "sigma = {:.4} ({how}); epsilon {:.4} planned, target {:.4} at delta {:.3e}",
+                plan.noise_multiplier, plan.epsilon_planned, plan.epsilon_target, plan.delta
+            ),
+        );
         if plan.epsilon_planned > plan.epsilon_target * (1.0 + 1e-9) {
-            condition(&mut job, "Warning", "BudgetWillExhaust", format!("{} steps at sigma {:.4} spend epsilon {:.4} > target {:.4}: the job will end BUDGET_EXHAUSTED", plan.steps, plan.noise_multiplier, plan.epsilon_planned, plan.epsilon_target));
+            condition(
+                &mut job,
+                "Warning",
+                "BudgetWillExhaust",
+                format!(
+                    "{} steps at sigma {:.4} spend epsilon {:.4} > target {:.4}: the job will end BUDGET_EXHAUSTED",
+                    plan.steps, plan.noise_multiplier, plan.epsilon_planned, plan.epsilon_target
+                ),
+            );
         }
         let private = Private { secret: hex(&secret), shard_counts: counts };
         self.store.put_private(&job_id, &private).await?;
@@ -194,7 +218,12 @@ impl Coordinator {
     }
 
     /// Registers a worker and schedules queued jobs onto it.
-    pub async fn register_worker(&self, name: String, device: String, throughput: f64) -> Result<String, CoordinatorError> {
+    pub async fn register_worker(
+        &self,
+        name: String,
+        device: String,
+        throughput: f64,
+    ) -> Result<String, CoordinatorError> {
         if name.is_empty() {
             return Err(CoordinatorError::invalid("name", "a worker needs a name"));
         }
@@ -206,7 +235,10 @@ impl Coordinator {
         tracing::info!(worker_id, name, device, throughput, "worker registered");
         let effects = {
             let mut state = self.lock();
-            state.workers.insert(worker_id.clone(), WorkerEntry { name, device, throughput, last_seen: Instant::now(), job: None });
+            state.workers.insert(
+                worker_id.clone(),
+                WorkerEntry { name, device, throughput, last_seen: Instant::now(), job: None },
+            );
             state.schedule()
         };
         self.apply(effects).await?;
@@ -216,7 +248,8 @@ impl Coordinator {
     /// Renews a lease and returns the worker's assignment, if it has one.
     pub fn heartbeat(&self, worker_id: &str) -> Result<Option<Assignment>, CoordinatorError> {
         let mut state = self.lock();
-        let worker = state.workers.get_mut(worker_id).ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
+        let worker =
+            state.workers.get_mut(worker_id).ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
         worker.last_seen = Instant::now();
         let Some(job_id) = worker.job.clone() else { return Ok(None) };
         let Some(entry) = state.jobs.get(&job_id) else { return Ok(None) };
@@ -253,17 +286,27 @@ impl Coordinator {
 
     /// Waits until this rank has work: the current step's units, or STOP when the job ended or
     /// the group was re-formed.
-    pub async fn next_step(&self, worker_id: &str, job_id: &str, generation: u64) -> Result<StepWork, CoordinatorError> {
+    pub async fn next_step(
+        &self,
+        worker_id: &str,
+        job_id: &str,
+        generation: u64,
+    ) -> Result<StepWork, CoordinatorError> {
         let stop = StepWork { action: Action::Stop as i32, ..Default::default() };
         loop {
             let mut changed = self.changed.subscribe();
             let need_position = {
                 let mut state = self.lock();
-                let worker = state.workers.get_mut(worker_id).ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
+                let worker = state
+                    .workers
+                    .get_mut(worker_id)
+                    .ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
                 worker.last_seen = Instant::now();
                 let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
                 let plan = entry.job.plan.clone().unwrap_or_default();
-                let Some(group) = entry.group.as_ref().filter(|g| g.generation == generation && !is_terminal(entry.job.state)) else {
+                let Some(group) =
+                    entry.group.as_ref().filter(|g| g.generation == generation && !is_terminal(entry.job.state))
+                else {
                     return Ok(stop);
                 };
                 let Some(rank) = group.members.iter().position(|m| m == worker_id) else { return Ok(stop) };
@@ -272,9 +315,14 @@ impl Coordinator {
                     Some(step) if step >= plan.steps => return Ok(stop),
                     Some(_) if group.reported[rank] => false,
                     Some(_) => {
-                        let (step, units) = state.work_for(job_id, rank).ok_or_else(|| CoordinatorError::Store("work units unavailable".into()))?;
+                        let (step, units) = state
+                            .work_for(job_id, rank)
+                            .ok_or_else(|| CoordinatorError::Store("work units unavailable".into()))?;
                         let checkpoint = (step + 1) % plan.checkpoint_interval.max(1) == 0 || step + 1 >= plan.steps;
-                        let units = units.into_iter().map(|u| ExampleRange { shard: u.shard as u32, indices: u.indices }).collect();
+                        let units = units
+                            .into_iter()
+                            .map(|u| ExampleRange { shard: u.shard as u32, indices: u.indices })
+                            .collect();
                         return Ok(StepWork { action: Action::Run as i32, step, units, checkpoint });
                     }
                 }
@@ -285,7 +333,8 @@ impl Coordinator {
                     let mut state = self.lock();
                     let mut done = false;
                     if let Some(entry) = state.jobs.get_mut(job_id)
-                        && let Some(group) = entry.group.as_mut().filter(|g| g.generation == generation && g.step.is_none())
+                        && let Some(group) =
+                            entry.group.as_mut().filter(|g| g.generation == generation && g.step.is_none())
                     {
                         let stored = entry.job.progress.as_ref().map_or(0, |p| p.step);
                         let step = next.max(stored);
@@ -295,7 +344,12 @@ impl Coordinator {
                     }
                     if done {
                         // Every planned step was charged before a restart: nothing left to run.
-                        state.finish(job_id, JobState::Succeeded, "Succeeded", "all planned steps were already charged".into())
+                        state.finish(
+                            job_id,
+                            JobState::Succeeded,
+                            "Succeeded",
+                            "all planned steps were already charged".into(),
+                        )
                     } else {
                         Effects::default()
                     }
@@ -309,10 +363,18 @@ impl Coordinator {
     }
 
     /// Records one rank's report of the current step.
-    pub async fn report(&self, worker_id: &str, job_id: &str, generation: u64, step: u64, report: Report) -> Result<(), CoordinatorError> {
+    pub async fn report(
+        &self,
+        worker_id: &str,
+        job_id: &str,
+        generation: u64,
+        step: u64,
+        report: Report,
+    ) -> Result<(), CoordinatorError> {
         let effects = {
             let mut state = self.lock();
-            let worker = state.workers.get_mut(worker_id).ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
+            let worker =
+                state.workers.get_mut(worker_id).ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
             worker.last_seen = Instant::now();
             let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
             if is_terminal(entry.job.state) {
@@ -320,13 +382,23 @@ impl Coordinator {
                 return Ok(());
             }
             let Some(group) = entry.group.as_ref().filter(|g| g.generation == generation) else {
-                return Err(CoordinatorError::Precondition { job_id: job_id.into(), state: "re-formed".into(), reason: format!("generation {generation} is no longer running") });
+                return Err(CoordinatorError::Precondition {
+                    job_id: job_id.into(),
+                    state: "re-formed".into(),
+                    reason: format!("generation {generation} is no longer running"),
+                });
             };
             let Some(rank) = group.members.iter().position(|m| m == worker_id) else {
-                return Err(CoordinatorError::invalid("worker_id", format!("{worker_id} is not in the group of {job_id}")));
+                return Err(CoordinatorError::invalid(
+                    "worker_id",
+                    format!("{worker_id} is not in the group of {job_id}"),
+                ));
             };
             if group.step != Some(step) {
-                return Err(CoordinatorError::invalid("step", format!("{step} is not the current step {:?}", group.step)));
+                return Err(CoordinatorError::invalid(
+                    "step",
+                    format!("{step} is not the current step {:?}", group.step),
+                ));
             }
             tracing::debug!(job_id, step, rank, outcome = ?report.outcome, "step reported");
             state.report(job_id, rank, &report)
@@ -343,7 +415,8 @@ impl Coordinator {
 fn entry_for(job: Job, private: &Private) -> Result<JobEntry, CoordinatorError> {
     let plan = job.plan.clone().unwrap_or_default();
     let secret: JobSecret = private.job_secret()?;
-    let sampler = PoissonSampler::new(secret, plan.examples, plan.sample_rate).map_err(|e| CoordinatorError::invalid("sample_rate", e.to_string()))?;
+    let sampler = PoissonSampler::new(secret, plan.examples, plan.sample_rate)
+        .map_err(|e| CoordinatorError::invalid("sample_rate", e.to_string()))?;
     Ok(JobEntry {
         job,
         sampler,

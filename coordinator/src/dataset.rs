@@ -33,7 +33,11 @@ pub async fn read_layout(dataset: &str) -> Result<(u64, Vec<u64>), CoordinatorEr
         serde_json::from_slice(&bytes).map_err(|e| invalid(format!("index.json in {dataset:?} is malformed: {e}")))?;
     let counts: Vec<u64> = index.shards.iter().map(|s| s.examples.len() as u64).collect();
     if counts.iter().sum::<u64>() != index.examples {
-        return Err(invalid(format!("index.json in {dataset:?} says {} examples but its shards hold {}", index.examples, counts.iter().sum::<u64>())));
+        return Err(invalid(format!(
+            "index.json in {dataset:?} says {} examples but its shards hold {}",
+            index.examples,
+            counts.iter().sum::<u64>()
+        )));
     }
     Ok((index.examples, counts))
 }

@@ -56,7 +56,11 @@ async fn main() -> Result<()> {
         write_addr_file(path, grpc_addr, Some(metrics_addr)).context("writing --addr-file")?;
     }
     tracing::info!(%grpc_addr, %metrics_addr, store = %args.store, "coordinator listening");
-    let config = Config { store_url: args.store, accountant_endpoint: args.accountant, lease: Duration::from_secs(args.lease_seconds.max(1)) };
+    let config = Config {
+        store_url: args.store,
+        accountant_endpoint: args.accountant,
+        lease: Duration::from_secs(args.lease_seconds.max(1)),
+    };
     let tokens = Tokens { operator: args.operator_token, cluster: args.cluster_token };
     serve(grpc, metrics, config, tokens, shutdown_signal()).await?;
     Ok(())

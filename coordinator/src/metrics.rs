@@ -28,15 +28,28 @@ pub fn render(state: &State) -> String {
     for (id, e) in &state.jobs {
         for s in STATES {
             let on = u8::from(e.job.state == s as i32);
-            lines.push(format!("{state_name}{{job_id=\"{id}\",state=\"{}\"}} {on}", s.as_str_name().trim_start_matches("JOB_STATE_").to_lowercase()));
+            lines.push(format!(
+                "{state_name}{{job_id=\"{id}\",state=\"{}\"}} {on}",
+                s.as_str_name().trim_start_matches("JOB_STATE_").to_lowercase()
+            ));
         }
     }
     let per_job: [(&str, &str, &str, fn(&crate::state::JobEntry) -> f64); 5] = [
-        ("dpcap_job_steps_completed", "gauge", "Steps completed (charged and reported by every rank).", |e| e.job.progress.as_ref().map_or(0.0, |p| p.step as f64)),
-        ("dpcap_job_steps_planned", "gauge", "Steps in the job's plan.", |e| e.job.plan.as_ref().map_or(0.0, |p| p.steps as f64)),
-        ("dpcap_job_epsilon_spent", "gauge", "Epsilon at delta spent, as last reported by the accountant.", |e| e.job.progress.as_ref().map_or(0.0, |p| p.epsilon_spent)),
-        ("dpcap_job_epsilon_target", "gauge", "The job's epsilon target at delta.", |e| e.job.plan.as_ref().map_or(0.0, |p| p.epsilon_target)),
-        ("dpcap_job_examples_per_second", "gauge", "Examples per second over the last completed step.", |e| e.job.progress.as_ref().map_or(0.0, |p| p.examples_per_second)),
+        ("dpcap_job_steps_completed", "gauge", "Steps completed (charged and reported by every rank).", |e| {
+            e.job.progress.as_ref().map_or(0.0, |p| p.step as f64)
+        }),
+        ("dpcap_job_steps_planned", "gauge", "Steps in the job's plan.", |e| {
+            e.job.plan.as_ref().map_or(0.0, |p| p.steps as f64)
+        }),
+        ("dpcap_job_epsilon_spent", "gauge", "Epsilon at delta spent, as last reported by the accountant.", |e| {
+            e.job.progress.as_ref().map_or(0.0, |p| p.epsilon_spent)
+        }),
+        ("dpcap_job_epsilon_target", "gauge", "The job's epsilon target at delta.", |e| {
+            e.job.plan.as_ref().map_or(0.0, |p| p.epsilon_target)
+        }),
+        ("dpcap_job_examples_per_second", "gauge", "Examples per second over the last completed step.", |e| {
+            e.job.progress.as_ref().map_or(0.0, |p| p.examples_per_second)
+        }),
     ];
     let mut text = String::new();
     for (name, kind, help, value) in per_job {
@@ -45,17 +58,35 @@ pub fn render(state: &State) -> String {
             let _ = writeln!(text, "{name}{{job_id=\"{id}\"}} {}", value(e));
         }
     }
-    let _ = writeln!(text, "# HELP dpcap_step_duration_seconds Seconds per step by phase, summed over ranks' reports.\n# TYPE dpcap_step_duration_seconds summary");
+    let _ = writeln!(
+        text,
+        "# HELP dpcap_step_duration_seconds Seconds per step by phase, summed over ranks' reports.\n# TYPE dpcap_step_duration_seconds summary"
+    );
     for (id, e) in &state.jobs {
         for (phase, seconds) in PHASES.iter().zip(e.phase_seconds) {
             let _ = writeln!(text, "dpcap_step_duration_seconds_sum{{job_id=\"{id}\",phase=\"{phase}\"}} {seconds}");
-            let _ = writeln!(text, "dpcap_step_duration_seconds_count{{job_id=\"{id}\",phase=\"{phase}\"}} {}", e.phase_reports);
+            let _ = writeln!(
+                text,
+                "dpcap_step_duration_seconds_count{{job_id=\"{id}\",phase=\"{phase}\"}} {}",
+                e.phase_reports
+            );
         }
     }
     let busy = state.workers.values().filter(|w| w.job.is_some()).count();
-    let _ = writeln!(text, "# HELP dpcap_workers_registered Workers holding a lease.\n# TYPE dpcap_workers_registered gauge\ndpcap_workers_registered {}", state.workers.len());
-    let _ = writeln!(text, "# HELP dpcap_workers_busy Workers in a running job's group.\n# TYPE dpcap_workers_busy gauge\ndpcap_workers_busy {busy}");
-    let _ = writeln!(text, "# HELP dpcap_jobs_queued Jobs waiting for workers.\n# TYPE dpcap_jobs_queued gauge\ndpcap_jobs_queued {}", state.queue.len());
+    let _ = writeln!(
+        text,
+        "# HELP dpcap_workers_registered Workers holding a lease.\n# TYPE dpcap_workers_registered gauge\ndpcap_workers_registered {}",
+        state.workers.len()
+    );
+    let _ = writeln!(
+        text,
+        "# HELP dpcap_workers_busy Workers in a running job's group.\n# TYPE dpcap_workers_busy gauge\ndpcap_workers_busy {busy}"
+    );
+    let _ = writeln!(
+        text,
+        "# HELP dpcap_jobs_queued Jobs waiting for workers.\n# TYPE dpcap_jobs_queued gauge\ndpcap_jobs_queued {}",
+        state.queue.len()
+    );
     for line in lines {
         let _ = writeln!(out, "{line}");
     }

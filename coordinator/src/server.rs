@@ -13,11 +13,11 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
-use dpcap_proto::auth::BearerAuth;
 use crate::coordinator::{Config, Coordinator};
 use crate::error::CoordinatorError;
 use crate::service::{JobGrpc, WorkerGrpc};
 use crate::store::JobStore;
+use dpcap_proto::auth::BearerAuth;
 
 /// Tokens checked by the interceptors (None: open, for the local demo).
 #[derive(Debug, Clone, Default)]
@@ -47,7 +47,11 @@ pub async fn serve(
         dpcap_proto::reflection::services().map_err(|e| CoordinatorError::Store(e.to_string()))?;
     let jobs = JobServiceServer::with_interceptor(JobGrpc(coordinator.clone()), BearerAuth::new(tokens.operator));
     let workers = WorkerServiceServer::with_interceptor(
-        WorkerGrpc { coordinator: coordinator.clone(), accountant_endpoint, lease_seconds: lease.as_secs().max(1) as u32 },
+        WorkerGrpc {
+            coordinator: coordinator.clone(),
+            accountant_endpoint,
+            lease_seconds: lease.as_secs().max(1) as u32,
+        },
         BearerAuth::new(tokens.cluster),
     );
 

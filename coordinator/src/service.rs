@@ -9,8 +9,8 @@ use dpcap_proto::v1::job_service_server::JobService;
 use dpcap_proto::v1::worker_service_server::WorkerService;
 use dpcap_proto::v1::{
     CancelJobRequest, GetJobRequest, GetStepRequest, HeartbeatRequest, HeartbeatResponse, Job, ListJobsRequest,
-    ListJobsResponse, RegisterWorkerRequest, RegisterWorkerResponse, ReportStepRequest, ReportStepResponse, StepOutcome,
-    StepWork, SubmitJobRequest, WatchJobRequest,
+    ListJobsResponse, RegisterWorkerRequest, RegisterWorkerResponse, ReportStepRequest, ReportStepResponse,
+    StepOutcome, StepWork, SubmitJobRequest, WatchJobRequest,
 };
 use futures::Stream;
 use tonic::{Request, Response, Status};
@@ -92,7 +92,10 @@ fn async_stream(coordinator: Arc<Coordinator>, job_id: String) -> impl Stream<It
 
 #[tonic::async_trait]
 impl WorkerService for WorkerGrpc {
-    async fn register_worker(&self, request: Request<RegisterWorkerRequest>) -> Result<Response<RegisterWorkerResponse>, Status> {
+    async fn register_worker(
+        &self,
+        request: Request<RegisterWorkerRequest>,
+    ) -> Result<Response<RegisterWorkerResponse>, Status> {
         let r = request.into_inner();
         let worker_id = self.coordinator.register_worker(r.name, r.device, r.throughput).await.map_err(to_status)?;
         Ok(Response::new(RegisterWorkerResponse {

@@ -146,7 +146,9 @@ pub fn check_fields(spec: &JobSpec) -> Result<(), CoordinatorError> {
         return Err(CoordinatorError::invalid("delta", format!("{d} must be in (0, 1)")));
     }
     match (spec.sample_rate, spec.batch_size) {
-        (Some(_), Some(_)) => return Err(CoordinatorError::invalid("sample_rate", "give sample_rate or batch_size, not both")),
+        (Some(_), Some(_)) => {
+            return Err(CoordinatorError::invalid("sample_rate", "give sample_rate or batch_size, not both"));
+        }
         (None, None) => return Err(CoordinatorError::invalid("sample_rate", "give sample_rate or batch_size")),
         (Some(q), None) if !(q > 0.0 && q <= 1.0) => {
             return Err(CoordinatorError::invalid("sample_rate", format!("{q} must be in (0, 1]")));
@@ -189,7 +191,10 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
     let sample_rate = match (spec.sample_rate, spec.batch_size) {
         (Some(q), _) => q,
         (_, Some(b)) if b > examples => {
-            return Err(CoordinatorError::invalid("batch_size", format!("{b} exceeds the dataset's {examples} examples")));
+            return Err(CoordinatorError::invalid(
+                "batch_size",
+                format!("{b} exceeds the dataset's {examples} examples"),
+            ));
         }
         (_, Some(b)) => b as f64 / n,
         _ => unreachable!("check_fields requires one"),
@@ -204,7 +209,8 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
         return Err(CoordinatorError::invalid("delta", format!("default 1/N = {delta} is not < 1; set delta")));
     }
     let kind = accountant_kind(spec)?;
-    let invalid_privacy = |field: &'static str| move |e: privacy::PrivacyError| CoordinatorError::invalid(field, e.to_string());
+    let invalid_privacy =
+        |field: &'static str| move |e: privacy::PrivacyError| CoordinatorError::invalid(field, e.to_string());
     let (noise_multiplier, calibrated) = match (spec.noise_multiplier, spec.epsilon) {
         (Some(sigma), _) => (sigma, false),
         (None, Some(eps)) => {
@@ -212,7 +218,8 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
         }
         (None, None) => unreachable!("check_fields requires one"),
     };
-    let curve = privacy::EpsilonCurve::new(kind, sample_rate, noise_multiplier, delta).map_err(invalid_privacy("noise_multiplier"))?;
+    let curve = privacy::EpsilonCurve::new(kind, sample_rate, noise_multiplier, delta)
+        .map_err(invalid_privacy("noise_multiplier"))?;
     let epsilon_planned = curve.epsilon_after(steps);
     let warmup_steps = spec.warmup_steps.unwrap_or(steps / 20);
     if warmup_steps > steps {

@@ -148,7 +148,8 @@ impl State {
                 continue;
             };
             let want = entry.job.plan.as_ref().map_or(1, |p| p.workers) as usize;
-            let free: Vec<String> = self.workers.iter().filter(|(_, w)| w.job.is_none()).map(|(id, _)| id.clone()).take(want).collect();
+            let free: Vec<String> =
+                self.workers.iter().filter(|(_, w)| w.job.is_none()).map(|(id, _)| id.clone()).take(want).collect();
             if free.len() < want {
                 break;
             }
@@ -175,7 +176,12 @@ impl State {
                 step_loss: 0.0,
             });
             tracing::info!(job_id, generation, workers = ?free, "job scheduled");
-            condition(&mut entry.job, "Scheduled", "WorkersAllocated", format!("generation {generation} on {}", free.join(", ")));
+            condition(
+                &mut entry.job,
+                "Scheduled",
+                "WorkersAllocated",
+                format!("generation {generation} on {}", free.join(", ")),
+            );
             self.touch(&job_id);
             effects.persist.push(job_id);
         }
@@ -185,8 +191,12 @@ impl State {
     /// Drops workers whose lease expired; their jobs go back to the head of the queue.
     pub fn reap(&mut self, lease: Duration) -> Effects {
         let now = Instant::now();
-        let expired: Vec<String> =
-            self.workers.iter().filter(|(_, w)| now.duration_since(w.last_seen) > lease).map(|(id, _)| id.clone()).collect();
+        let expired: Vec<String> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| now.duration_since(w.last_seen) > lease)
+            .map(|(id, _)| id.clone())
+            .collect();
         let mut effects = Effects::default();
         for id in expired {
             let Some(worker) = self.workers.remove(&id) else { continue };
@@ -195,7 +205,12 @@ impl State {
                 self.dissolve(&job_id);
                 if let Some(entry) = self.jobs.get_mut(&job_id) {
                     entry.job.state = JobState::Pending as i32;
-                    condition(&mut entry.job, "WorkerLost", "LeaseExpired", format!("worker {id} ({}) stopped answering; re-forming the group", worker.name));
+                    condition(
+                        &mut entry.job,
+                        "WorkerLost",
+                        "LeaseExpired",
+                        format!("worker {id} ({}) stopped answering; re-forming the group", worker.name),
+                    );
                     self.queue.push_front(job_id.clone());
                     self.touch(&job_id);
                     effects.persist.push(job_id);
@@ -231,7 +246,12 @@ impl State {
                 return self.finish(job_id, JobState::BudgetExhausted, "BudgetExhausted", report.message.clone());
             }
             StepOutcome::Failed | StepOutcome::Unspecified => {
-                return self.finish(job_id, JobState::Failed, "WorkerFailed", format!("rank {rank}: {}", report.message));
+                return self.finish(
+                    job_id,
+                    JobState::Failed,
+                    "WorkerFailed",
+                    format!("rank {rank}: {}", report.message),
+                );
             }
             StepOutcome::Done => {}
         }

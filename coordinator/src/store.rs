@@ -73,7 +73,9 @@ impl JobStore {
     pub async fn put_private(&self, job_id: &str, private: &Private) -> Result<(), CoordinatorError> {
         let body = serde_json::to_vec(private).map_err(|e| CoordinatorError::Store(e.to_string()))?;
         let options = PutOptions { mode: PutMode::Create, ..Default::default() };
-        self.store.put_opts(&self.path(&format!("jobs/{job_id}/private.json")), PutPayload::from(body), options).await?;
+        self.store
+            .put_opts(&self.path(&format!("jobs/{job_id}/private.json")), PutPayload::from(body), options)
+            .await?;
         Ok(())
     }
 
@@ -105,8 +107,8 @@ impl JobStore {
                 Err(object_store::Error::NotFound { .. }) => continue,
                 Err(e) => return Err(e.into()),
             };
-            let private: Private =
-                serde_json::from_slice(&private).map_err(|e| CoordinatorError::Store(format!("{private_path}: {e}")))?;
+            let private: Private = serde_json::from_slice(&private)
+                .map_err(|e| CoordinatorError::Store(format!("{private_path}: {e}")))?;
             out.push((job, private));
         }
         Ok(out)

@@ -12,7 +12,14 @@ fn job(id: &str, workers: u32, steps: u64) -> JobEntry {
         job: Job {
             job_id: id.into(),
             state: JobState::Pending as i32,
-            plan: Some(Plan { workers, steps, examples: 100, sample_rate: 0.2, checkpoint_interval: 10, ..Default::default() }),
+            plan: Some(Plan {
+                workers,
+                steps,
+                examples: 100,
+                sample_rate: 0.2,
+                checkpoint_interval: 10,
+                ..Default::default()
+            }),
             ..Default::default()
         },
         sampler: PoissonSampler::new(JobSecret([7; 32]), 100, 0.2).unwrap(),
@@ -25,7 +32,10 @@ fn job(id: &str, workers: u32, steps: u64) -> JobEntry {
 }
 
 fn worker(state: &mut State, id: &str) {
-    state.workers.insert(id.into(), WorkerEntry { name: id.into(), device: "cpu".into(), throughput: 1.0, last_seen: Instant::now(), job: None });
+    state.workers.insert(
+        id.into(),
+        WorkerEntry { name: id.into(), device: "cpu".into(), throughput: 1.0, last_seen: Instant::now(), job: None },
+    );
 }
 
 fn submit(state: &mut State, entry: JobEntry) {
@@ -38,7 +48,16 @@ fn running(state: &State, id: &str) -> bool {
 }
 
 fn done() -> Report {
-    Report { outcome: StepOutcome::Done, message: String::new(), examples: 3, loss: Some(2.0), phases: [0.1; 5], checkpoint_step: 0, epsilon_spent: 0.5, steps_discarded: 0 }
+    Report {
+        outcome: StepOutcome::Done,
+        message: String::new(),
+        examples: 3,
+        loss: Some(2.0),
+        phases: [0.1; 5],
+        checkpoint_step: 0,
+        epsilon_spent: 0.5,
+        steps_discarded: 0,
+    }
 }
 
 #[test]
@@ -56,7 +75,10 @@ fn jobs_start_in_fifo_order_only_when_all_their_workers_are_free() {
     let group = state.jobs["a"].group.as_ref().unwrap();
     assert_eq!(group.members.len(), 2);
     assert_eq!(group.generation, 1);
-    assert!(state.jobs["b"].group.as_ref().unwrap().members.iter().all(|m| !group.members.contains(m)), "no worker in two groups");
+    assert!(
+        state.jobs["b"].group.as_ref().unwrap().members.iter().all(|m| !group.members.contains(m)),
+        "no worker in two groups"
+    );
 }
 
 #[test]
@@ -88,9 +110,11 @@ fn a_step_completes_when_every_rank_reports_and_the_job_succeeds_after_its_last_
     let (step, units0) = state.work_for("a", 0).unwrap();
     let (_, units1) = state.work_for("a", 1).unwrap();
     assert_eq!(step, 0);
-    let mut sampled: Vec<(usize, u64)> = units0.iter().chain(&units1).flat_map(|u| u.indices.iter().map(move |&i| (u.shard, i))).collect();
+    let mut sampled: Vec<(usize, u64)> =
+        units0.iter().chain(&units1).flat_map(|u| u.indices.iter().map(move |&i| (u.shard, i))).collect();
     sampled.sort_unstable();
-    let expected: Vec<(usize, u64)> = state.jobs["a"].sampler.sample(0).iter().map(|&g| ShardLayout::from_counts(&[50, 50]).locate(g)).collect();
+    let expected: Vec<(usize, u64)> =
+        state.jobs["a"].sampler.sample(0).iter().map(|&g| ShardLayout::from_counts(&[50, 50]).locate(g)).collect();
     assert_eq!(sampled, expected, "the ranks' units are exactly the step's Poisson sample");
     state.report("a", 0, &done());
     assert_eq!(state.jobs["a"].job.progress.as_ref().unwrap().step, 0, "one rank is not enough");
@@ -119,8 +143,12 @@ fn a_budget_refusal_ends_the_job_budget_exhausted_not_failed() {
 #[test]
 fn spec_files_parse_from_yaml_and_json_and_name_unknown_keys() {
     use dpcap_coordinator::SpecFile;
-    let yaml = SpecFile::parse("dataset: /data\nmodel: micro\nepsilon: 8\nbatch_size: 64\nsteps: 10\nobjective: mae\n").unwrap();
-    let json = SpecFile::parse(r#"{"dataset": "/data", "model": "micro", "epsilon": 8, "batch_size": 64, "steps": 10, "objective": "mae"}"#).unwrap();
+    let yaml = SpecFile::parse("dataset: /data\nmodel: micro\nepsilon: 8\nbatch_size: 64\nsteps: 10\nobjective: mae\n")
+        .unwrap();
+    let json = SpecFile::parse(
+        r#"{"dataset": "/data", "model": "micro", "epsilon": 8, "batch_size": 64, "steps": 10, "objective": "mae"}"#,
+    )
+    .unwrap();
     assert_eq!(yaml, json);
     assert_eq!(yaml.clone().into_proto().unwrap().objective, dpcap_proto::v1::Objective::Mae as i32);
     let typo = SpecFile::parse("dataset: /data\nmodel: micro\nclip_norm: 1\n").unwrap_err();
@@ -132,10 +160,33 @@ fn spec_files_parse_from_yaml_and_json_and_name_unknown_keys() {
 #[test]
 fn the_plan_calibrates_sigma_for_the_target_and_defaults_delta_to_one_over_n() {
     use dpcap_coordinator::SpecFile;
-    let spec = SpecFile { dataset: "/d".into(), model: "micro".into(), epsilon: Some(8.0), batch_size: Some(1000), epochs: Some(3.0), ..Default::default() };
+    let spec = SpecFile {
+        dataset: "/d".into(),
+        model: "micro".into(),
+        epsilon: Some(8.0),
+        batch_size: Some(1000),
+        epochs: Some(3.0),
+        ..Default::default()
+    };
     let plan = dpcap_coordinator::spec::plan(&spec.into_proto().unwrap(), 20_000).unwrap();
     assert_eq!(plan.steps, 60, "epochs / q");
     assert!((plan.sample_rate - 0.05).abs() < 1e-12 && (plan.expected_batch_size - 1000.0).abs() < 1e-9);
     assert!((plan.delta - 1.0 / 20_000.0).abs() < 1e-15);
     assert!(plan.calibrated && plan.epsilon_planned <= 8.0 && plan.epsilon_planned > 7.9, "{plan:?}");
+}
+
+#[test]
+fn every_example_job_spec_in_deploy_parses_and_passes_field_checks() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/jobs");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let spec = dpcap_coordinator::SpecFile::parse(&text)
+            .and_then(|s| s.into_proto())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        dpcap_coordinator::spec::check_fields(&spec).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        seen += 1;
+    }
+    assert!(seen >= 4, "demo, DP-Cap base, ViP MAE and TAN simulation specs");
 }

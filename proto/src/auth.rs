@@ -36,7 +36,8 @@ pub struct AttachToken(pub Option<String>);
 impl Interceptor for AttachToken {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         if let Some(token) = self.0.as_deref().filter(|t| !t.is_empty()) {
-            let value = format!("Bearer {token}").parse().map_err(|_| Status::invalid_argument("token is not valid ASCII"))?;
+            let value =
+                format!("Bearer {token}").parse().map_err(|_| Status::invalid_argument("token is not valid ASCII"))?;
             request.metadata_mut().insert("authorization", value);
         }
         Ok(request)

@@ -6,7 +6,10 @@ use tonic_reflection::server::{Builder, Error, v1, v1alpha};
 /// Builds the v1 and v1alpha reflection services.
 #[allow(clippy::type_complexity)]
 pub fn services() -> Result<
-    (v1::ServerReflectionServer<impl v1::ServerReflection>, v1alpha::ServerReflectionServer<impl v1alpha::ServerReflection>),
+    (
+        v1::ServerReflectionServer<impl v1::ServerReflection>,
+        v1alpha::ServerReflectionServer<impl v1alpha::ServerReflection>,
+    ),
     Error,
 > {
     let builder = || {

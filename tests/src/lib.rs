@@ -19,7 +19,19 @@ pub fn binary(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir = BUILT.get_or_init(|| {
         let status = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "-p", "dpcap-accountant", "-p", "dpcap-coordinator", "-p", "dpcap-worker", "-p", "dpctl", "--bins"])
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "dpcap-accountant",
+                "-p",
+                "dpcap-coordinator",
+                "-p",
+                "dpcap-worker",
+                "-p",
+                "dpctl",
+                "--bins",
+            ])
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .status()
             .expect("cargo runs");
@@ -44,7 +56,8 @@ impl Process {
     /// Starts `binary` with `args` plus `--addr-file`, and waits until `service` is SERVING.
     pub async fn server(binary_name: &str, args: &[String], dir: &Path, service: &str) -> Self {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let addr_file = dir.join(format!("{binary_name}-{}.addr", NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
+        let addr_file =
+            dir.join(format!("{binary_name}-{}.addr", NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
         let child = Command::new(binary(binary_name))
             .args(args)
             .arg("--addr-file")
@@ -144,7 +157,18 @@ pub fn dpctl(args: &[&str]) -> Output {
 /// Writes a synthetic dataset of `examples` training examples under `dir` and indexes it.
 pub fn synth_dataset(dir: &Path, examples: u64) -> PathBuf {
     let out = dir.join("data");
-    let o = dpctl(&["dataset", "synth", "--out", out.to_str().unwrap(), "--examples", &examples.to_string(), "--eval-examples", "0", "--shard-size", "100"]);
+    let o = dpctl(&[
+        "dataset",
+        "synth",
+        "--out",
+        out.to_str().unwrap(),
+        "--examples",
+        &examples.to_string(),
+        "--eval-examples",
+        "0",
+        "--shard-size",
+        "100",
+    ]);
     assert!(o.status.success(), "dataset synth: {}", String::from_utf8_lossy(&o.stderr));
     let train = out.join("train");
     let o = dpctl(&["dataset", "index", train.to_str().unwrap()]);
@@ -164,7 +188,14 @@ impl Services {
     /// Starts both over `dir/ledger` and `dir/store`.
     pub async fn start(dir: &Path) -> Self {
         let ledger = dir.join("ledger");
-        let args = vec!["--listen".into(), "127.0.0.1:0".into(), "--metrics-listen".into(), "127.0.0.1:0".into(), "--ledger".into(), ledger.to_string_lossy().into_owned()];
+        let args = vec![
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--metrics-listen".into(),
+            "127.0.0.1:0".into(),
+            "--ledger".into(),
+            ledger.to_string_lossy().into_owned(),
+        ];
         let accountant = Process::server("dpcap-accountant", &args, dir, "dpcap.v1.AccountantService").await;
         let store = dir.join("store");
         let coordinator = Self::coordinator(dir, &store, &accountant.grpc).await;
@@ -173,17 +204,31 @@ impl Services {
 
     /// Starts a coordinator on `store` (also used to restart one).
     pub async fn coordinator(dir: &Path, store: &Path, accountant: &str) -> Process {
-        let args: Vec<String> = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--lease-seconds", "3", "--accountant", accountant, "--store"]
-            .iter()
-            .map(|s| s.to_string())
-            .chain([store.to_string_lossy().into_owned()])
-            .collect();
+        let args: Vec<String> = [
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--lease-seconds",
+            "3",
+            "--accountant",
+            accountant,
+            "--store",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([store.to_string_lossy().into_owned()])
+        .collect();
         Process::server("dpcap-coordinator", &args, dir, "dpcap.v1.JobService").await
     }
 
     /// A JobService client.
     pub async fn jobs(&self) -> JobServiceClient<InterceptedService<Channel, AttachToken>> {
-        let channel = tonic::transport::Endpoint::new(self.coordinator.grpc.clone()).expect("endpoint").connect().await.expect("connects");
+        let channel = tonic::transport::Endpoint::new(self.coordinator.grpc.clone())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connects");
         JobServiceClient::with_interceptor(channel, AttachToken(None))
     }
 

@@ -64,14 +64,22 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
     let dir = tempfile_dir("success");
     let dataset = synth_dataset(&dir, 240);
     let services = Services::start(&dir).await;
-    let _workers = [Process::worker(&services.coordinator.grpc, "w0", &dir), Process::worker(&services.coordinator.grpc, "w1", &dir)];
+    let _workers = [
+        Process::worker(&services.coordinator.grpc, "w0", &dir),
+        Process::worker(&services.coordinator.grpc, "w1", &dir),
+    ];
     let job = submit(&services, spec(&dataset, 5)).await;
     let plan = job.plan.clone().unwrap();
     assert!(plan.calibrated && plan.noise_multiplier > 0.0, "sigma calibrated before training: {plan:?}");
     assert!((plan.delta - 1.0 / 240.0).abs() < 1e-12, "delta defaults to 1/N");
 
     let waited = dpctl(&["--coordinator", &services.coordinator.grpc, "wait", &job.job_id]);
-    assert_eq!(waited.status.code(), Some(0), "dpctl wait exits 0 on success: {}", String::from_utf8_lossy(&waited.stderr));
+    assert_eq!(
+        waited.status.code(),
+        Some(0),
+        "dpctl wait exits 0 on success: {}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
     let job = get(&services, &job.job_id).await;
     assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
     assert_eq!(services.charged_steps(&job.job_id), (0..5).collect::<Vec<_>>(), "one charge per step, no more");
@@ -85,13 +93,17 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
     let (manifest, weights, optimizer) = checkpoints.load(5).await.unwrap();
     assert_eq!((manifest.step, manifest.model.as_str()), (5, "micro"));
     let mut params = dpcap_worker::params::ParamSet::<burn_inner::Inner>::new(&Default::default());
-    let captioner = dpcap_worker::model::Captioner::new(&mut params, dpcap_worker::model::CaptionerConfig::named("micro").unwrap());
+    let captioner =
+        dpcap_worker::model::Captioner::new(&mut params, dpcap_worker::model::CaptionerConfig::named("micro").unwrap());
     dpcap_worker::checkpoint::load_weights(&mut params, &weights).expect("weights load");
     dpcap_worker::checkpoint::load_optimizer(&params, &optimizer).expect("optimizer state loads");
     drop(captioner);
 
     let metrics = services.coordinator.scrape().await;
-    assert!(metrics.contains(&format!("dpcap_job_state{{job_id=\"{}\",state=\"succeeded\"}} 1", job.job_id)), "{metrics}");
+    assert!(
+        metrics.contains(&format!("dpcap_job_state{{job_id=\"{}\",state=\"succeeded\"}} 1", job.job_id)),
+        "{metrics}"
+    );
     assert!(metrics.contains(&format!("dpcap_job_steps_completed{{job_id=\"{}\"}} 5", job.job_id)), "{metrics}");
     assert!(metrics.contains("dpcap_step_duration_seconds_count"), "{metrics}");
 }
@@ -105,7 +117,10 @@ async fn a_job_resumes_after_its_coordinator_and_workers_are_killed_without_char
     let dir = tempfile_dir("resume");
     let dataset = synth_dataset(&dir, 240);
     let mut services = Services::start(&dir).await;
-    let mut workers = vec![Process::worker(&services.coordinator.grpc, "w0", &dir), Process::worker(&services.coordinator.grpc, "w1", &dir)];
+    let mut workers = vec![
+        Process::worker(&services.coordinator.grpc, "w0", &dir),
+        Process::worker(&services.coordinator.grpc, "w1", &dir),
+    ];
     let job = submit(&services, spec(&dataset, 10)).await;
     wait_until(&services, &job.job_id, Duration::from_secs(300), |j| step(j) >= 4).await;
     services.coordinator.kill();
@@ -114,8 +129,14 @@ async fn a_job_resumes_after_its_coordinator_and_workers_are_killed_without_char
     services.coordinator = Services::coordinator(&dir, &services.store, &services.accountant.grpc).await;
     let restored = get(&services, &job.job_id).await;
     assert!(restored.conditions.iter().any(|c| c.reason == "CoordinatorRestarted"), "{restored:#?}");
-    let _workers = [Process::worker(&services.coordinator.grpc, "w2", &dir), Process::worker(&services.coordinator.grpc, "w3", &dir)];
-    let job = wait_until(&services, &job.job_id, Duration::from_secs(300), |j| j.state != JobState::Running as i32 && j.state != JobState::Pending as i32).await;
+    let _workers = [
+        Process::worker(&services.coordinator.grpc, "w2", &dir),
+        Process::worker(&services.coordinator.grpc, "w3", &dir),
+    ];
+    let job = wait_until(&services, &job.job_id, Duration::from_secs(300), |j| {
+        j.state != JobState::Running as i32 && j.state != JobState::Pending as i32
+    })
+    .await;
     assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
     assert!(job.progress.as_ref().unwrap().generation >= 2, "the group was re-formed");
     let charged = services.charged_steps(&job.job_id);
@@ -128,7 +149,10 @@ async fn cancel_and_budget_exhaustion_end_jobs_in_their_own_states() {
     let dir = tempfile_dir("cancel");
     let dataset = synth_dataset(&dir, 240);
     let services = Services::start(&dir).await;
-    let _workers = [Process::worker(&services.coordinator.grpc, "w0", &dir), Process::worker(&services.coordinator.grpc, "w1", &dir)];
+    let _workers = [
+        Process::worker(&services.coordinator.grpc, "w0", &dir),
+        Process::worker(&services.coordinator.grpc, "w1", &dir),
+    ];
 
     // Budget: a fixed sigma whose 40 steps would pass epsilon 1.5.
     let mut over = spec(&dataset, 40);
@@ -145,7 +169,8 @@ async fn cancel_and_budget_exhaustion_end_jobs_in_their_own_states() {
     // Cancel a running job.
     let job = submit(&services, spec(&dataset, 500)).await;
     wait_until(&services, &job.job_id, Duration::from_secs(300), |j| step(j) >= 1).await;
-    let cancelled = services.jobs().await.cancel_job(CancelJobRequest { job_id: job.job_id.clone() }).await.unwrap().into_inner();
+    let cancelled =
+        services.jobs().await.cancel_job(CancelJobRequest { job_id: job.job_id.clone() }).await.unwrap().into_inner();
     assert_eq!(cancelled.state, JobState::Cancelled as i32);
     let again = services.jobs().await.cancel_job(CancelJobRequest { job_id: job.job_id.clone() }).await.unwrap_err();
     assert_eq!(again.code(), tonic::Code::FailedPrecondition);
@@ -184,18 +209,24 @@ async fn invalid_specs_are_refused_naming_the_field_and_idempotency_keys_return_
     ];
     let mut client = services.jobs().await;
     for (field, bad) in cases {
-        let request = SubmitJobRequest { spec: Some(bad.clone().into_proto().unwrap()), idempotency_key: String::new() };
+        let request =
+            SubmitJobRequest { spec: Some(bad.clone().into_proto().unwrap()), idempotency_key: String::new() };
         let error = client.submit_job(request).await.expect_err(field);
         assert_eq!(error.code(), tonic::Code::InvalidArgument, "{field}: {error:?}");
         assert!(error.message().starts_with(&format!("invalid {field}:")), "{field}: {}", error.message());
     }
     let mut raw = base.clone().into_proto().unwrap();
     raw.objective = 7;
-    let error = client.submit_job(SubmitJobRequest { spec: Some(raw), idempotency_key: String::new() }).await.unwrap_err();
+    let error =
+        client.submit_job(SubmitJobRequest { spec: Some(raw), idempotency_key: String::new() }).await.unwrap_err();
     assert!(error.message().contains("invalid objective"), "{error:?}");
-    assert!(client.list_jobs(dpcap_proto::v1::ListJobsRequest {}).await.unwrap().into_inner().jobs.is_empty(), "nothing was queued");
+    assert!(
+        client.list_jobs(dpcap_proto::v1::ListJobsRequest {}).await.unwrap().into_inner().jobs.is_empty(),
+        "nothing was queued"
+    );
 
-    let keyed = |key: &str| SubmitJobRequest { spec: Some(base.clone().into_proto().unwrap()), idempotency_key: key.into() };
+    let keyed =
+        |key: &str| SubmitJobRequest { spec: Some(base.clone().into_proto().unwrap()), idempotency_key: key.into() };
     let first = client.submit_job(keyed("deploy-42")).await.unwrap().into_inner();
     let again = client.submit_job(keyed("deploy-42")).await.unwrap().into_inner();
     let other = client.submit_job(keyed("deploy-43")).await.unwrap().into_inner();
@@ -209,7 +240,11 @@ async fn invalid_specs_are_refused_naming_the_field_and_idempotency_keys_return_
     std::fs::write(&file, "dataset: x\nmodel: micro\nepsilonn: 8\n").unwrap();
     let out = dpctl(&["--coordinator", &services.coordinator.grpc, "submit", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field `epsilonn`"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown field `epsilonn`"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A fresh directory under the target dir, kept for inspection after a failure.

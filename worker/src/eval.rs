@@ -16,7 +16,11 @@ type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
 const BATCH: usize = 64;
 
 /// Mean-pooled encoder features, one row of d values per example.
-pub fn features<AB: AutodiffBackend>(encoder: &Encoder, params: &ParamSet<Inner<AB>>, examples: &[Example]) -> Vec<Vec<f32>> {
+pub fn features<AB: AutodiffBackend>(
+    encoder: &Encoder,
+    params: &ParamSet<Inner<AB>>,
+    examples: &[Example],
+) -> Vec<Vec<f32>> {
     let side = encoder.config().image;
     let device: AB::Device = params.device().clone();
     let mut rows = Vec::with_capacity(examples.len());
@@ -47,7 +51,10 @@ pub fn greedy_captions<AB: AutodiffBackend>(
         tokens[i * seq] = bos;
     }
     for t in 1..seq {
-        let batch = CaptionBatch { images: images.clone(), tokens: Tensor::<AB, 2, Int>::from_data(TensorData::new(tokens.clone(), [b, seq]), &device) };
+        let batch = CaptionBatch {
+            images: images.clone(),
+            tokens: Tensor::<AB, 2, Int>::from_data(TensorData::new(tokens.clone(), [b, seq]), &device),
+        };
         let mut tape = Tape::new(Mode::Frozen, params);
         let logits = model.logits(&mut tape, &batch);
         let [_, steps, vocab] = logits.dims();

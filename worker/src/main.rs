@@ -30,14 +30,23 @@ struct Args {
 async fn main() -> Result<()> {
     let args = Args::parse();
     init_tracing(args.log_json);
-    let name = args.name.unwrap_or_else(|| format!("{}-{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id()));
-    let config = WorkerConfig { coordinator: args.coordinator, name, device: args.device.clone(), cluster_token: args.cluster_token };
+    let name = args.name.unwrap_or_else(|| {
+        format!("{}-{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id())
+    });
+    let config = WorkerConfig {
+        coordinator: args.coordinator,
+        name,
+        device: args.device.clone(),
+        cluster_token: args.cluster_token,
+    };
     if args.device == "cpu" {
         run::<dpcap_worker::CpuBackend>(config, Default::default(), shutdown_signal()).await?;
         return Ok(());
     }
     if let Some(index) = args.device.strip_prefix("cuda:") {
-        let Ok(index) = index.parse::<usize>() else { bail!("invalid --device {}: expected cpu or cuda:N", args.device) };
+        let Ok(index) = index.parse::<usize>() else {
+            bail!("invalid --device {}: expected cpu or cuda:N", args.device)
+        };
         return run_cuda(config, index).await;
     }
     bail!("invalid --device {}: expected cpu or cuda:N", args.device)

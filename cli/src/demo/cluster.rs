@@ -60,16 +60,25 @@ impl Cluster {
         };
         let shutdown = stopped(&stop);
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = dpcap_coordinator::server::serve(c_grpc, c_metrics, config, Tokens::default(), shutdown).await {
+            if let Err(e) =
+                dpcap_coordinator::server::serve(c_grpc, c_metrics, config, Tokens::default(), shutdown).await
+            {
                 tracing::error!(error = %e, "coordinator failed");
             }
         }));
         let coordinator = format!("http://{c_addr}");
         for rank in 0..workers {
-            let config = WorkerConfig { coordinator: coordinator.clone(), name: format!("demo-cpu-{rank}"), device: "cpu".into(), cluster_token: None };
+            let config = WorkerConfig {
+                coordinator: coordinator.clone(),
+                name: format!("demo-cpu-{rank}"),
+                device: "cpu".into(),
+                cluster_token: None,
+            };
             let shutdown = stopped(&stop);
             tasks.push(tokio::spawn(async move {
-                if let Err(e) = dpcap_worker::runtime::run::<dpcap_worker::CpuBackend>(config, Default::default(), shutdown).await {
+                if let Err(e) =
+                    dpcap_worker::runtime::run::<dpcap_worker::CpuBackend>(config, Default::default(), shutdown).await
+                {
                     tracing::error!(error = %e, "worker failed");
                 }
             }));

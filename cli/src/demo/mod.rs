@@ -36,20 +36,20 @@ pub struct DemoArgs {
     /// Training examples N.
     #[arg(long, default_value_t = 20_000)]
     pub examples: u64,
-    /// Held-out labelled examples for the probe.
+    /// Held-out labelled single-shape images for the linear probe.
     #[arg(long, default_value_t = 1_200)]
     pub eval_examples: u64,
     /// Target ε (δ = 1/N).
     #[arg(long, default_value_t = 8.0)]
     pub epsilon: f64,
     /// Expected batch size L = qN.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, default_value_t = 1_500)]
     pub batch_size: u64,
     /// Steps.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 150)]
     pub steps: u64,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, default_value_t = 3e-3)]
     pub learning_rate: f64,
     /// CPU workers.
     #[arg(long, default_value_t = 2)]
@@ -61,16 +61,23 @@ pub struct DemoArgs {
 
 /// Writes and indexes the synthetic dataset unless it is already there.
 async fn prepare_data(dir: &Path, args: &DemoArgs) -> Result<(PathBuf, PathBuf)> {
-    let (train, eval) = (dir.join("data/train"), dir.join("data/eval"));
+    let (train, eval) = (dir.join("data/train"), dir.join("data/probe"));
     let marker = dir.join("data/dataset.json");
-    let wanted = json!({"examples": args.examples, "eval_examples": args.eval_examples, "seed": 0});
-    if std::fs::read(&marker).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()) == Some(wanted.clone()) {
+    let wanted = json!({"examples": args.examples, "eval_examples": args.eval_examples, "seed": 0, "probe": "single"});
+    if std::fs::read(&marker).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        == Some(wanted.clone())
+    {
         return Ok((train, eval));
     }
     let _ = std::fs::remove_dir_all(dir.join("data"));
-    eprintln!("synthesising {} training and {} held-out examples under {}", args.examples, args.eval_examples, dir.join("data").display());
+    eprintln!(
+        "synthesising {} training examples and {} held-out probe images under {}",
+        args.examples,
+        args.eval_examples,
+        dir.join("data").display()
+    );
     synth::write_shards(&train, 0, 0..args.examples, 1000, 32).context("writing training shards")?;
-    synth::write_shards(&eval, 0, args.examples..args.examples + args.eval_examples, 1000, 32).context("writing held-out shards")?;
+    synth::write_probe_shards(&eval, 0, 0..args.eval_examples, 1000, 32).context("writing held-out probe shards")?;
     crate::dataset::index_dataset(&train.to_string_lossy(), 256).await?;
     crate::dataset::index_dataset(&eval.to_string_lossy(), 256).await?;
     std::fs::write(&marker, wanted.to_string())?;
@@ -97,13 +104,23 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         let _ = std::fs::remove_dir_all(dir.join(stale));
     }
     let cluster = cluster::Cluster::start(&dir, args.workers as usize).await?;
-    eprintln!("cluster up: coordinator {}  accountant {}  metrics {} {}", cluster.coordinator, cluster.accountant, cluster.metrics[0], cluster.metrics[1]);
+    eprintln!(
+        "cluster up: coordinator {}  accountant {}  metrics {} {}",
+        cluster.coordinator, cluster.accountant, cluster.metrics[0], cluster.metrics[1]
+    );
     let result = train_and_report(&args, &dir, &train_dir, &eval_dir, &cluster, started).await;
     cluster.stop().await;
     result
 }
 
-async fn train_and_report(args: &DemoArgs, dir: &Path, train_dir: &Path, eval_dir: &Path, cluster: &cluster::Cluster, started: Instant) -> Result<()> {
+async fn train_and_report(
+    args: &DemoArgs,
+    dir: &Path,
+    train_dir: &Path,
+    eval_dir: &Path,
+    cluster: &cluster::Cluster,
+    started: Instant,
+) -> Result<()> {
     let spec = SpecFile {
         name: "demo".into(),
         dataset: train_dir.to_string_lossy().into_owned(),
@@ -125,7 +142,14 @@ async fn train_and_report(args: &DemoArgs, dir: &Path, train_dir: &Path, eval_di
     let plan = job.plan.clone().unwrap_or_default();
     eprintln!(
         "job {}: N = {}, q = {:.4}, L = {:.0}, sigma = {:.4} (calibrated for epsilon {} at delta {:.2e}), {} steps",
-        job.job_id, plan.examples, plan.sample_rate, plan.expected_batch_size, plan.noise_multiplier, plan.epsilon_target, plan.delta, plan.steps
+        job.job_id,
+        plan.examples,
+        plan.sample_rate,
+        plan.expected_batch_size,
+        plan.noise_multiplier,
+        plan.epsilon_target,
+        plan.delta,
+        plan.steps
     );
     let job = jobs::follow(&mut client, &job.job_id, true).await?;
     if job.state != JobState::Succeeded as i32 {
@@ -133,14 +157,28 @@ async fn train_and_report(args: &DemoArgs, dir: &Path, train_dir: &Path, eval_di
     }
     let progress = job.progress.clone().unwrap_or_default();
     let mut accountant = dpcap_accountant::client::AccountantClient::connect(cluster.accountant.clone()).await?;
-    let spend = accountant.raw().get_spend(GetSpendRequest { job_id: job.job_id.clone() }).await.map_err(jobs::status)?.into_inner();
+    let spend = accountant
+        .raw()
+        .get_spend(GetSpendRequest { job_id: job.job_id.clone() })
+        .await
+        .map_err(jobs::status)?
+        .into_inner();
 
     eprintln!("evaluating: linear probe on {} held-out labelled images", args.eval_examples);
     let dataset = Dataset::open(&train_dir.to_string_lossy()).await?;
     let tokenizer = dataset.tokenizer("").await?;
     let engine = ClipEngine { clipping_norm: 1.0, micro_batch: 1 };
     let schedule = Schedule { peak: 0.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
-    let build = || Trainer::<CpuBackend>::new("micro", false, Some(tokenizer.clone()), 0, (engine, 1.0, schedule), &Default::default());
+    let build = || {
+        Trainer::<CpuBackend>::new(
+            "micro",
+            false,
+            Some(tokenizer.clone()),
+            0,
+            (engine, 1.0, schedule),
+            &Default::default(),
+        )
+    };
     let (mut dp, random) = (build()?, build()?);
     let checkpoints = CheckpointStore::open(&job.checkpoint_root)?;
     let last = checkpoints.latest().await?.context("the job left no checkpoint")?;
@@ -148,13 +186,24 @@ async fn train_and_report(args: &DemoArgs, dir: &Path, train_dir: &Path, eval_di
     load_weights(&mut dp.params, &weights)?;
     let examples = read_eval(eval_dir).await?;
     let labels: Vec<u32> = examples.iter().map(|e| e.label.unwrap_or(0)).collect();
-    let accuracy_dp = probe::accuracy(&eval::features::<CpuBackend>(dp.model.encoder(), &dp.params, &examples), &labels)?;
-    let accuracy_random = probe::accuracy(&eval::features::<CpuBackend>(random.model.encoder(), &random.params, &examples), &labels)?;
+    let accuracy_dp =
+        probe::accuracy(&eval::features::<CpuBackend>(dp.model.encoder(), &dp.params, &examples), &labels)?;
+    let accuracy_random =
+        probe::accuracy(&eval::features::<CpuBackend>(random.model.encoder(), &random.params, &examples), &labels)?;
     let captions = match &dp.model {
         Model::Caption(model, tokenizer) => {
-            let shown = &examples[..args.captions.min(examples.len())];
+            // Held-out scenes from the training distribution (indices past the N training ones).
+            let shown: Vec<Example> = (0..args.captions as u64)
+                .map(|i| synth::generate(0, args.examples + i, 32))
+                .map(|e| Example { key: e.key, image: e.image, caption: e.caption, label: Some(e.label) })
+                .collect();
+            let shown = shown.as_slice();
             let ids = eval::greedy_captions::<CpuBackend>(model, &dp.params, shown, tokenizer.bos_eos());
-            shown.iter().zip(ids).map(|(e, ids)| Ok(json!({"reference": e.caption, "generated": tokenizer.decode(&ids[1..])?}))).collect::<Result<Vec<_>>>()?
+            shown
+                .iter()
+                .zip(ids)
+                .map(|(e, ids)| Ok(json!({"reference": e.caption, "generated": tokenizer.decode(&ids[1..])?})))
+                .collect::<Result<Vec<_>>>()?
         }
         Model::Mae(_) => vec![],
     };
@@ -182,7 +231,13 @@ async fn train_and_report(args: &DemoArgs, dir: &Path, train_dir: &Path, eval_di
     println!("{}", serde_json::to_string_pretty(&report)?);
     eprintln!(
         "epsilon spent {:.3} of {} at delta {:.2e} (PLD) over {} steps; probe accuracy DP {:.1} % vs random init {:.1} %; report at {}",
-        spend.epsilon_spent, plan.epsilon_target, plan.delta, spend.steps_charged, accuracy_dp * 100.0, accuracy_random * 100.0, dir.join("report.json").display()
+        spend.epsilon_spent,
+        plan.epsilon_target,
+        plan.delta,
+        spend.steps_charged,
+        accuracy_dp * 100.0,
+        accuracy_random * 100.0,
+        dir.join("report.json").display()
     );
     Ok(())
 }

@@ -12,7 +12,11 @@ const TRAIN_FRACTION: f64 = 2.0 / 3.0;
 /// Accuracy on the held-out part of `features` (rows) with `labels`.
 pub fn accuracy(features: &[Vec<f32>], labels: &[u32]) -> Result<f64> {
     if features.len() != labels.len() || features.len() < 6 {
-        bail!("probe needs at least 6 labelled examples with features, got {} features and {} labels", features.len(), labels.len());
+        bail!(
+            "probe needs at least 6 labelled examples with features, got {} features and {} labels",
+            features.len(),
+            labels.len()
+        );
     }
     let d = features[0].len();
     let split = (features.len() as f64 * TRAIN_FRACTION) as usize;

@@ -227,14 +227,21 @@ pub async fn read_example(
 }
 
 /// Every caption of the dataset, in example order, reading only the caption members.
-pub async fn read_captions(store: &dyn ObjectStore, root: &Path, index: &DatasetIndex) -> Result<Vec<String>, DataError> {
+pub async fn read_captions(
+    store: &dyn ObjectStore,
+    root: &Path,
+    index: &DatasetIndex,
+) -> Result<Vec<String>, DataError> {
     let mut captions = Vec::with_capacity(index.examples as usize);
     for shard in &index.shards {
         let shard_path = Path::from(format!("{root}/{}", shard.path).trim_start_matches('/'));
         for entry in &shard.examples {
             let bytes = read_member(store, &shard_path, &entry.caption).await?;
-            let text = String::from_utf8(bytes.to_vec())
-                .map_err(|e| DataError::Decode { key: entry.key.clone(), member: "caption", reason: e.to_string() })?;
+            let text = String::from_utf8(bytes.to_vec()).map_err(|e| DataError::Decode {
+                key: entry.key.clone(),
+                member: "caption",
+                reason: e.to_string(),
+            })?;
             captions.push(text.trim().to_owned());
         }
     }

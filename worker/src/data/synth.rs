@@ -1,7 +1,9 @@
 //! A synthetic captioning dataset: 32×32 images of two coloured shapes, captions that describe
 //! them ("a small red circle above a large blue square") and a class label (the first shape's
-//! colour and kind, 12 classes). Every example is a pure function of (seed, index), so shards
-//! can be regenerated and checked.
+//! colour and kind, 12 classes); and a probe split of single shapes anywhere on the canvas
+//! ("a large red circle", labelled by colour and kind), on which a linear probe asks whether
+//! an encoder's pooled features say *what* is in the image wherever it is. Every example is a
+//! pure function of (seed, index), so shards can be regenerated and checked.
 
 use std::fs::File;
 use std::io::{self, BufWriter};
@@ -86,6 +88,26 @@ pub fn generate(seed: u64, index: u64, side: u32) -> SynthExample {
     }
 }
 
+/// Probe example `index`: one shape of random colour, kind and size at a random position.
+pub fn generate_single(seed: u64, index: u64, side: u32) -> SynthExample {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5052_4f42_45);
+    rng.set_stream(index);
+    let mut pick = |n: usize| (rng.next_u64() % n as u64) as usize;
+    let o = Object { shape: pick(SHAPES.len()), colour: pick(COLOURS.len()), large: pick(2) == 1 };
+    let margin = if o.large { 8 } else { 5 };
+    let span = side as usize - 2 * margin;
+    let (cx, cy) = ((margin + pick(span)) as f32, (margin + pick(span)) as f32);
+    let mut img: RgbImage = ImageBuffer::from_fn(side, side, |_, _| Rgb([24, 24, 28]));
+    draw(&mut img, o, cx, cy);
+    let size = if o.large { "large" } else { "small" };
+    SynthExample {
+        key: format!("{index:09}"),
+        caption: format!("a {size} {} {}", COLOURS[o.colour].0, SHAPES[o.shape]),
+        label: (o.colour * SHAPES.len() + o.shape) as u32,
+        image: img,
+    }
+}
+
 /// Writes examples `indices` as WebDataset tar shards of `shard_size` examples
 /// (`KEY.png`, `KEY.txt`, `KEY.json` with the label) into `dir`; returns the shard paths.
 pub fn write_shards(
@@ -95,6 +117,26 @@ pub fn write_shards(
     shard_size: u64,
     side: u32,
 ) -> io::Result<Vec<PathBuf>> {
+    write_with(dir, indices, shard_size, |index| generate(seed, index, side))
+}
+
+/// Writes the probe split (single shapes, [`generate_single`]) like [`write_shards`].
+pub fn write_probe_shards(
+    dir: &Path,
+    seed: u64,
+    indices: std::ops::Range<u64>,
+    shard_size: u64,
+    side: u32,
+) -> io::Result<Vec<PathBuf>> {
+    write_with(dir, indices, shard_size, |index| generate_single(seed, index, side))
+}
+
+fn write_with(
+    dir: &Path,
+    indices: std::ops::Range<u64>,
+    shard_size: u64,
+    generate: impl Fn(u64) -> SynthExample,
+) -> io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut paths = Vec::new();
     let mut start = indices.start;
@@ -103,7 +145,7 @@ pub fn write_shards(
         let path = dir.join(format!("shard-{:05}.tar", paths.len()));
         let mut builder = tar::Builder::new(BufWriter::new(File::create(&path)?));
         for index in start..end {
-            let example = generate(seed, index, side);
+            let example = generate(index);
             let mut png = Vec::new();
             example
                 .image

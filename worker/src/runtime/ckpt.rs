@@ -40,7 +40,8 @@ fn store_error(e: object_store::Error) -> RuntimeError {
 impl CheckpointStore {
     /// The store at `root_url` (a directory or URL, see `open_store`).
     pub fn open(root_url: &str) -> Result<Self, RuntimeError> {
-        let (store, root) = dpcap_accountant::server::open_store(root_url).map_err(|e| RuntimeError::Checkpoint(e.to_string()))?;
+        let (store, root) =
+            dpcap_accountant::server::open_store(root_url).map_err(|e| RuntimeError::Checkpoint(e.to_string()))?;
         Ok(Self { store, root })
     }
 
@@ -53,7 +54,12 @@ impl CheckpointStore {
         match self.store.get(&self.path("latest")).await {
             Ok(r) => {
                 let text = r.bytes().await.map_err(store_error)?;
-                let step = String::from_utf8_lossy(&text).trim().parse().map_err(|_| RuntimeError::Checkpoint(format!("latest pointer {:?} is not a step number", String::from_utf8_lossy(&text))))?;
+                let step = String::from_utf8_lossy(&text).trim().parse().map_err(|_| {
+                    RuntimeError::Checkpoint(format!(
+                        "latest pointer {:?} is not a step number",
+                        String::from_utf8_lossy(&text)
+                    ))
+                })?;
                 Ok(Some(step))
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -65,7 +71,9 @@ impl CheckpointStore {
     pub async fn save(&self, manifest: &Manifest, weights: Vec<u8>, optimizer: Vec<u8>) -> Result<(), RuntimeError> {
         let dir = manifest.step.to_string();
         let json = serde_json::to_vec_pretty(manifest).map_err(|e| RuntimeError::Checkpoint(e.to_string()))?;
-        for (name, body) in [("weights.safetensors", weights), ("optimizer.safetensors", optimizer), ("manifest.json", json)] {
+        for (name, body) in
+            [("weights.safetensors", weights), ("optimizer.safetensors", optimizer), ("manifest.json", json)]
+        {
             self.store.put(&self.path(&format!("{dir}/{name}")), PutPayload::from(body)).await.map_err(store_error)?;
         }
         self.store.put(&self.path("latest"), PutPayload::from(dir.into_bytes())).await.map_err(store_error)?;
@@ -79,7 +87,8 @@ impl CheckpointStore {
             async move { self.store.get(&path).await?.bytes().await }
         };
         let manifest = get("manifest.json").await.map_err(store_error)?;
-        let manifest: Manifest = serde_json::from_slice(&manifest).map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step} manifest: {e}")))?;
+        let manifest: Manifest = serde_json::from_slice(&manifest)
+            .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step} manifest: {e}")))?;
         let weights = get("weights.safetensors").await.map_err(store_error)?.to_vec();
         let optimizer = get("optimizer.safetensors").await.map_err(store_error)?.to_vec();
         Ok((manifest, weights, optimizer))

