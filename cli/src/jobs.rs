@@ -62,7 +62,7 @@ pub fn state_name(state: i32) -> String {
 
 /// A job as JSON (the wire message's fields).
 pub fn job_json(job: &Job) -> Value {
-    let plan = job.plan.clone().unwrap_or_default();
+    let plan = job.plan.unwrap_or_default();
     let progress = job.progress.clone().unwrap_or_default();
     let spec = job.spec.clone().unwrap_or_default();
     json!({
@@ -95,7 +95,7 @@ fn print_job(job: &Job, as_json: bool) {
         println!("{}", serde_json::to_string_pretty(&job_json(job)).unwrap_or_default());
         return;
     }
-    let plan = job.plan.clone().unwrap_or_default();
+    let plan = job.plan.unwrap_or_default();
     let p = job.progress.clone().unwrap_or_default();
     println!("job {}  {}", job.job_id, state_name(job.state));
     println!(
@@ -158,7 +158,7 @@ pub async fn list(server: &Server, as_json: bool) -> Result<()> {
     }
     println!("{:<18} {:<17} {:>11} {:>16} NAME", "JOB", "STATE", "STEP", "EPSILON");
     for job in jobs {
-        let (plan, p) = (job.plan.clone().unwrap_or_default(), job.progress.clone().unwrap_or_default());
+        let (plan, p) = (job.plan.unwrap_or_default(), job.progress.clone().unwrap_or_default());
         let name = job.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
         println!(
             "{:<18} {:<17} {:>5}/{:<5} {:>7.3}/{:<8.3} {name}",
@@ -197,7 +197,7 @@ pub async fn follow(client: &mut Client, job_id: &str, bar: bool) -> Result<Job>
     progress.enable_steady_tick(Duration::from_millis(250));
     let mut last = None;
     while let Some(job) = stream.message().await.map_err(status)? {
-        let (plan, p) = (job.plan.clone().unwrap_or_default(), job.progress.clone().unwrap_or_default());
+        let (plan, p) = (job.plan.unwrap_or_default(), job.progress.clone().unwrap_or_default());
         progress.set_length(plan.steps.max(1));
         progress.set_position(p.step);
         let loss = p.loss.map(|l| format!(" loss {l:.3} (non-DP)")).unwrap_or_default();

@@ -130,7 +130,7 @@ impl Coordinator {
             plan: Some(plan),
             conditions: vec![],
         };
-        let plan = job.plan.clone().unwrap_or_default();
+        let plan = job.plan.unwrap_or_default();
         condition(
             &mut job,
             "Submitted",
@@ -258,7 +258,7 @@ impl Coordinator {
         Ok(Some(Assignment {
             job_id,
             spec: entry.job.spec.clone(),
-            plan: entry.job.plan.clone(),
+            plan: entry.job.plan,
             rank: rank as u32,
             world_size: group.members.len() as u32,
             generation: group.generation,
@@ -303,7 +303,7 @@ impl Coordinator {
                     .ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
                 worker.last_seen = Instant::now();
                 let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
-                let plan = entry.job.plan.clone().unwrap_or_default();
+                let plan = entry.job.plan.unwrap_or_default();
                 let Some(group) =
                     entry.group.as_ref().filter(|g| g.generation == generation && !is_terminal(entry.job.state))
                 else {
@@ -413,7 +413,7 @@ impl Coordinator {
 }
 
 fn entry_for(job: Job, private: &Private) -> Result<JobEntry, CoordinatorError> {
-    let plan = job.plan.clone().unwrap_or_default();
+    let plan = job.plan.unwrap_or_default();
     let secret: JobSecret = private.job_secret()?;
     let sampler = PoissonSampler::new(secret, plan.examples, plan.sample_rate)
         .map_err(|e| CoordinatorError::invalid("sample_rate", e.to_string()))?;

@@ -34,7 +34,8 @@ pub fn render(state: &State) -> String {
             ));
         }
     }
-    let per_job: [(&str, &str, &str, fn(&crate::state::JobEntry) -> f64); 5] = [
+    type Series = (&'static str, &'static str, &'static str, fn(&crate::state::JobEntry) -> f64);
+    let per_job: [Series; 5] = [
         ("dpcap_job_steps_completed", "gauge", "Steps completed (charged and reported by every rank).", |e| {
             e.job.progress.as_ref().map_or(0.0, |p| p.step as f64)
         }),

@@ -69,7 +69,7 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
         Process::worker(&services.coordinator.grpc, "w1", &dir),
     ];
     let job = submit(&services, spec(&dataset, 5)).await;
-    let plan = job.plan.clone().unwrap();
+    let plan = job.plan.unwrap();
     assert!(plan.calibrated && plan.noise_multiplier > 0.0, "sigma calibrated before training: {plan:?}");
     assert!((plan.delta - 1.0 / 240.0).abs() < 1e-12, "delta defaults to 1/N");
 
@@ -117,7 +117,7 @@ async fn a_job_resumes_after_its_coordinator_and_workers_are_killed_without_char
     let dir = tempfile_dir("resume");
     let dataset = synth_dataset(&dir, 240);
     let mut services = Services::start(&dir).await;
-    let mut workers = vec![
+    let mut workers = [
         Process::worker(&services.coordinator.grpc, "w0", &dir),
         Process::worker(&services.coordinator.grpc, "w1", &dir),
     ];

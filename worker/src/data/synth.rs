@@ -90,7 +90,7 @@ pub fn generate(seed: u64, index: u64, side: u32) -> SynthExample {
 
 /// Probe example `index`: one shape of random colour, kind and size at a random position.
 pub fn generate_single(seed: u64, index: u64, side: u32) -> SynthExample {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5052_4f42_45);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0050_524f_4245);
     rng.set_stream(index);
     let mut pick = |n: usize| (rng.next_u64() % n as u64) as usize;
     let o = Object { shape: pick(SHAPES.len()), colour: pick(COLOURS.len()), large: pick(2) == 1 };

@@ -61,7 +61,7 @@ impl<AB: AutodiffBackend> Session<AB> {
         device: &AB::Device,
     ) -> Result<Self, RuntimeError> {
         let spec = assignment.spec.clone().ok_or_else(|| RuntimeError::Protocol("assignment without a spec".into()))?;
-        let plan = assignment.plan.clone().ok_or_else(|| RuntimeError::Protocol("assignment without a plan".into()))?;
+        let plan = assignment.plan.ok_or_else(|| RuntimeError::Protocol("assignment without a plan".into()))?;
         let dataset = Dataset::open(&spec.dataset).await?;
         let mae = spec.objective == Objective::Mae as i32;
         let tokenizer = if mae { None } else { Some(dataset.tokenizer(&spec.tokenizer).await?) };

@@ -19,7 +19,7 @@ type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
 #[derive(Debug, Clone)]
 pub enum Model {
     /// DP-Cap, with the tokenizer its captions go through.
-    Caption(Captioner, CaptionTokenizer),
+    Caption(Captioner, Box<CaptionTokenizer>),
     /// ViP.
     Mae(Mae),
 }
@@ -110,7 +110,7 @@ impl<AB: AutodiffBackend> Trainer<AB> {
                     ),
                 });
             }
-            Model::Caption(Captioner::new(&mut params, config), tokenizer)
+            Model::Caption(Captioner::new(&mut params, config), Box::new(tokenizer))
         };
         let optimizer = AdamW::new(AdamWConfig::default(), &params);
         Ok(Self { model, params, optimizer, schedule, engine, expected_batch_size })
