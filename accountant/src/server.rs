@@ -84,7 +84,7 @@ pub async fn serve(
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_service_status("", ServingStatus::NotServing).await;
     health.set_not_serving::<AccountantServiceServer<AccountantGrpc>>().await;
-    let (reflection_v1, reflection_v1alpha) = dpcap_proto::reflection::services()?;
+    let (reflection_v1, reflection_v1alpha) = dpcap_proto::reflection::services(&["dpcap.v1.AccountantService"])?;
     let service = AccountantServiceServer::new(AccountantGrpc::new(accountant.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

@@ -37,7 +37,15 @@ pub struct ClipBench {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Also check the device's clipped sum against the CPU's on identical weights and data
+    /// (caption objective): fails when the largest difference exceeds 1e-3 of the largest value.
+    #[arg(long)]
+    verify: bool,
 }
+
+/// Largest |device − CPU| relative to the largest |CPU| value that `--verify` accepts (f32 on
+/// different backends sums in different orders).
+const VERIFY_TOLERANCE: f64 = 1e-3;
 
 fn median(runs: usize, mut f: impl FnMut()) -> f64 {
     f();
@@ -65,6 +73,37 @@ struct Timings {
     nonprivate_s: f64,
     clip_s: f64,
     naive_s: Option<f64>,
+    /// With `--verify`: max |device − CPU| / max |CPU| of the clipped sum.
+    verify_rel_err: Option<f64>,
+}
+
+/// The ClipEngine's clipped sum as host values.
+fn clipped_values<AB: AutodiffBackend>(
+    model: &Captioner,
+    params: &ParamSet<AB::InnerBackend>,
+    batch: &CaptionBatch<AB>,
+) -> Vec<f32> {
+    let engine = ClipEngine { clipping_norm: 1.0, micro_batch: batch.tokens.dims()[0] };
+    engine.clipped_sum(model, params, batch).sum.flatten().into_data().convert::<f32>().into_vec().unwrap_or_default()
+}
+
+/// The device's clipped sum against the CPU's, on identical weights (seeded init) and data.
+fn verify_against_cpu<AB: AutodiffBackend>(
+    config: CaptionerConfig,
+    device_values: &[f32],
+    batch: &CaptionBatch<AB>,
+) -> f64 {
+    let cpu = Default::default();
+    let mut params = ParamSet::<<CpuBackend as AutodiffBackend>::InnerBackend>::new(&cpu);
+    let model = Captioner::new(&mut params, config);
+    let batch = CaptionBatch::<CpuBackend> {
+        images: Tensor::from_data(batch.images.to_data(), &cpu),
+        tokens: Tensor::from_data(batch.tokens.to_data(), &cpu),
+    };
+    let reference = clipped_values::<CpuBackend>(&model, &params, &batch);
+    let scale = reference.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs()))).max(f64::MIN_POSITIVE);
+    let worst = reference.iter().zip(device_values).fold(0.0f64, |m, (a, b)| m.max(f64::from((a - b).abs())));
+    if reference.len() != device_values.len() { f64::INFINITY } else { worst / scale }
 }
 
 fn measure<AB: AutodiffBackend, M: Objective<AB>>(
@@ -85,7 +124,7 @@ fn measure<AB: AutodiffBackend, M: Objective<AB>>(
             naive_clipped_sum(model, params, batch, 1.0).sum.flatten().into_data();
         })
     });
-    Timings { params: params.numel(), nonprivate_s, clip_s, naive_s }
+    Timings { params: params.numel(), nonprivate_s, clip_s, naive_s, verify_rel_err: None }
 }
 
 fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<Timings> {
@@ -97,7 +136,16 @@ fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<T
                 bail!("invalid --model {}: use one of {}", opts.model, CaptionerConfig::NAMES.join(", "))
             };
             let model = Captioner::new(&mut params, config);
-            Ok(measure::<AB, _>(&model, &params, &CaptionBatch::<AB>::random(config, opts.batch, &device), opts))
+            let batch = CaptionBatch::<AB>::random(config, opts.batch, &device);
+            let mut timings = measure::<AB, _>(&model, &params, &batch, opts);
+            if opts.verify {
+                let values = clipped_values::<AB>(&model, &params, &batch);
+                timings.verify_rel_err = Some(verify_against_cpu(config, &values, &batch));
+            }
+            Ok(timings)
+        }
+        "mae" if opts.verify => {
+            bail!("invalid --verify: only the caption objective is verified (MAE masks are random per device)")
         }
         "mae" => {
             let Some(config) = MaeConfig::named(&opts.model) else {
@@ -146,7 +194,8 @@ pub fn run(opts: ClipBench) -> Result<()> {
             "{}",
             json!({"model": opts.model, "objective": opts.objective, "batch": opts.batch, "device": opts.device,
                    "params": t.params, "nonprivate_s": t.nonprivate_s, "naive_s": t.naive_s, "clip_s": t.clip_s,
-                   "ratio": ratio, "examples_per_s": examples_per_s, "peak_rss_bytes": peak})
+                   "ratio": ratio, "examples_per_s": examples_per_s, "peak_rss_bytes": peak,
+                   "verify_rel_err": t.verify_rel_err})
         );
     } else {
         println!(
@@ -164,6 +213,17 @@ pub fn run(opts: ClipBench) -> Result<()> {
         if let Some(p) = peak {
             println!("  peak RSS         : {:.0} MiB", p as f64 / (1 << 20) as f64);
         }
+        if let Some(e) = t.verify_rel_err {
+            println!("  vs CPU           : max relative difference {e:.2e}");
+        }
+    }
+    if let Some(e) = t.verify_rel_err
+        && !(e <= VERIFY_TOLERANCE)
+    {
+        bail!(
+            "verification failed: {} clipped sum differs from the CPU's by {e:.3e} (tolerance {VERIFY_TOLERANCE:e})",
+            opts.device
+        );
     }
     Ok(())
 }

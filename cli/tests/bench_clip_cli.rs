@@ -75,3 +75,29 @@ fn bad_options_name_the_flag() {
         assert!(err.contains(flag), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn verify_compares_the_device_with_an_independent_cpu_model_built_from_the_same_seed() {
+    // On the CPU the device side and the reference are two separately built models: this checks
+    // that weights (seeded per parameter) and the batch transfer are identical, the property the
+    // CUDA comparison in scripts/gpu-check.sh relies on.
+    let (code, out, err) = dpctl(&[
+        "bench",
+        "clip",
+        "--model",
+        "micro",
+        "--batch",
+        "3",
+        "--runs",
+        "1",
+        "--skip-naive",
+        "--verify",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["verify_rel_err"].as_f64(), Some(0.0), "{v}");
+    let (code, _, err) = dpctl(&["bench", "clip", "--model", "micro", "--objective", "mae", "--verify", "--runs", "1"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("invalid --verify"), "{err}");
+}

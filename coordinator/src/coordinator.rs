@@ -86,7 +86,14 @@ impl Coordinator {
 
     /// Persists, closes and notifies after a transition.
     async fn apply(&self, effects: Effects) -> Result<(), CoordinatorError> {
+        // Watchers are woken after the record is durable and ended jobs are closed at the
+        // accountant, so a watcher that sees SUCCEEDED can rely on both.
+        let result = self.persist_and_close(effects).await;
         self.changed.send_modify(|v| *v += 1);
+        result
+    }
+
+    async fn persist_and_close(&self, effects: Effects) -> Result<(), CoordinatorError> {
         let _serial = self.writes.lock().await;
         for job_id in effects.persist {
             let snapshot = self.lock().jobs.get(&job_id).map(|e| e.job.clone());

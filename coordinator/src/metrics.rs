@@ -48,9 +48,12 @@ pub fn render(state: &State) -> String {
         ("dpcap_job_epsilon_target", "gauge", "The job's epsilon target at delta.", |e| {
             e.job.plan.as_ref().map_or(0.0, |p| p.epsilon_target)
         }),
-        ("dpcap_job_examples_per_second", "gauge", "Examples per second over the last completed step.", |e| {
-            e.job.progress.as_ref().map_or(0.0, |p| p.examples_per_second)
-        }),
+        (
+            "dpcap_job_examples_per_second",
+            "gauge",
+            "Expected examples (L, not the realised batch) per second over the last completed step.",
+            |e| e.job.progress.as_ref().map_or(0.0, |p| p.examples_per_second),
+        ),
     ];
     let mut text = String::new();
     for (name, kind, help, value) in per_job {

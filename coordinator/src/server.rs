@@ -44,7 +44,8 @@ pub async fn serve(
     health.set_serving::<JobServiceServer<JobGrpc>>().await;
     health.set_serving::<WorkerServiceServer<WorkerGrpc>>().await;
     let (reflection_v1, reflection_v1alpha) =
-        dpcap_proto::reflection::services().map_err(|e| CoordinatorError::Store(e.to_string()))?;
+        dpcap_proto::reflection::services(&["dpcap.v1.JobService", "dpcap.v1.WorkerService"])
+            .map_err(|e| CoordinatorError::Store(e.to_string()))?;
     let jobs = JobServiceServer::with_interceptor(JobGrpc(coordinator.clone()), BearerAuth::new(tokens.operator));
     let workers = WorkerServiceServer::with_interceptor(
         WorkerGrpc {

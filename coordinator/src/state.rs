@@ -282,7 +282,9 @@ impl State {
         let seconds = group.step_started.elapsed().as_secs_f64().max(1e-9);
         progress.step = step + 1;
         progress.steps_total = plan_steps;
-        progress.examples_per_second = group.step_examples as f64 / seconds;
+        // From the expected batch size L (public), not the realised one (non-DP telemetry).
+        let expected = entry.job.plan.as_ref().map_or(0.0, |p| p.expected_batch_size);
+        progress.examples_per_second = expected / seconds;
         progress.eta_seconds = seconds * plan_steps.saturating_sub(step + 1) as f64;
         if report.loss.is_some() && group.step_examples > 0 {
             let loss = group.step_loss / group.step_examples as f64;

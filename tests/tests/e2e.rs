@@ -85,7 +85,12 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
     assert_eq!(services.charged_steps(&job.job_id), (0..5).collect::<Vec<_>>(), "one charge per step, no more");
     let spend = spend(&services, &job.job_id).await;
     assert!(spend.epsilon_spent <= plan.epsilon_target + 1e-9, "{spend:?}");
-    assert_eq!(spend.phase, JobPhase::Closed as i32, "the accountant closed the finished job");
+    // Closing at the accountant follows the final transition (normally before watchers wake).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while spend_phase(&services, &job.job_id).await != JobPhase::Closed as i32 {
+        assert!(Instant::now() < deadline, "the accountant never closed the finished job");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // The checkpoint of the last step exists and loads into the model.
     let checkpoints = dpcap_worker::runtime::ckpt::CheckpointStore::open(&job.checkpoint_root).unwrap();
@@ -157,6 +162,7 @@ async fn cancel_and_budget_exhaustion_end_jobs_in_their_own_states() {
     // Budget: a fixed sigma whose 40 steps would pass epsilon 1.5.
     let mut over = spec(&dataset, 40);
     (over.epsilon, over.noise_multiplier) = (Some(1.5), Some(0.7));
+    over.telemetry = Some("strict".into());
     let job = submit(&services, over).await;
     assert!(job.conditions.iter().any(|c| c.reason == "BudgetWillExhaust"), "warned at submission: {job:#?}");
     let waited = dpctl(&["--coordinator", &services.coordinator.grpc, "wait", &job.job_id]);
@@ -165,6 +171,9 @@ async fn cancel_and_budget_exhaustion_end_jobs_in_their_own_states() {
     assert_eq!(job.state, JobState::BudgetExhausted as i32, "not FAILED: {job:#?}");
     let spend = spend(&services, &job.job_id).await;
     assert!(spend.epsilon_spent <= 1.5 && spend.steps_charged < 40, "{spend:?}");
+    let progress = job.progress.clone().unwrap();
+    assert!(progress.step >= 1, "some steps ran before the refusal: {progress:?}");
+    assert_eq!((progress.loss, progress.loss_first), (None, None), "telemetry: strict reports no loss");
 
     // Cancel a running job.
     let job = submit(&services, spec(&dataset, 500)).await;

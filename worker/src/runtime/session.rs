@@ -224,14 +224,17 @@ impl<AB: AutodiffBackend> Session<AB> {
             report.epsilon_spent = spend.epsilon_spent;
             report.steps_discarded = spend.steps_discarded;
         }
-        report.examples = examples.len() as u64;
-        if self.spec.telemetry != TelemetryMode::Strict as i32 && !examples.is_empty() {
+        // The realised batch size and the loss are non-DP telemetry: none of it under strict.
+        let strict = self.spec.telemetry == TelemetryMode::Strict as i32;
+        if !strict && !examples.is_empty() {
+            report.examples = examples.len() as u64;
             report.loss = Some(telemetry.mean_loss());
         }
         (report.compute_seconds, report.reduce_seconds, report.release_seconds) =
             (phases.compute, phases.reduce, phases.release);
         (report.update_seconds, report.checkpoint_seconds) = (phases.update, phases.checkpoint);
-        tracing::info!(job_id, step, rank, examples = examples.len(), compute_s = phases.compute, "step done");
+        let examples = if strict { None } else { Some(examples.len()) };
+        tracing::info!(job_id, step, rank, examples, compute_s = phases.compute, "step done");
         Ok(())
     }
 
