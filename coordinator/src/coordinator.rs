@@ -244,7 +244,7 @@ impl Coordinator {
             let mut state = self.lock();
             state.workers.insert(
                 worker_id.clone(),
-                WorkerEntry { name, device, throughput, last_seen: Instant::now(), job: None },
+                WorkerEntry { name, device, throughput, last_seen: Instant::now(), job: None, measured: false },
             );
             state.schedule()
         };

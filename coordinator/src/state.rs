@@ -81,6 +81,21 @@ pub struct WorkerEntry {
     pub last_seen: Instant,
     /// The job whose group it belongs to.
     pub job: Option<String>,
+    /// Whether `throughput` was measured (rather than registered or defaulted).
+    pub measured: bool,
+}
+
+impl WorkerEntry {
+    /// Folds one step's examples per compute second into the throughput (an exponential
+    /// moving average, weight 0.3 on the newest), which weights the next steps' work units.
+    pub fn observe_throughput(&mut self, examples: usize, compute_seconds: f64) {
+        if examples == 0 || !(compute_seconds > 0.0 && compute_seconds.is_finite()) {
+            return;
+        }
+        let measured = examples as f64 / compute_seconds;
+        self.throughput = if self.measured { 0.7 * self.throughput + 0.3 * measured } else { measured };
+        self.measured = true;
+    }
 }
 
 /// Everything behind the coordinator's lock.
@@ -261,12 +276,25 @@ impl State {
             return Effects::default();
         }
         group.reported[rank] = true;
+        // Measured throughput from what this rank was assigned (the coordinator's own work
+        // units, so no raw-data telemetry is needed) and its compute time.
+        let assigned: usize = group
+            .work
+            .as_ref()
+            .and_then(|w| w.get(rank))
+            .map_or(0, |units| units.iter().map(|u| u.indices.len()).sum());
+        let member = group.members.get(rank).cloned();
         group.step_examples += report.examples;
         group.step_loss += report.loss.unwrap_or(0.0) * report.examples as f64;
         for (sum, s) in entry.phase_seconds.iter_mut().zip(report.phases) {
             *sum += s;
         }
         entry.phase_reports += 1;
+        if let Some(worker) = member.and_then(|id| self.workers.get_mut(&id)) {
+            worker.observe_throughput(assigned, report.phases[0]);
+        }
+        let entry = self.jobs.get_mut(job_id).expect("checked above");
+        let Some(group) = entry.group.as_mut() else { return Effects::default() };
         let progress = entry.job.progress.get_or_insert_with(Default::default);
         progress.epsilon_spent = progress.epsilon_spent.max(report.epsilon_spent);
         progress.steps_discarded = progress.steps_discarded.max(report.steps_discarded);

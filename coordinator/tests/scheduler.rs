@@ -34,7 +34,14 @@ fn job(id: &str, workers: u32, steps: u64) -> JobEntry {
 fn worker(state: &mut State, id: &str) {
     state.workers.insert(
         id.into(),
-        WorkerEntry { name: id.into(), device: "cpu".into(), throughput: 1.0, last_seen: Instant::now(), job: None },
+        WorkerEntry {
+            name: id.into(),
+            device: "cpu".into(),
+            throughput: 1.0,
+            last_seen: Instant::now(),
+            job: None,
+            measured: false,
+        },
     );
 }
 
@@ -189,4 +196,25 @@ fn every_example_job_spec_in_deploy_parses_and_passes_field_checks() {
         seen += 1;
     }
     assert!(seen >= 4, "demo, DP-Cap base, ViP MAE and TAN simulation specs");
+}
+
+#[test]
+fn work_follows_measured_throughput_after_a_step() {
+    let mut state = State::default();
+    let mut entry = job("a", 2, 9);
+    entry.sampler = PoissonSampler::new(JobSecret([3; 32]), 100, 0.6).unwrap();
+    submit(&mut state, entry);
+    worker(&mut state, "w1");
+    worker(&mut state, "w2");
+    state.schedule();
+    state.jobs.get_mut("a").unwrap().group.as_mut().unwrap().step = Some(0);
+    let count = |units: Vec<dpcap_coordinator::WorkUnit>| units.iter().map(|u| u.indices.len()).sum::<usize>();
+    let (n0, n1) = (count(state.work_for("a", 0).unwrap().1), count(state.work_for("a", 1).unwrap().1));
+    assert!(n0.abs_diff(n1) <= 1, "equal split before any measurement: {n0} vs {n1}");
+    // Rank 0 is three times faster than rank 1.
+    state.report("a", 0, &Report { phases: [1.0, 0.0, 0.0, 0.0, 0.0], ..done() });
+    state.report("a", 1, &Report { phases: [3.0, 0.0, 0.0, 0.0, 0.0], ..done() });
+    let (m0, m1) = (count(state.work_for("a", 0).unwrap().1), count(state.work_for("a", 1).unwrap().1));
+    let share = m0 as f64 / (m0 + m1) as f64;
+    assert!((share - 0.75).abs() < 0.08, "rank 0 gets about 3/4 of step 1: {m0} vs {m1}");
 }
