@@ -14,24 +14,16 @@ use dpcap_proto::v1::job_service_client::JobServiceClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-/// The workspace's binaries, built once per test process (a no-op when up to date).
+/// The workspace's binaries, built once per test process. `cargo test --workspace --no-run`
+/// builds them with exactly the features and profile of the README's test command, so under
+/// that command it is a no-op (a plain `cargo build -p ...` resolves features without the
+/// dev-dependencies and rebuilds burn), and under `cargo test -p dpcap-e2e` it brings them up
+/// to date.
 pub fn binary(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir = BUILT.get_or_init(|| {
         let status = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "dpcap-accountant",
-                "-p",
-                "dpcap-coordinator",
-                "-p",
-                "dpcap-worker",
-                "-p",
-                "dpctl",
-                "--bins",
-            ])
+            .args(["test", "--workspace", "--no-run", "--quiet"])
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .status()
             .expect("cargo runs");
