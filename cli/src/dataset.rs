@@ -64,11 +64,18 @@ pub fn run(command: DatasetCommand) -> Result<()> {
             if shard_size == 0 {
                 bail!("invalid --shard-size 0: must be at least 1");
             }
-            let train = synth::write_shards(&out.join("train"), seed, 0..examples, shard_size, 32)
-                .context("writing train shards")?;
+            let train =
+                synth::write_shards(&out.join("train"), (synth::Scene::Pair, seed), 0..examples, shard_size, 32)
+                    .context("writing train shards")?;
             // Held-out examples come from the same generator, indices after the training ones.
-            let eval = synth::write_shards(&out.join("eval"), seed, examples..examples + eval_examples, shard_size, 32)
-                .context("writing eval shards")?;
+            let eval = synth::write_shards(
+                &out.join("eval"),
+                (synth::Scene::Pair, seed),
+                examples..examples + eval_examples,
+                shard_size,
+                32,
+            )
+            .context("writing eval shards")?;
             println!(
                 "{}",
                 json!({"out": out, "train_examples": examples, "train_shards": train.len(), "eval_examples": eval_examples, "eval_shards": eval.len()})

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use dpcap_worker::data::synth::{CLASSES, class_name, generate, write_shards};
+use dpcap_worker::data::synth::{CLASSES, Scene, class_name, generate, write_shards};
 use dpcap_worker::data::{DataError, build_index, read_example};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
@@ -32,7 +32,7 @@ fn examples_are_deterministic_and_captions_describe_the_label() {
 #[tokio::test]
 async fn shards_index_and_range_reads_round_trip() {
     let dir = tempfile::tempdir().unwrap();
-    let shards = write_shards(&dir.path().join("train"), 3, 0..250, 100, 32).unwrap();
+    let shards = write_shards(&dir.path().join("train"), (Scene::Pair, 3), 0..250, 100, 32).unwrap();
     assert_eq!(shards.len(), 3);
     let store = Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
     let root = Path::from("train");

@@ -76,8 +76,10 @@ async fn prepare_data(dir: &Path, args: &DemoArgs) -> Result<(PathBuf, PathBuf)>
         args.eval_examples,
         dir.join("data").display()
     );
-    synth::write_shards(&train, 0, 0..args.examples, 1000, 32).context("writing training shards")?;
-    synth::write_probe_shards(&eval, 0, 0..args.eval_examples, 1000, 32).context("writing held-out probe shards")?;
+    synth::write_shards(&train, (synth::Scene::Pair, 0), 0..args.examples, 1000, 32)
+        .context("writing training shards")?;
+    synth::write_shards(&eval, (synth::Scene::Single, 0), 0..args.eval_examples, 1000, 32)
+        .context("writing held-out probe shards")?;
     crate::dataset::index_dataset(&train.to_string_lossy(), 256).await?;
     crate::dataset::index_dataset(&eval.to_string_lossy(), 256).await?;
     std::fs::write(&marker, wanted.to_string())?;

@@ -108,27 +108,28 @@ pub fn generate_single(seed: u64, index: u64, side: u32) -> SynthExample {
     }
 }
 
-/// Writes examples `indices` as WebDataset tar shards of `shard_size` examples
+/// Which generator a split uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scene {
+    /// Two shapes with a relation caption ([`generate`]): training and held-out caption splits.
+    Pair,
+    /// One shape anywhere ([`generate_single`]): the linear-probe split.
+    Single,
+}
+
+/// Writes examples `indices` of `scene` as WebDataset tar shards of `shard_size` examples
 /// (`KEY.png`, `KEY.txt`, `KEY.json` with the label) into `dir`; returns the shard paths.
 pub fn write_shards(
     dir: &Path,
-    seed: u64,
+    (scene, seed): (Scene, u64),
     indices: std::ops::Range<u64>,
     shard_size: u64,
     side: u32,
 ) -> io::Result<Vec<PathBuf>> {
-    write_with(dir, indices, shard_size, |index| generate(seed, index, side))
-}
-
-/// Writes the probe split (single shapes, [`generate_single`]) like [`write_shards`].
-pub fn write_probe_shards(
-    dir: &Path,
-    seed: u64,
-    indices: std::ops::Range<u64>,
-    shard_size: u64,
-    side: u32,
-) -> io::Result<Vec<PathBuf>> {
-    write_with(dir, indices, shard_size, |index| generate_single(seed, index, side))
+    match scene {
+        Scene::Pair => write_with(dir, indices, shard_size, |index| generate(seed, index, side)),
+        Scene::Single => write_with(dir, indices, shard_size, |index| generate_single(seed, index, side)),
+    }
 }
 
 fn write_with(
