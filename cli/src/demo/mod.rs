@@ -54,6 +54,9 @@ pub struct DemoArgs {
     /// CPU workers.
     #[arg(long, default_value_t = 2)]
     pub workers: u32,
+    /// Objective: caption (DP-Cap, the default) or mae (ViP; no captions in the report).
+    #[arg(long, default_value = "caption")]
+    pub objective: String,
     /// Generated captions shown in the report.
     #[arg(long, default_value_t = 4)]
     pub captions: usize,
@@ -127,6 +130,7 @@ async fn train_and_report(
         name: "demo".into(),
         dataset: train_dir.to_string_lossy().into_owned(),
         model: "micro".into(),
+        objective: Some(args.objective.clone()),
         epsilon: Some(args.epsilon),
         batch_size: Some(args.batch_size),
         steps: Some(args.steps),
@@ -174,7 +178,7 @@ async fn train_and_report(
     let build = || {
         Trainer::<CpuBackend>::new(
             "micro",
-            false,
+            args.objective == "mae",
             Some(tokenizer.clone()),
             0,
             (engine, 1.0, schedule),
@@ -216,6 +220,7 @@ async fn train_and_report(
         "epsilon_target": plan.epsilon_target,
         "delta": plan.delta,
         "accountant": "pld",
+        "objective": args.objective,
         "steps": spend.steps_charged,
         "noise_multiplier": plan.noise_multiplier,
         "sample_rate": plan.sample_rate,
