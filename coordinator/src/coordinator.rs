@@ -427,7 +427,7 @@ fn entry_for(job: Job, private: &Private) -> Result<JobEntry, CoordinatorError> 
     Ok(JobEntry {
         job,
         sampler,
-        layout: dataset::layout(&private.shard_counts),
+        layout: crate::work::ShardLayout::from_counts(&private.shard_counts),
         group: None,
         phase_seconds: [0.0; 5],
         phase_reports: 0,

@@ -8,7 +8,6 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 
 use crate::error::CoordinatorError;
-use crate::work::ShardLayout;
 
 #[derive(Deserialize)]
 struct Index {
@@ -40,9 +39,4 @@ pub async fn read_layout(dataset: &str) -> Result<(u64, Vec<u64>), CoordinatorEr
         )));
     }
     Ok((index.examples, counts))
-}
-
-/// The layout of shard counts.
-pub fn layout(counts: &[u64]) -> ShardLayout {
-    ShardLayout::from_counts(counts)
 }

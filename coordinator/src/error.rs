@@ -29,9 +29,6 @@ pub enum CoordinatorError {
         /// Why the request is refused.
         reason: String,
     },
-    /// The request carried no or a wrong bearer token.
-    #[error("missing or invalid bearer token")]
-    Unauthenticated,
     /// The accountant could not be reached or failed.
     #[error("accountant unavailable: {0}")]
     Accountant(String),
@@ -53,7 +50,6 @@ impl ServiceError for CoordinatorError {
             Self::Invalid { .. } => ErrorCode::InvalidArgument,
             Self::JobNotFound(_) | Self::WorkerNotFound(_) => ErrorCode::NotFound,
             Self::Precondition { .. } => ErrorCode::FailedPrecondition,
-            Self::Unauthenticated => ErrorCode::Unauthenticated,
             Self::Accountant(_) => ErrorCode::Unavailable,
             Self::Store(_) => ErrorCode::Internal,
         }

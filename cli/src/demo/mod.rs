@@ -15,14 +15,12 @@ use dpcap_coordinator::SpecFile;
 use dpcap_proto::v1::{GetSpendRequest, JobState, SubmitJobRequest};
 use dpcap_worker::checkpoint::{load_weights, save_weights_with_prefix};
 use dpcap_worker::clip::ClipEngine;
-use dpcap_worker::data::{DatasetIndex, Example, build_index, read_example, synth};
+use dpcap_worker::data::{Example, synth};
 use dpcap_worker::optim::Schedule;
 use dpcap_worker::runtime::ckpt::CheckpointStore;
 use dpcap_worker::runtime::dataset::Dataset;
 use dpcap_worker::runtime::trainer::{Model, Trainer};
 use dpcap_worker::{CpuBackend, eval};
-use object_store::local::LocalFileSystem;
-use object_store::path::Path as StorePath;
 use serde_json::json;
 
 use crate::jobs::{self, Server};
@@ -87,16 +85,6 @@ async fn prepare_data(dir: &Path, args: &DemoArgs) -> Result<(PathBuf, PathBuf)>
     crate::dataset::index_dataset(&eval.to_string_lossy(), 256).await?;
     std::fs::write(&marker, wanted.to_string())?;
     Ok((train, eval))
-}
-
-async fn read_eval(dir: &Path) -> Result<Vec<Example>> {
-    let store = LocalFileSystem::new_with_prefix(dir)?;
-    let index: DatasetIndex = build_index(&store, &StorePath::default()).await?;
-    let mut out = Vec::with_capacity(index.examples as usize);
-    for i in 0..index.examples {
-        out.push(read_example(&store, &StorePath::default(), &index, i).await?);
-    }
-    Ok(out)
 }
 
 /// Runs the demo and writes `DIR/report.json`.
@@ -190,7 +178,8 @@ async fn train_and_report(
     let last = checkpoints.latest().await?.context("the job left no checkpoint")?;
     let (_, weights, _) = checkpoints.load(last).await?;
     load_weights(&mut dp.params, &weights)?;
-    let examples = read_eval(eval_dir).await?;
+    let probe = Dataset::open(&eval_dir.to_string_lossy()).await?;
+    let examples = probe.read((0..probe.examples()).collect()).await?;
     let labels: Vec<u32> = examples.iter().map(|e| e.label.unwrap_or(0)).collect();
     let accuracy_dp =
         probe::accuracy(&eval::features::<CpuBackend>(dp.model.encoder(), &dp.params, &examples), &labels)?;

@@ -7,8 +7,8 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_accountant::client::AccountantClient;
 use dpcap_proto::v1::{
-    AccountantKind, Assignment, GetStepRequest, JobSpec, Mechanism, Objective, Plan, RegisterJobRequest,
-    ReportStepRequest, StepOutcome, TelemetryMode, step_work::Action,
+    AccountantKind, Assignment, GetStepRequest, JobSpec, Mechanism, Objective, RegisterJobRequest, ReportStepRequest,
+    StepOutcome, TelemetryMode, step_work::Action,
 };
 
 use crate::checkpoint::{load_optimizer, load_weights, save_optimizer, save_weights};
@@ -35,7 +35,6 @@ pub struct Session<AB: AutodiffBackend> {
     worker_id: String,
     assignment: Assignment,
     spec: JobSpec,
-    plan: Plan,
     coordinator: CoordinatorClient,
     accountant: AccountantClient,
     dataset: Dataset,
@@ -110,7 +109,6 @@ impl<AB: AutodiffBackend> Session<AB> {
             worker_id,
             assignment,
             spec,
-            plan,
             coordinator,
             accountant,
             dataset,
@@ -266,11 +264,6 @@ impl<AB: AutodiffBackend> Session<AB> {
         self.checkpoints.save(&manifest, weights, optimizer).await?;
         tracing::info!(job_id = %manifest.job_id, step, "checkpoint written");
         Ok(())
-    }
-
-    /// The plan this session runs.
-    pub fn plan(&self) -> &Plan {
-        &self.plan
     }
 }
 
