@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
 use dpcap_proto::v1::{
-    Assignment, CloseJobRequest, ExampleRange, GetSpendRequest, Job, JobSpec, JobState, Progress, StepWork,
+    Assignment, CloseJobRequest, ExampleRange, GetSpendRequest, Job, JobSpec, JobState, Progress, Reduction, StepWork,
     step_work::Action,
 };
 use tonic::transport::Channel;
@@ -36,7 +36,7 @@ pub struct Coordinator {
     store: JobStore,
     accountant: AccountantServiceClient<Channel>,
     state: Mutex<State>,
-    changed: tokio::sync::watch::Sender<u64>,
+    pub(crate) changed: tokio::sync::watch::Sender<u64>,
     writes: tokio::sync::Mutex<()>,
 }
 
@@ -80,7 +80,7 @@ impl Coordinator {
         }))
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -136,6 +136,7 @@ impl Coordinator {
             spec: Some(spec),
             plan: Some(plan),
             conditions: vec![],
+            reduction: Reduction::Unspecified as i32,
         };
         let plan = job.plan.unwrap_or_default();
         condition(
@@ -270,6 +271,7 @@ impl Coordinator {
             world_size: group.members.len() as u32,
             generation: group.generation,
             checkpoint_root: entry.job.checkpoint_root.clone(),
+            reduction: entry.job.reduction,
         }))
     }
 

@@ -9,8 +9,8 @@ use dpcap_proto::v1::job_service_server::JobService;
 use dpcap_proto::v1::worker_service_server::WorkerService;
 use dpcap_proto::v1::{
     CancelJobRequest, GetJobRequest, GetStepRequest, HeartbeatRequest, HeartbeatResponse, Job, ListJobsRequest,
-    ListJobsResponse, RegisterWorkerRequest, RegisterWorkerResponse, ReportStepRequest, ReportStepResponse,
-    StepOutcome, StepWork, SubmitJobRequest, WatchJobRequest,
+    ListJobsResponse, RegisterWorkerRequest, RegisterWorkerResponse, RendezvousRequest, RendezvousResponse,
+    ReportStepRequest, ReportStepResponse, StepOutcome, StepWork, SubmitJobRequest, WatchJobRequest,
 };
 use futures::Stream;
 use tonic::{Request, Response, Status};
@@ -131,5 +131,15 @@ impl WorkerService for WorkerGrpc {
         };
         self.coordinator.report(&r.worker_id, &r.job_id, r.generation, r.step, report).await.map_err(to_status)?;
         Ok(Response::new(ReportStepResponse {}))
+    }
+
+    async fn rendezvous(&self, request: Request<RendezvousRequest>) -> Result<Response<RendezvousResponse>, Status> {
+        let r = request.into_inner();
+        let nccl_id = self
+            .coordinator
+            .rendezvous((&r.worker_id, &r.job_id, r.generation), &r.nccl_id)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(RendezvousResponse { nccl_id }))
     }
 }

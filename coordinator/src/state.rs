@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
-use dpcap_proto::v1::{Condition, Job, JobState, StepOutcome};
+use dpcap_proto::v1::{Condition, Job, JobState, Reduction, StepOutcome};
 
 use crate::sampler::PoissonSampler;
 use crate::work::{ShardLayout, WorkUnit, split_work};
@@ -23,6 +23,11 @@ pub fn condition(job: &mut Job, kind: &str, reason: &str, message: impl Into<Str
         message: message.into(),
         time_unix_ms: now_ms(),
     });
+}
+
+/// Whether a worker's device is a CUDA GPU ("cuda:N").
+pub fn is_cuda(device: &str) -> bool {
+    device.starts_with("cuda")
 }
 
 /// Whether a state is final.
@@ -51,6 +56,8 @@ pub struct Group {
     /// Examples and loss·examples reported for the current step.
     pub step_examples: u64,
     pub step_loss: f64,
+    /// The NCCL unique id rank 0 published for this generation (NCCL reduction only).
+    pub nccl_id: Option<Vec<u8>>,
 }
 
 /// A job and what the coordinator derives from it.
@@ -163,8 +170,15 @@ impl State {
                 continue;
             };
             let want = entry.job.plan.as_ref().map_or(1, |p| p.workers) as usize;
-            let free: Vec<String> =
-                self.workers.iter().filter(|(_, w)| w.job.is_none()).map(|(id, _)| id.clone()).take(want).collect();
+            // A job that reduces over NCCL keeps doing so: later groups need CUDA workers too.
+            let nccl_only = entry.job.reduction == Reduction::Nccl as i32;
+            let free: Vec<String> = self
+                .workers
+                .iter()
+                .filter(|(_, w)| w.job.is_none() && (!nccl_only || is_cuda(&w.device)))
+                .map(|(id, _)| id.clone())
+                .take(want)
+                .collect();
             if free.len() < want {
                 break;
             }
@@ -174,7 +188,11 @@ impl State {
                     w.job = Some(job_id.clone());
                 }
             }
+            let all_cuda = free.iter().all(|id| self.workers.get(id).is_some_and(|w| is_cuda(&w.device)));
             let entry = self.jobs.get_mut(&job_id).expect("checked above");
+            if entry.job.reduction == Reduction::Unspecified as i32 {
+                entry.job.reduction = if all_cuda { Reduction::Nccl } else { Reduction::Accountant } as i32;
+            }
             let progress = entry.job.progress.get_or_insert_with(Default::default);
             progress.generation += 1;
             progress.workers = free.clone();
@@ -189,6 +207,7 @@ impl State {
                 step_started: Instant::now(),
                 step_examples: 0,
                 step_loss: 0.0,
+                nccl_id: None,
             });
             tracing::info!(job_id, generation, workers = ?free, "job scheduled");
             condition(
@@ -217,23 +236,25 @@ impl State {
             let Some(worker) = self.workers.remove(&id) else { continue };
             tracing::warn!(worker_id = %id, name = %worker.name, "worker lease expired");
             if let Some(job_id) = worker.job {
-                self.dissolve(&job_id);
-                if let Some(entry) = self.jobs.get_mut(&job_id) {
-                    entry.job.state = JobState::Pending as i32;
-                    condition(
-                        &mut entry.job,
-                        "WorkerLost",
-                        "LeaseExpired",
-                        format!("worker {id} ({}) stopped answering; re-forming the group", worker.name),
-                    );
-                    self.queue.push_front(job_id.clone());
-                    self.touch(&job_id);
-                    effects.persist.push(job_id);
-                }
+                let message = format!("worker {id} ({}) stopped answering; re-forming the group", worker.name);
+                effects.persist.extend(self.requeue(&job_id, "LeaseExpired", message));
             }
         }
         effects.merge(self.schedule());
         effects
+    }
+
+    /// Dissolves a job's group and puts the job back at the head of the queue (nothing of an
+    /// unfinished step was charged; the next group reruns it with the same sample).
+    fn requeue(&mut self, job_id: &str, reason: &str, message: String) -> Option<String> {
+        self.dissolve(job_id);
+        let entry = self.jobs.get_mut(job_id)?;
+        entry.job.state = JobState::Pending as i32;
+        tracing::warn!(job_id, reason, %message, "re-forming the group");
+        condition(&mut entry.job, "WorkerLost", reason, message);
+        self.queue.push_front(job_id.to_owned());
+        self.touch(job_id);
+        Some(job_id.to_owned())
     }
 
     /// The work units of `rank` for the group's current step, computing them once per step.
@@ -267,6 +288,15 @@ impl State {
                     "WorkerFailed",
                     format!("rank {rank}: {}", report.message),
                 );
+            }
+            StepOutcome::PeerLost => {
+                let message = format!("rank {rank}: {}", report.message);
+                let mut effects = Effects {
+                    persist: self.requeue(job_id, "CollectiveFailed", message).into_iter().collect(),
+                    close: vec![],
+                };
+                effects.merge(self.schedule());
+                return effects;
             }
             StepOutcome::Done => {}
         }

@@ -1,71 +1,14 @@
 //! The scheduler's pure transitions: FIFO gang allocation, lease expiry re-forming a group,
 //! the step barrier, and outcomes.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
-use dpcap_coordinator::state::{JobEntry, Report, State, WorkerEntry};
+use common::{done, job, running, submit, worker};
+use dpcap_coordinator::state::{Report, State};
 use dpcap_coordinator::{JobSecret, PoissonSampler, ShardLayout};
-use dpcap_proto::v1::{Job, JobState, Plan, StepOutcome};
-
-fn job(id: &str, workers: u32, steps: u64) -> JobEntry {
-    JobEntry {
-        job: Job {
-            job_id: id.into(),
-            state: JobState::Pending as i32,
-            plan: Some(Plan {
-                workers,
-                steps,
-                examples: 100,
-                sample_rate: 0.2,
-                checkpoint_interval: 10,
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        sampler: PoissonSampler::new(JobSecret([7; 32]), 100, 0.2).unwrap(),
-        layout: ShardLayout::from_counts(&[50, 50]),
-        group: None,
-        phase_seconds: [0.0; 5],
-        phase_reports: 0,
-        version: 0,
-    }
-}
-
-fn worker(state: &mut State, id: &str) {
-    state.workers.insert(
-        id.into(),
-        WorkerEntry {
-            name: id.into(),
-            device: "cpu".into(),
-            throughput: 1.0,
-            last_seen: Instant::now(),
-            job: None,
-            measured: false,
-        },
-    );
-}
-
-fn submit(state: &mut State, entry: JobEntry) {
-    state.queue.push_back(entry.job.job_id.clone());
-    state.jobs.insert(entry.job.job_id.clone(), entry);
-}
-
-fn running(state: &State, id: &str) -> bool {
-    state.jobs[id].job.state == JobState::Running as i32
-}
-
-fn done() -> Report {
-    Report {
-        outcome: StepOutcome::Done,
-        message: String::new(),
-        examples: 3,
-        loss: Some(2.0),
-        phases: [0.1; 5],
-        checkpoint_step: 0,
-        epsilon_spent: 0.5,
-        steps_discarded: 0,
-    }
-}
+use dpcap_proto::v1::{JobState, StepOutcome};
 
 #[test]
 fn jobs_start_in_fifo_order_only_when_all_their_workers_are_free() {

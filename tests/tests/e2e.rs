@@ -150,6 +150,30 @@ async fn a_job_resumes_after_its_coordinator_and_workers_are_killed_without_char
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_surviving_rank_rejoins_the_re_formed_group_when_its_peer_dies_mid_job() {
+    let dir = tempfile_dir("peer-lost");
+    let dataset = synth_dataset(&dir, 240);
+    let services = Services::start(&dir).await;
+    let _survivor = Process::worker(&services.coordinator.grpc, "w0", &dir);
+    let mut lost = Process::worker(&services.coordinator.grpc, "w1", &dir);
+    let job = submit(&services, spec(&dataset, 10)).await;
+    wait_until(&services, &job.job_id, Duration::from_secs(300), |j| step(j) >= 3).await;
+    // The survivor is mid-step, waiting on a release that needs the lost rank's part.
+    lost.kill();
+    let _replacement = Process::worker(&services.coordinator.grpc, "w2", &dir);
+    let job = wait_until(&services, &job.job_id, Duration::from_secs(120), |j| {
+        j.state != JobState::Running as i32 && j.state != JobState::Pending as i32
+    })
+    .await;
+    assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
+    let progress = job.progress.as_ref().unwrap();
+    // Only two workers live: the job can finish only if the survivor joined the new group.
+    assert!(progress.generation >= 2, "the group was re-formed: {progress:?}");
+    assert!(job.conditions.iter().any(|c| c.reason == "LeaseExpired"), "{job:#?}");
+    assert_eq!(services.charged_steps(&job.job_id), (0..10).collect::<Vec<_>>(), "every step charged once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_and_budget_exhaustion_end_jobs_in_their_own_states() {
     let dir = tempfile_dir("cancel");
     let dataset = synth_dataset(&dir, 240);

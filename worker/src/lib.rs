@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod clip;
+pub mod collective;
 pub mod data;
 pub mod eval;
 pub mod model;

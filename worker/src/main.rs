@@ -21,6 +21,10 @@ struct Args {
     /// Bearer token for the coordinator's WorkerService.
     #[arg(long, env = "DPCAP_CLUSTER_TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
+    /// Watchdog for NCCL collectives, in seconds: a peer silent this long aborts the
+    /// communicator and the coordinator re-forms the group. Must exceed a step's compute skew.
+    #[arg(long, default_value_t = dpcap_worker::collective::DEFAULT_TIMEOUT.as_secs(), env = "DPCAP_COLLECTIVE_TIMEOUT")]
+    collective_timeout: u64,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -38,6 +42,7 @@ async fn main() -> Result<()> {
         name,
         device: args.device.clone(),
         cluster_token: args.cluster_token,
+        collective_timeout: std::time::Duration::from_secs(args.collective_timeout.max(1)),
     };
     if args.device == "cpu" {
         run::<dpcap_worker::CpuBackend>(config, Default::default(), shutdown_signal()).await?;

@@ -73,6 +73,7 @@ impl Cluster {
                 name: format!("demo-cpu-{rank}"),
                 device: "cpu".into(),
                 cluster_token: None,
+                collective_timeout: dpcap_worker::collective::DEFAULT_TIMEOUT,
             };
             let shutdown = stopped(&stop);
             tasks.push(tokio::spawn(async move {

@@ -4,6 +4,7 @@
 
 pub mod ckpt;
 pub mod dataset;
+pub mod reduce;
 pub mod session;
 pub mod trainer;
 pub mod worker;
@@ -36,6 +37,12 @@ pub enum RuntimeError {
     /// The coordinator no longer knows this worker (lease expired): register again.
     #[error("lease lost")]
     LeaseLost,
+    /// A collective among the ranks failed or timed out (NCCL path): the group must re-form.
+    #[error("collective: {0}")]
+    Collective(#[from] crate::collective::CollectiveError),
+    /// The coordinator re-formed this job's group (or ended the job) while the session ran.
+    #[error("group re-formed")]
+    Superseded,
 }
 
 impl From<tonic::Status> for RuntimeError {

@@ -7,18 +7,20 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_accountant::client::AccountantClient;
 use dpcap_proto::v1::{
-    AccountantKind, Assignment, GetStepRequest, JobSpec, Mechanism, Objective, RegisterJobRequest, ReportStepRequest,
-    StepOutcome, TelemetryMode, step_work::Action,
+    AccountantKind, Assignment, GetStepRequest, JobSpec, Mechanism, Objective, Reduction, RegisterJobRequest,
+    ReportStepRequest, StepOutcome, TelemetryMode, step_work::Action,
 };
 
 use crate::checkpoint::{load_optimizer, load_weights, save_optimizer, save_weights};
 use crate::clip::ClipEngine;
+use crate::collective::Reducer;
 use crate::optim::Schedule;
 use crate::runtime::RuntimeError;
 use crate::runtime::ckpt::{CheckpointStore, Manifest};
 use crate::runtime::dataset::Dataset;
+use crate::runtime::reduce;
 use crate::runtime::trainer::Trainer;
-use crate::runtime::worker::CoordinatorClient;
+use crate::runtime::worker::{CoordinatorClient, WorkerConfig};
 
 /// Seconds of each phase of one step.
 #[derive(Debug, Default, Clone, Copy)]
@@ -40,6 +42,7 @@ pub struct Session<AB: AutodiffBackend> {
     dataset: Dataset,
     checkpoints: CheckpointStore,
     trainer: Trainer<AB>,
+    reducer: Reducer,
     /// Releases of steps < position are applied to the replica.
     position: u64,
     discarded: u64,
@@ -50,14 +53,13 @@ fn since(t: Instant) -> f64 {
 }
 
 impl<AB: AutodiffBackend> Session<AB> {
-    /// Builds the replica (from the latest checkpoint if there is one) and registers the job
-    /// with the accountant (idempotent: every rank sends the identical registration).
+    /// Builds the replica (from the latest checkpoint if there is one), registers the job with
+    /// the accountant (idempotent: every rank sends the identical registration) and forms the
+    /// reducer (joining the generation's NCCL group on the GPU path).
     pub async fn start(
-        worker_id: String,
-        assignment: Assignment,
-        coordinator: CoordinatorClient,
-        mut accountant: AccountantClient,
-        device: &AB::Device,
+        (worker_id, assignment): (String, Assignment),
+        (mut coordinator, mut accountant): (CoordinatorClient, AccountantClient),
+        (config, device): (&WorkerConfig, &AB::Device),
     ) -> Result<Self, RuntimeError> {
         let spec = assignment.spec.clone().ok_or_else(|| RuntimeError::Protocol("assignment without a spec".into()))?;
         let plan = assignment.plan.ok_or_else(|| RuntimeError::Protocol("assignment without a plan".into()))?;
@@ -99,12 +101,15 @@ impl<AB: AutodiffBackend> Session<AB> {
             epsilon_target: plan.epsilon_target,
             accountant: AccountantKind::try_from(plan.accountant).unwrap_or_default() as i32,
             gradient_dim: trainer.dim() as u64,
-            parts: assignment.world_size,
+            parts: if assignment.reduction == Reduction::Nccl as i32 { 1 } else { assignment.world_size },
             dataset_id: spec.dataset.clone(),
             dataset_epsilon_budget: spec.dataset_epsilon_budget,
             insecure_noise_seed: None,
         };
         accountant.raw().register_job(registration).await?;
+        let reducer =
+            reduce::form(&assignment, (&mut coordinator, &worker_id), (&config.device, config.collective_timeout))
+                .await?;
         Ok(Self {
             worker_id,
             assignment,
@@ -114,6 +119,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             dataset,
             checkpoints,
             trainer,
+            reducer,
             position,
             discarded: 0,
         })
@@ -145,10 +151,10 @@ impl<AB: AutodiffBackend> Session<AB> {
                 Err(RuntimeError::LeaseLost) => return Err(RuntimeError::LeaseLost),
                 Err(e) => {
                     tracing::error!(job_id = %report.job_id, step, rank = self.assignment.rank, error = %e, "step failed");
-                    report.outcome = if matches!(e, RuntimeError::BudgetExhausted(_)) {
-                        StepOutcome::BudgetExhausted
-                    } else {
-                        StepOutcome::Failed
+                    report.outcome = match e {
+                        RuntimeError::BudgetExhausted(_) => StepOutcome::BudgetExhausted,
+                        RuntimeError::Collective(_) => StepOutcome::PeerLost,
+                        _ => StepOutcome::Failed,
                     } as i32;
                     report.message = e.to_string();
                 }
@@ -199,13 +205,10 @@ impl<AB: AutodiffBackend> Session<AB> {
         let (part, telemetry) = tokio::task::block_in_place(|| self.trainer.clipped_part(&examples))?;
         phases.compute = since(t);
 
-        let t = Instant::now();
-        self.accountant.submit_attempt(&job_id, (step, rank, generation), &part).await?;
-        phases.reduce = since(t);
-
-        let t = Instant::now();
-        let (release, spend) = self.accountant.fetch_release(&job_id, step).await?;
-        phases.release = since(t);
+        let released =
+            reduce::release(&self.reducer, &mut self.accountant, (&job_id, step, rank, generation), part).await?;
+        (phases.reduce, phases.release) = (released.reduce_seconds, released.release_seconds);
+        let (release, spend) = (released.values, released.spend);
 
         let t = Instant::now();
         tokio::task::block_in_place(|| self.trainer.apply(release, step))?;

@@ -30,6 +30,9 @@ pub struct WorkerConfig {
     pub device: String,
     /// The cluster bearer token, if the coordinator requires one.
     pub cluster_token: Option<String>,
+    /// Watchdog for NCCL collectives: a peer silent this long aborts the communicator and the
+    /// group re-forms.
+    pub collective_timeout: Duration,
 }
 
 async fn connect(config: &WorkerConfig) -> Result<CoordinatorClient, RuntimeError> {
@@ -100,26 +103,29 @@ async fn serve<AB: AutodiffBackend>(
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             };
-            let (job_id, rank) = (assignment.job_id.clone(), assignment.rank);
+            let (job_id, rank, assignment_generation) =
+                (assignment.job_id.clone(), assignment.rank, assignment.generation);
             tracing::info!(worker_id, job_id, rank, generation = assignment.generation, "assigned");
             let session = async {
                 let session = Session::<AB>::start(
-                    worker_id.clone(),
-                    assignment,
-                    coordinator.clone(),
-                    accountant.clone(),
-                    device,
+                    (worker_id.clone(), assignment),
+                    (coordinator.clone(), accountant.clone()),
+                    (config, device),
                 )
                 .await?;
                 session.run().await
             };
+            let generation = assignment_generation;
             let result = tokio::select! {
                 r = session => r,
-                lost = keep_lease(coordinator.clone(), worker_id.clone(), beat) => Err(lost),
+                ended = keep_lease(coordinator.clone(), worker_id.clone(), (&job_id, generation), beat) => Err(ended),
             };
             match result {
                 Ok(()) => {}
                 Err(RuntimeError::LeaseLost) => break,
+                Err(RuntimeError::Superseded) => {
+                    tracing::info!(worker_id, job_id, rank, generation, "group re-formed; session dropped");
+                }
                 Err(e) => {
                     tracing::error!(worker_id, job_id, rank, error = %e, "session failed");
                     fail_job(&mut coordinator, &worker_id, &job_id, &e).await;
@@ -130,14 +136,24 @@ async fn serve<AB: AutodiffBackend>(
     }
 }
 
-/// Heartbeats until the coordinator forgets this worker.
-async fn keep_lease(mut coordinator: CoordinatorClient, worker_id: String, beat: Duration) -> RuntimeError {
+/// Heartbeats until the coordinator forgets this worker ([`RuntimeError::LeaseLost`]) or no
+/// longer lists it in generation `generation` of `job_id` ([`RuntimeError::Superseded`]: a
+/// peer was lost and the group re-formed, so a step this rank waits on can never complete).
+async fn keep_lease(
+    mut coordinator: CoordinatorClient,
+    worker_id: String,
+    (job_id, generation): (&str, u64),
+    beat: Duration,
+) -> RuntimeError {
     loop {
         tokio::time::sleep(beat).await;
-        if let Err(s) = coordinator.heartbeat(HeartbeatRequest { worker_id: worker_id.clone() }).await
-            && s.code() == tonic::Code::NotFound
-        {
-            return RuntimeError::LeaseLost;
+        match coordinator.heartbeat(HeartbeatRequest { worker_id: worker_id.clone() }).await {
+            Err(s) if s.code() == tonic::Code::NotFound => return RuntimeError::LeaseLost,
+            Err(_) => {} // unreachable for a beat: the lease has slack
+            Ok(r) => match r.into_inner().assignment {
+                Some(a) if a.job_id == job_id && a.generation == generation => {}
+                _ => return RuntimeError::Superseded,
+            },
         }
     }
 }

@@ -1,0 +1,74 @@
+//! Builders shared by the coordinator's state tests.
+#![allow(dead_code)]
+
+use std::time::Instant;
+
+use dpcap_coordinator::state::{JobEntry, Report, State, WorkerEntry};
+use dpcap_coordinator::{JobSecret, PoissonSampler, ShardLayout};
+use dpcap_proto::v1::{Job, JobState, Plan, StepOutcome};
+
+/// A pending job entry with W = `workers` over 100 examples at q = 0.2.
+pub fn job(id: &str, workers: u32, steps: u64) -> JobEntry {
+    JobEntry {
+        job: Job {
+            job_id: id.into(),
+            state: JobState::Pending as i32,
+            plan: Some(Plan {
+                workers,
+                steps,
+                examples: 100,
+                sample_rate: 0.2,
+                checkpoint_interval: 10,
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        sampler: PoissonSampler::new(JobSecret([7; 32]), 100, 0.2).unwrap(),
+        layout: ShardLayout::from_counts(&[50, 50]),
+        group: None,
+        phase_seconds: [0.0; 5],
+        phase_reports: 0,
+        version: 0,
+    }
+}
+
+pub fn worker(state: &mut State, id: &str) {
+    worker_on(state, id, "cpu");
+}
+
+/// Registers worker `id` with `device` ("cpu", "cuda:0").
+pub fn worker_on(state: &mut State, id: &str, device: &str) {
+    state.workers.insert(
+        id.into(),
+        WorkerEntry {
+            name: id.into(),
+            device: device.into(),
+            throughput: 1.0,
+            last_seen: Instant::now(),
+            job: None,
+            measured: false,
+        },
+    );
+}
+
+pub fn submit(state: &mut State, entry: JobEntry) {
+    state.queue.push_back(entry.job.job_id.clone());
+    state.jobs.insert(entry.job.job_id.clone(), entry);
+}
+
+pub fn running(state: &State, id: &str) -> bool {
+    state.jobs[id].job.state == JobState::Running as i32
+}
+
+pub fn done() -> Report {
+    Report {
+        outcome: StepOutcome::Done,
+        message: String::new(),
+        examples: 3,
+        loss: Some(2.0),
+        phases: [0.1; 5],
+        checkpoint_step: 0,
+        epsilon_spent: 0.5,
+        steps_discarded: 0,
+    }
+}

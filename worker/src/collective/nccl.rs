@@ -1,0 +1,285 @@
+//! An NCCL communicator for one generation of a job's group, through cudarc's dynamically
+//! loaded NCCL. Values are staged through host memory: the ClipEngine hands over its part as
+//! host f32 and the optimizer takes the release as host f32, so each collective copies 4·P bytes
+//! to the device and back (docs/gpu.md).
+//!
+//! The watchdog: a collective is enqueued under a lock, then its completion is polled (a CUDA
+//! event plus `ncclCommGetAsyncError`) until a deadline. On timeout, on an NCCL error, or when
+//! [`NcclGroup::abort`] is called from another thread (the session was dropped because the group
+//! re-formed), the communicator is aborted with `ncclCommAbort` and the wait returns an error.
+//! A communicator is never reused after an abort.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, DeviceRepr, result as driver};
+use cudarc::nccl::{result as nccl, sys};
+
+use super::CollectiveError;
+
+/// Bytes of an NCCL unique id.
+pub const ID_BYTES: usize = 128;
+
+/// How often the watchdog polls a pending collective.
+const POLL: Duration = Duration::from_micros(200);
+
+fn nccl_err(e: nccl::NcclError) -> CollectiveError {
+    CollectiveError::Nccl(format!("{e:?}"))
+}
+
+fn cuda_err(e: driver::DriverError) -> CollectiveError {
+    CollectiveError::Cuda(format!("{e:?}"))
+}
+
+/// A fresh NCCL unique id (rank 0 creates one per generation and publishes it).
+pub fn new_id() -> Result<Vec<u8>, CollectiveError> {
+    let id = nccl::get_uniqueid().map_err(nccl_err)?;
+    Ok(id.internal.iter().map(|&c| c as u8).collect())
+}
+
+struct Comm {
+    raw: sys::ncclComm_t,
+}
+
+// SAFETY: an ncclComm_t may be used from any thread; every use goes through the Mutex.
+unsafe impl Send for Comm {}
+
+/// One rank's communicator.
+pub struct NcclGroup {
+    comm: Mutex<Comm>,
+    aborted: AtomicBool,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    rank: usize,
+    world_size: usize,
+    timeout: Duration,
+}
+
+/// Element types the group moves.
+pub trait Element: DeviceRepr + Default + Copy + Send + 'static {
+    /// NCCL's name for the type.
+    const NCCL: sys::ncclDataType_t;
+}
+
+impl Element for f32 {
+    const NCCL: sys::ncclDataType_t = sys::ncclDataType_t::ncclFloat32;
+}
+
+impl Element for u32 {
+    const NCCL: sys::ncclDataType_t = sys::ncclDataType_t::ncclUint32;
+}
+
+/// The collective to run.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// In-place sum over every rank.
+    Sum,
+    /// In-place copy of rank 0's buffer to every rank.
+    FromRankZero,
+}
+
+impl NcclGroup {
+    /// Joins the communicator of `id` as `rank` of `world_size` on CUDA device `ordinal`.
+    /// Blocks until every rank has joined; call it on a blocking thread under a timeout.
+    pub fn join(
+        ordinal: usize,
+        (rank, world_size): (usize, usize),
+        id: &[u8],
+        timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
+        let bytes: [u8; ID_BYTES] = id
+            .try_into()
+            .map_err(|_| CollectiveError::Nccl(format!("nccl id of {} bytes, expected {ID_BYTES}", id.len())))?;
+        let id = sys::ncclUniqueId { internal: bytes.map(|b| b as ::core::ffi::c_char) };
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
+        let stream = ctx.new_stream().map_err(cuda_err)?;
+        let mut raw = std::mem::MaybeUninit::uninit();
+        let (n, r) = (world_size as i32, rank as i32);
+        // SAFETY: `raw` is written by NCCL before it is read; the id is 128 valid bytes.
+        let raw = unsafe {
+            nccl::comm_init_rank(raw.as_mut_ptr(), n, id, r).map_err(nccl_err)?;
+            raw.assume_init()
+        };
+        Ok(Self {
+            comm: Mutex::new(Comm { raw }),
+            aborted: AtomicBool::new(false),
+            ctx,
+            stream,
+            rank,
+            world_size,
+            timeout,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks in the group.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Comm> {
+        self.comm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Aborts the communicator (idempotent; safe while another thread waits on it).
+    pub fn abort(&self) {
+        let comm = self.lock();
+        if !self.aborted.swap(true, Ordering::SeqCst) {
+            // SAFETY: the communicator is live (not yet aborted) and no enqueue holds the lock.
+            if let Err(e) = unsafe { nccl::comm_abort(comm.raw) } {
+                tracing::warn!(rank = self.rank, error = ?e, "ncclCommAbort failed");
+            }
+        }
+    }
+
+    /// Sums `values` over every rank in place (blocking, under the watchdog).
+    pub fn all_reduce_sum<T: Element>(&self, values: &mut [T]) -> Result<(), CollectiveError> {
+        self.run(values, Op::Sum, "all-reduce")
+    }
+
+    /// Replaces `values` with rank 0's (blocking, under the watchdog).
+    pub fn broadcast<T: Element>(&self, values: &mut [T]) -> Result<(), CollectiveError> {
+        self.run(values, Op::FromRankZero, "broadcast")
+    }
+
+    fn run<T: Element>(&self, values: &mut [T], op: Op, name: &'static str) -> Result<(), CollectiveError> {
+        self.ctx.bind_to_thread().map_err(cuda_err)?;
+        let mut buffer = self.stream.clone_htod(&*values).map_err(cuda_err)?;
+        {
+            let comm = self.lock();
+            if self.aborted.load(Ordering::SeqCst) {
+                return Err(CollectiveError::Aborted);
+            }
+            let (ptr, _sync) = buffer.device_ptr_mut(&self.stream);
+            let (ptr, stream) = (ptr as *mut ::core::ffi::c_void, self.stream.cu_stream() as sys::cudaStream_t);
+            // SAFETY: `ptr` holds `values.len()` elements of T on this communicator's device,
+            // and stays alive until the stream has completed (we wait below).
+            let enqueued = unsafe {
+                match op {
+                    Op::Sum => {
+                        nccl::all_reduce(ptr, ptr, values.len(), T::NCCL, sys::ncclRedOp_t::ncclSum, comm.raw, stream)
+                    }
+                    Op::FromRankZero => nccl::broadcast(ptr, ptr, values.len(), T::NCCL, 0, comm.raw, stream),
+                }
+            };
+            enqueued.map_err(nccl_err)?;
+        }
+        self.wait(name)?;
+        self.stream.memcpy_dtoh(&buffer, values).map_err(cuda_err)?;
+        self.stream.synchronize().map_err(cuda_err)
+    }
+
+    /// Polls the stream's completion until the deadline, aborting on timeout or NCCL error.
+    fn wait(&self, op: &'static str) -> Result<(), CollectiveError> {
+        let event = self.ctx.new_event(None).map_err(cuda_err)?;
+        event.record(&self.stream).map_err(cuda_err)?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if self.aborted.load(Ordering::SeqCst) {
+                return Err(CollectiveError::Aborted);
+            }
+            // SAFETY: the event is live for this call.
+            match unsafe { driver::event::query(event.cu_event()) } {
+                Ok(()) => return Ok(()),
+                Err(driver::DriverError(cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NOT_READY)) => {}
+                Err(e) => {
+                    self.abort();
+                    return Err(cuda_err(e));
+                }
+            }
+            if let Some(error) = self.async_error() {
+                self.abort();
+                return Err(CollectiveError::Nccl(format!("{op}: {error:?}")));
+            }
+            if Instant::now() > deadline {
+                tracing::error!(rank = self.rank, op, timeout_s = self.timeout.as_secs(), "collective watchdog fired");
+                self.abort();
+                return Err(CollectiveError::Timeout { op, seconds: self.timeout.as_secs() });
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// An asynchronous NCCL error (a peer failed, the network broke), if any.
+    fn async_error(&self) -> Option<sys::ncclResult_t> {
+        let comm = self.lock();
+        if self.aborted.load(Ordering::SeqCst) {
+            return None;
+        }
+        let mut result = sys::ncclResult_t::ncclSuccess;
+        // SAFETY: the communicator is live while `aborted` is false under the lock.
+        let status = unsafe { sys::ncclCommGetAsyncError(comm.raw, &mut result) };
+        match (status, result) {
+            (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => {
+                None
+            }
+            (sys::ncclResult_t::ncclSuccess, error) | (error, _) => Some(error),
+        }
+    }
+}
+
+/// Aborts the group if dropped while armed: a session dropped mid-collective (its group was
+/// re-formed) must not leave the blocking thread waiting forever.
+struct AbortOnDrop(Option<Arc<NcclGroup>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(group) = self.0.take() {
+            group.abort();
+        }
+    }
+}
+
+impl NcclGroup {
+    /// [`NcclGroup::join`] on a blocking thread, under the watchdog. On timeout the joining
+    /// thread stays blocked in `ncclCommInitRank` (NCCL offers no way to abort a communicator
+    /// it has not returned); the id is never used again, since a new generation brings a new id.
+    pub async fn join_async(
+        ordinal: usize,
+        ranks: (usize, usize),
+        id: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Arc<Self>, CollectiveError> {
+        let joining = tokio::task::spawn_blocking(move || Self::join(ordinal, ranks, &id, timeout));
+        match tokio::time::timeout(timeout, joining).await {
+            Ok(Ok(result)) => result.map(Arc::new),
+            Ok(Err(e)) => Err(CollectiveError::Nccl(format!("init thread: {e}"))),
+            Err(_) => Err(CollectiveError::Timeout { op: "init", seconds: timeout.as_secs() }),
+        }
+    }
+
+    /// Runs `op` on a blocking thread; the communicator is aborted if this future is dropped
+    /// before it completes.
+    async fn blocking<T: Element>(
+        self: &Arc<Self>,
+        mut values: Vec<T>,
+        op: fn(&Self, &mut [T]) -> Result<(), CollectiveError>,
+    ) -> Result<Vec<T>, CollectiveError> {
+        let mut guard = AbortOnDrop(Some(self.clone()));
+        let group = self.clone();
+        let result = tokio::task::spawn_blocking(move || op(&group, &mut values).map(|()| values)).await;
+        guard.0 = None;
+        result.map_err(|e| CollectiveError::Nccl(format!("collective thread: {e}")))?
+    }
+
+    /// [`NcclGroup::all_reduce_sum`] of an owned buffer, off the async runtime.
+    pub async fn sum(self: &Arc<Self>, values: Vec<f32>) -> Result<Vec<f32>, CollectiveError> {
+        self.blocking(values, Self::all_reduce_sum).await
+    }
+
+    /// [`NcclGroup::broadcast`] of an owned buffer, off the async runtime.
+    pub async fn from_rank_zero<T: Element>(self: &Arc<Self>, values: Vec<T>) -> Result<Vec<T>, CollectiveError> {
+        self.blocking(values, Self::broadcast).await
+    }
+}
+
+impl Drop for NcclGroup {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}

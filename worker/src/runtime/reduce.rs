@@ -1,0 +1,150 @@
+//! A step's reduction and release on either path ([`Reducer`]): forming the NCCL group at the
+//! start of a session (rendezvous through the coordinator), and turning this rank's part into
+//! the step's release.
+
+use std::time::{Duration, Instant};
+
+use dpcap_accountant::client::AccountantClient;
+use dpcap_proto::v1::{Assignment, JobSpend, Reduction};
+
+use crate::collective::Reducer;
+use crate::runtime::RuntimeError;
+use crate::runtime::worker::CoordinatorClient;
+
+/// Where a step's part goes: (job, step, rank, generation).
+pub type StepKey<'a> = (&'a str, u64, u32, u64);
+
+/// The step's release, the spend rank 0 saw, and the seconds spent reducing and releasing.
+pub struct Released {
+    /// R_t, P values.
+    pub values: Vec<f32>,
+    /// Spend after the step (only where this rank talked to the accountant).
+    pub spend: Option<JobSpend>,
+    /// Seconds in the reduction (all-reduce and submission).
+    pub reduce_seconds: f64,
+    /// Seconds obtaining the release (fetch and broadcast).
+    pub release_seconds: f64,
+}
+
+/// The reducer for `assignment`: the accountant path, or an NCCL group joined through the
+/// coordinator's rendezvous (rank 0 publishes a fresh id for this generation).
+pub async fn form(
+    assignment: &Assignment,
+    (coordinator, worker_id): (&mut CoordinatorClient, &str),
+    (device, timeout): (&str, Duration),
+) -> Result<Reducer, RuntimeError> {
+    if assignment.reduction != Reduction::Nccl as i32 {
+        return Ok(Reducer::Accountant);
+    }
+    form_nccl(assignment, (coordinator, worker_id), (device, timeout)).await
+}
+
+#[cfg(feature = "cuda")]
+async fn form_nccl(
+    assignment: &Assignment,
+    (coordinator, worker_id): (&mut CoordinatorClient, &str),
+    (device, timeout): (&str, Duration),
+) -> Result<Reducer, RuntimeError> {
+    use crate::collective::nccl::{NcclGroup, new_id};
+    let ordinal =
+        device.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()).ok_or_else(|| RuntimeError::Spec {
+            field: "device",
+            reason: format!("{device:?} cannot join an NCCL group (expected cuda:N)"),
+        })?;
+    let nccl_id = if assignment.rank == 0 { new_id()? } else { Vec::new() };
+    let request = dpcap_proto::v1::RendezvousRequest {
+        worker_id: worker_id.to_owned(),
+        job_id: assignment.job_id.clone(),
+        generation: assignment.generation,
+        nccl_id,
+    };
+    let id = coordinator.rendezvous(request).await?.into_inner().nccl_id;
+    let ranks = (assignment.rank as usize, assignment.world_size as usize);
+    let group = NcclGroup::join_async(ordinal, ranks, id, timeout).await?;
+    tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, generation = assignment.generation, "joined the NCCL group");
+    Ok(Reducer::Nccl(group))
+}
+
+#[cfg(not(feature = "cuda"))]
+async fn form_nccl(
+    assignment: &Assignment,
+    _: (&mut CoordinatorClient, &str),
+    _: (&str, Duration),
+) -> Result<Reducer, RuntimeError> {
+    Err(RuntimeError::Spec {
+        field: "reduction",
+        reason: format!("job {} reduces over NCCL; this worker was built without the cuda feature", assignment.job_id),
+    })
+}
+
+/// Reduces `part` and returns the step's release.
+pub async fn release(
+    reducer: &Reducer,
+    accountant: &mut AccountantClient,
+    key: StepKey<'_>,
+    part: Vec<f32>,
+) -> Result<Released, RuntimeError> {
+    match reducer {
+        Reducer::Accountant => through_accountant(accountant, key, part).await,
+        #[cfg(feature = "cuda")]
+        Reducer::Nccl(group) => over_nccl(group, accountant, key, part).await,
+    }
+}
+
+/// Submits `sum` as part `part` and fetches the release.
+async fn through_accountant(
+    accountant: &mut AccountantClient,
+    (job_id, step, part, generation): StepKey<'_>,
+    sum: Vec<f32>,
+) -> Result<Released, RuntimeError> {
+    let t = Instant::now();
+    accountant.submit_attempt(job_id, (step, part, generation), &sum).await?;
+    let reduce_seconds = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let (values, spend) = accountant.fetch_release(job_id, step).await?;
+    Ok(Released { values, spend, reduce_seconds, release_seconds: t.elapsed().as_secs_f64() })
+}
+
+#[cfg(feature = "cuda")]
+async fn over_nccl(
+    group: &std::sync::Arc<crate::collective::nccl::NcclGroup>,
+    accountant: &mut AccountantClient,
+    (job_id, step, rank, generation): StepKey<'_>,
+    part: Vec<f32>,
+) -> Result<Released, RuntimeError> {
+    use crate::collective::ReleaseStatus;
+    let t = Instant::now();
+    let dim = part.len();
+    let sum = group.sum(part).await?;
+    let mut reduce_seconds = t.elapsed().as_secs_f64();
+    if rank == 0 {
+        // Rank 0 alone talks to the accountant (parts = 1), then tells the others what happened.
+        let fetched = through_accountant(accountant, (job_id, step, 0, generation), sum).await;
+        let status = match &fetched {
+            Ok(_) => ReleaseStatus::Released,
+            Err(RuntimeError::BudgetExhausted(_)) => ReleaseStatus::BudgetExhausted,
+            Err(_) => ReleaseStatus::Failed,
+        };
+        let t = Instant::now();
+        group.from_rank_zero(vec![status as u32]).await?;
+        let mut released = fetched?;
+        released.values = group.from_rank_zero(released.values).await?;
+        reduce_seconds += released.reduce_seconds;
+        released.reduce_seconds = reduce_seconds;
+        released.release_seconds += t.elapsed().as_secs_f64();
+        return Ok(released);
+    }
+    let t = Instant::now();
+    let status = group.from_rank_zero(vec![0u32]).await?;
+    match ReleaseStatus::from_code(status[0]) {
+        ReleaseStatus::Released => {}
+        ReleaseStatus::BudgetExhausted => {
+            return Err(RuntimeError::BudgetExhausted(format!("rank 0 was refused step {step}: budget exhausted")));
+        }
+        ReleaseStatus::Failed => {
+            return Err(RuntimeError::Protocol(format!("rank 0 could not obtain the release of step {step}")));
+        }
+    }
+    let values = group.from_rank_zero(vec![0.0f32; dim]).await?;
+    Ok(Released { values, spend: None, reduce_seconds, release_seconds: t.elapsed().as_secs_f64() })
+}
