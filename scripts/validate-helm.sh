@@ -58,9 +58,11 @@ grep -q "nvidia.com/gpu: 1" "$OUT/gpu.yaml" || { echo "GPU limits missing"; exit
 grep -q "kind: ServiceMonitor" "$OUT/gpu.yaml" || { echo "ServiceMonitor missing"; exit 1; }
 grep -q "publishNotReadyAddresses: true" "$OUT/default.yaml" || { echo "headless worker service missing"; exit 1; }
 grep -q "type: Recreate" "$OUT/default.yaml" || { echo "coordinator must use Recreate"; exit 1; }
+grep -q '"--precision", "bf16"' "$OUT/gpu.yaml" || { echo "GPU workers must run bf16 in the example"; exit 1; }
 
 # values.schema.json must reject wrong types.
-for bad in "workers.replicas=two" "workers.device=tpu" "coordinator.leaseSeconds=0" "image.tag="; do
+for bad in "workers.replicas=two" "workers.device=tpu" "workers.precision=fp8" "workers.collectiveTimeoutSeconds=0" \
+  "coordinator.leaseSeconds=0" "image.tag="; do
   if "$HELM" template dpcap "$CHART" --set "$bad" >/dev/null 2>&1; then
     echo "values.schema.json accepted --set $bad"; exit 1
   fi

@@ -9,7 +9,7 @@ use dpcap_coordinator::SpecFile;
 use dpcap_proto::auth::AttachToken;
 use dpcap_proto::v1::job_service_client::JobServiceClient;
 use dpcap_proto::v1::{
-    CancelJobRequest, GetJobRequest, Job, JobState, ListJobsRequest, SubmitJobRequest, WatchJobRequest,
+    CancelJobRequest, GetJobRequest, Job, JobState, ListJobsRequest, Reduction, SubmitJobRequest, WatchJobRequest,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
@@ -87,6 +87,8 @@ pub fn job_json(job: &Job) -> Value {
         "conditions": job.conditions.iter().map(|c| json!({"type": c.r#type, "reason": c.reason, "message": c.message, "time_unix_ms": c.time_unix_ms})).collect::<Vec<_>>(),
         "checkpoint_root": job.checkpoint_root,
         "created_unix_ms": job.created_unix_ms,
+        "reduction": Reduction::try_from(job.reduction)
+            .map_or("unknown".to_owned(), |r| r.as_str_name().trim_start_matches("REDUCTION_").to_lowercase()),
     })
 }
 

@@ -101,3 +101,17 @@ fn verify_compares_the_device_with_an_independent_cpu_model_built_from_the_same_
     assert_eq!(code, 2);
     assert!(err.contains("invalid --verify"), "{err}");
 }
+
+#[test]
+fn verify_measures_bf16_products_against_the_cpu_f32_sum() {
+    let args = ["bench", "clip", "--model", "micro", "--batch", "3", "--runs", "1", "--skip-naive", "--verify"];
+    let (code, out, err) = dpctl(&[&args[..], &["--precision", "bf16", "--json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rel = v["verify_rel_err"].as_f64().unwrap();
+    assert!(rel > 0.0 && rel < 3e-2, "bf16 differs from f32 within bf16 rounding: {v}");
+    assert_eq!(v["precision"], "bf16");
+    let (code, _, err) = dpctl(&[&args[..], &["--precision", "fp8"]].concat());
+    assert_eq!(code, 2);
+    assert!(err.contains("fp8") && err.contains("--precision"), "{err}");
+}

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use dpcap_coordinator::SpecFile;
 use dpcap_e2e::{Process, Services, dpctl, synth_dataset};
 use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
-use dpcap_proto::v1::{CancelJobRequest, GetJobRequest, GetSpendRequest, Job, JobPhase, JobState, SubmitJobRequest};
+use dpcap_proto::v1::{
+    CancelJobRequest, GetJobRequest, GetSpendRequest, Job, JobPhase, JobState, Reduction, SubmitJobRequest,
+};
 
 fn spec(dataset: &Path, steps: u64) -> SpecFile {
     SpecFile {
@@ -82,6 +84,7 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
     );
     let job = get(&services, &job.job_id).await;
     assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
+    assert_eq!(job.reduction, Reduction::Accountant as i32, "CPU ranks send their parts to the accountant");
     assert_eq!(services.charged_steps(&job.job_id), (0..5).collect::<Vec<_>>(), "one charge per step, no more");
     let spend = spend(&services, &job.job_id).await;
     assert!(spend.epsilon_spent <= plan.epsilon_target + 1e-9, "{spend:?}");

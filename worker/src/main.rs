@@ -3,6 +3,7 @@
 use anyhow::{Result, bail};
 use clap::Parser;
 use dpcap_accountant::process::{init_tracing, shutdown_signal};
+use dpcap_worker::clip::Precision;
 use dpcap_worker::runtime::{WorkerConfig, run};
 
 /// dpcap's worker.
@@ -25,6 +26,10 @@ struct Args {
     /// communicator and the coordinator re-forms the group. Must exceed a step's compute skew.
     #[arg(long, default_value_t = dpcap_worker::collective::DEFAULT_TIMEOUT.as_secs(), env = "DPCAP_COLLECTIVE_TIMEOUT")]
     collective_timeout: u64,
+    /// Matrix products in f32 or bf16 (mixed precision: per-example norms, clip factors and
+    /// the clipped sum stay f32).
+    #[arg(long, default_value = "f32", env = "DPCAP_PRECISION")]
+    precision: Precision,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -43,6 +48,7 @@ async fn main() -> Result<()> {
         device: args.device.clone(),
         cluster_token: args.cluster_token,
         collective_timeout: std::time::Duration::from_secs(args.collective_timeout.max(1)),
+        precision: args.precision,
     };
     if args.device == "cpu" {
         run::<dpcap_worker::CpuBackend>(config, Default::default(), shutdown_signal()).await?;

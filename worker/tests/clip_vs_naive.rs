@@ -8,7 +8,7 @@ use std::ops::Range;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use dpcap_worker::CpuBackend;
-use dpcap_worker::clip::{ClipEngine, ClippedSum, Objective, Tape, naive_clipped_sum, norms};
+use dpcap_worker::clip::{ClipEngine, ClippedSum, Objective, Precision, Tape, naive_clipped_sum, norms};
 use dpcap_worker::model::{CaptionBatch, Captioner, CaptionerConfig, Mae, MaeBatch, MaeConfig};
 use dpcap_worker::params::{Init, ParamId, ParamSet};
 
@@ -76,7 +76,8 @@ fn assert_matches_naive<M: Objective<AB>>(model: &M, params: &ParamSet<Inner>, b
     sorted.sort_by(f32::total_cmp);
     let c = f64::from(sorted[sorted.len() / 2]);
     let naive = naive_clipped_sum(model, params, batch, c);
-    let ghost = ClipEngine { clipping_norm: c, micro_batch }.clipped_sum(model, params, batch);
+    let ghost =
+        ClipEngine { clipping_norm: c, micro_batch, precision: Precision::F32 }.clipped_sum(model, params, batch);
     let fraction = ghost.telemetry.clipped_fraction(c);
     assert!(fraction > 0.0 && fraction < 1.0, "C = {c} must clip some examples and not others: {fraction}");
     for (g, n) in ghost.telemetry.norms.iter().zip(&naive.telemetry.norms) {

@@ -74,6 +74,7 @@ impl Cluster {
                 device: "cpu".into(),
                 cluster_token: None,
                 collective_timeout: dpcap_worker::collective::DEFAULT_TIMEOUT,
+                precision: Default::default(),
             };
             let shutdown = stopped(&stop);
             tasks.push(tokio::spawn(async move {

@@ -161,7 +161,7 @@ async fn train_and_report(
     eprintln!("evaluating: linear probe on {} held-out labelled images", args.eval_examples);
     let dataset = Dataset::open(&train_dir.to_string_lossy()).await?;
     let tokenizer = dataset.tokenizer("").await?;
-    let engine = ClipEngine { clipping_norm: 1.0, micro_batch: 1 };
+    let engine = ClipEngine { clipping_norm: 1.0, micro_batch: 1, precision: Default::default() };
     let schedule = Schedule { peak: 0.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
     let build = || {
         Trainer::<CpuBackend>::new(

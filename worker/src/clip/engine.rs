@@ -1,11 +1,11 @@
 //! Running the clip step and its references over micro-batches.
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Tensor};
+use burn::tensor::{ElementConversion, FloatDType, Tensor};
 
 use super::Objective;
 use super::norms;
-use super::tape::{Mode, Record, Tape};
+use super::tape::{Mode, Precision, Record, Tape};
 use crate::params::{ParamId, ParamSet};
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
@@ -88,6 +88,8 @@ pub struct ClipEngine {
     pub clipping_norm: f64,
     /// Examples per physical micro-batch (memory bound).
     pub micro_batch: usize,
+    /// Dtype of the matrix products; norms, factors and sums are f32 either way.
+    pub precision: Precision,
 }
 
 impl ClipEngine {
@@ -117,10 +119,10 @@ impl ClipEngine {
         sum: &mut GradSum<Inner<AB>>,
         telemetry: &mut Telemetry,
     ) {
-        let mut tape = Tape::new(Mode::Ghost, params);
+        let mut tape = Tape::new(Mode::Ghost, params).with_precision(self.precision);
         let losses = model.losses(&mut tape, batch);
         let grads = losses.clone().sum().backward();
-        let records = tape.into_records();
+        let records = tape.into_records().into_iter().map(widen_record).collect::<Vec<_>>();
         let with_delta: Vec<(Record<AB>, Tensor<Inner<AB>, 3>)> = records
             .into_iter()
             .map(|r| {
@@ -175,6 +177,17 @@ impl ClipEngine {
         }
         telemetry.losses.extend(to_vec(losses.inner()));
         telemetry.norms.extend(to_vec(norms_t));
+    }
+}
+
+/// A record whose activations are f32 (bf16 linear inputs widened), so every norm, clip factor
+/// and sum below is computed in f32.
+fn widen_record<AB: AutodiffBackend>(record: Record<AB>) -> Record<AB> {
+    match record {
+        Record::Linear { weight, bias, input, probe } => {
+            Record::Linear { weight, bias, input: input.cast(FloatDType::F32), probe }
+        }
+        other => other,
     }
 }
 

@@ -9,7 +9,7 @@ pub mod norms;
 mod tape;
 
 pub use engine::{ClipEngine, ClippedSum, GradSum, Telemetry, naive_clipped_sum, nonprivate_sum};
-pub use tape::{Mode, Record, Tape};
+pub use tape::{Mode, Precision, Record, Tape};
 
 use std::ops::Range;
 

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{FloatDType, Int, Tensor};
 
 use crate::params::{ParamId, ParamSet};
 
@@ -24,10 +24,48 @@ pub enum Mode {
     Frozen,
 }
 
+/// The dtype of the matrix products (linear layers and attention). Mixed precision as DP-Cap
+/// runs it: with [`Precision::Bf16`] the products run in bf16 and their outputs widen back to
+/// f32; LayerNorm, softmax, the residual stream and the losses stay in f32, and the ClipEngine
+/// computes per-example norms, clip factors and the gradient sum in f32 from the bf16
+/// activations (so each example's contribution is still bounded by C in f32 arithmetic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Everything in f32.
+    #[default]
+    F32,
+    /// bf16 matrix products.
+    Bf16,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    /// "f32" or "bf16".
+    fn from_str(name: &str) -> Result<Self, String> {
+        match name {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            _ => Err(format!("{name:?} is not f32 or bf16")),
+        }
+    }
+}
+
+impl Precision {
+    /// The name it parses from.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        }
+    }
+}
+
 /// What one trainable layer left on the tape (ghost mode).
 #[derive(Debug, Clone)]
 pub enum Record<AB: AutodiffBackend> {
-    /// y = a W (+ b) on a sequence: a is [B, T, d_in], the probe [B, T, d_out].
+    /// y = a W (+ b) on a sequence: a is [B, T, d_in] (in the compute dtype), the probe
+    /// [B, T, d_out] (f32).
     Linear { weight: ParamId, bias: Option<ParamId>, input: Tensor<Inner<AB>, 3>, probe: Tensor<AB, 3> },
     /// y = x̂ ⊙ γ + β: x̂ is the normalised input [B, T, d].
     LayerNorm { gamma: ParamId, beta: ParamId, normalized: Tensor<Inner<AB>, 3>, probe: Tensor<AB, 3> },
@@ -41,6 +79,7 @@ pub enum Record<AB: AutodiffBackend> {
 #[derive(Debug)]
 pub struct Tape<'p, AB: AutodiffBackend> {
     mode: Mode,
+    precision: Precision,
     params: &'p ParamSet<Inner<AB>>,
     records: Vec<Record<AB>>,
     leaves: HashMap<ParamId, Tensor<AB, 1>>,
@@ -49,7 +88,33 @@ pub struct Tape<'p, AB: AutodiffBackend> {
 impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
     /// A fresh tape over `params`.
     pub fn new(mode: Mode, params: &'p ParamSet<Inner<AB>>) -> Self {
-        Self { mode, params, records: Vec::new(), leaves: HashMap::new() }
+        Self { mode, precision: Precision::F32, params, records: Vec::new(), leaves: HashMap::new() }
+    }
+
+    /// The same tape computing its matrix products in `precision`.
+    pub fn with_precision(self, precision: Precision) -> Self {
+        Self { precision, ..self }
+    }
+
+    /// `t` in the compute dtype (no-op in f32).
+    fn lower<const D: usize>(&self, t: Tensor<AB, D>) -> Tensor<AB, D> {
+        match self.precision {
+            Precision::F32 => t,
+            Precision::Bf16 => t.cast(FloatDType::BF16),
+        }
+    }
+
+    /// `t` back in f32 (no-op in f32).
+    fn widen<const D: usize>(&self, t: Tensor<AB, D>) -> Tensor<AB, D> {
+        match self.precision {
+            Precision::F32 => t,
+            Precision::Bf16 => t.cast(FloatDType::F32),
+        }
+    }
+
+    /// a · b in the compute dtype, returned in f32 (attention's parameter-free products).
+    pub fn matmul<const D: usize>(&self, a: Tensor<AB, D>, b: Tensor<AB, D>) -> Tensor<AB, D> {
+        self.widen(self.lower(a).matmul(self.lower(b)))
     }
 
     /// The tape's mode.
@@ -91,7 +156,8 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
         // One [B·T, d_in] × [d_in, d_out] gemm: far faster than B broadcast matmuls.
         let [batch, t, d_in] = x.dims();
         let d_out = w.dims()[1];
-        let mut y = x.clone().reshape([batch * t, d_in]).matmul(w).reshape([batch, t, d_out]);
+        let x = self.lower(x);
+        let mut y = self.widen(x.clone().reshape([batch * t, d_in]).matmul(self.lower(w)).reshape([batch, t, d_out]));
         if let Some(b) = bias {
             y = y + self.param::<1>(b).unsqueeze::<3>();
         }

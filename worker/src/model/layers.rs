@@ -99,14 +99,14 @@ impl Attention {
         let q = self.split(self.q.forward(tape, x));
         let k = self.split(self.k.forward(tape, memory.clone()));
         let v = self.split(self.v.forward(tape, memory));
-        let mut scores = q.matmul(k.swap_dims(2, 3)).div_scalar(((d / self.heads) as f64).sqrt());
+        let mut scores = tape.matmul(q, k.swap_dims(2, 3)).div_scalar(((d / self.heads) as f64).sqrt());
         if causal {
             // burn's masks are inverted from their names: `tril_mask` is true strictly *above*
             // the diagonal, i.e. exactly the future positions to hide (docs/burn.md).
             let mask = Tensor::<AB, 2, Bool>::tril_mask([t, s], 0, &scores.device()).unsqueeze::<4>();
             scores = scores.mask_fill(mask.expand([b, self.heads, t, s]), -1e9);
         }
-        let out = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, t, d]);
+        let out = tape.matmul(softmax(scores, 3), v).swap_dims(1, 2).reshape([b, t, d]);
         self.o.forward(tape, out)
     }
 }

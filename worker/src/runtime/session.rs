@@ -68,7 +68,11 @@ impl<AB: AutodiffBackend> Session<AB> {
         let tokenizer = if mae { None } else { Some(dataset.tokenizer(&spec.tokenizer).await?) };
         let schedule =
             Schedule { peak: plan.learning_rate, warmup_steps: plan.warmup_steps, total_steps: plan.steps, floor: 0.0 };
-        let engine = ClipEngine { clipping_norm: plan.clipping_norm, micro_batch: plan.micro_batch as usize };
+        let engine = ClipEngine {
+            clipping_norm: plan.clipping_norm,
+            micro_batch: plan.micro_batch as usize,
+            precision: config.precision,
+        };
         let mut trainer = tokio::task::block_in_place(|| {
             Trainer::<AB>::new(
                 &spec.model,

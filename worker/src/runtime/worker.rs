@@ -33,6 +33,8 @@ pub struct WorkerConfig {
     /// Watchdog for NCCL collectives: a peer silent this long aborts the communicator and the
     /// group re-forms.
     pub collective_timeout: Duration,
+    /// Dtype of the matrix products in the ClipEngine (norms and sums stay f32).
+    pub precision: crate::clip::Precision,
 }
 
 async fn connect(config: &WorkerConfig) -> Result<CoordinatorClient, RuntimeError> {
