@@ -391,11 +391,7 @@ impl Coordinator {
                 return Ok(());
             }
             let Some(group) = entry.group.as_ref().filter(|g| g.generation == generation) else {
-                return Err(CoordinatorError::Precondition {
-                    job_id: job_id.into(),
-                    state: "re-formed".into(),
-                    reason: format!("generation {generation} is no longer running"),
-                });
+                return Err(CoordinatorError::StaleGeneration { job_id: job_id.into(), generation });
             };
             let Some(rank) = group.members.iter().position(|m| m == worker_id) else {
                 return Err(CoordinatorError::invalid(

@@ -29,6 +29,15 @@ pub enum CoordinatorError {
         /// Why the request is refused.
         reason: String,
     },
+    /// A rank spoke for a generation of a job's group that has been re-formed (or ended): it
+    /// must drop the session and take its next assignment.
+    #[error("job {job_id}: generation {generation} is no longer running (the group was re-formed)")]
+    StaleGeneration {
+        /// The job.
+        job_id: String,
+        /// The generation the rank spoke for.
+        generation: u64,
+    },
     /// The accountant could not be reached or failed.
     #[error("accountant unavailable: {0}")]
     Accountant(String),
@@ -50,6 +59,7 @@ impl ServiceError for CoordinatorError {
             Self::Invalid { .. } => ErrorCode::InvalidArgument,
             Self::JobNotFound(_) | Self::WorkerNotFound(_) => ErrorCode::NotFound,
             Self::Precondition { .. } => ErrorCode::FailedPrecondition,
+            Self::StaleGeneration { .. } => ErrorCode::Aborted,
             Self::Accountant(_) => ErrorCode::Unavailable,
             Self::Store(_) => ErrorCode::Internal,
         }

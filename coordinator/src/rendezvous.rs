@@ -32,7 +32,7 @@ pub fn exchange(
     }
     let terminal = is_terminal(entry.job.state);
     let Some(group) = entry.group.as_mut().filter(|g| g.generation == generation && !terminal) else {
-        return Err(refuse("re-formed", format!("generation {generation} is no longer running")));
+        return Err(CoordinatorError::StaleGeneration { job_id: job_id.into(), generation });
     };
     let Some(rank) = group.members.iter().position(|m| m == worker_id) else {
         return Err(CoordinatorError::invalid("worker_id", format!("{worker_id} is not in the group of {job_id}")));

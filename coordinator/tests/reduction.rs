@@ -17,6 +17,16 @@ fn generation(state: &State, id: &str) -> u64 {
     state.jobs[id].group.as_ref().map_or(0, |g| g.generation)
 }
 
+/// A state running job `a` (W = 2) on two CUDA workers, g0 and g1.
+fn two_gpu_job() -> State {
+    let mut state = State::default();
+    submit(&mut state, job("a", 2, 5));
+    worker_on(&mut state, "g0", "cuda:0");
+    worker_on(&mut state, "g1", "cuda:1");
+    state.schedule();
+    state
+}
+
 fn invalid_field(result: Result<Option<Vec<u8>>, CoordinatorError>) -> &'static str {
     match result {
         Err(CoordinatorError::Invalid { field, .. }) => field,
@@ -26,12 +36,8 @@ fn invalid_field(result: Result<Option<Vec<u8>>, CoordinatorError>) -> &'static 
 
 #[test]
 fn an_all_cuda_group_reduces_over_nccl_and_a_mixed_one_through_the_accountant() {
-    let mut state = State::default();
-    submit(&mut state, job("gpu", 2, 5));
-    worker_on(&mut state, "g0", "cuda:0");
-    worker_on(&mut state, "g1", "cuda:1");
-    state.schedule();
-    assert_eq!(state.jobs["gpu"].job.reduction, Reduction::Nccl as i32);
+    let mut state = two_gpu_job();
+    assert_eq!(state.jobs["a"].job.reduction, Reduction::Nccl as i32);
 
     submit(&mut state, job("mixed", 2, 5));
     worker_on(&mut state, "g2", "cuda:0");
@@ -42,11 +48,7 @@ fn an_all_cuda_group_reduces_over_nccl_and_a_mixed_one_through_the_accountant() 
 
 #[test]
 fn an_nccl_job_re_forms_only_on_cuda_workers() {
-    let mut state = State::default();
-    submit(&mut state, job("a", 2, 5));
-    worker_on(&mut state, "g0", "cuda:0");
-    worker_on(&mut state, "g1", "cuda:0");
-    state.schedule();
+    let mut state = two_gpu_job();
     // g1 reports its collective timed out: the group dissolves and the job waits at the head.
     state.work_for("a", 0);
     let lost = Report { outcome: StepOutcome::PeerLost, message: "all-reduce timed out".into(), ..done() };
@@ -71,11 +73,7 @@ fn an_nccl_job_re_forms_only_on_cuda_workers() {
 
 #[test]
 fn rank_zero_publishes_one_id_per_generation_and_the_others_read_it() {
-    let mut state = State::default();
-    submit(&mut state, job("a", 2, 5));
-    worker_on(&mut state, "g0", "cuda:0");
-    worker_on(&mut state, "g1", "cuda:1");
-    state.schedule();
+    let mut state = two_gpu_job();
     let [rank0, rank1] = [members(&state, "a")[0].clone(), members(&state, "a")[1].clone()];
     let id = vec![7u8; NCCL_ID_BYTES];
 
@@ -92,7 +90,7 @@ fn rank_zero_publishes_one_id_per_generation_and_the_others_read_it() {
     state.work_for("a", 0);
     let lost = Report { outcome: StepOutcome::PeerLost, message: "timeout".into(), ..done() };
     state.report("a", 0, &lost);
-    assert!(matches!(exchange(&mut state, (&rank1, "a", 1), &[]), Err(CoordinatorError::Precondition { .. })));
+    assert!(matches!(exchange(&mut state, (&rank1, "a", 1), &[]), Err(CoordinatorError::StaleGeneration { .. })));
     let rank1 = members(&state, "a")[1].clone();
     assert_eq!(exchange(&mut state, (&rank1, "a", 2), &[]).unwrap(), None);
 }

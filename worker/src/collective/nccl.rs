@@ -57,7 +57,7 @@ pub struct NcclGroup {
 }
 
 /// Element types the group moves.
-pub trait Element: DeviceRepr + Default + Copy + Send + 'static {
+pub trait Element: DeviceRepr + Copy + Send + 'static {
     /// NCCL's name for the type.
     const NCCL: sys::ncclDataType_t;
 }

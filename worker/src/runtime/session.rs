@@ -152,7 +152,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             };
             match self.step(step, &work.units, work.checkpoint, &mut report).await {
                 Ok(()) => report.outcome = StepOutcome::Done as i32,
-                Err(RuntimeError::LeaseLost) => return Err(RuntimeError::LeaseLost),
+                Err(e @ (RuntimeError::LeaseLost | RuntimeError::Superseded)) => return Err(e),
                 Err(e) => {
                     tracing::error!(job_id = %report.job_id, step, rank = self.assignment.rank, error = %e, "step failed");
                     report.outcome = match e {
@@ -274,11 +274,12 @@ impl<AB: AutodiffBackend> Session<AB> {
     }
 }
 
-/// NOT_FOUND from the coordinator means this worker's lease is gone.
-fn lease_or(s: tonic::Status) -> RuntimeError {
-    if s.code() == tonic::Code::NotFound && s.message().contains("not registered") {
-        RuntimeError::LeaseLost
-    } else {
-        s.into()
+/// NOT_FOUND from the coordinator means this worker's lease is gone; ABORTED, that its group
+/// was re-formed (the session ends without failing the job).
+pub fn lease_or(s: tonic::Status) -> RuntimeError {
+    match s.code() {
+        tonic::Code::NotFound if s.message().contains("not registered") => RuntimeError::LeaseLost,
+        tonic::Code::Aborted => RuntimeError::Superseded,
+        _ => s.into(),
     }
 }
