@@ -9,6 +9,8 @@
 pub mod checkpoint;
 pub mod clip;
 pub mod collective;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod data;
 pub mod eval;
 pub mod model;

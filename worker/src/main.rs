@@ -65,6 +65,7 @@ async fn main() -> Result<()> {
 
 #[cfg(feature = "cuda")]
 async fn run_cuda(config: WorkerConfig, index: usize) -> Result<()> {
+    dpcap_worker::cuda::check_device(index).map_err(|e| anyhow::anyhow!("invalid --device {e}"))?;
     let device = burn::backend::cuda::CudaDevice::new(index);
     run::<dpcap_worker::CudaBackend>(config, device, shutdown_signal()).await?;
     Ok(())

@@ -51,6 +51,7 @@ async fn form_nccl(
             field: "device",
             reason: format!("{device:?} cannot join an NCCL group (expected cuda:N)"),
         })?;
+    crate::cuda::check_nccl().map_err(|reason| RuntimeError::Spec { field: "reduction", reason })?;
     let nccl_id = if assignment.rank == 0 { new_id()? } else { Vec::new() };
     let request = dpcap_proto::v1::RendezvousRequest {
         worker_id: worker_id.to_owned(),

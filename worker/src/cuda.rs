@@ -1,0 +1,29 @@
+//! Preflight for the GPU path (feature `cuda`): cudarc loads libcuda and libnccl lazily and
+//! panics when they are missing, and burn-cuda panics on a device that does not exist. These
+//! checks turn both into errors that name the device before anything touches CUDA.
+
+/// Checks that the CUDA driver loads and that device `ordinal` exists.
+pub fn check_device(ordinal: usize) -> Result<(), String> {
+    // SAFETY: only probes whether the shared library can be opened.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(format!(
+            "cuda:{ordinal}: the CUDA driver library (libcuda) cannot be loaded; is the NVIDIA driver installed and visible?"
+        ));
+    }
+    let count = cudarc::driver::CudaContext::device_count()
+        .map_err(|e| format!("cuda:{ordinal}: the CUDA driver failed to initialise: {e:?}"))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(format!("cuda:{ordinal} does not exist: {count} CUDA device(s) visible"));
+    }
+    Ok(())
+}
+
+/// Checks that NCCL loads (the NCCL reduction path).
+pub fn check_nccl() -> Result<(), String> {
+    // SAFETY: only probes whether the shared library can be opened.
+    if unsafe { cudarc::nccl::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err("the NCCL library (libnccl) cannot be loaded; the GPU image must provide it".to_owned())
+    }
+}
