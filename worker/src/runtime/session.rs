@@ -7,8 +7,8 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_accountant::client::AccountantClient;
 use dpcap_proto::v1::{
-    AccountantKind, Assignment, GetStepRequest, JobSpec, Mechanism, Objective, Reduction, RegisterJobRequest,
-    ReportStepRequest, StepOutcome, TelemetryMode, step_work::Action,
+    AccountantKind, Assignment, GetStepRequest, JobSpec, Mechanism, Objective, RegisterJobRequest, ReportStepRequest,
+    StepOutcome, TelemetryMode, step_work::Action,
 };
 
 use crate::checkpoint::{load_optimizer, load_weights, save_optimizer, save_weights};
@@ -94,6 +94,9 @@ impl<AB: AutodiffBackend> Session<AB> {
             position = manifest.step;
             tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, step, "resumed from checkpoint");
         }
+        let reducer =
+            reduce::form(&assignment, (&mut coordinator, &worker_id), (&config.device, config.collective_timeout))
+                .await?;
         let registration = RegisterJobRequest {
             job_id: assignment.job_id.clone(),
             mechanism: Some(Mechanism {
@@ -105,15 +108,12 @@ impl<AB: AutodiffBackend> Session<AB> {
             epsilon_target: plan.epsilon_target,
             accountant: AccountantKind::try_from(plan.accountant).unwrap_or_default() as i32,
             gradient_dim: trainer.dim() as u64,
-            parts: if assignment.reduction == Reduction::Nccl as i32 { 1 } else { assignment.world_size },
+            parts: reducer.parts(assignment.world_size),
             dataset_id: spec.dataset.clone(),
             dataset_epsilon_budget: spec.dataset_epsilon_budget,
             insecure_noise_seed: None,
         };
         accountant.raw().register_job(registration).await?;
-        let reducer =
-            reduce::form(&assignment, (&mut coordinator, &worker_id), (&config.device, config.collective_timeout))
-                .await?;
         Ok(Self {
             worker_id,
             assignment,
