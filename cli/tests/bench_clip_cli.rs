@@ -8,6 +8,10 @@ fn dpctl(args: &[&str]) -> (i32, String, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
 }
 
+/// A one-run `--verify` of the micro captioner on 3 examples.
+const VERIFY_MICRO: [&str; 10] =
+    ["bench", "clip", "--model", "micro", "--batch", "3", "--runs", "1", "--skip-naive", "--verify"];
+
 #[test]
 fn json_has_every_documented_key_for_both_objectives() {
     for objective in ["caption", "mae"] {
@@ -81,19 +85,7 @@ fn verify_compares_the_device_with_an_independent_cpu_model_built_from_the_same_
     // On the CPU the device side and the reference are two separately built models: this checks
     // that weights (seeded per parameter) and the batch transfer are identical, the property the
     // CUDA comparison in scripts/gpu-check.sh relies on.
-    let (code, out, err) = dpctl(&[
-        "bench",
-        "clip",
-        "--model",
-        "micro",
-        "--batch",
-        "3",
-        "--runs",
-        "1",
-        "--skip-naive",
-        "--verify",
-        "--json",
-    ]);
+    let (code, out, err) = dpctl(&[&VERIFY_MICRO[..], &["--json"]].concat());
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["verify_rel_err"].as_f64(), Some(0.0), "{v}");
@@ -104,14 +96,13 @@ fn verify_compares_the_device_with_an_independent_cpu_model_built_from_the_same_
 
 #[test]
 fn verify_measures_bf16_products_against_the_cpu_f32_sum() {
-    let args = ["bench", "clip", "--model", "micro", "--batch", "3", "--runs", "1", "--skip-naive", "--verify"];
-    let (code, out, err) = dpctl(&[&args[..], &["--precision", "bf16", "--json"]].concat());
+    let (code, out, err) = dpctl(&[&VERIFY_MICRO[..], &["--precision", "bf16", "--json"]].concat());
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rel = v["verify_rel_err"].as_f64().unwrap();
     assert!(rel > 0.0 && rel < 3e-2, "bf16 differs from f32 within bf16 rounding: {v}");
     assert_eq!(v["precision"], "bf16");
-    let (code, _, err) = dpctl(&[&args[..], &["--precision", "fp8"]].concat());
+    let (code, _, err) = dpctl(&[&VERIFY_MICRO[..], &["--precision", "fp8"]].concat());
     assert_eq!(code, 2);
     assert!(err.contains("fp8") && err.contains("--precision"), "{err}");
 }
