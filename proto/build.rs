@@ -4,7 +4,7 @@
 use std::{env, path::PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/dpcap/v1/accountant.proto", "proto/dpcap/v1/coordinator.proto"];
+    let files = ["proto/dpcap/v1/errors.proto", "proto/dpcap/v1/accountant.proto", "proto/dpcap/v1/coordinator.proto"];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

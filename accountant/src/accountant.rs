@@ -9,6 +9,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{Mutex, watch};
 
+use dpcap_proto::ErrorCode;
+
 use crate::error::AccountantError;
 use crate::job::{Job, Part, Pending, Phase, Progress, RELEASES_KEPT, Release, StepState};
 use crate::ledger::{Charge, JobRecord, Ledger, Registration};
@@ -33,6 +35,9 @@ pub struct Accountant {
     ledger: Ledger,
     jobs: RwLock<HashMap<String, Arc<Job>>>,
     dataset_locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// One registration at a time per job id: ranks of a job register at once, and only one
+    /// of them may build the job (slow at large ε) and write the ledger record.
+    registering: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
     allow_seeded_noise: bool,
     ready: AtomicBool,
     draining: watch::Sender<bool>,
@@ -45,6 +50,7 @@ impl Accountant {
             ledger,
             jobs: RwLock::new(HashMap::new()),
             dataset_locks: std::sync::Mutex::new(HashMap::new()),
+            registering: std::sync::Mutex::new(HashMap::new()),
             allow_seeded_noise,
             ready: AtomicBool::new(false),
             draining: watch::channel(false).0,
@@ -57,12 +63,26 @@ impl Accountant {
         self.draining.send_replace(true);
     }
 
-    /// Rebuilds every job from the ledger. Charged steps without a delivery record are
-    /// discarded: their noise is gone and they are never released again.
+    /// Rebuilds every job from the ledger. A charged step whose release was neither stored nor
+    /// trimmed is discarded (its noise is gone; it is never released) and recorded so.
     pub async fn replay(&self) -> Result<usize, AccountantError> {
         let records = self.ledger.replay().await?;
         let count = records.len();
-        for record in records {
+        for mut record in records {
+            let lost: Vec<u64> = record
+                .charged
+                .iter()
+                .filter(|&&s| {
+                    s >= record.trimmed_before && !record.released.contains(&s) && !record.discarded.contains(&s)
+                })
+                .copied()
+                .collect();
+            for step in lost {
+                let job_id = &record.registration.job_id;
+                tracing::warn!(job_id = %job_id, step, "charged step has no stored release: discarded (stays spent)");
+                self.ledger.mark_discarded(job_id, step).await?;
+                record.discarded.insert(step);
+            }
             let job = build_job_from_record(record, self.allow_seeded_noise).await?;
             tracing::info!(job_id = %job.registration.job_id, charged = job.progress().charged,
                 discarded = job.progress().discarded, "replayed job from ledger");
@@ -108,6 +128,9 @@ impl Accountant {
                 "seeded noise is refused unless the accountant runs with --allow-seeded-noise",
             ));
         }
+        let lock =
+            self.registering.lock().expect("registering lock").entry(registration.job_id.clone()).or_default().clone();
+        let _single_flight = lock.lock().await;
         if let Some(existing) = self.jobs.read().expect("jobs lock").get(&registration.job_id).cloned() {
             return if existing.registration == registration {
                 Ok((existing, false))
@@ -118,7 +141,9 @@ impl Accountant {
         let record = JobRecord {
             registration: registration.clone(),
             charged: BTreeSet::new(),
-            delivered: BTreeSet::new(),
+            released: BTreeSet::new(),
+            discarded: BTreeSet::new(),
+            trimmed_before: 0,
             closed: None,
         };
         let job = build_job_from_record(record, self.allow_seeded_noise).await?;
@@ -240,14 +265,33 @@ impl Accountant {
             return Err(e);
         }
         let pending = state.pending.take().expect("pending step is still held");
-        state.last_released = Some((step, pending.digests.clone()));
-        // The charge is durable: only now may noise be drawn and the release leave.
+        // The charge is durable: only now may noise be drawn. The release is stored before it
+        // becomes visible, so a restart serves the same bytes; if either fails, the step stays
+        // spent and is discarded, never re-noised.
         let std = r.noise_multiplier * r.clipping_norm;
         let mode = job.noise;
         let sum = pending.sum;
-        let values = blocking(move || noise::release(&sum, std, mode, step))
-            .await?
-            .map_err(|e| AccountantError::Internal(format!("os entropy unavailable: {e}")))?;
+        let stored = match blocking(move || noise::release(&sum, std, mode, step)).await? {
+            Ok(values) => self.ledger.put_release(&r.job_id, step, &values).await.map(|()| values),
+            Err(e) => Err(AccountantError::Internal(format!("os entropy unavailable: {e}"))),
+        };
+        let values = match stored {
+            Ok(values) => values,
+            Err(e) => {
+                tracing::error!(job_id = %r.job_id, step, error = %e, "release not stored: step discarded");
+                state.discarded.insert(step);
+                job.progress.send_modify(|p| {
+                    p.next_step = step + 1;
+                    p.charged += 1;
+                    p.discarded += 1;
+                    p.epsilon_spent = epsilon_after;
+                });
+                let _ = self.ledger.mark_discarded(&r.job_id, step).await;
+                return Err(e);
+            }
+        };
+        state.last_released = Some((step, pending.digests.clone()));
+        state.stored.insert(step);
         state.releases.insert(step, Arc::new(Release { step, values, epsilon_after }));
         while state.releases.len() > RELEASES_KEPT {
             state.releases.pop_first();
@@ -328,20 +372,16 @@ impl Accountant {
             let progress = *progress_rx.borrow_and_update();
             let id = &job.registration.job_id;
             if progress.next_step > step {
-                let state = job.state.lock().await;
-                if let Some(release) = state.releases.get(&step) {
-                    return Ok(release.clone());
-                }
-                let reason = if state.discarded.contains(&step) {
-                    "step was charged but its release was lost (discarded); it is never released again"
-                } else {
-                    "release is no longer held by the accountant"
-                };
-                return Err(AccountantError::refused(id, step, reason));
+                return self.released(job, step).await;
             }
             match progress.phase {
                 Phase::BudgetExhausted => {
-                    return Err(AccountantError::refused(id, step, "budget exhausted; the step was not released"));
+                    return Err(AccountantError::refused(
+                        id,
+                        step,
+                        ErrorCode::BudgetExhausted,
+                        "budget exhausted; the step was not released",
+                    ));
                 }
                 Phase::Closed => return Err(AccountantError::JobClosed { job_id: id.clone() }),
                 Phase::Open => {}
@@ -358,12 +398,59 @@ impl Accountant {
         }
     }
 
-    /// Records that `step` of `job` was streamed out in full.
-    pub async fn mark_delivered(&self, job: &Job, step: u64) -> Result<(), AccountantError> {
-        if !job.state.lock().await.delivered.insert(step) {
+    /// The release of a charged step: from memory, else from the ledger's store. A discarded
+    /// or trimmed step is refused with its typed code.
+    async fn released(&self, job: &Job, step: u64) -> Result<Arc<Release>, AccountantError> {
+        let r = &job.registration;
+        let mut state = job.state.lock().await;
+        if let Some(release) = state.releases.get(&step) {
+            return Ok(release.clone());
+        }
+        if state.discarded.contains(&step) {
+            return Err(AccountantError::refused(
+                &r.job_id,
+                step,
+                ErrorCode::ReleaseDiscarded,
+                "step was charged but its release was lost (discarded); it is never released",
+            ));
+        }
+        if step < state.trimmed_before || !state.stored.contains(&step) {
+            return Err(AccountantError::refused(
+                &r.job_id,
+                step,
+                ErrorCode::ReleaseTrimmed,
+                format!("release was deleted: a checkpoint covers steps before {}", state.trimmed_before),
+            ));
+        }
+        let dim = usize::try_from(r.gradient_dim).map_err(|_| AccountantError::Internal("gradient_dim".into()))?;
+        let values =
+            self.ledger.get_release(&r.job_id, step, dim).await?.ok_or_else(|| AccountantError::CorruptLedger {
+                path: format!("jobs/{}/releases/{step:020}.f32", r.job_id),
+                reason: "recorded as stored but missing".into(),
+            })?;
+        let release = Arc::new(Release { step, values, epsilon_after: job.curve.epsilon_after(step + 1) });
+        state.releases.insert(step, release.clone());
+        while state.releases.len() > RELEASES_KEPT {
+            state.releases.pop_first();
+        }
+        Ok(release)
+    }
+
+    /// A checkpoint covers every step < `before`: their stored releases may go. Never moves
+    /// backwards and never past the ledger's next step.
+    pub async fn trim(&self, job: &Job, before: u64) -> Result<(), AccountantError> {
+        let before = before.min(job.progress().next_step);
+        let mut state = job.state.lock().await;
+        if before <= state.trimmed_before {
             return Ok(());
         }
-        self.ledger.mark_delivered(&job.registration.job_id, step).await
+        let stored: Vec<u64> = state.stored.range(..before).copied().collect();
+        self.ledger.trim(&job.registration.job_id, before, &stored).await?;
+        state.trimmed_before = before;
+        state.stored.retain(|&s| s >= before);
+        state.releases.retain(|&s, _| s >= before);
+        tracing::info!(job_id = %job.registration.job_id, before, deleted = stored.len(), "trimmed releases");
+        Ok(())
     }
 
     /// Ends a job: parts are refused from now on and its per-job metrics disappear.
@@ -384,6 +471,7 @@ fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), Acco
             return Err(AccountantError::refused(
                 id,
                 step,
+                ErrorCode::BudgetExhausted,
                 format!("budget exhausted after {} steps (epsilon {:.6})", progress.charged, progress.epsilon_spent),
             ));
         }
@@ -393,6 +481,7 @@ fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), Acco
         return Err(AccountantError::refused(
             id,
             step,
+            ErrorCode::StepAlreadyCharged,
             format!("step was already charged; the ledger expects step {}", progress.next_step),
         ));
     }
@@ -400,6 +489,7 @@ fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), Acco
         return Err(AccountantError::refused(
             id,
             step,
+            ErrorCode::StepNotNext,
             format!("step is not next; the ledger expects step {}", progress.next_step),
         ));
     }
@@ -475,7 +565,7 @@ async fn build_job_from_record(record: JobRecord, allow_seeded_noise: bool) -> R
     })
     .await??;
     let next_step = record.charged.last().map_or(0, |s| s + 1);
-    let discarded: BTreeSet<u64> = record.charged.difference(&record.delivered).copied().collect();
+    let discarded = record.discarded;
     let phase = if record.closed.is_some() {
         Phase::Closed
     } else if charged >= max_steps {
@@ -488,7 +578,8 @@ async fn build_job_from_record(record: JobRecord, allow_seeded_noise: bool) -> R
         pending: None,
         releases: BTreeMap::new(),
         discarded,
-        delivered: record.delivered,
+        stored: record.released.into_iter().filter(|&s| s >= record.trimmed_before).collect(),
+        trimmed_before: record.trimmed_before,
         last_released: None,
     };
     Ok(Job { registration: r, curve, max_steps, noise, state: Mutex::new(state), progress: watch::channel(progress).0 })

@@ -19,10 +19,21 @@ impl AccountantClient {
     /// Connects to `endpoint` (e.g. "http://127.0.0.1:7070").
     pub async fn connect(endpoint: String) -> Result<Self, tonic::transport::Error> {
         let channel = tonic::transport::Endpoint::from_shared(endpoint)?.http2_adaptive_window(true).connect().await?;
+        Ok(Self::over(channel))
+    }
+
+    /// A client that connects on first use and reconnects after the accountant restarts (calls
+    /// made while it is down fail with UNAVAILABLE, which callers retry).
+    pub fn connect_lazy(endpoint: String) -> Result<Self, tonic::transport::Error> {
+        let channel = tonic::transport::Endpoint::from_shared(endpoint)?.http2_adaptive_window(true).connect_lazy();
+        Ok(Self::over(channel))
+    }
+
+    fn over(channel: Channel) -> Self {
         let inner = AccountantServiceClient::new(channel)
             .max_decoding_message_size(crate::server::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(crate::server::MAX_MESSAGE_BYTES);
-        Ok(Self { inner })
+        Self { inner }
     }
 
     /// The generated client, for calls without a helper here.

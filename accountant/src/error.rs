@@ -34,6 +34,9 @@ pub enum AccountantError {
         job_id: String,
         /// The refused step.
         step: u64,
+        /// Which refusal, typed for clients: StepAlreadyCharged, StepNotNext,
+        /// ReleaseDiscarded, ReleaseTrimmed or BudgetExhausted.
+        code: ErrorCode,
         /// Why (e.g. "the ledger expects step 7").
         reason: String,
     },
@@ -122,10 +125,13 @@ impl ServiceError for AccountantError {
             InvalidArgument { .. } => ErrorCode::InvalidArgument,
             Privacy(PrivacyError::Invalid { .. }) => ErrorCode::InvalidArgument,
             Privacy(PrivacyError::Unreachable { .. }) => ErrorCode::FailedPrecondition,
-            UnknownJob { .. } => ErrorCode::NotFound,
+            UnknownJob { .. } => ErrorCode::JobNotRegistered,
             RegistrationConflict { .. } => ErrorCode::AlreadyExists,
-            StepRefused { .. } | BudgetExhausted { .. } | JobClosed { .. } => ErrorCode::FailedPrecondition,
-            ConflictingPart { .. } | StalePart { .. } | ChargedElsewhere { .. } => ErrorCode::Aborted,
+            StepRefused { code, .. } => *code,
+            BudgetExhausted { .. } => ErrorCode::BudgetExhausted,
+            JobClosed { .. } => ErrorCode::JobClosed,
+            ConflictingPart { .. } | StalePart { .. } => ErrorCode::Aborted,
+            ChargedElsewhere { .. } => ErrorCode::ReleaseDiscarded,
             Unavailable(_) => ErrorCode::Unavailable,
             Storage(_) | CorruptLedger { .. } | Internal(_) => ErrorCode::Internal,
         }
@@ -137,7 +143,7 @@ impl AccountantError {
         AccountantError::InvalidArgument { field, reason: reason.into() }
     }
 
-    pub(crate) fn refused(job_id: &str, step: u64, reason: impl Into<String>) -> Self {
-        AccountantError::StepRefused { job_id: job_id.to_owned(), step, reason: reason.into() }
+    pub(crate) fn refused(job_id: &str, step: u64, code: ErrorCode, reason: impl Into<String>) -> Self {
+        AccountantError::StepRefused { job_id: job_id.to_owned(), step, code, reason: reason.into() }
     }
 }

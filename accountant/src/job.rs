@@ -12,7 +12,8 @@ use crate::ledger::Registration;
 use crate::noise::NoiseMode;
 use crate::privacy::EpsilonCurve;
 
-/// Releases kept in memory per job for ranks that have not fetched them yet.
+/// Releases kept in memory per job for ranks that have not fetched them yet (older ones are
+/// read back from the ledger's store).
 pub const RELEASES_KEPT: usize = 4;
 
 /// Where a job stands: readable without locking, published on every change.
@@ -74,10 +75,13 @@ pub struct StepState {
     pub pending: Option<Pending>,
     /// Recent releases by step.
     pub releases: BTreeMap<u64, Arc<Release>>,
-    /// Steps charged but never delivered (lost in a crash, or charged by another process).
+    /// Steps charged whose release was lost (a crash before it was stored, or charged by
+    /// another process): spent, never released.
     pub discarded: BTreeSet<u64>,
-    /// Steps whose delivery is already recorded.
-    pub delivered: BTreeSet<u64>,
+    /// Steps whose release is in the ledger's store (fetchable after a restart).
+    pub stored: BTreeSet<u64>,
+    /// Releases of steps below this are covered by a checkpoint and may be deleted.
+    pub trimmed_before: u64,
     /// The part digests of the last released step, so that a retried identical part that
     /// raced with the release is answered as the idempotent duplicate it is.
     pub last_released: Option<(u64, Vec<Option<u64>>)>,

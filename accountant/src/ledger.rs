@@ -6,8 +6,14 @@
 //! - `jobs/{job}/charges/{step:020}.json`: one object per charged step, written with a
 //!   conditional create, so a step can be charged at most once even by two accountant
 //!   processes sharing the store;
-//! - `jobs/{job}/delivered/{step:020}`: written after the release of a step was streamed out;
-//!   a charge without it at replay time is counted as discarded;
+//! - `jobs/{job}/releases/{step:020}.f32`: the released vector (little-endian f32), stored
+//!   after the charge and before any byte of it leaves, so that every rank (a restarted one, a
+//!   replacement, a survivor of an accountant crash) fetches the same bytes until a checkpoint
+//!   covers the step;
+//! - `jobs/{job}/trimmed.json`: `{"before": S}`: releases of steps < S are covered by a
+//!   checkpoint and may have been deleted; it only ever grows;
+//! - `jobs/{job}/discarded/{step:020}`: a charged step whose release was lost (a crash between
+//!   the charge and the stored release): spent, never released, recorded at replay;
 //! - `jobs/{job}/closed.json`: the job ended; no further parts are accepted.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -71,8 +77,12 @@ pub struct JobRecord {
     pub registration: Registration,
     /// Charged step numbers.
     pub charged: BTreeSet<u64>,
-    /// Step numbers whose release was streamed out.
-    pub delivered: BTreeSet<u64>,
+    /// Step numbers whose release is stored.
+    pub released: BTreeSet<u64>,
+    /// Step numbers recorded as discarded.
+    pub discarded: BTreeSet<u64>,
+    /// Releases of steps below this may have been trimmed (a checkpoint covers them).
+    pub trimmed_before: u64,
     /// The reason given when the job was closed, if it was.
     pub closed: Option<String>,
 }
@@ -123,13 +133,55 @@ impl Ledger {
         }
     }
 
-    /// Records that a step's release was streamed out (idempotent).
-    pub async fn mark_delivered(&self, job_id: &str, step: u64) -> Result<(), AccountantError> {
-        let path = self.job_path(job_id, &format!("delivered/{step:020}"));
+    /// Stores the release of a charged step (before any byte of it leaves the accountant).
+    pub async fn put_release(&self, job_id: &str, step: u64, values: &[f32]) -> Result<(), AccountantError> {
+        let mut bytes = Vec::with_capacity(values.len() * 4);
+        values.iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
+        let path = self.job_path(job_id, &format!("releases/{step:020}.f32"));
+        self.store.put(&path, PutPayload::from(bytes)).await?;
+        Ok(())
+    }
+
+    /// The stored release of `step`, or None when there is none (trimmed, or never stored).
+    pub async fn get_release(&self, job_id: &str, step: u64, dim: usize) -> Result<Option<Vec<f32>>, AccountantError> {
+        let path = self.job_path(job_id, &format!("releases/{step:020}.f32"));
+        let bytes = match self.store.get(&path).await {
+            Ok(r) => r.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if bytes.len() != dim * 4 {
+            return Err(AccountantError::CorruptLedger {
+                path: path.to_string(),
+                reason: format!("{} bytes, expected {} (gradient_dim {dim} f32)", bytes.len(), dim * 4),
+            });
+        }
+        Ok(Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
+    }
+
+    /// Records that a charged step's release was lost (idempotent).
+    pub async fn mark_discarded(&self, job_id: &str, step: u64) -> Result<(), AccountantError> {
+        let path = self.job_path(job_id, &format!("discarded/{step:020}"));
         match self.create(&path, Vec::new()).await {
             Ok(()) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Records that a checkpoint covers every step < `before`, then deletes those releases.
+    /// The marker is written first: a crash in between leaves orphaned releases, never a
+    /// release-less step that replay would mistake for a discarded one.
+    pub async fn trim(&self, job_id: &str, before: u64, stored: &[u64]) -> Result<(), AccountantError> {
+        let path = self.job_path(job_id, "trimmed.json");
+        let body = serde_json::to_vec(&serde_json::json!({ "before": before })).expect("json serialises");
+        self.store.put(&path, PutPayload::from(body)).await?;
+        for &step in stored.iter().filter(|&&s| s < before) {
+            match self.store.delete(&self.job_path(job_id, &format!("releases/{step:020}.f32"))).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     /// Records that a job ended (idempotent; the first reason is kept).
@@ -150,7 +202,9 @@ impl Ledger {
         struct Found {
             registration: bool,
             charged: BTreeSet<u64>,
-            delivered: BTreeSet<u64>,
+            released: BTreeSet<u64>,
+            discarded: BTreeSet<u64>,
+            trimmed: bool,
             closed: bool,
         }
         let mut found: BTreeMap<String, Found> = BTreeMap::new();
@@ -166,8 +220,12 @@ impl Ledger {
             match parts.get(1..).unwrap_or_default() {
                 [name] if name == "registration.json" => entry.registration = true,
                 [name] if name == "closed.json" => entry.closed = true,
+                [name] if name == "trimmed.json" => entry.trimmed = true,
                 [dir, name] if dir == "charges" => entry.charged.extend(step_of(name)),
-                [dir, name] if dir == "delivered" => entry.delivered.extend(step_of(name)),
+                [dir, name] if dir == "releases" => {
+                    entry.released.extend(name.strip_suffix(".f32").and_then(|n| n.parse::<u64>().ok()))
+                }
+                [dir, name] if dir == "discarded" => entry.discarded.extend(step_of(name)),
                 _ => tracing::warn!(path = %object.location, "ignoring unknown ledger object"),
             }
         }
@@ -186,7 +244,23 @@ impl Ledger {
             } else {
                 None
             };
-            jobs.push(JobRecord { registration, charged: f.charged, delivered: f.delivered, closed });
+            let trimmed_before = if f.trimmed {
+                let v: serde_json::Value = self.read_json(&self.job_path(&job_id, "trimmed.json")).await?;
+                v["before"].as_u64().ok_or_else(|| AccountantError::CorruptLedger {
+                    path: format!("jobs/{job_id}/trimmed.json"),
+                    reason: "no unsigned \"before\"".into(),
+                })?
+            } else {
+                0
+            };
+            jobs.push(JobRecord {
+                registration,
+                charged: f.charged,
+                released: f.released,
+                discarded: f.discarded,
+                trimmed_before,
+                closed,
+            });
         }
         Ok(jobs)
     }

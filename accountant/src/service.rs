@@ -9,6 +9,7 @@ use dpcap_proto::v1::accountant_service_server::AccountantService;
 use dpcap_proto::v1::{
     self as pb, CloseJobRequest, EstimateRequest, EstimateResponse, FetchReleaseRequest, GetSpendRequest,
     GradientChunk, JobSpend, RegisterJobRequest, RegisterJobResponse, ReleaseChunk, SubmitPartResponse,
+    TrimReleasesRequest,
 };
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -165,7 +166,6 @@ impl AccountantService for AccountantGrpc {
         let job = self.accountant.job(&request.job_id).map_err(to_status)?;
         let release = self.accountant.wait_release(&job, request.step).await.map_err(to_status)?;
         let (tx, rx) = mpsc::channel(4);
-        let accountant = self.accountant.clone();
         tokio::spawn(async move {
             let mut first_spend = Some(JobSpend { epsilon_spent: release.epsilon_after, ..spend(&job) });
             for (i, values) in release.values.chunks(chunk_values).enumerate() {
@@ -177,11 +177,8 @@ impl AccountantService for AccountantGrpc {
                     spend: first_spend.take(),
                 };
                 if tx.send(Ok(chunk)).await.is_err() {
-                    return; // the client went away before the whole release
+                    return; // the client went away; the release stays stored for its retry
                 }
-            }
-            if let Err(e) = accountant.mark_delivered(&job, release.step).await {
-                tracing::warn!(job_id = %job.registration.job_id, step = release.step, error = %e, "could not record delivery");
             }
         });
         Ok(Response::new(ReceiverStream::new(rx).boxed()))
@@ -196,6 +193,13 @@ impl AccountantService for AccountantGrpc {
         let request = request.into_inner();
         let job = self.accountant.job(&request.job_id).map_err(to_status)?;
         self.accountant.close(&job, &request.reason).await.map_err(to_status)?;
+        Ok(Response::new(spend(&job)))
+    }
+
+    async fn trim_releases(&self, request: Request<TrimReleasesRequest>) -> Result<Response<JobSpend>, Status> {
+        let request = request.into_inner();
+        let job = self.accountant.job(&request.job_id).map_err(to_status)?;
+        self.accountant.trim(&job, request.before_step).await.map_err(to_status)?;
         Ok(Response::new(spend(&job)))
     }
 

@@ -5,7 +5,8 @@ mod common;
 
 use common::{AccountantProcess, charged_steps, job};
 use dpcap_accountant::privacy::{AccountantKind, EpsilonCurve, max_steps, noise_multiplier};
-use dpcap_proto::v1::{CloseJobRequest, GetSpendRequest, GradientChunk};
+use dpcap_proto::ErrorCode;
+use dpcap_proto::v1::{CloseJobRequest, GetSpendRequest, GradientChunk, RegisterJobRequest, TrimReleasesRequest};
 use tonic::Code;
 
 fn part(seed: u32, dim: usize) -> Vec<f32> {
@@ -53,38 +54,56 @@ async fn concurrent_duplicate_parts_and_fetches_charge_once_and_return_identical
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_between_charge_and_delivery_discards_the_step_and_continues() {
+async fn a_restart_serves_stored_releases_again_and_discards_a_charge_whose_release_was_never_stored() {
     let dir = tempfile::tempdir().unwrap();
     let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
     let mut client = server.client().await;
     let dim = 100;
     client.raw().register_job(job("crash", 0.01, 1.0, 1.0, 10.0, dim as u64, 2, Some(5))).await.unwrap();
-    for step in 0..2u64 {
+    let mut released = Vec::new();
+    for step in 0..3u64 {
         client.submit_part("crash", step, 0, &part(0, dim)).await.unwrap();
         let r = client.submit_part("crash", step, 1, &part(1, dim)).await.unwrap();
         assert!(r.released);
-        if step == 0 {
-            client.fetch_release("crash", 0).await.unwrap();
-        }
+        released.push(client.fetch_release("crash", step).await.unwrap().0);
     }
-    // Step 1 is charged and released in memory but never delivered: crash now.
+    // Crash; and make step 2 look like a crash between its durable charge and its stored
+    // release (the only window in which a release can be lost).
+    server.kill();
+    let release_2 = dir.path().join("jobs/crash/releases").join(format!("{:020}.f32", 2));
+    std::fs::remove_file(&release_2).expect("step 2's release was stored before it left");
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let mut client = server.client().await;
+    let spend = client.raw().get_spend(GetSpendRequest { job_id: "crash".into() }).await.unwrap().into_inner();
+    assert_eq!((spend.steps_charged, spend.steps_discarded, spend.next_step), (3, 1, 3), "{spend:?}");
+    for step in 0..2u64 {
+        let again = client.fetch_release("crash", step).await.unwrap().0;
+        assert_eq!(again, released[step as usize], "step {step}: the same bytes after a restart, never fresh noise");
+    }
+    let lost = client.fetch_release("crash", 2).await.unwrap_err();
+    assert_eq!(ErrorCode::of(&lost), Some(ErrorCode::ReleaseDiscarded), "{lost}");
+    assert!(dir.path().join("jobs/crash/discarded").join(format!("{:020}", 2)).exists(), "recorded in the ledger");
+    let reuse = client.submit_part("crash", 2, 0, &part(0, dim)).await.unwrap_err();
+    assert_eq!(ErrorCode::of(&reuse), Some(ErrorCode::StepAlreadyCharged), "step numbers are never reused: {reuse}");
+    client.submit_part("crash", 3, 0, &part(0, dim)).await.unwrap();
+    client.submit_part("crash", 3, 1, &part(1, dim)).await.unwrap();
+    client.fetch_release("crash", 3).await.unwrap();
+    assert_eq!(charged_steps(dir.path(), "crash"), vec![0, 1, 2, 3]);
+    let metrics = server.scrape().await;
+    assert!(metrics.contains("dpcap_steps_charged_total{job_id=\"crash\"} 4"), "{metrics}");
+    assert!(metrics.contains("dpcap_steps_discarded_total{job_id=\"crash\"} 1"), "{metrics}");
+
+    // A checkpoint covering steps < 2 lets their stored releases go; step 3 stays fetchable.
+    client.raw().trim_releases(TrimReleasesRequest { job_id: "crash".into(), before_step: 2 }).await.unwrap();
+    let trimmed = client.fetch_release("crash", 0).await.unwrap_err();
+    assert_eq!(ErrorCode::of(&trimmed), Some(ErrorCode::ReleaseTrimmed), "{trimmed}");
+    assert!(!dir.path().join("jobs/crash/releases").join(format!("{:020}.f32", 0)).exists());
     server.kill();
     let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
     let mut client = server.client().await;
     let spend = client.raw().get_spend(GetSpendRequest { job_id: "crash".into() }).await.unwrap().into_inner();
-    assert_eq!((spend.steps_charged, spend.steps_discarded, spend.next_step), (2, 1, 2), "{spend:?}");
-    let lost = client.fetch_release("crash", 1).await.unwrap_err();
-    assert_eq!(lost.code(), Code::FailedPrecondition);
-    assert!(lost.message().contains("discarded"), "{lost}");
-    let reuse = client.submit_part("crash", 1, 0, &part(0, dim)).await.unwrap_err();
-    assert_eq!(reuse.code(), Code::FailedPrecondition, "step numbers are never reused: {reuse}");
-    client.submit_part("crash", 2, 0, &part(0, dim)).await.unwrap();
-    client.submit_part("crash", 2, 1, &part(1, dim)).await.unwrap();
-    client.fetch_release("crash", 2).await.unwrap();
-    assert_eq!(charged_steps(dir.path(), "crash"), vec![0, 1, 2]);
-    let metrics = server.scrape().await;
-    assert!(metrics.contains("dpcap_steps_charged_total{job_id=\"crash\"} 3"), "{metrics}");
-    assert!(metrics.contains("dpcap_steps_discarded_total{job_id=\"crash\"} 1"), "{metrics}");
+    assert_eq!((spend.steps_charged, spend.steps_discarded), (4, 1), "trimmed steps are not discarded: {spend:?}");
+    assert_eq!(client.fetch_release("crash", 3).await.unwrap().0.len(), dim);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,10 +274,14 @@ async fn two_accountants_sharing_a_ledger_never_charge_a_step_twice() {
     assert!(!again.created, "the second registration finds the first in the ledger");
     let values = part(0, 16);
     let (ra, rb) = tokio::join!(a.submit_part("shared", 0, 0, &values), b.submit_part("shared", 0, 0, &values));
-    let outcomes =
-        [ra.as_ref().map(|r| r.released).map_err(|e| e.code()), rb.as_ref().map(|r| r.released).map_err(|e| e.code())];
+    let outcomes = [
+        ra.as_ref().map(|r| r.released).map_err(ErrorCode::of),
+        rb.as_ref().map(|r| r.released).map_err(ErrorCode::of),
+    ];
     assert_eq!(outcomes.iter().filter(|o| **o == Ok(true)).count(), 1, "{outcomes:?}");
-    assert_eq!(outcomes.iter().filter(|o| **o == Err(Code::Aborted)).count(), 1, "{outcomes:?}");
+    // The loser's step is spent elsewhere: for it, a discarded step it must never release.
+    let lost = Err(Some(ErrorCode::ReleaseDiscarded));
+    assert_eq!(outcomes.iter().filter(|o| **o == lost).count(), 1, "{outcomes:?}");
     assert_eq!(charged_steps(dir.path(), "shared"), vec![0]);
 }
 
@@ -371,4 +394,47 @@ async fn a_newer_attempt_replaces_pending_parts_and_an_older_one_is_refused() {
     assert!(client.submit_attempt("regroup", (0, 1, 2), &part(2, dim)).await.unwrap().released);
     let spend = client.raw().get_spend(GetSpendRequest { job_id: "regroup".into() }).await.unwrap().into_inner();
     assert_eq!(spend.steps_charged, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_is_idempotent_under_concurrency_and_across_restarts_for_any_sigma() {
+    use rand_chacha::ChaCha20Rng;
+    use rand_chacha::rand_core::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = ChaCha20Rng::seed_from_u64(11);
+    let unit = |rng: &mut ChaCha20Rng| (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    // Random f64 mechanisms: 47 % of random doubles did not survive a JSON round trip before
+    // the ledger parsed floats exactly; ranks registering at once each built the job.
+    let jobs: Vec<RegisterJobRequest> = (0..4)
+        .map(|i| {
+            let (q, sigma, c) = (0.005 + 0.05 * unit(&mut rng), 0.6 + 3.0 * unit(&mut rng), 0.1 + unit(&mut rng));
+            let mut request = job(&format!("reg-{i}"), q, sigma, c, 4.0 + 4.0 * unit(&mut rng), 64, 2, None);
+            request.delta = 1e-6 + 1e-4 * unit(&mut rng);
+            request
+        })
+        .collect();
+    let server = AccountantProcess::start(dir.path(), &[]).await;
+    let client = server.client().await;
+    for request in &jobs {
+        let ranks: Vec<_> = (0..2)
+            .map(|_| {
+                let (mut c, r) = (client.clone(), request.clone());
+                tokio::spawn(async move { c.raw().register_job(r).await.map(|r| r.into_inner().created) })
+            })
+            .collect();
+        let mut created = Vec::new();
+        for rank in ranks {
+            created.push(rank.await.unwrap().unwrap_or_else(|e| panic!("{}: {e}", request.job_id)));
+        }
+        created.sort();
+        assert_eq!(created, vec![false, true], "{}: exactly one rank creates the job", request.job_id);
+    }
+    server.kill();
+    let server = AccountantProcess::start(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    for request in jobs {
+        let again =
+            client.raw().register_job(request.clone()).await.unwrap_or_else(|e| panic!("{}: {e}", request.job_id));
+        assert!(!again.into_inner().created, "{}: identical after the ledger's round trip", request.job_id);
+    }
 }

@@ -9,7 +9,8 @@ use dpcap_coordinator::SpecFile;
 use dpcap_proto::auth::AttachToken;
 use dpcap_proto::v1::job_service_client::JobServiceClient;
 use dpcap_proto::v1::{
-    CancelJobRequest, GetJobRequest, Job, JobState, ListJobsRequest, Reduction, SubmitJobRequest, WatchJobRequest,
+    CancelJobRequest, GetJobRequest, Job, JobState, ListJobsRequest, Reduction, ResumeJobRequest, SubmitJobRequest,
+    WatchJobRequest,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
@@ -62,7 +63,7 @@ pub fn state_name(state: i32) -> String {
 
 /// A job as JSON (the wire message's fields).
 pub fn job_json(job: &Job) -> Value {
-    let plan = job.plan.unwrap_or_default();
+    let plan = job.plan.clone().unwrap_or_default();
     let progress = job.progress.clone().unwrap_or_default();
     let spec = job.spec.clone().unwrap_or_default();
     json!({
@@ -76,7 +77,7 @@ pub fn job_json(job: &Job) -> Value {
             "noise_multiplier": plan.noise_multiplier, "calibrated": plan.calibrated, "steps": plan.steps, "delta": plan.delta,
             "epsilon_target": plan.epsilon_target, "epsilon_planned": plan.epsilon_planned, "clipping_norm": plan.clipping_norm,
             "learning_rate": plan.learning_rate, "micro_batch": plan.micro_batch, "workers": plan.workers,
-            "checkpoint_interval": plan.checkpoint_interval,
+            "checkpoint_interval": plan.checkpoint_interval, "dataset_digest": plan.dataset_digest,
         },
         "progress": {
             "step": progress.step, "steps_total": progress.steps_total, "epsilon_spent": progress.epsilon_spent,
@@ -97,7 +98,7 @@ fn print_job(job: &Job, as_json: bool) {
         println!("{}", serde_json::to_string_pretty(&job_json(job)).unwrap_or_default());
         return;
     }
-    let plan = job.plan.unwrap_or_default();
+    let plan = job.plan.clone().unwrap_or_default();
     let p = job.progress.clone().unwrap_or_default();
     println!("job {}  {}", job.job_id, state_name(job.state));
     println!(
@@ -114,10 +115,11 @@ fn print_job(job: &Job, as_json: bool) {
         plan.delta
     );
     println!(
-        "  progress: step {}/{} eps spent {:.4} checkpoint {} workers {}",
+        "  progress: step {}/{} eps spent {:.4} steps discarded {} checkpoint {} workers {}",
         p.step,
         plan.steps,
         p.epsilon_spent,
+        p.steps_discarded,
         p.checkpoint_step,
         p.workers.join(",")
     );
@@ -160,7 +162,7 @@ pub async fn list(server: &Server, as_json: bool) -> Result<()> {
     }
     println!("{:<18} {:<17} {:>11} {:>16} NAME", "JOB", "STATE", "STEP", "EPSILON");
     for job in jobs {
-        let (plan, p) = (job.plan.unwrap_or_default(), job.progress.clone().unwrap_or_default());
+        let (plan, p) = (job.plan.clone().unwrap_or_default(), job.progress.clone().unwrap_or_default());
         let name = job.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
         println!(
             "{:<18} {:<17} {:>5}/{:<5} {:>7.3}/{:<8.3} {name}",
@@ -175,15 +177,15 @@ pub async fn list(server: &Server, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-/// `dpctl cancel ID`.
-pub async fn cancel(server: &Server, job_id: &str) -> Result<()> {
-    let job = server
-        .connect()
-        .await?
-        .cancel_job(CancelJobRequest { job_id: job_id.into() })
-        .await
-        .map_err(status)?
-        .into_inner();
+/// `dpctl cancel ID` (`resume: false`) and `dpctl resume ID` (`resume: true`).
+pub async fn cancel_or_resume(server: &Server, job_id: &str, resume: bool) -> Result<()> {
+    let mut client = server.connect().await?;
+    let job = if resume {
+        client.resume_job(ResumeJobRequest { job_id: job_id.into() }).await
+    } else {
+        client.cancel_job(CancelJobRequest { job_id: job_id.into() }).await
+    };
+    let job = job.map_err(status)?.into_inner();
     println!("job {} {}", job.job_id, state_name(job.state));
     Ok(())
 }
@@ -199,7 +201,7 @@ pub async fn follow(client: &mut Client, job_id: &str, bar: bool) -> Result<Job>
     progress.enable_steady_tick(Duration::from_millis(250));
     let mut last = None;
     while let Some(job) = stream.message().await.map_err(status)? {
-        let (plan, p) = (job.plan.unwrap_or_default(), job.progress.clone().unwrap_or_default());
+        let (plan, p) = (job.plan.clone().unwrap_or_default(), job.progress.clone().unwrap_or_default());
         progress.set_length(plan.steps.max(1));
         progress.set_position(p.step);
         let loss = p.loss.map(|l| format!(" loss {l:.3} (non-DP)")).unwrap_or_default();

@@ -49,8 +49,10 @@ enum Command {
     },
     /// Follow a job with a progress bar until it ends; the exit code tells the outcome.
     Watch { job_id: String },
-    /// Cancel a pending or running job.
+    /// Cancel a pending or running job (it can be resumed later).
     Cancel { job_id: String },
+    /// Resume a FAILED or CANCELLED job from its checkpoint at the ledger's next step.
+    Resume { job_id: String },
     /// Wait for a job to end: exit 0 succeeded, 3 failed, 4 cancelled, 5 budget exhausted.
     Wait { job_id: String },
     /// Run the whole product locally: dataset, embedded cluster, a DP-Cap job, a report.
@@ -85,7 +87,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Get { job_id, json } => runtime()?.block_on(jobs::get(&server, &job_id, json))?,
         Command::List { json } => runtime()?.block_on(jobs::list(&server, json))?,
-        Command::Cancel { job_id } => runtime()?.block_on(jobs::cancel(&server, &job_id))?,
+        Command::Cancel { job_id } => runtime()?.block_on(jobs::cancel_or_resume(&server, &job_id, false))?,
+        Command::Resume { job_id } => runtime()?.block_on(jobs::cancel_or_resume(&server, &job_id, true))?,
         Command::Watch { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, true)),
         Command::Wait { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, false)),
         Command::Demo(args) => {

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
 use dpcap_proto::v1::{
     Assignment, CloseJobRequest, ExampleRange, GetSpendRequest, Job, JobSpec, JobState, Progress, Reduction, StepWork,
-    step_work::Action,
+    TrimReleasesRequest, step_work::Action,
 };
+use dpcap_proto::{RetryPolicy, retry};
 use tonic::transport::Channel;
 
 use crate::dataset;
@@ -38,6 +39,7 @@ pub struct Coordinator {
     state: Mutex<State>,
     pub(crate) changed: tokio::sync::watch::Sender<u64>,
     writes: tokio::sync::Mutex<()>,
+    draining: tokio::sync::watch::Sender<bool>,
 }
 
 fn random_bytes<const N: usize>() -> [u8; N] {
@@ -77,7 +79,19 @@ impl Coordinator {
             state: Mutex::new(state),
             changed: tokio::sync::watch::channel(0).0,
             writes: tokio::sync::Mutex::new(()),
+            draining: tokio::sync::watch::channel(false).0,
         }))
+    }
+
+    /// Starts draining: long polls (GetStep, WatchJob) end with UNAVAILABLE so that the
+    /// server's graceful shutdown is not held open by a connected watcher or a waiting rank.
+    pub fn begin_drain(&self) {
+        self.draining.send_replace(true);
+    }
+
+    /// A receiver that turns true when the coordinator starts draining.
+    pub fn draining(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.draining.subscribe()
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -103,23 +117,48 @@ impl Coordinator {
         }
         for (job_id, reason) in effects.close {
             let request = CloseJobRequest { job_id: job_id.clone(), reason };
-            match self.accountant.clone().close_job(request).await {
+            let closed = retry(self.accountant_retry(), "close_job", || {
+                let (mut client, request) = (self.accountant.clone(), request.clone());
+                async move { client.close_job(request).await }
+            })
+            .await;
+            match closed {
                 Ok(_) => {}
                 Err(s) if s.code() == tonic::Code::NotFound => {}
                 Err(s) => tracing::warn!(job_id, error = %s, "could not close the job at the accountant"),
             }
         }
+        for (job_id, before_step) in effects.trim {
+            let request = TrimReleasesRequest { job_id: job_id.clone(), before_step };
+            let trimmed = retry(self.accountant_retry(), "trim_releases", || {
+                let (mut client, request) = (self.accountant.clone(), request.clone());
+                async move { client.trim_releases(request).await }
+            })
+            .await;
+            if let Err(s) = trimmed {
+                // Untrimmed releases only cost storage; the next checkpoint trims them.
+                tracing::warn!(job_id, before_step, error = %s, "could not trim releases at the accountant");
+            }
+        }
         Ok(())
+    }
+
+    /// Retries of accountant calls made while holding the write lock: bounded well below a
+    /// lease so that a down accountant delays, but never wedges, the coordinator.
+    fn accountant_retry(&self) -> RetryPolicy {
+        RetryPolicy { deadline: self.config.lease.max(Duration::from_secs(5)), ..RetryPolicy::default() }
     }
 
     /// Validates, calibrates and queues a job; a repeated idempotency key returns the original.
     pub async fn submit(&self, spec: JobSpec, idempotency_key: &str) -> Result<Job, CoordinatorError> {
         crate::spec::check_fields(&spec)?;
-        let (examples, counts) = dataset::read_layout(&spec.dataset).await?;
+        let layout = dataset::read_layout(&spec.dataset).await?;
+        let (examples, counts) = (layout.examples, layout.counts);
         let for_plan = spec.clone();
-        let plan = tokio::task::spawn_blocking(move || crate::spec::plan(&for_plan, examples))
+        let mut plan = tokio::task::spawn_blocking(move || crate::spec::plan(&for_plan, examples))
             .await
             .map_err(|e| CoordinatorError::Store(e.to_string()))??;
+        plan.dataset_digest = layout.digest;
         let job_id = format!("job-{}", hex(&random_bytes::<6>()));
         if !idempotency_key.is_empty()
             && let Some(existing) = self.store.claim_key(idempotency_key, &job_id).await?
@@ -138,7 +177,7 @@ impl Coordinator {
             conditions: vec![],
             reduction: Reduction::Unspecified as i32,
         };
-        let plan = job.plan.unwrap_or_default();
+        let plan = job.plan.clone().unwrap_or_default();
         condition(
             &mut job,
             "Submitted",
@@ -225,6 +264,38 @@ impl Coordinator {
         self.get(job_id)
     }
 
+    /// Queues a FAILED or CANCELLED job again. It continues from its latest checkpoint at the
+    /// ledger's next step, so no step number is reused and ε keeps counting from the ledger.
+    pub async fn resume(&self, job_id: &str) -> Result<Job, CoordinatorError> {
+        let effects = {
+            let mut state = self.lock();
+            let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
+            let resumable = matches!(JobState::try_from(entry.job.state), Ok(JobState::Failed | JobState::Cancelled));
+            if !resumable {
+                return Err(CoordinatorError::Precondition {
+                    job_id: job_id.into(),
+                    state: JobState::try_from(entry.job.state).map(|s| s.as_str_name()).unwrap_or("UNKNOWN").into(),
+                    reason: "only a FAILED or CANCELLED job can be resumed".into(),
+                });
+            }
+            state.resume(job_id)
+        };
+        self.apply(effects).await?;
+        self.get(job_id)
+    }
+
+    /// A stopping worker leaves: its group is re-formed now rather than after its lease.
+    pub async fn leave(&self, worker_id: &str) -> Result<(), CoordinatorError> {
+        let effects = {
+            let mut state = self.lock();
+            if !state.workers.contains_key(worker_id) {
+                return Err(CoordinatorError::WorkerNotFound(worker_id.into()));
+            }
+            state.leave(worker_id)
+        };
+        self.apply(effects).await
+    }
+
     /// Registers a worker and schedules queued jobs onto it.
     pub async fn register_worker(
         &self,
@@ -266,7 +337,7 @@ impl Coordinator {
         Ok(Some(Assignment {
             job_id,
             spec: entry.job.spec.clone(),
-            plan: entry.job.plan,
+            plan: entry.job.plan.clone(),
             rank: rank as u32,
             world_size: group.members.len() as u32,
             generation: group.generation,
@@ -284,11 +355,19 @@ impl Coordinator {
         Ok(())
     }
 
-    /// The accountant's next step for a job (0 before its registration).
-    async fn ledger_next_step(&self, job_id: &str) -> Result<u64, CoordinatorError> {
-        match self.accountant.clone().get_spend(GetSpendRequest { job_id: job_id.into() }).await {
-            Ok(spend) => Ok(spend.into_inner().next_step),
-            Err(s) if s.code() == tonic::Code::NotFound => Ok(0),
+    /// The accountant's next step and discarded count for a job ((0, 0) before registration).
+    async fn ledger_position(&self, job_id: &str) -> Result<(u64, u64), CoordinatorError> {
+        let spend = retry(self.accountant_retry(), "get_spend", || {
+            let mut client = self.accountant.clone();
+            async move { client.get_spend(GetSpendRequest { job_id: job_id.into() }).await }
+        })
+        .await;
+        match spend {
+            Ok(spend) => {
+                let spend = spend.into_inner();
+                Ok((spend.next_step, spend.steps_discarded))
+            }
+            Err(s) if s.code() == tonic::Code::NotFound => Ok((0, 0)),
             Err(s) => Err(CoordinatorError::Accountant(s.message().to_owned())),
         }
     }
@@ -302,7 +381,11 @@ impl Coordinator {
         generation: u64,
     ) -> Result<StepWork, CoordinatorError> {
         let stop = StepWork { action: Action::Stop as i32, ..Default::default() };
+        let mut draining = self.draining();
         loop {
+            if *draining.borrow_and_update() {
+                return Err(CoordinatorError::Draining);
+            }
             let mut changed = self.changed.subscribe();
             let need_position = {
                 let mut state = self.lock();
@@ -312,7 +395,7 @@ impl Coordinator {
                     .ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
                 worker.last_seen = Instant::now();
                 let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
-                let plan = entry.job.plan.unwrap_or_default();
+                let plan = entry.job.plan.clone().unwrap_or_default();
                 let Some(group) =
                     entry.group.as_ref().filter(|g| g.generation == generation && !is_terminal(entry.job.state))
                 else {
@@ -337,7 +420,7 @@ impl Coordinator {
                 }
             };
             if need_position {
-                let next = self.ledger_next_step(job_id).await?;
+                let (next, discarded) = self.ledger_position(job_id).await?;
                 let effects = {
                     let mut state = self.lock();
                     let mut done = false;
@@ -345,8 +428,9 @@ impl Coordinator {
                         && let Some(group) =
                             entry.group.as_mut().filter(|g| g.generation == generation && g.step.is_none())
                     {
-                        let stored = entry.job.progress.as_ref().map_or(0, |p| p.step);
-                        let step = next.max(stored);
+                        let progress = entry.job.progress.get_or_insert_with(Default::default);
+                        progress.steps_discarded = progress.steps_discarded.max(discarded);
+                        let step = next.max(progress.step);
                         group.step = Some(step);
                         entry.version += 1;
                         done = step >= entry.job.plan.as_ref().map_or(0, |p| p.steps);
@@ -367,7 +451,10 @@ impl Coordinator {
                 continue;
             }
             // Wait for the other ranks (or a re-formation); wake periodically to renew the lease.
-            let _ = tokio::time::timeout(Duration::from_secs(5), changed.changed()).await;
+            tokio::select! {
+                _ = tokio::time::timeout(Duration::from_secs(5), changed.changed()) => {}
+                _ = draining.changed() => {}
+            }
         }
     }
 
@@ -418,7 +505,7 @@ impl Coordinator {
 }
 
 fn entry_for(job: Job, private: &Private) -> Result<JobEntry, CoordinatorError> {
-    let plan = job.plan.unwrap_or_default();
+    let plan = job.plan.clone().unwrap_or_default();
     let secret: JobSecret = private.job_secret()?;
     let sampler = PoissonSampler::new(secret, plan.examples, plan.sample_rate)
         .map_err(|e| CoordinatorError::invalid("sample_rate", e.to_string()))?;

@@ -20,8 +20,19 @@ struct Shard {
     examples: Vec<IgnoredAny>,
 }
 
-/// Reads `index.json` under the dataset URL: (N, shard layout).
-pub async fn read_layout(dataset: &str) -> Result<(u64, Vec<u64>), CoordinatorError> {
+/// A dataset as planned: N, examples per shard, and the digest of the index that fixes both.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// N.
+    pub examples: u64,
+    /// Examples per shard, in shard order.
+    pub counts: Vec<u64>,
+    /// `dpcap_proto::digest::sha256` of `index.json`.
+    pub digest: String,
+}
+
+/// Reads `index.json` under the dataset URL.
+pub async fn read_layout(dataset: &str) -> Result<Layout, CoordinatorError> {
     let invalid = |reason: String| CoordinatorError::invalid("dataset", reason);
     let (store, root) = open_store(dataset).map_err(|e| invalid(e.to_string()))?;
     let path = Path::from(format!("{root}/index.json").trim_start_matches('/'));
@@ -38,5 +49,5 @@ pub async fn read_layout(dataset: &str) -> Result<(u64, Vec<u64>), CoordinatorEr
             counts.iter().sum::<u64>()
         )));
     }
-    Ok((index.examples, counts))
+    Ok(Layout { examples: index.examples, counts, digest: dpcap_proto::digest::sha256(&bytes) })
 }

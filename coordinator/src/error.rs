@@ -38,6 +38,9 @@ pub enum CoordinatorError {
         /// The generation the rank spoke for.
         generation: u64,
     },
+    /// The coordinator is shutting down: long polls end so that the drain is not held open.
+    #[error("the coordinator is shutting down; retry against its replacement")]
+    Draining,
     /// The accountant could not be reached or failed.
     #[error("accountant unavailable: {0}")]
     Accountant(String),
@@ -57,10 +60,11 @@ impl ServiceError for CoordinatorError {
     fn error_code(&self) -> ErrorCode {
         match self {
             Self::Invalid { .. } => ErrorCode::InvalidArgument,
-            Self::JobNotFound(_) | Self::WorkerNotFound(_) => ErrorCode::NotFound,
+            Self::JobNotFound(_) => ErrorCode::NotFound,
+            Self::WorkerNotFound(_) => ErrorCode::WorkerNotRegistered,
             Self::Precondition { .. } => ErrorCode::FailedPrecondition,
-            Self::StaleGeneration { .. } => ErrorCode::Aborted,
-            Self::Accountant(_) => ErrorCode::Unavailable,
+            Self::StaleGeneration { .. } => ErrorCode::StaleGeneration,
+            Self::Accountant(_) | Self::Draining => ErrorCode::Unavailable,
             Self::Store(_) => ErrorCode::Internal,
         }
     }

@@ -35,7 +35,7 @@ pub fn render(state: &State) -> String {
         }
     }
     type Series = (&'static str, &'static str, &'static str, fn(&crate::state::JobEntry) -> f64);
-    let per_job: [Series; 5] = [
+    let per_job: [Series; 6] = [
         ("dpcap_job_steps_completed", "gauge", "Steps completed (charged and reported by every rank).", |e| {
             e.job.progress.as_ref().map_or(0.0, |p| p.step as f64)
         }),
@@ -45,6 +45,12 @@ pub fn render(state: &State) -> String {
         ("dpcap_job_epsilon_spent", "gauge", "Epsilon at delta spent, as last reported by the accountant.", |e| {
             e.job.progress.as_ref().map_or(0.0, |p| p.epsilon_spent)
         }),
+        (
+            "dpcap_job_steps_discarded_total",
+            "counter",
+            "Charged steps whose release never reached the model (they stay spent), from the ledger.",
+            |e| e.job.progress.as_ref().map_or(0.0, |p| p.steps_discarded as f64),
+        ),
         ("dpcap_job_epsilon_target", "gauge", "The job's epsilon target at delta.", |e| {
             e.job.plan.as_ref().map_or(0.0, |p| p.epsilon_target)
         }),

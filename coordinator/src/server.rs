@@ -60,10 +60,11 @@ pub async fn serve(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let health_on_stop = health.clone();
+    let (health_on_stop, coordinator_on_stop) = (health.clone(), coordinator.clone());
     tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutting down: draining in-flight requests");
+        coordinator_on_stop.begin_drain();
         health_on_stop.set_service_status("", ServingStatus::NotServing).await;
         health_on_stop.set_not_serving::<JobServiceServer<JobGrpc>>().await;
         health_on_stop.set_not_serving::<WorkerServiceServer<WorkerGrpc>>().await;

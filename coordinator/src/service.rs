@@ -8,9 +8,10 @@ use dpcap_proto::to_status;
 use dpcap_proto::v1::job_service_server::JobService;
 use dpcap_proto::v1::worker_service_server::WorkerService;
 use dpcap_proto::v1::{
-    CancelJobRequest, GetJobRequest, GetStepRequest, HeartbeatRequest, HeartbeatResponse, Job, ListJobsRequest,
-    ListJobsResponse, RegisterWorkerRequest, RegisterWorkerResponse, RendezvousRequest, RendezvousResponse,
-    ReportStepRequest, ReportStepResponse, StepOutcome, StepWork, SubmitJobRequest, WatchJobRequest,
+    CancelJobRequest, GetJobRequest, GetStepRequest, HeartbeatRequest, HeartbeatResponse, Job, LeaveRequest,
+    LeaveResponse, ListJobsRequest, ListJobsResponse, RegisterWorkerRequest, RegisterWorkerResponse, RendezvousRequest,
+    RendezvousResponse, ReportStepRequest, ReportStepResponse, ResumeJobRequest, StepOutcome, StepWork,
+    SubmitJobRequest, WatchJobRequest,
 };
 use futures::Stream;
 use tonic::{Request, Response, Status};
@@ -56,6 +57,10 @@ impl JobService for JobGrpc {
         Ok(Response::new(self.0.cancel(&request.into_inner().job_id).await.map_err(to_status)?))
     }
 
+    async fn resume_job(&self, request: Request<ResumeJobRequest>) -> Result<Response<Job>, Status> {
+        Ok(Response::new(self.0.resume(&request.into_inner().job_id).await.map_err(to_status)?))
+    }
+
     type WatchJobStream = JobStream;
 
     async fn watch_job(&self, request: Request<WatchJobRequest>) -> Result<Response<JobStream>, Status> {
@@ -67,14 +72,19 @@ impl JobService for JobGrpc {
     }
 }
 
-/// The job now, then each new version, ending after a final state.
+/// The job now, then each new version, ending after a final state or with UNAVAILABLE when
+/// the coordinator drains (the watcher reconnects to its replacement).
 fn async_stream(coordinator: Arc<Coordinator>, job_id: String) -> impl Stream<Item = Result<Job, Status>> {
     futures::stream::unfold((coordinator, job_id, None::<u64>, false), |(c, id, seen, done)| async move {
         if done {
             return None;
         }
         let mut changed = c.subscribe();
+        let mut draining = c.draining();
         loop {
+            if *draining.borrow_and_update() {
+                return Some((Err(to_status(CoordinatorError::Draining)), (c, id, seen, true)));
+            }
             let (version, job) = match c.snapshot(&id) {
                 Ok(v) => v,
                 Err(e) => return Some((Err(to_status(e)), (c, id, seen, true))),
@@ -83,8 +93,9 @@ fn async_stream(coordinator: Arc<Coordinator>, job_id: String) -> impl Stream<It
                 let end = is_terminal(job.state);
                 return Some((Ok(job), (c, id, Some(version), end)));
             }
-            if changed.changed().await.is_err() {
-                return None;
+            tokio::select! {
+                result = changed.changed() => if result.is_err() { return None },
+                _ = draining.changed() => {}
             }
         }
     })
@@ -131,6 +142,11 @@ impl WorkerService for WorkerGrpc {
         };
         self.coordinator.report(&r.worker_id, &r.job_id, r.generation, r.step, report).await.map_err(to_status)?;
         Ok(Response::new(ReportStepResponse {}))
+    }
+
+    async fn leave(&self, request: Request<LeaveRequest>) -> Result<Response<LeaveResponse>, Status> {
+        self.coordinator.leave(&request.into_inner().worker_id).await.map_err(to_status)?;
+        Ok(Response::new(LeaveResponse {}))
     }
 
     async fn rendezvous(&self, request: Request<RendezvousRequest>) -> Result<Response<RendezvousResponse>, Status> {

@@ -242,5 +242,7 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
         checkpoint_interval: spec.checkpoint_interval.unwrap_or(50),
         calibrated,
         epsilon_planned,
+        // Set by the caller from the index it read (the digest pins that exact dataset).
+        dataset_digest: String::new(),
     })
 }

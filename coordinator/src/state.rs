@@ -120,12 +120,15 @@ pub struct Effects {
     pub persist: Vec<String>,
     /// Jobs to close at the accountant, with the reason.
     pub close: Vec<(String, String)>,
+    /// Jobs whose releases before a step a durable checkpoint now covers.
+    pub trim: Vec<(String, u64)>,
 }
 
 impl Effects {
     fn merge(&mut self, other: Effects) {
         self.persist.extend(other.persist);
         self.close.extend(other.close);
+        self.trim.extend(other.trim);
     }
 }
 
@@ -155,8 +158,12 @@ impl State {
         tracing::info!(job_id, state = ?state, reason, %message, "job finished");
         condition(&mut entry.job, "Finished", reason, message);
         self.touch(job_id);
-        let mut effects = Effects { persist: vec![job_id.to_owned()], close: vec![] };
-        effects.close.push((job_id.to_owned(), reason.to_owned()));
+        let mut effects = Effects { persist: vec![job_id.to_owned()], ..Effects::default() };
+        // FAILED and CANCELLED jobs can be resumed: only a job that can never run again is
+        // closed at the accountant.
+        if matches!(state, JobState::Succeeded | JobState::BudgetExhausted) {
+            effects.close.push((job_id.to_owned(), reason.to_owned()));
+        }
         effects.merge(self.schedule());
         effects
     }
@@ -244,6 +251,31 @@ impl State {
         effects
     }
 
+    /// A worker that is stopping leaves: its group is re-formed at once.
+    pub fn leave(&mut self, worker_id: &str) -> Effects {
+        let Some(worker) = self.workers.remove(worker_id) else { return Effects::default() };
+        tracing::info!(worker_id, name = %worker.name, "worker left");
+        let mut effects = Effects::default();
+        if let Some(job_id) = worker.job {
+            let message = format!("worker {worker_id} ({}) left (shutting down); re-forming the group", worker.name);
+            effects.persist.extend(self.requeue(&job_id, "WorkerLeft", message));
+        }
+        effects.merge(self.schedule());
+        effects
+    }
+
+    /// Queues a FAILED or CANCELLED job again; it resumes at the ledger's next step.
+    pub fn resume(&mut self, job_id: &str) -> Effects {
+        let Some(entry) = self.jobs.get_mut(job_id) else { return Effects::default() };
+        entry.job.state = JobState::Pending as i32;
+        condition(&mut entry.job, "Resumed", "ResumedByOperator", "queued again; continues at the ledger's next step");
+        self.queue.push_back(job_id.to_owned());
+        self.touch(job_id);
+        let mut effects = Effects { persist: vec![job_id.to_owned()], ..Effects::default() };
+        effects.merge(self.schedule());
+        effects
+    }
+
     /// Dissolves a job's group and puts the job back at the head of the queue (nothing of an
     /// unfinished step was charged; the next group reruns it with the same sample).
     fn requeue(&mut self, job_id: &str, reason: &str, message: String) -> Option<String> {
@@ -293,12 +325,13 @@ impl State {
                 let message = format!("rank {rank}: {}", report.message);
                 let mut effects = Effects {
                     persist: self.requeue(job_id, "CollectiveFailed", message).into_iter().collect(),
-                    close: vec![],
+                    ..Effects::default()
                 };
                 effects.merge(self.schedule());
                 return effects;
             }
-            StepOutcome::Done => {}
+            // A discarded step is spent and over: the group moves on exactly as after a release.
+            StepOutcome::Done | StepOutcome::Discarded => {}
         }
         let plan_steps = entry.job.plan.as_ref().map_or(0, |p| p.steps);
         let Some(group) = entry.group.as_mut() else { return Effects::default() };
@@ -328,12 +361,14 @@ impl State {
         let progress = entry.job.progress.get_or_insert_with(Default::default);
         progress.epsilon_spent = progress.epsilon_spent.max(report.epsilon_spent);
         progress.steps_discarded = progress.steps_discarded.max(report.steps_discarded);
+        let mut trim = Vec::new();
         if report.checkpoint_step > 0 {
             progress.checkpoint_step = report.checkpoint_step;
+            trim.push((job_id.to_owned(), report.checkpoint_step));
         }
         if !group.reported.iter().all(|r| *r) {
             entry.version += 1;
-            return Effects::default();
+            return Effects { trim, ..Effects::default() };
         }
         // Every rank is done: the step is complete.
         let step = group.step.unwrap_or(0);
@@ -356,9 +391,11 @@ impl State {
         group.step_loss = 0.0;
         entry.version += 1;
         if step + 1 >= plan_steps {
-            return self.finish(job_id, JobState::Succeeded, "Succeeded", format!("{plan_steps} steps done"));
+            let mut effects = self.finish(job_id, JobState::Succeeded, "Succeeded", format!("{plan_steps} steps done"));
+            effects.trim.extend(trim);
+            return effects;
         }
-        Effects { persist: vec![job_id.to_owned()], close: vec![] }
+        Effects { persist: vec![job_id.to_owned()], trim, ..Effects::default() }
     }
 }
 

@@ -1,42 +1,83 @@
-//! One error-code enum for every dpcap service, mapped to gRPC status codes in one place.
+//! One error-code enum for every dpcap service, mapped to gRPC status codes in one place and
+//! carried across the wire in the status details ([`crate::v1::ErrorDetail`]), so that a client
+//! branches on [`ErrorCode::of`], never on a message's text.
 
+use prost::Message;
 use tonic::{Code, Status};
 
-/// What kind of failure a service error is, independent of which service raised it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorCode {
+use crate::v1::ErrorDetail;
+
+macro_rules! error_codes {
+    ($($(#[$doc:meta])* $name:ident = $wire:literal => $grpc:ident,)*) => {
+        /// What kind of failure a service error is, independent of which service raised it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ErrorCode {
+            $($(#[$doc])* $name,)*
+        }
+
+        impl ErrorCode {
+            /// The gRPC status code for this error kind.
+            pub fn grpc_code(self) -> Code {
+                match self { $(ErrorCode::$name => Code::$grpc,)* }
+            }
+
+            /// The name carried in [`ErrorDetail::code`].
+            pub fn as_str(self) -> &'static str {
+                match self { $(ErrorCode::$name => $wire,)* }
+            }
+
+            /// The code for a wire name; None for a name this build does not know.
+            pub fn from_name(name: &str) -> Option<Self> {
+                match name { $($wire => Some(ErrorCode::$name),)* _ => None }
+            }
+        }
+    };
+}
+
+error_codes! {
     /// A request field is malformed or out of range; the message names the field.
-    InvalidArgument,
-    /// The request is valid but the system state refuses it (budget exhausted, step not next).
-    FailedPrecondition,
+    InvalidArgument = "INVALID_ARGUMENT" => InvalidArgument,
+    /// The request is valid but the system state refuses it.
+    FailedPrecondition = "FAILED_PRECONDITION" => FailedPrecondition,
+    /// The step would take the job (or its dataset) past its ε budget; nothing was charged.
+    BudgetExhausted = "BUDGET_EXHAUSTED" => FailedPrecondition,
+    /// The step was charged already (the ledger expects a later step): its part is not needed,
+    /// its release may be fetched.
+    StepAlreadyCharged = "STEP_ALREADY_CHARGED" => FailedPrecondition,
+    /// The step is ahead of the ledger's next step.
+    StepNotNext = "STEP_NOT_NEXT" => FailedPrecondition,
+    /// The step was charged but its release was lost: it stays spent and is never released.
+    ReleaseDiscarded = "RELEASE_DISCARDED" => FailedPrecondition,
+    /// The step's release was deleted because a checkpoint covers it.
+    ReleaseTrimmed = "RELEASE_TRIMMED" => FailedPrecondition,
+    /// The job was closed and accepts nothing more.
+    JobClosed = "JOB_CLOSED" => FailedPrecondition,
     /// The named job, step or resource does not exist.
-    NotFound,
+    NotFound = "NOT_FOUND" => NotFound,
+    /// The job is not registered with the accountant.
+    JobNotRegistered = "JOB_NOT_REGISTERED" => NotFound,
+    /// The worker is not registered with the coordinator (lease expired or restart).
+    WorkerNotRegistered = "WORKER_NOT_REGISTERED" => NotFound,
     /// A create conflicted with an existing, different resource.
-    AlreadyExists,
-    /// A concurrent writer got there first with different content (e.g. a duplicate part with
-    /// other bytes); retrying the same request will not help.
-    Aborted,
+    AlreadyExists = "ALREADY_EXISTS" => AlreadyExists,
+    /// A concurrent writer got there first with different content; retrying will not help.
+    Aborted = "ABORTED" => Aborted,
+    /// The rank spoke for a group generation that was re-formed: drop the session.
+    StaleGeneration = "STALE_GENERATION" => Aborted,
     /// Missing or wrong credentials.
-    Unauthenticated,
+    Unauthenticated = "UNAUTHENTICATED" => Unauthenticated,
     /// The service is starting (ledger replay) or draining; retry later.
-    Unavailable,
+    Unavailable = "UNAVAILABLE" => Unavailable,
     /// A bug or a storage failure.
-    Internal,
+    Internal = "INTERNAL" => Internal,
 }
 
 impl ErrorCode {
-    /// The gRPC status code for this error kind.
-    pub fn grpc_code(self) -> Code {
-        match self {
-            ErrorCode::InvalidArgument => Code::InvalidArgument,
-            ErrorCode::FailedPrecondition => Code::FailedPrecondition,
-            ErrorCode::NotFound => Code::NotFound,
-            ErrorCode::AlreadyExists => Code::AlreadyExists,
-            ErrorCode::Aborted => Code::Aborted,
-            ErrorCode::Unauthenticated => Code::Unauthenticated,
-            ErrorCode::Unavailable => Code::Unavailable,
-            ErrorCode::Internal => Code::Internal,
-        }
+    /// The dpcap error code a status carries in its details; None for a status that did not
+    /// come from a dpcap service (a transport error, a proxy, an interceptor).
+    pub fn of(status: &Status) -> Option<Self> {
+        let detail = ErrorDetail::decode(status.details()).ok()?;
+        Self::from_name(&detail.code)
     }
 }
 
@@ -46,7 +87,44 @@ pub trait ServiceError: std::error::Error {
     fn error_code(&self) -> ErrorCode;
 }
 
-/// Converts a service error into a `tonic::Status` carrying its lowercase message.
+/// Converts a service error into a `tonic::Status` carrying its lowercase message and its
+/// [`ErrorCode`] in the binary details.
 pub fn to_status<E: ServiceError>(error: E) -> Status {
-    Status::new(error.error_code().grpc_code(), error.to_string())
+    let code = error.error_code();
+    let detail = ErrorDetail { code: code.as_str().to_owned() }.encode_to_vec();
+    Status::with_details(code.grpc_code(), error.to_string(), detail.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("budget exhausted somewhere")]
+    struct Spent;
+
+    impl ServiceError for Spent {
+        fn error_code(&self) -> ErrorCode {
+            ErrorCode::BudgetExhausted
+        }
+    }
+
+    #[test]
+    fn a_status_carries_its_typed_code_whatever_its_message_says() {
+        let status = to_status(Spent);
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert_eq!(ErrorCode::of(&status), Some(ErrorCode::BudgetExhausted));
+        let reworded =
+            Status::with_details(status.code(), "entirely different words", status.details().to_vec().into());
+        assert_eq!(ErrorCode::of(&reworded), Some(ErrorCode::BudgetExhausted));
+        assert_eq!(ErrorCode::of(&Status::failed_precondition("budget exhausted")), None, "text is never trusted");
+    }
+
+    #[test]
+    fn every_code_round_trips_through_its_wire_name() {
+        for code in [ErrorCode::ReleaseDiscarded, ErrorCode::StaleGeneration, ErrorCode::WorkerNotRegistered] {
+            assert_eq!(ErrorCode::from_name(code.as_str()), Some(code));
+        }
+        assert_eq!(ErrorCode::from_name("NO_SUCH_CODE"), None);
+    }
 }

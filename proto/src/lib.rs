@@ -6,8 +6,10 @@
 //! depend on a service crate: dependencies point from the services to it.
 
 pub mod auth;
+pub mod digest;
 pub mod error;
 pub mod reflection;
+pub mod retry;
 
 /// Generated messages, clients and servers of package `dpcap.v1`.
 pub mod v1 {
@@ -19,3 +21,4 @@ pub mod v1 {
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("dpcap_v1_descriptor");
 
 pub use error::{ErrorCode, ServiceError, to_status};
+pub use retry::{RetryPolicy, is_transient, retry};

@@ -4,6 +4,9 @@
 //!
 //! It must never stand in for a component: every test process is the shipped binary.
 
+pub mod chaos;
+pub mod jobs;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -105,6 +108,28 @@ impl Process {
         }
     }
 
+    /// SIGTERM, then waits up to `timeout` for the process to exit; the time it took, or None
+    /// if it was still running (it is then SIGKILLed).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<Duration> {
+        let mut child = self.child.take()?;
+        let started = Instant::now();
+        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        while started.elapsed() < timeout {
+            if let Ok(Some(_)) = child.try_wait() {
+                return Some(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILL: a crash, no drain.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -174,35 +199,71 @@ pub struct Services {
     pub coordinator: Process,
     pub store: PathBuf,
     pub ledger: PathBuf,
+    /// The coordinator's lease in seconds.
+    pub lease_seconds: u64,
+    dir: PathBuf,
 }
 
 impl Services {
-    /// Starts both over `dir/ledger` and `dir/store`.
+    /// Starts both over `dir/ledger` and `dir/store`, with a 3 s lease.
     pub async fn start(dir: &Path) -> Self {
-        let ledger = dir.join("ledger");
-        let args = vec![
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--metrics-listen".into(),
-            "127.0.0.1:0".into(),
-            "--ledger".into(),
-            ledger.to_string_lossy().into_owned(),
-        ];
-        let accountant = Process::server("dpcap-accountant", &args, dir, "dpcap.v1.AccountantService").await;
-        let store = dir.join("store");
-        let coordinator = Self::coordinator(dir, &store, &accountant.grpc).await;
-        Self { accountant, coordinator, store, ledger }
+        Self::with_lease(dir, 3).await
     }
 
-    /// Starts a coordinator on `store` (also used to restart one).
+    /// Starts both with a lease of `lease_seconds`.
+    pub async fn with_lease(dir: &Path, lease_seconds: u64) -> Self {
+        let ledger = dir.join("ledger");
+        let accountant = Self::accountant_on(dir, &ledger, "127.0.0.1:0").await;
+        let store = dir.join("store");
+        let coordinator = Self::coordinator_with_lease(dir, &store, &accountant.grpc, lease_seconds).await;
+        Self { accountant, coordinator, store, ledger, lease_seconds, dir: dir.to_owned() }
+    }
+
+    async fn accountant_on(dir: &Path, ledger: &Path, listen: &str) -> Process {
+        let args: Vec<String> = ["--listen", listen, "--metrics-listen", "127.0.0.1:0", "--ledger"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([ledger.to_string_lossy().into_owned()])
+            .collect();
+        Process::server("dpcap-accountant", &args, dir, "dpcap.v1.AccountantService").await
+    }
+
+    /// SIGKILLs the accountant and starts a new one on the same port and ledger (workers and
+    /// the coordinator keep its address), after `down` of downtime.
+    pub async fn restart_accountant(&mut self, down: Duration) {
+        let listen = self.accountant.grpc.trim_start_matches("http://").to_owned();
+        self.accountant.kill();
+        tokio::time::sleep(down).await;
+        self.accountant = Self::accountant_on(&self.dir, &self.ledger, &listen).await;
+    }
+
+    /// SIGKILLs the coordinator and starts a new one on the same port and store.
+    pub async fn restart_coordinator(&mut self, down: Duration) {
+        let listen = self.coordinator.grpc.trim_start_matches("http://").to_owned();
+        self.coordinator.kill();
+        tokio::time::sleep(down).await;
+        self.coordinator =
+            Self::coordinator_on(&self.dir, &self.store, &self.accountant.grpc, self.lease_seconds, &listen).await;
+    }
+
+    /// Starts a coordinator on `store` with a 3 s lease (also used to restart one).
     pub async fn coordinator(dir: &Path, store: &Path, accountant: &str) -> Process {
+        Self::coordinator_with_lease(dir, store, accountant, 3).await
+    }
+
+    async fn coordinator_with_lease(dir: &Path, store: &Path, accountant: &str, lease_seconds: u64) -> Process {
+        Self::coordinator_on(dir, store, accountant, lease_seconds, "127.0.0.1:0").await
+    }
+
+    async fn coordinator_on(dir: &Path, store: &Path, accountant: &str, lease_seconds: u64, listen: &str) -> Process {
+        let lease = lease_seconds.to_string();
         let args: Vec<String> = [
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--metrics-listen",
             "127.0.0.1:0",
             "--lease-seconds",
-            "3",
+            &lease,
             "--accountant",
             accountant,
             "--store",
@@ -212,6 +273,16 @@ impl Services {
         .chain([store.to_string_lossy().into_owned()])
         .collect();
         Process::server("dpcap-coordinator", &args, dir, "dpcap.v1.JobService").await
+    }
+
+    /// Steps of `job_id` the ledger records as discarded.
+    pub fn discarded_steps(&self, job_id: &str) -> Vec<u64> {
+        let dir = self.ledger.join("jobs").join(job_id).join("discarded");
+        let mut steps: Vec<u64> = std::fs::read_dir(dir)
+            .map(|d| d.filter_map(|e| e.ok()?.path().file_stem()?.to_str()?.parse().ok()).collect())
+            .unwrap_or_default();
+        steps.sort_unstable();
+        steps
     }
 
     /// A JobService client.

@@ -1,65 +1,12 @@
 //! The product end to end with real processes: `dpcap-accountant`, `dpcap-coordinator`, two
 //! `dpcap-worker`s and `dpctl`, on 127.0.0.1 ephemeral ports over local directories.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use dpcap_coordinator::SpecFile;
+use dpcap_e2e::jobs::{get, is, spec, spend, step, submit, tempfile_dir, wait_until};
 use dpcap_e2e::{Process, Services, dpctl, synth_dataset};
-use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
-use dpcap_proto::v1::{
-    CancelJobRequest, GetJobRequest, GetSpendRequest, Job, JobPhase, JobState, Reduction, SubmitJobRequest,
-};
-
-fn spec(dataset: &Path, steps: u64) -> SpecFile {
-    SpecFile {
-        name: "e2e".into(),
-        dataset: dataset.to_string_lossy().into_owned(),
-        model: "micro".into(),
-        epsilon: Some(8.0),
-        batch_size: Some(24),
-        steps: Some(steps),
-        micro_batch: Some(16),
-        workers: Some(2),
-        checkpoint_interval: Some(3),
-        ..Default::default()
-    }
-}
-
-async fn submit(services: &Services, spec: SpecFile) -> Job {
-    let request = SubmitJobRequest { spec: Some(spec.into_proto().unwrap()), idempotency_key: String::new() };
-    services.jobs().await.submit_job(request).await.expect("submitted").into_inner()
-}
-
-async fn get(services: &Services, job_id: &str) -> Job {
-    services.jobs().await.get_job(GetJobRequest { job_id: job_id.into() }).await.expect("get").into_inner()
-}
-
-/// Polls until `done(job)` or panics after `timeout`.
-async fn wait_until(services: &Services, job_id: &str, timeout: Duration, done: impl Fn(&Job) -> bool) -> Job {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let job = get(services, job_id).await;
-        if done(&job) {
-            return job;
-        }
-        assert!(Instant::now() < deadline, "timed out; job is {job:#?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn is(state: JobState) -> impl Fn(&Job) -> bool {
-    move |job| job.state == state as i32
-}
-
-fn step(job: &Job) -> u64 {
-    job.progress.as_ref().map_or(0, |p| p.step)
-}
-
-async fn spend(services: &Services, job_id: &str) -> dpcap_proto::v1::JobSpend {
-    let mut client = AccountantServiceClient::connect(services.accountant.grpc.clone()).await.unwrap();
-    client.get_spend(GetSpendRequest { job_id: job_id.into() }).await.unwrap().into_inner()
-}
+use dpcap_proto::v1::{CancelJobRequest, GetJobRequest, JobPhase, JobState, Reduction, SubmitJobRequest};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_checkpoint() {
@@ -281,12 +228,4 @@ async fn invalid_specs_are_refused_naming_the_field_and_idempotency_keys_return_
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// A fresh directory under the target dir, kept for inspection after a failure.
-fn tempfile_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("dpcap-e2e-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }

@@ -34,6 +34,18 @@ fn first_adamw_step_uses_release_over_expected_batch_size() {
         assert!((f64::from(got[i]) - want).abs() < 1e-6, "coordinate {i}: {} vs {want}", got[i]);
     }
     assert_eq!(opt.steps, 1);
+    // Adam's first step is ≈ sign(g) whatever the scale, so the step alone cannot tell R/L
+    // from R or R/100: the moments can. m = (1-β1)·g and v = (1-β2)·g² with g = R/L exactly.
+    let (m, v) = (
+        [values(opt.m[0].clone()), values(opt.m[1].clone())].concat(),
+        [values(opt.v[0].clone()), values(opt.v[1].clone())].concat(),
+    );
+    for i in 0..3 {
+        let g = f64::from(release[i]) / expected_batch;
+        let (want_m, want_v) = ((1.0 - c.beta1) * g, (1.0 - c.beta2) * g * g);
+        assert!((f64::from(m[i]) - want_m).abs() < 1e-6 * want_m.abs().max(1e-3), "m[{i}]: {} vs {want_m}", m[i]);
+        assert!((f64::from(v[i]) - want_v).abs() < 1e-6 * want_v.abs().max(1e-3), "v[{i}]: {} vs {want_v}", v[i]);
+    }
 }
 
 #[test]

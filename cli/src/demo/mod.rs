@@ -133,7 +133,7 @@ async fn train_and_report(
     let mut client = server.connect().await?;
     let request = SubmitJobRequest { spec: Some(spec.into_proto()?), idempotency_key: String::new() };
     let job = client.submit_job(request).await.map_err(jobs::status)?.into_inner();
-    let plan = job.plan.unwrap_or_default();
+    let plan = job.plan.clone().unwrap_or_default();
     eprintln!(
         "job {}: N = {}, q = {:.4}, L = {:.0}, sigma = {:.4} (calibrated for epsilon {} at delta {:.2e}), {} steps",
         job.job_id,

@@ -100,15 +100,26 @@ impl ClipEngine {
         params: &ParamSet<Inner<AB>>,
         batch: &M::Batch,
     ) -> ClippedSum<Inner<AB>> {
-        let mut sum = GradSum::zeros(params);
-        let mut telemetry = Telemetry::default();
+        let mut out = ClippedSum { sum: GradSum::zeros(params), telemetry: Telemetry::default() };
+        self.accumulate(model, params, batch, &mut out);
+        out
+    }
+
+    /// Adds Σ_i clip_C(g_i) over `batch` (in micro-batches) to `into`: a rank streams its
+    /// share through this one micro-batch at a time, so memory never grows with the share.
+    pub fn accumulate<AB: AutodiffBackend, M: Objective<AB>>(
+        &self,
+        model: &M,
+        params: &ParamSet<Inner<AB>>,
+        batch: &M::Batch,
+        into: &mut ClippedSum<Inner<AB>>,
+    ) {
         let n = model.batch_len(batch);
         let step = self.micro_batch.max(1);
         for start in (0..n).step_by(step) {
             let micro = model.slice(batch, start..(start + step).min(n));
-            self.micro_batch_into(model, params, &micro, &mut sum, &mut telemetry);
+            self.micro_batch_into(model, params, &micro, &mut into.sum, &mut into.telemetry);
         }
-        ClippedSum { sum, telemetry }
     }
 
     fn micro_batch_into<AB: AutodiffBackend, M: Objective<AB>>(

@@ -48,6 +48,8 @@ pub enum ReleaseStatus {
     BudgetExhausted = 2,
     /// Rank 0 could not obtain the release.
     Failed = 3,
+    /// The step was charged but its release was lost: every rank skips it.
+    Discarded = 4,
 }
 
 impl ReleaseStatus {
@@ -56,6 +58,7 @@ impl ReleaseStatus {
         match code {
             1 => Self::Released,
             2 => Self::BudgetExhausted,
+            4 => Self::Discarded,
             _ => Self::Failed,
         }
     }
@@ -97,7 +100,9 @@ mod tests {
 
     #[test]
     fn release_status_round_trips_and_unknown_codes_fail() {
-        for s in [ReleaseStatus::Released, ReleaseStatus::BudgetExhausted, ReleaseStatus::Failed] {
+        for s in
+            [ReleaseStatus::Released, ReleaseStatus::BudgetExhausted, ReleaseStatus::Failed, ReleaseStatus::Discarded]
+        {
             assert_eq!(ReleaseStatus::from_code(s as u32), s);
         }
         assert_eq!(ReleaseStatus::from_code(0), ReleaseStatus::Failed);

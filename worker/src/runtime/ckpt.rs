@@ -24,6 +24,14 @@ pub struct Manifest {
     pub parameters: u64,
     pub generation: u64,
     pub created_unix_ms: i64,
+    /// Releases applied to this state (charged steps whose update reached the model).
+    #[serde(default)]
+    pub applied_steps: u64,
+    /// Charged steps skipped because their release was lost (they stay spent). With
+    /// `applied_steps` this must account for every charge below `step`:
+    /// charged = applied + discarded.
+    #[serde(default)]
+    pub discarded_steps: Vec<u64>,
 }
 
 /// The checkpoints of one job.

@@ -21,6 +21,7 @@ pub struct Dataset {
     root: Path,
     index: Arc<DatasetIndex>,
     starts: Vec<u64>,
+    digest: String,
 }
 
 async fn read_bytes(store: &dyn ObjectStore, path: &Path) -> Result<bytes::Bytes, object_store::Error> {
@@ -35,6 +36,7 @@ impl Dataset {
         let bytes = read_bytes(store.as_ref(), &path)
             .await
             .map_err(|e| RuntimeError::Data(format!("{url}/index.json: {e}")))?;
+        let digest = dpcap_proto::digest::sha256(&bytes);
         let index: DatasetIndex =
             serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Data(format!("{url}/index.json: {e}")))?;
         let mut starts = Vec::with_capacity(index.shards.len());
@@ -43,7 +45,26 @@ impl Dataset {
             starts.push(total);
             total += shard.examples.len() as u64;
         }
-        Ok(Self { store, root, index: Arc::new(index), starts })
+        Ok(Self { store, root, index: Arc::new(index), starts, digest })
+    }
+
+    /// Refuses a dataset other than the one the job was planned and accounted on: a different
+    /// index (re-indexed, shards added or removed) could map two sampled positions to one
+    /// example or read examples the accounting never saw.
+    pub fn check_pinned(&self, digest: &str, examples: u64) -> Result<(), RuntimeError> {
+        if !digest.is_empty() && digest != self.digest {
+            return Err(RuntimeError::Spec {
+                field: "dataset",
+                reason: format!("index digest {} differs from the job's pinned {digest}", self.digest),
+            });
+        }
+        if examples != self.index.examples {
+            return Err(RuntimeError::Spec {
+                field: "dataset",
+                reason: format!("index has {} examples, the job's plan {examples}", self.index.examples),
+            });
+        }
+        Ok(())
     }
 
     /// N.
@@ -75,12 +96,18 @@ impl Dataset {
             .map_err(|e| RuntimeError::Spec { field: "tokenizer", reason: e.to_string() })
     }
 
-    /// Global index of position `local` in shard `shard`.
+    /// Global index of position `local` in shard `shard`, bounds-checked against the shard.
     pub fn global(&self, shard: usize, local: u64) -> Result<u64, RuntimeError> {
         let start = self
             .starts
             .get(shard)
             .ok_or_else(|| RuntimeError::Protocol(format!("work unit names shard {shard} of {}", self.starts.len())))?;
+        let count = self.index.shards[shard].examples.len() as u64;
+        if local >= count {
+            return Err(RuntimeError::Protocol(format!(
+                "work unit names example {local} of shard {shard}, which holds {count}"
+            )));
+        }
         Ok(start + local)
     }
 

@@ -6,6 +6,7 @@ pub mod ckpt;
 pub mod dataset;
 pub mod reduce;
 pub mod session;
+pub mod stream;
 pub mod trainer;
 pub mod worker;
 
@@ -46,10 +47,12 @@ pub enum RuntimeError {
 }
 
 impl From<tonic::Status> for RuntimeError {
+    /// Budget exhaustion is recognised by its typed code (never by the message's words).
     fn from(s: tonic::Status) -> Self {
-        if s.code() == tonic::Code::FailedPrecondition && s.message().contains("budget exhausted") {
-            return Self::BudgetExhausted(s.message().to_owned());
+        match dpcap_proto::ErrorCode::of(&s) {
+            Some(dpcap_proto::ErrorCode::BudgetExhausted) => Self::BudgetExhausted(s.message().to_owned()),
+            Some(code) => Self::Protocol(format!("{}: {}", code.as_str(), s.message())),
+            None => Self::Protocol(format!("{:?}: {}", s.code(), s.message())),
         }
-        Self::Protocol(format!("{:?}: {}", s.code(), s.message()))
     }
 }

@@ -1,11 +1,14 @@
 //! A step's reduction and release on either path ([`Reducer`]): forming the NCCL group at the
 //! start of a session (rendezvous through the coordinator), and turning this rank's part into
-//! the step's release.
+//! the step's release. Submitting and fetching survive an accountant restart: a transient
+//! failure re-submits the part (idempotent by digest and step) and fetches again.
 
 use std::time::{Duration, Instant};
 
 use dpcap_accountant::client::AccountantClient;
+use dpcap_proto::retry::backoff;
 use dpcap_proto::v1::{Assignment, JobSpend, Reduction};
+use dpcap_proto::{ErrorCode, RetryPolicy, is_transient};
 
 use crate::collective::Reducer;
 use crate::runtime::RuntimeError;
@@ -13,6 +16,15 @@ use crate::runtime::worker::CoordinatorClient;
 
 /// Where a step's part goes: (job, step, rank, generation).
 pub type StepKey<'a> = (&'a str, u64, u32, u64);
+
+/// What became of a step's part.
+pub enum Outcome {
+    /// The step was charged and released.
+    Released(Released),
+    /// The step was charged but its release was lost (an accountant crash between the charge
+    /// and the stored release): it stays spent and the replica skips it.
+    Discarded,
+}
 
 /// The step's release, the spend rank 0 saw, and the seconds spent reducing and releasing.
 pub struct Released {
@@ -84,7 +96,7 @@ pub async fn release(
     accountant: &mut AccountantClient,
     key: StepKey<'_>,
     part: Vec<f32>,
-) -> Result<Released, RuntimeError> {
+) -> Result<Outcome, RuntimeError> {
     match reducer {
         Reducer::Accountant => through_accountant(accountant, key, part).await,
         #[cfg(feature = "cuda")]
@@ -92,18 +104,48 @@ pub async fn release(
     }
 }
 
-/// Submits `sum` as part `part` and fetches the release.
+/// Submits `sum` as part `part` and fetches the release, riding out accountant restarts: a
+/// transient failure of either call re-submits (an identical part is recognised, a charged
+/// step answers STEP_ALREADY_CHARGED and is fetched) until the retry deadline.
 async fn through_accountant(
     accountant: &mut AccountantClient,
     (job_id, step, part, generation): StepKey<'_>,
     sum: Vec<f32>,
-) -> Result<Released, RuntimeError> {
-    let t = Instant::now();
-    accountant.submit_attempt(job_id, (step, part, generation), &sum).await?;
-    let reduce_seconds = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    let (values, spend) = accountant.fetch_release(job_id, step).await?;
-    Ok(Released { values, spend, reduce_seconds, release_seconds: t.elapsed().as_secs_f64() })
+) -> Result<Outcome, RuntimeError> {
+    let policy = RetryPolicy::default();
+    let started = Instant::now();
+    let mut failures = 0u32;
+    loop {
+        let t = Instant::now();
+        let submitted = accountant.submit_attempt(job_id, (step, part, generation), &sum).await;
+        let failure = match submitted.map_err(|s| (ErrorCode::of(&s), s)) {
+            Ok(_) | Err((Some(ErrorCode::StepAlreadyCharged), _)) => None,
+            Err((Some(ErrorCode::ReleaseDiscarded), _)) => return Ok(Outcome::Discarded),
+            Err((_, s)) => Some(s),
+        };
+        let reduce_seconds = t.elapsed().as_secs_f64();
+        let failure = match failure {
+            Some(s) => s,
+            None => {
+                let t = Instant::now();
+                match accountant.fetch_release(job_id, step).await {
+                    Ok((values, spend)) => {
+                        let release_seconds = t.elapsed().as_secs_f64();
+                        return Ok(Outcome::Released(Released { values, spend, reduce_seconds, release_seconds }));
+                    }
+                    Err(s) if ErrorCode::of(&s) == Some(ErrorCode::ReleaseDiscarded) => return Ok(Outcome::Discarded),
+                    Err(s) => s,
+                }
+            }
+        };
+        if !is_transient(&failure) || started.elapsed() >= policy.deadline {
+            return Err(failure.into());
+        }
+        let wait = backoff(&policy, failures);
+        tracing::warn!(job_id, step, part, error = %failure, wait_ms = wait.as_millis() as u64, "accountant unavailable; re-submitting the part");
+        tokio::time::sleep(wait).await;
+        failures = failures.saturating_add(1);
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -122,23 +164,25 @@ async fn over_nccl(
         // Rank 0 alone talks to the accountant (parts = 1), then tells the others what happened.
         let fetched = through_accountant(accountant, (job_id, step, 0, generation), sum).await;
         let status = match &fetched {
-            Ok(_) => ReleaseStatus::Released,
+            Ok(Outcome::Released(_)) => ReleaseStatus::Released,
+            Ok(Outcome::Discarded) => ReleaseStatus::Discarded,
             Err(RuntimeError::BudgetExhausted(_)) => ReleaseStatus::BudgetExhausted,
             Err(_) => ReleaseStatus::Failed,
         };
         let t = Instant::now();
         group.from_rank_zero(vec![status as u32]).await?;
-        let mut released = fetched?;
+        let Outcome::Released(mut released) = fetched? else { return Ok(Outcome::Discarded) };
         released.values = group.from_rank_zero(released.values).await?;
         reduce_seconds += released.reduce_seconds;
         released.reduce_seconds = reduce_seconds;
         released.release_seconds += t.elapsed().as_secs_f64();
-        return Ok(released);
+        return Ok(Outcome::Released(released));
     }
     let t = Instant::now();
     let status = group.from_rank_zero(vec![0u32]).await?;
     match ReleaseStatus::from_code(status[0]) {
         ReleaseStatus::Released => {}
+        ReleaseStatus::Discarded => return Ok(Outcome::Discarded),
         ReleaseStatus::BudgetExhausted => {
             return Err(RuntimeError::BudgetExhausted(format!("rank 0 was refused step {step}: budget exhausted")));
         }
@@ -147,5 +191,5 @@ async fn over_nccl(
         }
     }
     let values = group.from_rank_zero(vec![0.0f32; dim]).await?;
-    Ok(Released { values, spend: None, reduce_seconds, release_seconds: t.elapsed().as_secs_f64() })
+    Ok(Outcome::Released(Released { values, spend: None, reduce_seconds, release_seconds: t.elapsed().as_secs_f64() }))
 }

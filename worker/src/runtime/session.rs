@@ -1,6 +1,8 @@
 //! One assignment: a rank of a job's group from formation until STOP. Each step: replay any
-//! releases the replica has not applied, read the work units, clip, submit the part, fetch the
-//! release, apply g = R / L, checkpoint (rank 0), report.
+//! releases the replica has not applied, stream the work units one micro-batch at a time
+//! through the clip engine, submit the part, fetch the release, apply g = R / L, checkpoint
+//! (rank 0), report. Calls to the coordinator and the accountant retry transient failures;
+//! a charged step whose release was lost is skipped and counted as discarded.
 
 use std::time::Instant;
 
@@ -10,6 +12,7 @@ use dpcap_proto::v1::{
     AccountantKind, Assignment, GetStepRequest, JobSpec, Mechanism, Objective, RegisterJobRequest, ReportStepRequest,
     StepOutcome, TelemetryMode, step_work::Action,
 };
+use dpcap_proto::{ErrorCode, RetryPolicy, retry};
 
 use crate::checkpoint::{load_optimizer, load_weights, save_optimizer, save_weights};
 use crate::clip::ClipEngine;
@@ -18,7 +21,8 @@ use crate::optim::Schedule;
 use crate::runtime::RuntimeError;
 use crate::runtime::ckpt::{CheckpointStore, Manifest};
 use crate::runtime::dataset::Dataset;
-use crate::runtime::reduce;
+use crate::runtime::reduce::{self, Outcome};
+use crate::runtime::stream::{DEFAULT_PREFETCH, ExampleStream};
 use crate::runtime::trainer::Trainer;
 use crate::runtime::worker::{CoordinatorClient, WorkerConfig};
 
@@ -43,9 +47,20 @@ pub struct Session<AB: AutodiffBackend> {
     checkpoints: CheckpointStore,
     trainer: Trainer<AB>,
     reducer: Reducer,
-    /// Releases of steps < position are applied to the replica.
+    /// Releases of steps < position are applied to the replica (or discarded).
     position: u64,
-    discarded: u64,
+    /// Releases applied to the replica since step 0.
+    applied: u64,
+    /// Charged steps whose release was lost: skipped, still spent.
+    discarded: Vec<u64>,
+}
+
+/// How a step ended on this rank.
+enum StepDone {
+    /// The release was applied.
+    Applied,
+    /// The step was charged but its release was lost: skipped, still spent.
+    Discarded,
 }
 
 fn since(t: Instant) -> f64 {
@@ -58,12 +73,13 @@ impl<AB: AutodiffBackend> Session<AB> {
     /// reducer (joining the generation's NCCL group on the GPU path).
     pub async fn start(
         (worker_id, assignment): (String, Assignment),
-        (mut coordinator, mut accountant): (CoordinatorClient, AccountantClient),
+        (mut coordinator, accountant): (CoordinatorClient, AccountantClient),
         (config, device): (&WorkerConfig, &AB::Device),
     ) -> Result<Self, RuntimeError> {
         let spec = assignment.spec.clone().ok_or_else(|| RuntimeError::Protocol("assignment without a spec".into()))?;
-        let plan = assignment.plan.ok_or_else(|| RuntimeError::Protocol("assignment without a plan".into()))?;
+        let plan = assignment.plan.clone().ok_or_else(|| RuntimeError::Protocol("assignment without a plan".into()))?;
         let dataset = Dataset::open(&spec.dataset).await?;
+        dataset.check_pinned(&plan.dataset_digest, plan.examples)?;
         let mae = spec.objective == Objective::Mae as i32;
         let tokenizer = if mae { None } else { Some(dataset.tokenizer(&spec.tokenizer).await?) };
         let schedule =
@@ -84,14 +100,14 @@ impl<AB: AutodiffBackend> Session<AB> {
             )
         })?;
         let checkpoints = CheckpointStore::open(&assignment.checkpoint_root)?;
-        let mut position = 0;
+        let (mut position, mut applied, mut discarded) = (0, 0, Vec::new());
         if let Some(step) = checkpoints.latest().await? {
             let (manifest, weights, optimizer) = checkpoints.load(step).await?;
             load_weights(&mut trainer.params, &weights)
                 .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
             trainer.optimizer = load_optimizer(&trainer.params, &optimizer)
                 .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
-            position = manifest.step;
+            (position, applied, discarded) = (manifest.step, manifest.applied_steps, manifest.discarded_steps);
             tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, step, "resumed from checkpoint");
         }
         let reducer =
@@ -113,7 +129,11 @@ impl<AB: AutodiffBackend> Session<AB> {
             dataset_epsilon_budget: spec.dataset_epsilon_budget,
             insecure_noise_seed: None,
         };
-        accountant.raw().register_job(registration).await?;
+        retry(RetryPolicy::default(), "register_job", || {
+            let (mut client, registration) = (accountant.clone(), registration.clone());
+            async move { client.raw().register_job(registration).await }
+        })
+        .await?;
         Ok(Self {
             worker_id,
             assignment,
@@ -125,7 +145,8 @@ impl<AB: AutodiffBackend> Session<AB> {
             trainer,
             reducer,
             position,
-            discarded: 0,
+            applied,
+            discarded,
         })
     }
 
@@ -137,7 +158,13 @@ impl<AB: AutodiffBackend> Session<AB> {
                 job_id: self.assignment.job_id.clone(),
                 generation: self.assignment.generation,
             };
-            let work = self.coordinator.get_step(request).await.map_err(lease_or)?.into_inner();
+            let work = retry(RetryPolicy::default(), "get_step", || {
+                let (mut client, request) = (self.coordinator.clone(), request.clone());
+                async move { client.get_step(request).await }
+            })
+            .await
+            .map_err(lease_or)?
+            .into_inner();
             if work.action != Action::Run as i32 {
                 tracing::info!(job_id = %self.assignment.job_id, rank = self.assignment.rank, "stopping: job ended or group re-formed");
                 return Ok(());
@@ -151,7 +178,8 @@ impl<AB: AutodiffBackend> Session<AB> {
                 ..Default::default()
             };
             match self.step(step, &work.units, work.checkpoint, &mut report).await {
-                Ok(()) => report.outcome = StepOutcome::Done as i32,
+                Ok(StepDone::Applied) => report.outcome = StepOutcome::Done as i32,
+                Ok(StepDone::Discarded) => report.outcome = StepOutcome::Discarded as i32,
                 Err(e @ (RuntimeError::LeaseLost | RuntimeError::Superseded)) => return Err(e),
                 Err(e) => {
                     tracing::error!(job_id = %report.job_id, step, rank = self.assignment.rank, error = %e, "step failed");
@@ -163,21 +191,42 @@ impl<AB: AutodiffBackend> Session<AB> {
                     report.message = e.to_string();
                 }
             }
-            self.coordinator.report_step(report).await.map_err(lease_or)?;
+            retry(RetryPolicy::default(), "report_step", || {
+                let (mut client, report) = (self.coordinator.clone(), report.clone());
+                async move { client.report_step(report).await }
+            })
+            .await
+            .map_err(lease_or)?;
         }
     }
 
     /// Applies releases of steps in [position, step): after a restart the replica catches up
-    /// from its checkpoint. A release the accountant no longer holds was discarded; its step
-    /// stays spent and the replica skips it.
+    /// from its checkpoint with the releases the accountant stores until a checkpoint covers
+    /// them. A discarded step stays spent and is skipped; a trimmed one cannot be rebuilt.
     async fn catch_up(&mut self, step: u64) -> Result<(), RuntimeError> {
         while self.position < step {
             let t = self.position;
-            match self.accountant.fetch_release(&self.assignment.job_id, t).await {
-                Ok((values, _)) => tokio::task::block_in_place(|| self.trainer.apply(values, t))?,
-                Err(s) if s.code() == tonic::Code::FailedPrecondition || s.code() == tonic::Code::NotFound => {
-                    tracing::warn!(job_id = %self.assignment.job_id, step = t, reason = %s.message(), "release unavailable; step stays spent (discarded)");
-                    self.discarded += 1;
+            let job_id = self.assignment.job_id.clone();
+            let fetched = retry(RetryPolicy::default(), "fetch_release", || {
+                let (mut client, job_id) = (self.accountant.clone(), job_id.clone());
+                async move { client.fetch_release(&job_id, t).await }
+            })
+            .await;
+            match fetched {
+                Ok((values, _)) => {
+                    tokio::task::block_in_place(|| self.trainer.apply(values, t))?;
+                    self.applied += 1;
+                }
+                Err(s) if ErrorCode::of(&s) == Some(ErrorCode::ReleaseDiscarded) => {
+                    tracing::warn!(job_id, step = t, "release was lost; step stays spent (discarded)");
+                    self.discarded.push(t);
+                }
+                Err(s) if ErrorCode::of(&s) == Some(ErrorCode::ReleaseTrimmed) => {
+                    return Err(RuntimeError::Checkpoint(format!(
+                        "release of step {t} was deleted but the checkpoint loaded stops at step {}: {}",
+                        self.position,
+                        s.message()
+                    )));
                 }
                 Err(s) => return Err(s.into()),
             }
@@ -192,31 +241,48 @@ impl<AB: AutodiffBackend> Session<AB> {
         units: &[dpcap_proto::v1::ExampleRange],
         checkpoint: bool,
         report: &mut ReportStepRequest,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<StepDone, RuntimeError> {
         let job_id = self.assignment.job_id.clone();
         let (rank, generation) = (self.assignment.rank, self.assignment.generation);
         self.catch_up(step).await?;
         let mut phases = Phases::default();
 
         let t = Instant::now();
-        let mut indices = Vec::new();
+        let mut indices = Vec::with_capacity(units.iter().map(|u| u.indices.len()).sum());
         for unit in units {
             for &local in &unit.indices {
                 indices.push(self.dataset.global(unit.shard as usize, local)?);
             }
         }
-        let examples = self.dataset.read(indices).await?;
-        let (part, telemetry) = tokio::task::block_in_place(|| self.trainer.clipped_part(&examples))?;
+        let examples = indices.len();
+        let mut stream =
+            ExampleStream::start(self.dataset.clone(), indices, self.trainer.engine.micro_batch, DEFAULT_PREFETCH);
+        let mut part = self.trainer.begin_part();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            tokio::task::block_in_place(|| self.trainer.accumulate(&mut part, &chunk))?;
+        }
+        let (part, telemetry) = tokio::task::block_in_place(|| self.trainer.finish_part(part))?;
         phases.compute = since(t);
 
-        let released =
+        let outcome =
             reduce::release(&self.reducer, &mut self.accountant, (&job_id, step, rank, generation), part).await?;
+        let released = match outcome {
+            Outcome::Released(released) => released,
+            Outcome::Discarded => {
+                tracing::warn!(job_id, step, rank, "step was charged but its release was lost; skipped (discarded)");
+                self.discarded.push(step);
+                self.position = step + 1;
+                return Ok(StepDone::Discarded);
+            }
+        };
         (phases.reduce, phases.release) = (released.reduce_seconds, released.release_seconds);
         let (release, spend) = (released.values, released.spend);
 
         let t = Instant::now();
         tokio::task::block_in_place(|| self.trainer.apply(release, step))?;
         self.position = step + 1;
+        self.applied += 1;
         phases.update = since(t);
 
         if checkpoint && rank == 0 {
@@ -231,16 +297,16 @@ impl<AB: AutodiffBackend> Session<AB> {
         }
         // The realised batch size and the loss are non-DP telemetry: none of it under strict.
         let strict = self.spec.telemetry == TelemetryMode::Strict as i32;
-        if !strict && !examples.is_empty() {
-            report.examples = examples.len() as u64;
+        if !strict && examples > 0 {
+            report.examples = examples as u64;
             report.loss = Some(telemetry.mean_loss());
         }
         (report.compute_seconds, report.reduce_seconds, report.release_seconds) =
             (phases.compute, phases.reduce, phases.release);
         (report.update_seconds, report.checkpoint_seconds) = (phases.update, phases.checkpoint);
-        let examples = if strict { None } else { Some(examples.len()) };
+        let examples = if strict { None } else { Some(examples) };
         tracing::info!(job_id, step, rank, examples, compute_s = phases.compute, "step done");
-        Ok(())
+        Ok(StepDone::Applied)
     }
 
     async fn save_checkpoint(&self, step: u64) -> Result<(), RuntimeError> {
@@ -267,6 +333,8 @@ impl<AB: AutodiffBackend> Session<AB> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as i64)
                 .unwrap_or(0),
+            applied_steps: self.applied,
+            discarded_steps: self.discarded.clone(),
         };
         self.checkpoints.save(&manifest, weights, optimizer).await?;
         tracing::info!(job_id = %manifest.job_id, step, "checkpoint written");
@@ -274,12 +342,12 @@ impl<AB: AutodiffBackend> Session<AB> {
     }
 }
 
-/// NOT_FOUND from the coordinator means this worker's lease is gone; ABORTED, that its group
-/// was re-formed (the session ends without failing the job).
+/// WORKER_NOT_REGISTERED from the coordinator means this worker's lease is gone;
+/// STALE_GENERATION, that its group was re-formed (the session ends without failing the job).
 pub fn lease_or(s: tonic::Status) -> RuntimeError {
-    match s.code() {
-        tonic::Code::NotFound if s.message().contains("not registered") => RuntimeError::LeaseLost,
-        tonic::Code::Aborted => RuntimeError::Superseded,
+    match ErrorCode::of(&s) {
+        Some(ErrorCode::WorkerNotRegistered) => RuntimeError::LeaseLost,
+        Some(ErrorCode::StaleGeneration) => RuntimeError::Superseded,
         _ => s.into(),
     }
 }

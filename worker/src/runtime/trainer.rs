@@ -5,7 +5,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use image::imageops::FilterType;
 
-use crate::clip::{ClipEngine, Telemetry};
+use crate::clip::{ClipEngine, ClippedSum, GradSum, Telemetry};
 use crate::data::Example;
 use crate::data::tokenizer::CaptionTokenizer;
 use crate::model::{CaptionBatch, Captioner, CaptionerConfig, Encoder, Mae, MaeBatch, MaeConfig};
@@ -123,13 +123,26 @@ impl<AB: AutodiffBackend> Trainer<AB> {
 
     /// Σ_i clip_C(g_i) over `examples` as P values, with non-DP telemetry. No examples: zeros.
     pub fn clipped_part(&self, examples: &[Example]) -> Result<(Vec<f32>, Telemetry), RuntimeError> {
+        let mut part = self.begin_part();
+        self.accumulate(&mut part, examples)?;
+        self.finish_part(part)
+    }
+
+    /// An empty part (zeros) to stream examples into.
+    pub fn begin_part(&self) -> ClippedSum<Inner<AB>> {
+        ClippedSum { sum: GradSum::zeros(&self.params), telemetry: Telemetry::default() }
+    }
+
+    /// Adds the clipped gradients of `examples` (one micro-batch or a few) to `part`; only
+    /// these examples are ever tensorised at once.
+    pub fn accumulate(&self, part: &mut ClippedSum<Inner<AB>>, examples: &[Example]) -> Result<(), RuntimeError> {
         if examples.is_empty() {
-            return Ok((vec![0.0; self.dim()], Telemetry::default()));
+            return Ok(());
         }
         let device = self.params.device().clone();
         let side = self.model.encoder().config().image;
         let images = images_tensor::<AB>(examples, side, &device);
-        let out = match &self.model {
+        match &self.model {
             Model::Caption(model, tokenizer) => {
                 let seq = model.config().seq;
                 let mut tokens = Vec::with_capacity(examples.len() * seq);
@@ -140,16 +153,21 @@ impl<AB: AutodiffBackend> Trainer<AB> {
                     tokens.extend(ids);
                 }
                 let tokens = Tensor::<AB, 2, Int>::from_data(TensorData::new(tokens, [examples.len(), seq]), &device);
-                self.engine.clipped_sum(model, &self.params, &CaptionBatch { images, tokens })
+                self.engine.accumulate(model, &self.params, &CaptionBatch { images, tokens }, part);
             }
             Model::Mae(model) => {
                 let batch = MaeBatch::new(images, model.encoder().config().patches());
-                self.engine.clipped_sum(model, &self.params, &batch)
+                self.engine.accumulate(model, &self.params, &batch, part);
             }
-        };
+        }
+        Ok(())
+    }
+
+    /// The part as P values (the one device-to-host copy of the step) and its telemetry.
+    pub fn finish_part(&self, part: ClippedSum<Inner<AB>>) -> Result<(Vec<f32>, Telemetry), RuntimeError> {
         let values =
-            out.sum.flatten().into_data().into_vec::<f32>().map_err(|e| RuntimeError::Data(format!("{e:?}")))?;
-        Ok((values, out.telemetry))
+            part.sum.flatten().into_data().into_vec::<f32>().map_err(|e| RuntimeError::Data(format!("{e:?}")))?;
+        Ok((values, part.telemetry))
     }
 
     /// Applies the release of ledger step `step`: AdamW on R / L at the schedule's rate.

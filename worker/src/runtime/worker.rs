@@ -1,15 +1,20 @@
-//! The worker's outer loop: register, heartbeat, and run each assignment as a [`Session`]
-//! while a heartbeat task keeps the lease. A lost lease (coordinator restart, long pause)
-//! means registering again; a shutdown stops between steps' RPCs.
+//! The worker's outer loop: register, keep the lease, and run each assignment as a
+//! [`Session`]. The lease is kept by its own task for as long as the registration lives, so
+//! liveness never depends on how long a step computes; the session only watches what the
+//! lease task learns (a new generation, a lost lease). On shutdown the worker leaves its group
+//! so that the coordinator re-forms it at once instead of waiting out the lease.
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_accountant::client::AccountantClient;
 use dpcap_proto::auth::AttachToken;
 use dpcap_proto::v1::worker_service_client::WorkerServiceClient;
-use dpcap_proto::v1::{HeartbeatRequest, RegisterWorkerRequest};
+use dpcap_proto::v1::{Assignment, HeartbeatRequest, LeaveRequest, RegisterWorkerRequest};
+use dpcap_proto::{ErrorCode, RetryPolicy, retry};
+use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -37,6 +42,23 @@ pub struct WorkerConfig {
     pub precision: crate::clip::Precision,
 }
 
+/// What the lease task knows of this worker's registration.
+#[derive(Debug, Clone, PartialEq)]
+enum Lease {
+    /// Registered, not yet confirmed by a heartbeat.
+    Unknown,
+    /// Held; the assignment, if the worker belongs to a running group.
+    Held(Option<Assignment>),
+    /// The coordinator no longer knows this worker: register again.
+    Lost,
+}
+
+/// How long a stopping worker waits for its Leave call.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often an idle worker (no assignment) asks for one.
+const IDLE_POLL: Duration = Duration::from_millis(200);
+
 async fn connect(config: &WorkerConfig) -> Result<CoordinatorClient, RuntimeError> {
     let channel = tonic::transport::Endpoint::from_shared(config.coordinator.clone())
         .map_err(|e| RuntimeError::Spec { field: "coordinator", reason: e.to_string() })?
@@ -44,18 +66,29 @@ async fn connect(config: &WorkerConfig) -> Result<CoordinatorClient, RuntimeErro
     Ok(WorkerServiceClient::with_interceptor(channel, AttachToken(config.cluster_token.clone())))
 }
 
-/// Runs the worker until `shutdown` resolves.
+/// Runs the worker until `shutdown` resolves, then leaves its group.
 pub async fn run<AB: AutodiffBackend>(
     config: WorkerConfig,
     device: AB::Device,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RuntimeError> {
     let coordinator = connect(&config).await?;
+    let registered: Arc<Mutex<Option<String>>> = Arc::default();
     tokio::pin!(shutdown);
     tokio::select! {
-        result = serve::<AB>(&config, coordinator, &device) => result,
+        result = serve::<AB>(&config, coordinator.clone(), &device, registered.clone()) => result,
         _ = &mut shutdown => {
-            tracing::info!(name = %config.name, "worker shutting down");
+            let worker_id = registered.lock().expect("registration lock").clone();
+            if let Some(worker_id) = worker_id {
+                tracing::info!(worker_id, name = %config.name, "worker shutting down: leaving its group");
+                let mut client = coordinator.clone();
+                let leave = client.leave(LeaveRequest { worker_id });
+                if let Err(e) = tokio::time::timeout(LEAVE_TIMEOUT, leave).await.map_err(|_| "timed out".to_owned())
+                    .and_then(|r| r.map_err(|s| s.to_string()))
+                {
+                    tracing::warn!(error = %e, "could not leave; the group re-forms when the lease expires");
+                }
+            }
             Ok(())
         }
     }
@@ -63,64 +96,48 @@ pub async fn run<AB: AutodiffBackend>(
 
 async fn serve<AB: AutodiffBackend>(
     config: &WorkerConfig,
-    mut coordinator: CoordinatorClient,
+    coordinator: CoordinatorClient,
     device: &AB::Device,
+    registered: Arc<Mutex<Option<String>>>,
 ) -> Result<(), RuntimeError> {
+    let forever = RetryPolicy { deadline: Duration::MAX, ..RetryPolicy::default() };
     loop {
         let request =
             RegisterWorkerRequest { name: config.name.clone(), device: config.device.clone(), throughput: 0.0 };
-        let registered = match coordinator.register_worker(request).await {
-            Ok(r) => r.into_inner(),
-            Err(s) if s.code() == tonic::Code::Unavailable || s.code() == tonic::Code::Unknown => {
-                tracing::debug!(error = %s, "coordinator unreachable; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-            Err(s) => return Err(s.into()),
-        };
-        let worker_id = registered.worker_id;
-        let beat = Duration::from_millis(u64::from(registered.lease_seconds.max(1)) * 1000 / 4);
-        tracing::info!(worker_id, name = %config.name, accountant = %registered.accountant_endpoint, "registered");
-        let accountant = loop {
-            match AccountantClient::connect(registered.accountant_endpoint.clone()).await {
-                Ok(c) => break c,
-                Err(e) => {
-                    tracing::debug!(error = %e, "accountant unreachable; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            }
-        };
-        // Heartbeat; run assignments; stop when the lease is lost.
+        let response = retry(forever, "register_worker", || {
+            let (mut client, request) = (coordinator.clone(), request.clone());
+            async move { client.register_worker(request).await }
+        })
+        .await?
+        .into_inner();
+        let worker_id = response.worker_id;
+        *registered.lock().expect("registration lock") = Some(worker_id.clone());
+        let beat = Duration::from_millis(u64::from(response.lease_seconds.max(1)) * 1000 / 4);
+        tracing::info!(worker_id, name = %config.name, accountant = %response.accountant_endpoint, "registered");
+        let accountant = AccountantClient::connect_lazy(response.accountant_endpoint.clone())
+            .map_err(|e| RuntimeError::Spec { field: "accountant_endpoint", reason: e.to_string() })?;
+        let (lease_tx, mut lease) = watch::channel(Lease::Unknown);
+        let keeper = KeeperGuard(tokio::spawn(keep_lease(coordinator.clone(), worker_id.clone(), beat, lease_tx)));
         loop {
-            let assignment = match coordinator.heartbeat(HeartbeatRequest { worker_id: worker_id.clone() }).await {
-                Ok(r) => r.into_inner().assignment,
-                Err(s) if s.code() == tonic::Code::NotFound => break,
-                Err(s) => {
-                    tracing::debug!(error = %s, "heartbeat failed; retrying");
-                    tokio::time::sleep(beat).await;
-                    continue;
-                }
+            let assignment = match next_assignment(&mut lease).await {
+                Some(a) => a,
+                None => break,
             };
-            let Some(assignment) = assignment else {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            };
-            let (job_id, rank, assignment_generation) =
-                (assignment.job_id.clone(), assignment.rank, assignment.generation);
-            tracing::info!(worker_id, job_id, rank, generation = assignment.generation, "assigned");
+            let (job_id, rank, generation) = (assignment.job_id.clone(), assignment.rank, assignment.generation);
+            tracing::info!(worker_id, job_id, rank, generation, "assigned");
             let session = async {
-                let session = Session::<AB>::start(
+                Session::<AB>::start(
                     (worker_id.clone(), assignment),
                     (coordinator.clone(), accountant.clone()),
                     (config, device),
                 )
-                .await?;
-                session.run().await
+                .await?
+                .run()
+                .await
             };
-            let generation = assignment_generation;
             let result = tokio::select! {
                 r = session => r,
-                ended = keep_lease(coordinator.clone(), worker_id.clone(), (&job_id, generation), beat) => Err(ended),
+                ended = superseded(lease.clone(), &job_id, generation) => Err(ended),
             };
             match result {
                 Ok(()) => {}
@@ -130,37 +147,90 @@ async fn serve<AB: AutodiffBackend>(
                 }
                 Err(e) => {
                     tracing::error!(worker_id, job_id, rank, error = %e, "session failed");
-                    fail_job(&mut coordinator, &worker_id, &job_id, &e).await;
+                    fail_job(&mut coordinator.clone(), &worker_id, &job_id, &e).await;
                 }
             }
+            // Wait for the lease task's next word before taking the same assignment again.
+            let _ = lease.changed().await;
         }
+        drop(keeper);
         tracing::warn!(worker_id, "lease lost; registering again");
     }
 }
 
-/// Heartbeats until the coordinator forgets this worker ([`RuntimeError::LeaseLost`]) or no
-/// longer lists it in generation `generation` of `job_id` ([`RuntimeError::Superseded`]: a
-/// peer was lost and the group re-formed, so a step this rank waits on can never complete).
+/// Aborts the lease task when the registration it keeps is over.
+struct KeeperGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for KeeperGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Heartbeats every `beat` (every [`IDLE_POLL`] while unassigned) and publishes what the
+/// coordinator says, until it no longer knows this worker. It runs on its own task, so a step
+/// that computes for minutes never starves it.
 async fn keep_lease(
     mut coordinator: CoordinatorClient,
     worker_id: String,
-    (job_id, generation): (&str, u64),
     beat: Duration,
-) -> RuntimeError {
+    lease: watch::Sender<Lease>,
+) {
     loop {
-        tokio::time::sleep(beat).await;
         match coordinator.heartbeat(HeartbeatRequest { worker_id: worker_id.clone() }).await {
-            Err(s) if s.code() == tonic::Code::NotFound => return RuntimeError::LeaseLost,
-            Err(_) => {} // unreachable for a beat: the lease has slack
-            Ok(r) => match r.into_inner().assignment {
-                Some(a) if a.job_id == job_id && a.generation == generation => {}
-                _ => return RuntimeError::Superseded,
-            },
+            Ok(r) => {
+                let assignment = r.into_inner().assignment;
+                lease.send_if_modified(|held| {
+                    let new = Lease::Held(assignment);
+                    let changed = *held != new;
+                    *held = new;
+                    changed
+                });
+            }
+            Err(s) if ErrorCode::of(&s) == Some(ErrorCode::WorkerNotRegistered) => {
+                lease.send_replace(Lease::Lost);
+                return;
+            }
+            Err(s) => tracing::debug!(worker_id, error = %s, "heartbeat failed; the lease has slack"),
+        }
+        let idle = matches!(&*lease.borrow(), Lease::Held(None) | Lease::Unknown);
+        tokio::time::sleep(if idle { beat.min(IDLE_POLL) } else { beat }).await;
+    }
+}
+
+/// The next assignment the lease task reports; None once the lease is lost.
+async fn next_assignment(lease: &mut watch::Receiver<Lease>) -> Option<Assignment> {
+    loop {
+        match &*lease.borrow_and_update() {
+            Lease::Lost => return None,
+            Lease::Held(Some(a)) => return Some(a.clone()),
+            Lease::Held(None) | Lease::Unknown => {}
+        }
+        if lease.changed().await.is_err() {
+            return None;
         }
     }
 }
 
-/// A session that could not start (bad spec, unreadable data) fails its job with the reason.
+/// Resolves when the lease is lost ([`RuntimeError::LeaseLost`]) or the coordinator no longer
+/// lists this worker in generation `generation` of `job_id` ([`RuntimeError::Superseded`]: a
+/// peer was lost and the group re-formed, so a step this rank waits on can never complete).
+async fn superseded(mut lease: watch::Receiver<Lease>, job_id: &str, generation: u64) -> RuntimeError {
+    loop {
+        match &*lease.borrow_and_update() {
+            Lease::Lost => return RuntimeError::LeaseLost,
+            Lease::Held(Some(a)) if a.job_id == job_id && a.generation == generation => {}
+            Lease::Unknown => {}
+            Lease::Held(_) => return RuntimeError::Superseded,
+        }
+        if lease.changed().await.is_err() {
+            return RuntimeError::LeaseLost;
+        }
+    }
+}
+
+/// A session that could not start or run (bad spec, unreadable data) fails its job with the
+/// reason.
 async fn fail_job(coordinator: &mut CoordinatorClient, worker_id: &str, job_id: &str, error: &RuntimeError) {
     let Ok(Some(assignment)) = coordinator
         .heartbeat(HeartbeatRequest { worker_id: worker_id.into() })

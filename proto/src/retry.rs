@@ -1,0 +1,148 @@
+//! Bounded retries for calls between services. Transient failures (the peer restarting,
+//! draining or unreachable: UNAVAILABLE, transport errors, DEADLINE_EXCEEDED) are retried with
+//! exponential backoff and full jitter until a deadline; every other status is permanent and
+//! returned at once. Only idempotent calls may be retried: dpcap's are, by step numbers, part
+//! digests and attempts.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use tonic::{Code, Status};
+
+use crate::error::ErrorCode;
+
+/// How long and how often to retry.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// The first backoff; it doubles after every failure.
+    pub initial: Duration,
+    /// The largest backoff.
+    pub max: Duration,
+    /// Give up (returning the last status) once this much time has passed since the first try.
+    pub deadline: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 100 ms doubling to 5 s, for up to 10 minutes: long enough for a service to be restarted
+    /// by its supervisor and replay its state, short enough that a dead peer surfaces.
+    fn default() -> Self {
+        Self { initial: Duration::from_millis(100), max: Duration::from_secs(5), deadline: Duration::from_secs(600) }
+    }
+}
+
+/// Whether `status` is worth retrying: a dpcap service that says UNAVAILABLE (starting,
+/// replaying, draining), or a failure that did not come from a dpcap handler at all (the
+/// transport, a broken stream, a peer that is gone).
+pub fn is_transient(status: &Status) -> bool {
+    match ErrorCode::of(status) {
+        Some(code) => code == ErrorCode::Unavailable,
+        None => matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::DeadlineExceeded | Code::Cancelled | Code::Internal
+        ),
+    }
+}
+
+/// The backoff before attempt `attempt` (0-based): full jitter over an exponential cap.
+pub fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
+    let cap = policy.initial.saturating_mul(1u32 << attempt.min(16)).min(policy.max);
+    let mut bytes = [0u8; 8];
+    let unit = match getrandom::fill(&mut bytes) {
+        Ok(()) => (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64,
+        Err(_) => 0.5,
+    };
+    cap.mul_f64(0.5 + 0.5 * unit)
+}
+
+/// Runs `call` until it succeeds, fails permanently, or the policy's deadline passes. `what`
+/// names the call in the logs.
+pub async fn retry<T, F, Fut>(policy: RetryPolicy, what: &str, mut call: F) -> Result<T, Status>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Status>>,
+{
+    let started = Instant::now();
+    let mut attempt = 0u32;
+    loop {
+        match call().await {
+            Ok(value) => return Ok(value),
+            Err(status) if is_transient(&status) && started.elapsed() < policy.deadline => {
+                let wait = backoff(&policy, attempt);
+                tracing::debug!(call = what, attempt, code = ?status.code(), error = %status.message(), wait_ms = wait.as_millis() as u64, "transient failure; retrying");
+                tokio::time::sleep(wait).await;
+                attempt = attempt.saturating_add(1);
+            }
+            Err(status) => return Err(status),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::error::{ServiceError, to_status};
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("replaying the ledger")]
+    struct Starting;
+
+    impl ServiceError for Starting {
+        fn error_code(&self) -> ErrorCode {
+            ErrorCode::Unavailable
+        }
+    }
+
+    fn quick() -> RetryPolicy {
+        RetryPolicy {
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(2),
+            deadline: Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test]
+    async fn transient_failures_are_retried_until_the_call_succeeds() {
+        let calls = AtomicU32::new(0);
+        let result = retry(quick(), "test", || async {
+            match calls.fetch_add(1, Ordering::SeqCst) {
+                0 => Err(Status::unavailable("connection refused")),
+                1 => Err(to_status(Starting)),
+                2 => Err(Status::unknown("transport error")),
+                _ => Ok(7),
+            }
+        })
+        .await;
+        assert_eq!(result.unwrap(), 7);
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test]
+    async fn a_permanent_failure_returns_at_once() {
+        let calls = AtomicU32::new(0);
+        let result: Result<(), _> = retry(quick(), "test", || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(Status::invalid_argument("bad field"))
+        })
+        .await;
+        assert_eq!(result.unwrap_err().code(), Code::InvalidArgument);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn retries_stop_at_the_deadline() {
+        let policy = RetryPolicy { deadline: Duration::from_millis(30), ..quick() };
+        let result: Result<(), _> = retry(policy, "test", || async { Err(Status::unavailable("down")) }).await;
+        assert_eq!(result.unwrap_err().code(), Code::Unavailable);
+    }
+
+    #[test]
+    fn backoff_grows_to_its_cap_with_jitter() {
+        let policy = RetryPolicy { initial: Duration::from_millis(100), max: Duration::from_secs(1), ..quick() };
+        let first = backoff(&policy, 0);
+        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100), "{first:?}");
+        let late = backoff(&policy, 30);
+        assert!(late >= Duration::from_millis(500) && late <= Duration::from_secs(1), "{late:?}");
+    }
+}

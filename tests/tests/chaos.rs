@@ -1,0 +1,40 @@
+//! The fault-injection harness: a short campaign in every test run, a long one on demand
+//! (`scripts/chaos.sh RUNS`).
+
+use dpcap_e2e::chaos::campaign;
+use dpcap_e2e::jobs::tempfile_dir;
+use dpcap_e2e::synth_dataset;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_kills_and_restarts_of_every_component_never_break_the_ledgers_invariants() {
+    let dir = tempfile_dir("chaos-short");
+    let dataset = synth_dataset(&dir, 240);
+    let report = campaign(&dir, &dataset, 1, 3, 0x5eed).await;
+    assert!(report.kills >= 1, "{report:?}");
+    assert!(report.violations.is_empty(), "{report:#?}");
+}
+
+/// `scripts/chaos.sh RUNS`: CHAOS_RUNS jobs (default 50), up to 3 kills each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: run with scripts/chaos.sh"]
+async fn chaos_campaign() {
+    let runs = std::env::var("CHAOS_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(50);
+    let seed = std::env::var("CHAOS_SEED").ok().and_then(|r| r.parse().ok()).unwrap_or(0x5eed);
+    let dir = tempfile_dir("chaos");
+    let dataset = synth_dataset(&dir, 240);
+    let report = campaign(&dir, &dataset, runs, 3, seed).await;
+    println!(
+        "CHAOS: {} runs, {} kills (accountant {}, coordinator {}, worker {}), {} steps discarded, {} violations",
+        report.runs,
+        report.kills,
+        report.kills_by_component[0],
+        report.kills_by_component[1],
+        report.kills_by_component[2],
+        report.discarded,
+        report.violations.len()
+    );
+    for v in &report.violations {
+        println!("VIOLATION: {v}");
+    }
+    assert!(report.violations.is_empty());
+}

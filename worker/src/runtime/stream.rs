@@ -1,0 +1,64 @@
+//! A rank's share of a step, streamed one micro-batch at a time: a reader task fetches and
+//! decodes the next chunks (at most `prefetch` ahead of the consumer) while the trainer
+//! computes on the current one. Nothing ever holds the whole share: at the paper's batch a
+//! rank's share is ~164k images, ~99 GB as f32 tensors.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::data::Example;
+use crate::runtime::RuntimeError;
+use crate::runtime::dataset::Dataset;
+
+/// Chunks decoded ahead of the one being computed.
+pub const DEFAULT_PREFETCH: usize = 2;
+
+/// The examples of a share, in chunks of at most one micro-batch.
+#[derive(Debug)]
+pub struct ExampleStream {
+    chunks: mpsc::Receiver<Result<Vec<Example>, RuntimeError>>,
+    read: Arc<AtomicUsize>,
+    reader: JoinHandle<()>,
+}
+
+impl ExampleStream {
+    /// Starts reading `indices` (global example indices) in chunks of `chunk` examples.
+    pub fn start(dataset: Dataset, indices: Vec<u64>, chunk: usize, prefetch: usize) -> Self {
+        let (tx, chunks) = mpsc::channel(prefetch.max(1));
+        let read = Arc::new(AtomicUsize::new(0));
+        let counter = read.clone();
+        let reader = tokio::spawn(async move {
+            for part in indices.chunks(chunk.max(1)) {
+                // Wait for room before reading, so at most `prefetch` chunks sit decoded.
+                let Ok(permit) = tx.reserve().await else { return };
+                let result = dataset.read(part.to_vec()).await;
+                counter.fetch_add(part.len(), Ordering::SeqCst);
+                let failed = result.is_err();
+                permit.send(result);
+                if failed {
+                    return;
+                }
+            }
+        });
+        Self { chunks, read, reader }
+    }
+
+    /// The next chunk; None when the share is done.
+    pub async fn next(&mut self) -> Option<Result<Vec<Example>, RuntimeError>> {
+        self.chunks.recv().await
+    }
+
+    /// Examples read and decoded so far (consumed or waiting).
+    pub fn examples_read(&self) -> usize {
+        self.read.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for ExampleStream {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
