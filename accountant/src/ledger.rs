@@ -276,3 +276,38 @@ impl Ledger {
             .map_err(|e| AccountantError::CorruptLedger { path: path.to_string(), reason: e.to_string() })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rand_chacha::ChaCha20Rng;
+    use rand_chacha::rand_core::{Rng, SeedableRng};
+
+    use super::Registration;
+
+    #[test]
+    fn any_registration_reads_back_equal_after_the_ledgers_json_round_trip() {
+        // A re-registration (a second rank, a restart) is compared field by field with what the
+        // ledger stored: every f64 must survive JSON exactly.
+        let mut rng = ChaCha20Rng::seed_from_u64(3);
+        let mut any = || f64::from_bits(rng.next_u64() >> 2 | 0x3000_0000_0000_0000);
+        for i in 0..10_000 {
+            let registration = Registration {
+                job_id: format!("job-{i}"),
+                sample_rate: any(),
+                noise_multiplier: any(),
+                clipping_norm: any(),
+                delta: any(),
+                epsilon_target: any(),
+                accountant: "pld".into(),
+                gradient_dim: 1 << 20,
+                parts: 8,
+                dataset_id: String::new(),
+                dataset_epsilon_budget: any(),
+                insecure_noise_seed: None,
+            };
+            let bytes = serde_json::to_vec_pretty(&registration).unwrap();
+            let back: Registration = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(back, registration, "{}", String::from_utf8_lossy(&bytes));
+        }
+    }
+}

@@ -17,6 +17,8 @@ pub const DPCAP_B: f64 = 1_310_720.0;
 pub enum BenchCommand {
     /// Time one step: non-private, naive per-example, and the ClipEngine.
     Clip(crate::bench_clip::ClipBench),
+    /// Peak RSS of one rank streaming its share of a step (run for two share sizes).
+    Share(crate::bench_share::ShareBench),
     /// Time PLD and RDP epsilon for the DP-Cap recipe (median of --runs).
     Privacy {
         /// Timed runs per accountant (after one warm-up).
@@ -45,6 +47,7 @@ fn median_seconds(runs: usize, mut f: impl FnMut() -> f64) -> (f64, f64) {
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Clip(opts) => crate::bench_clip::run(opts)?,
+        BenchCommand::Share(opts) => crate::bench_share::run(opts)?,
         BenchCommand::Privacy { runs, json } => {
             let segment = Segment::new(DPCAP_B / DPCAP_N, 0.728, 5708)?;
             let delta = 1.0 / DPCAP_N;

@@ -70,7 +70,7 @@ fn median(runs: usize, mut f: impl FnMut()) -> f64 {
 }
 
 /// Peak resident set size of this process (Linux VmHWM), in bytes.
-fn peak_rss_bytes() -> Option<u64> {
+pub fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)

@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_clip;
+mod bench_share;
 mod dataset;
 mod demo;
 mod jobs;

@@ -361,15 +361,19 @@ impl State {
         let progress = entry.job.progress.get_or_insert_with(Default::default);
         progress.epsilon_spent = progress.epsilon_spent.max(report.epsilon_spent);
         progress.steps_discarded = progress.steps_discarded.max(report.steps_discarded);
-        let mut trim = Vec::new();
         if report.checkpoint_step > 0 {
             progress.checkpoint_step = report.checkpoint_step;
-            trim.push((job_id.to_owned(), report.checkpoint_step));
         }
         if !group.reported.iter().all(|r| *r) {
             entry.version += 1;
-            return Effects { trim, ..Effects::default() };
+            return Effects::default();
         }
+        // Every rank has applied the step: releases the latest checkpoint covers may go (not
+        // earlier: a rank that has not fetched a release yet would find it trimmed).
+        let trim = match progress.checkpoint_step {
+            0 => Vec::new(),
+            covered => vec![(job_id.to_owned(), covered)],
+        };
         // Every rank is done: the step is complete.
         let step = group.step.unwrap_or(0);
         let seconds = group.step_started.elapsed().as_secs_f64().max(1e-9);

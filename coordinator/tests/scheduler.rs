@@ -79,6 +79,28 @@ fn a_step_completes_when_every_rank_reports_and_the_job_succeeds_after_its_last_
 }
 
 #[test]
+fn releases_are_trimmed_only_once_every_rank_has_applied_the_checkpointed_step() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 2, 5));
+    worker(&mut state, "w1");
+    worker(&mut state, "w2");
+    state.schedule();
+    state.jobs.get_mut("a").unwrap().group.as_mut().unwrap().step = Some(0);
+    state.work_for("a", 0);
+    let checkpointed = Report { checkpoint_step: 1, ..done() };
+    let effects = state.report("a", 0, &checkpointed);
+    assert!(effects.trim.is_empty(), "rank 1 may not have fetched release 0 yet: {effects:?}");
+    let effects = state.report("a", 1, &done());
+    assert_eq!(effects.trim, vec![("a".to_owned(), 1)]);
+    // A discarded step moves the group on like a released one.
+    state.work_for("a", 0);
+    let discarded = Report { outcome: StepOutcome::Discarded, ..done() };
+    state.report("a", 0, &discarded);
+    state.report("a", 1, &discarded);
+    assert_eq!(state.jobs["a"].job.progress.as_ref().unwrap().step, 2);
+}
+
+#[test]
 fn a_budget_refusal_ends_the_job_budget_exhausted_not_failed() {
     let mut state = State::default();
     submit(&mut state, job("a", 1, 9));

@@ -44,7 +44,7 @@ impl Dice {
 }
 
 /// Steps per chaos job.
-const STEPS: u64 = 10;
+const STEPS: u64 = 20;
 
 /// Runs `runs` jobs with up to `max_kills` kills each over the synthetic `dataset`, every run in
 /// its own directory under `base`.
@@ -80,9 +80,13 @@ async fn one_run(
     let mut job_spec = spec(dataset, STEPS);
     job_spec.checkpoint_interval = Some(1 + dice.below(5));
     let job = submit(&services, job_spec).await;
+    let running = Instant::now() + Duration::from_secs(120);
+    while crate::jobs::step(&get(&services, &job.job_id).await) < 1 && Instant::now() < running {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut next_worker = 2;
     for _ in 0..kills {
-        tokio::time::sleep(Duration::from_millis(500 + dice.below(4000))).await;
+        tokio::time::sleep(Duration::from_millis(300 + dice.below(2000))).await;
         if ended(&get(&services, &job.job_id).await) {
             break;
         }

@@ -157,9 +157,15 @@ async fn cancel_and_budget_exhaustion_end_jobs_in_their_own_states() {
     assert_eq!(cancelled.state, JobState::Cancelled as i32);
     let again = services.jobs().await.cancel_job(CancelJobRequest { job_id: job.job_id.clone() }).await.unwrap_err();
     assert_eq!(again.code(), tonic::Code::FailedPrecondition);
-    let closed = wait_until(&services, &job.job_id, Duration::from_secs(10), is(JobState::Cancelled)).await;
-    assert!(step(&closed) < 500);
-    assert_eq!(spend_phase(&services, &job.job_id).await, JobPhase::Closed as i32);
+    let stopped = wait_until(&services, &job.job_id, Duration::from_secs(10), is(JobState::Cancelled)).await;
+    assert!(step(&stopped) < 500);
+    // A cancelled job can be resumed, so it stays open at the accountant; but nothing is
+    // charged once its ranks have stopped.
+    assert_eq!(spend_phase(&services, &job.job_id).await, JobPhase::Open as i32);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let settled = services.charged_steps(&job.job_id).len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(services.charged_steps(&job.job_id).len(), settled, "a cancelled job charges no more steps");
 }
 
 async fn spend_phase(services: &Services, job_id: &str) -> i32 {

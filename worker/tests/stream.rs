@@ -1,0 +1,62 @@
+//! A rank's share streams one micro-batch at a time from a pinned dataset: memory is bounded
+//! by the prefetch, not the share, and a dataset other than the planned one is refused.
+
+use dpcap_worker::data::build_index;
+use dpcap_worker::data::synth::{Scene, write_shards};
+use dpcap_worker::runtime::RuntimeError;
+use dpcap_worker::runtime::dataset::Dataset;
+use dpcap_worker::runtime::stream::ExampleStream;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+
+async fn dataset(dir: &std::path::Path, examples: u64) -> (String, Vec<u8>) {
+    let root = dir.join("train");
+    write_shards(&root, (Scene::Pair, 3), 0..examples, 50, 32).unwrap();
+    let store = LocalFileSystem::new_with_prefix(&root).unwrap();
+    let index = build_index(&store, &Path::default()).await.unwrap();
+    let body = serde_json::to_vec(&index).unwrap();
+    store.put(&Path::from("index.json"), PutPayload::from(body.clone())).await.unwrap();
+    (root.to_string_lossy().into_owned(), body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_streams_in_micro_batches_and_never_reads_more_than_the_prefetch_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _) = dataset(dir.path(), 300).await;
+    let data = Dataset::open(&url).await.unwrap();
+    let (micro, prefetch) = (8, 2);
+    let mut stream = ExampleStream::start(data, (0..300).rev().collect(), micro, prefetch);
+    // A consumer that has not started: the reader stops once `prefetch` chunks wait decoded.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(stream.examples_read() <= micro * prefetch, "read {} ahead of the consumer", stream.examples_read());
+    let mut keys = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.unwrap();
+        assert!(!chunk.is_empty() && chunk.len() <= micro, "chunk of {}", chunk.len());
+        keys.extend(chunk.into_iter().map(|e| e.key));
+        assert!(stream.examples_read() <= keys.len() + micro * (prefetch + 1));
+    }
+    assert_eq!(keys.len(), 300, "every example of the share, once");
+    let mut unique = keys.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 300);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dataset_other_than_the_pinned_one_is_refused_and_positions_are_bounds_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, index) = dataset(dir.path(), 120).await;
+    let data = Dataset::open(&url).await.unwrap();
+    let pinned = dpcap_proto::digest::sha256(&index);
+    data.check_pinned(&pinned, 120).expect("the planned index");
+    let err = data.check_pinned("sha256:00", 120).unwrap_err();
+    assert!(matches!(err, RuntimeError::Spec { field: "dataset", .. }), "{err}");
+    assert!(err.to_string().contains("digest"), "{err}");
+    let err = data.check_pinned(&pinned, 121).unwrap_err();
+    assert!(err.to_string().contains("121"), "{err}");
+    assert_eq!(data.global(1, 49).unwrap(), 99);
+    assert!(data.global(1, 50).is_err(), "position 50 of a 50-example shard");
+    assert!(data.global(9, 0).is_err(), "no shard 9");
+}
