@@ -29,6 +29,10 @@ pub struct ShareBench {
     /// Where the synthetic shards go (default: a temporary directory).
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
+    /// For comparison: read and tensorise the whole share at once (what ranks did before
+    /// they streamed).
+    #[arg(long)]
+    materialise: bool,
 }
 
 /// Streams the share and prints one JSON line.
@@ -55,15 +59,22 @@ pub fn run(opts: ShareBench) -> Result<()> {
             &device,
         )?;
         let started = Instant::now();
-        let mut stream = ExampleStream::start(dataset, (0..opts.examples).collect(), opts.micro_batch, DEFAULT_PREFETCH);
-        let mut part = trainer.begin_part();
-        while let Some(chunk) = stream.next().await {
-            trainer.accumulate(&mut part, &chunk?)?;
-        }
-        let (values, _) = trainer.finish_part(part)?;
+        let values = if opts.materialise {
+            let examples = dataset.read((0..opts.examples).collect()).await?;
+            trainer.clipped_part(&examples)?.0
+        } else {
+            let mut stream =
+                ExampleStream::start(dataset, (0..opts.examples).collect(), opts.micro_batch, DEFAULT_PREFETCH);
+            let mut part = trainer.begin_part();
+            while let Some(chunk) = stream.next().await {
+                trainer.accumulate(&mut part, &chunk?)?;
+            }
+            trainer.finish_part(part)?.0
+        };
         println!(
             "{}",
             json!({"examples": opts.examples, "model": opts.model, "micro_batch": opts.micro_batch, "params": values.len(),
+                   "mode": if opts.materialise { "materialised" } else { "streamed" },
                    "seconds": started.elapsed().as_secs_f64(), "peak_rss_bytes": crate::bench_clip::peak_rss_bytes(),
                    "peak_rss_before_share_bytes": rss_before})
         );
