@@ -18,6 +18,7 @@ pub use calibrate::{max_steps, noise_multiplier};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub enum AccountantKind {
     /// Privacy loss distributions ("connect the dots", grid 1e-4): tight, an upper bound.
+    /// Where no grid can hold the losses (σ far below 0.005) it reports the RDP bound.
     #[default]
     Pld,
     /// Rényi DP over the default orders: looser, cheap.
@@ -125,21 +126,50 @@ pub fn check_epsilon(epsilon: f64) -> Result<(), PrivacyError> {
     }
 }
 
-/// ε at δ after composing `segments` in order.
+/// ε at δ after composing `segments` in order. Never below the true ε: the PLD where its grid
+/// holds the losses (tight), else the RDP bound; see [`pld_epsilon`].
 pub fn epsilon(kind: AccountantKind, segments: &[Segment], delta: f64) -> Result<f64, PrivacyError> {
     check_delta(delta)?;
     for s in segments {
         Segment::new(s.sample_rate, s.noise_multiplier, s.steps)?;
     }
-    match kind {
-        AccountantKind::Rdp => {
-            let mut curve = rdp::RdpCurve::new(rdp::default_orders())?;
-            segments.iter().for_each(|s| curve.compose(s));
-            Ok(curve.epsilon(delta).epsilon)
-        }
-        AccountantKind::Pld => {
-            Ok(pld::Pld::for_segments(segments, pld::PldOptions::default())?.epsilon_for_delta(delta))
-        }
+    Ok(match kind {
+        AccountantKind::Rdp => rdp_epsilon(segments, delta),
+        AccountantKind::Pld => pld_epsilon(segments, delta),
+    })
+}
+
+/// ε at δ by RDP over the default orders: a closed-form upper bound at any σ.
+fn rdp_epsilon(segments: &[Segment], delta: f64) -> f64 {
+    let mut curve = rdp::RdpCurve::new(rdp::default_orders()).expect("the default orders are all > 1");
+    segments.iter().for_each(|s| curve.compose(s));
+    curve.epsilon(delta).epsilon
+}
+
+/// ε at δ by PLD, falling back to RDP where the PLD cannot hold the losses (their support
+/// would need more points than allowed even on a grid of about 1 nat: σ far below 0.005, or
+/// ε in the millions), where one segment has more steps than an FFT power composes exactly
+/// (2^24), or where its numbers went wrong. Where the grid had to be coarsened the smaller of
+/// the two upper bounds is reported; on the finest grid the PLD alone, the tighter.
+fn pld_epsilon(segments: &[Segment], delta: f64) -> f64 {
+    let options = pld::PldOptions::default();
+    match pld::Pld::for_segments(segments, options) {
+        Ok(pld) => settle(pld.epsilon_for_delta(delta), pld.discretization() > options.discretization, || {
+            rdp_epsilon(segments, delta)
+        }),
+        Err(_) => rdp_epsilon(segments, delta),
+    }
+}
+
+/// A PLD ε made safe: NaN (lost numbers) gives way to RDP; an infinite one (δ below the mass
+/// cut from the tails) or one from a coarsened grid is capped by RDP, as both are upper bounds.
+fn settle(pld: f64, coarsened: bool, rdp: impl FnOnce() -> f64) -> f64 {
+    if pld.is_nan() {
+        rdp()
+    } else if coarsened || pld.is_infinite() {
+        pld.min(rdp())
+    } else {
+        pld
     }
 }
 
@@ -156,7 +186,10 @@ pub struct EpsilonCurve {
 
 #[derive(Debug, Clone)]
 enum OneStep {
-    Pld(pld::Pld),
+    /// The one-step PLD on the finest grid; None when one step already spans more than an
+    /// eighth of the longest grid (small σ: ε of hundreds of nats within a few steps), where
+    /// composing it would hardly ever fit, and each evaluation sizes its own grid instead.
+    Pld(Option<pld::Pld>),
     Rdp(rdp::RdpCurve),
 }
 
@@ -176,7 +209,13 @@ impl EpsilonCurve {
                 curve.compose(&segment);
                 OneStep::Rdp(curve)
             }
-            AccountantKind::Pld => OneStep::Pld(pld::Pld::for_segments(&[segment], pld::PldOptions::default())?),
+            AccountantKind::Pld => {
+                let options = pld::PldOptions::default();
+                let h = options.discretization;
+                let mechanism = pld::SubsampledGaussian::new(sample_rate, noise_multiplier);
+                let fits = mechanism.grid_points(h) <= options.max_len / 8;
+                OneStep::Pld(fits.then(|| pld::Pld::one_step(&mechanism, h)).filter(pld::Pld::is_sane))
+            }
         };
         Ok(Self { kind, sample_rate, noise_multiplier, delta, one_step })
     }
@@ -186,26 +225,38 @@ impl EpsilonCurve {
         self.kind
     }
 
-    /// ε at δ after `steps` steps (0 for none).
+    /// ε at δ after `steps` steps (0 for none); never below the true ε, as [`epsilon`].
     pub fn epsilon_after(&self, steps: u64) -> f64 {
         if steps == 0 {
             return 0.0;
         }
+        let segment = Segment { sample_rate: self.sample_rate, noise_multiplier: self.noise_multiplier, steps };
         match &self.one_step {
             OneStep::Rdp(one) => one.repeated(steps).epsilon(self.delta).epsilon,
             OneStep::Pld(one) => {
                 let options = pld::PldOptions::default();
-                match one.self_compose(steps, options) {
-                    Some(many) => many.epsilon_for_delta(self.delta),
-                    None => {
-                        let segment =
-                            Segment { sample_rate: self.sample_rate, noise_multiplier: self.noise_multiplier, steps };
-                        pld::Pld::for_segments(&[segment], options)
-                            .map(|p| p.epsilon_for_delta(self.delta))
-                            .unwrap_or(f64::INFINITY)
+                match one.as_ref().and_then(|one| one.self_compose(steps, options)) {
+                    Some(many) => {
+                        settle(many.epsilon_for_delta(self.delta), false, || rdp_epsilon(&[segment], self.delta))
                     }
+                    None => pld_epsilon(&[segment], self.delta),
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pld_falls_back_to_rdp_where_no_grid_holds_the_losses() {
+        let segments = [Segment::new(0.5, 1e-4, 10).unwrap()];
+        let (pld, rdp) = (epsilon(AccountantKind::Pld, &segments, 1e-5), epsilon(AccountantKind::Rdp, &segments, 1e-5));
+        assert_eq!(pld, rdp);
+        let curve = EpsilonCurve::new(AccountantKind::Pld, 0.5, 1e-4, 1e-5).unwrap();
+        assert_eq!(Ok(curve.epsilon_after(10)), rdp);
+        assert!(rdp.unwrap() > 5e7, "one inclusion alone is worth 5e7 nats");
     }
 }

@@ -22,12 +22,14 @@ pub fn subsampled_gaussian_rdp(q: f64, sigma: f64, order: f64) -> f64 {
     if q == 1.0 {
         return order / (2.0 * sigma * sigma);
     }
-    if order.is_infinite() {
+    if order.is_infinite() || (0.5 / (sigma * sigma)).is_infinite() {
         return f64::INFINITY;
     }
     let log_a =
         if order.fract() == 0.0 { log_a_integer(q, sigma, order as u64) } else { log_a_fractional(q, sigma, order) };
-    (log_a / (order - 1.0)).max(0.0)
+    let rdp = log_a / (order - 1.0);
+    // NaN (∞ - ∞ in the series at absurdly small σ) must not read as 0: that would claim privacy.
+    if rdp.is_nan() { f64::INFINITY } else { rdp.max(0.0) }
 }
 
 /// ln A_α for integer α: ln Σ_{i=0}^{α} C(α,i) (1-q)^{α-i} q^i exp((i²-i)/(2σ²)).
@@ -164,6 +166,13 @@ mod tests {
     fn full_batch_is_the_gaussian_closed_form() {
         assert_eq!(subsampled_gaussian_rdp(1.0, 2.0, 3.0), 3.0 / 8.0);
         assert_eq!(subsampled_gaussian_rdp(0.0, 2.0, 3.0), 0.0);
+    }
+
+    #[test]
+    fn absurdly_small_noise_is_infinite_not_zero() {
+        for order in [2.5, 3.0] {
+            assert_eq!(subsampled_gaussian_rdp(0.3, 1e-160, order), f64::INFINITY);
+        }
     }
 
     #[test]

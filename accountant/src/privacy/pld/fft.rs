@@ -25,12 +25,13 @@ pub fn fast_len(n: usize) -> usize {
 
 /// Chernoff bounds [lo, hi] on the index sum of `times` independent draws from `probs` such
 /// that the mass outside is at most `tail_mass` (half on each side). Orders as in Google's
-/// dp-accounting: ±1/len … ±20/len, which keeps every e^{iλ} within [e^-20, e^20].
-pub fn chernoff_bounds(probs: &[f64], times: u64, tail_mass: f64) -> (i64, i64) {
+/// dp-accounting: ±1/len … ±20/len, which keeps every e^{iλ} within [e^-20, e^20]. None when
+/// the sum's index range does not fit an i64.
+pub fn chernoff_bounds(probs: &[f64], times: u64, tail_mass: f64) -> Option<(i64, i64)> {
     let m = probs.len();
-    let full = ((m.max(1) - 1) as i64) * times as i64;
+    let full = i64::try_from(m.max(1) - 1).ok()?.checked_mul(i64::try_from(times).ok()?)?;
     if tail_mass <= 0.0 || m <= 1 {
-        return (0, full);
+        return Some((0, full));
     }
     const K: usize = 20;
     let mut lambdas = [0.0f64; 2 * K];
@@ -66,7 +67,7 @@ pub fn chernoff_bounds(probs: &[f64], times: u64, tail_mass: f64) -> (i64, i64) 
             lo = lo.max(bound.floor() as i64);
         }
     }
-    (lo.min(hi), hi)
+    Some((lo.min(hi), hi))
 }
 
 /// The `times`-fold self-convolution of `probs`, on index sums lo..=hi only, by one real FFT,
@@ -169,7 +170,7 @@ mod tests {
     #[test]
     fn chernoff_window_keeps_almost_all_mass() {
         let p = vec![0.2, 0.5, 0.3];
-        let (lo, hi) = chernoff_bounds(&p, 1000, 1e-15);
+        let (lo, hi) = chernoff_bounds(&p, 1000, 1e-15).unwrap();
         assert!(lo > 0 && hi < 2000 && lo < 1100 && hi > 1100);
         let window = self_convolve_window(&p, 1000, lo, hi);
         let mass: f64 = window.iter().sum();

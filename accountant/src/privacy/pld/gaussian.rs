@@ -7,11 +7,16 @@
 //! - remove (P = M(D), Q = M(D')): loss L(o) = ln(1 - q + q·e^{(2o-1)/(2σ²)}), increasing in o.
 //! - add (P = M(D'), Q = M(D)): loss L(o) = -ln(1 - q + q·e^{(2o-1)/(2σ²)}), decreasing in o.
 
-use super::super::special::{log_add, log_sub, normal_cdf, normal_isf_log, normal_sf};
+use super::super::special::{log_add, log_normal_sf, log_sub, normal_cdf, normal_isf_log, normal_sf};
 use super::pmf::Pmf;
 
 /// ln of the Gaussian tail mass left outside the grid on each side, as dp-accounting does.
 const LOG_TAIL_MASS: f64 = -50.0;
+
+/// Largest ln of the factor e^ε (or e^ε - (1-q)) that the hockey-stick divergence multiplies
+/// by a Gaussian tail directly; beyond it (small σ puts the loss grid at thousands of nats,
+/// where e^ε overflows to ∞ and ∞·0 to NaN) both terms are taken in log space.
+const LINEAR_LIMIT: f64 = 500.0;
 
 /// Which neighbouring relation a PLD describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +63,11 @@ impl SubsampledGaussian {
                 // A = {o > o*}; δ = q·Φ̄((o*-1)/σ) - (e^ε - (1-q))·Φ̄(o*/σ).
                 let log_excess = log_sub(eps, self.log_1mq);
                 let o = self.remove_threshold(log_excess);
-                (self.q * normal_sf((o - 1.0) / s) - log_excess.exp() * normal_sf(o / s)).max(0.0)
+                if log_excess < LINEAR_LIMIT {
+                    (self.q * normal_sf((o - 1.0) / s) - log_excess.exp() * normal_sf(o / s)).max(0.0)
+                } else {
+                    exp_sub(self.log_q + log_normal_sf((o - 1.0) / s), log_excess + log_normal_sf(o / s))
+                }
             }
             Adjacency::Add => {
                 if eps >= -self.log_1mq {
@@ -68,7 +77,11 @@ impl SubsampledGaussian {
                 let log_excess = log_sub(-eps, self.log_1mq);
                 let o = self.remove_threshold(log_excess);
                 let a = -(eps + self.log_1mq).exp_m1();
-                (a * normal_cdf(o / s) - (eps + self.log_q).exp() * normal_cdf((o - 1.0) / s)).max(0.0)
+                if eps < LINEAR_LIMIT {
+                    (a * normal_cdf(o / s) - (eps + self.log_q).exp() * normal_cdf((o - 1.0) / s)).max(0.0)
+                } else {
+                    exp_sub(a.ln() + log_normal_sf(-o / s), eps + self.log_q + log_normal_sf((1.0 - o) / s))
+                }
             }
         }
     }
@@ -83,16 +96,18 @@ impl SubsampledGaussian {
         }
     }
 
-    /// Number of grid points the connect-the-dots PMF of one step needs at width `h`.
+    /// Number of grid points the connect-the-dots PMF of one step needs at width `h`;
+    /// `usize::MAX` when the loss range is not finite (σ so small that 1/σ² overflows).
     pub fn grid_points(&self, h: f64) -> usize {
         [Adjacency::Remove, Adjacency::Add]
             .iter()
             .map(|&a| {
                 let (lo, hi) = self.loss_range(a);
-                ((hi / h).ceil() - (lo / h).floor()) as usize + 1
+                let points = (hi / h).ceil() - (lo / h).floor() + 1.0;
+                if points.is_finite() && points < usize::MAX as f64 { points as usize } else { usize::MAX }
             })
             .max()
-            .unwrap_or(1)
+            .unwrap_or(usize::MAX)
     }
 
     /// The pessimistic connect-the-dots PMF of one step on the grid of width `h`.
@@ -118,6 +133,11 @@ impl SubsampledGaussian {
     }
 }
 
+/// e^a - e^b, or 0 when b ≥ a: a difference of probabilities whose logs may exceed 709.
+fn exp_sub(a: f64, b: f64) -> f64 {
+    if a <= b { 0.0 } else { -a.exp() * (b - a).exp_m1() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +152,32 @@ mod tests {
                 let got = g.hockey_stick(adj, eps);
                 assert!((got - want).abs() < 1e-12, "{adj:?} eps={eps}: {got} vs {want}");
             }
+        }
+    }
+
+    #[test]
+    fn hockey_stick_stays_exact_where_e_to_the_epsilon_overflows() {
+        // q = 1, σ = 0.02: the loss is N(1250, 50²) nats, far past e^709. With μ = 1/σ,
+        // δ(ε) = Φ(μ/2 - ε/μ) - e^{ε + ln Φ̄(μ/2 + ε/μ)} for both relations.
+        let (g, mu) = (SubsampledGaussian::new(1.0, 0.02), 50.0);
+        for eps in [600.0, 1000.0, 1250.0, 1500.0] {
+            let want = normal_cdf(mu / 2.0 - eps / mu) - (eps + log_normal_sf(mu / 2.0 + eps / mu)).exp();
+            for adj in [Adjacency::Remove, Adjacency::Add] {
+                let got = g.hockey_stick(adj, eps);
+                assert!((got - want).abs() <= 1e-9 * want, "{adj:?} eps={eps}: {got} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn connect_the_dots_keeps_unit_mass_at_tiny_sigma() {
+        // σ = 0.005: one inclusion is worth ~20,000 nats; the PMF must still sum to 1.
+        let g = SubsampledGaussian::new(0.075, 0.005);
+        for adj in [Adjacency::Remove, Adjacency::Add] {
+            let pmf = g.connect_the_dots(adj, 0.4096);
+            assert!(pmf.is_sane(1e-9), "{adj:?}: mass above 1");
+            let mass = pmf.delta_for_epsilon(-1e6); // every loss is far above: δ is the mass
+            assert!((mass - 1.0).abs() < 1e-9, "{adj:?}: mass {mass}");
         }
     }
 
