@@ -3,8 +3,13 @@
 
 use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
 use dpcap_proto::v1::{FetchReleaseRequest, GradientChunk, JobSpend, SubmitPartResponse};
-use tonic::transport::Channel;
+use dpcap_serve::AttachToken;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
+
+/// The generated client with a bearer token attached to every call.
+pub type RawClient = AccountantServiceClient<InterceptedService<Channel, AttachToken>>;
 
 /// Values per submitted chunk: 262144 f32 = 1 MiB.
 pub const CHUNK_VALUES: usize = 1 << 18;
@@ -12,32 +17,38 @@ pub const CHUNK_VALUES: usize = 1 << 18;
 /// A connected accountant client.
 #[derive(Debug, Clone)]
 pub struct AccountantClient {
-    inner: AccountantServiceClient<Channel>,
+    inner: RawClient,
 }
 
 impl AccountantClient {
-    /// Connects to `endpoint` (e.g. "http://127.0.0.1:7070").
+    /// Connects to `endpoint` (e.g. "http://127.0.0.1:7070") in plaintext without a token.
     pub async fn connect(endpoint: String) -> Result<Self, tonic::transport::Error> {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint)?.http2_adaptive_window(true).connect().await?;
-        Ok(Self::over(channel))
+        let channel = Endpoint::from_shared(endpoint)?.http2_adaptive_window(true).connect().await?;
+        Ok(Self::over(channel, None))
     }
 
-    /// A client that connects on first use and reconnects after the accountant restarts (calls
-    /// made while it is down fail with UNAVAILABLE, which callers retry).
-    pub fn connect_lazy(endpoint: String) -> Result<Self, tonic::transport::Error> {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint)?.http2_adaptive_window(true).connect_lazy();
-        Ok(Self::over(channel))
+    /// A client of `endpoint` (TLS already configured on it, see
+    /// [`dpcap_serve::ClientTlsArgs::endpoint`]) presenting `token`. It connects on first use
+    /// and reconnects after the accountant restarts (calls made while it is down fail with
+    /// UNAVAILABLE, which callers retry).
+    pub fn lazy(endpoint: Endpoint, token: Option<String>) -> Self {
+        Self::over(endpoint.http2_adaptive_window(true).connect_lazy(), token)
     }
 
-    fn over(channel: Channel) -> Self {
-        let inner = AccountantServiceClient::new(channel)
+    fn over(channel: Channel, token: Option<String>) -> Self {
+        let inner = AccountantServiceClient::with_interceptor(channel, AttachToken(token))
             .max_decoding_message_size(crate::server::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(crate::server::MAX_MESSAGE_BYTES);
         Self { inner }
     }
 
+    /// The generated client, owned.
+    pub fn into_raw(self) -> RawClient {
+        self.inner
+    }
+
     /// The generated client, for calls without a helper here.
-    pub fn raw(&mut self) -> &mut AccountantServiceClient<Channel> {
+    pub fn raw(&mut self) -> &mut RawClient {
         &mut self.inner
     }
 

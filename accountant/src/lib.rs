@@ -15,7 +15,6 @@ pub mod job;
 pub mod ledger;
 pub mod metrics;
 pub mod noise;
-pub mod process;
 pub mod server;
 pub mod service;
 

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use dpcap_accountant::process::{shutdown_signal, write_addr_file};
+use dpcap_serve::ServerSecurity;
+use dpcap_serve::process::{init_tracing, shutdown_signal, write_addr_file};
 use tokio::net::TcpListener;
 
 /// dpcap's privacy accountant: adds the noise, enforces budgets, keeps the ledger.
@@ -30,12 +31,15 @@ struct Args {
     /// Log as JSON lines.
     #[arg(long, env = "DPCAP_LOG_JSON")]
     log_json: bool,
+    #[command(flatten)]
+    security: ServerSecurity,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    dpcap_accountant::process::init_tracing(args.log_json);
+    init_tracing(args.log_json);
+    let server = args.security.server(args.listen)?;
 
     let grpc = TcpListener::bind(args.listen).await.with_context(|| format!("binding --listen {}", args.listen))?;
     let metrics = TcpListener::bind(args.metrics_listen)
@@ -48,6 +52,7 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("writing --addr-file {}", path.display()))?;
     }
     let ledger = dpcap_accountant::server::open_ledger(&args.ledger)?;
-    dpcap_accountant::server::serve(grpc, metrics, ledger, args.allow_seeded_noise, shutdown_signal()).await?;
+    dpcap_accountant::server::serve((grpc, metrics), server, ledger, args.allow_seeded_noise, shutdown_signal())
+        .await?;
     Ok(())
 }

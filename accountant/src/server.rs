@@ -6,9 +6,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use dpcap_proto::v1::accountant_service_server::AccountantServiceServer;
-use object_store::ObjectStore;
-use object_store::local::LocalFileSystem;
-use object_store::path::Path;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
@@ -26,13 +23,8 @@ pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// The ledger store could not be opened.
-    #[error("cannot open ledger store {url}: {reason}")]
-    Store {
-        /// The store URL or path given.
-        url: String,
-        /// Why.
-        reason: String,
-    },
+    #[error("ledger: {0}")]
+    Store(#[from] dpcap_serve::StoreError),
     /// The ledger could not be replayed.
     #[error("ledger replay failed: {0}")]
     Replay(#[from] AccountantError),
@@ -44,37 +36,18 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
-/// Opens an object store from a local directory path (created if missing) or a URL
-/// (`file://`, and `s3://`, `gs://`, `az://` with the matching cargo features), returning the
-/// store and the root path inside it. The ledger, job store, checkpoints and datasets all use it.
-pub fn open_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), ServeError> {
-    let store_error = |reason: String| ServeError::Store { url: location.to_owned(), reason };
-    if location.is_empty() {
-        return Err(store_error("empty location".into()));
-    }
-    if !location.contains("://") || location.starts_with("file://") {
-        let dir = location.strip_prefix("file://").unwrap_or(location);
-        std::fs::create_dir_all(dir).map_err(|e| store_error(e.to_string()))?;
-        let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| store_error(e.to_string()))?;
-        return Ok((Arc::new(store), Path::default()));
-    }
-    let url = url::Url::parse(location).map_err(|e| store_error(e.to_string()))?;
-    let (store, root): (Box<dyn ObjectStore>, Path) =
-        object_store::parse_url(&url).map_err(|e| store_error(e.to_string()))?;
-    Ok((Arc::from(store), root))
-}
-
-/// Opens the ledger at a directory or URL (see [`open_store`]).
+/// Opens the ledger at a directory or URL (see [`dpcap_serve::open_store`]).
 pub fn open_ledger(location: &str) -> Result<Ledger, ServeError> {
-    let (store, root) = open_store(location)?;
+    let (store, root) = dpcap_serve::open_store(location)?;
     Ok(Ledger::new(store, root))
 }
 
 /// Serves until `shutdown` resolves, then drains. Replays the ledger after the listeners are
-/// up so that health can report NOT_SERVING meanwhile.
+/// up so that health can report NOT_SERVING meanwhile. `server` carries TLS and the auth layer
+/// ([`dpcap_serve::ServerSecurity::server`]).
 pub async fn serve(
-    grpc: TcpListener,
-    metrics_listener: TcpListener,
+    (grpc, metrics_listener): (TcpListener, TcpListener),
+    server: dpcap_serve::SecuredServer,
     ledger: Ledger,
     allow_seeded_noise: bool,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -116,8 +89,8 @@ pub async fn serve(
     };
     // HTTP/2's default 64 KiB flow-control windows cap a bulk stream at tens of MB/s even on
     // loopback; adaptive windows grow them to the bandwidth-delay product (docs/grpc.md).
-    let server = tonic::transport::Server::builder()
-        .http2_adaptive_window(Some(true))
+    let mut server = server;
+    let server = server
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

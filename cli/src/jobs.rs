@@ -6,12 +6,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use dpcap_coordinator::SpecFile;
-use dpcap_proto::auth::AttachToken;
 use dpcap_proto::v1::job_service_client::JobServiceClient;
 use dpcap_proto::v1::{
     CancelJobRequest, GetJobRequest, Job, JobState, ListJobsRequest, Reduction, ResumeJobRequest, SubmitJobRequest,
     WatchJobRequest,
 };
+use dpcap_serve::{AttachToken, ClientTlsArgs};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 use tonic::service::interceptor::InterceptedService;
@@ -23,9 +23,12 @@ pub struct Server {
     /// The coordinator's gRPC endpoint.
     #[arg(long, global = true, default_value = "http://127.0.0.1:7071", env = "DPCAP_COORDINATOR")]
     pub coordinator: String,
-    /// Operator bearer token.
+    /// Bearer token (operator role to submit, cancel and resume; viewer to read).
     #[arg(long, global = true, env = "DPCAP_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub tls: ClientTlsArgs,
 }
 
 /// A JobService client.
@@ -34,7 +37,9 @@ pub type Client = JobServiceClient<InterceptedService<Channel, AttachToken>>;
 impl Server {
     /// Connects to the coordinator.
     pub async fn connect(&self) -> Result<Client> {
-        let channel = tonic::transport::Endpoint::from_shared(self.coordinator.clone())
+        let channel = self
+            .tls
+            .endpoint(&self.coordinator)
             .with_context(|| format!("invalid --coordinator {}", self.coordinator))?
             .connect()
             .await

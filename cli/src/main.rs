@@ -93,7 +93,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Watch { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, true)),
         Command::Wait { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, false)),
         Command::Demo(args) => {
-            dpcap_accountant::process::init_tracing_at(false, "warn");
+            dpcap_serve::process::init_tracing_at(false, "warn");
             runtime()?.block_on(demo::run(args))?;
         }
     }

@@ -5,13 +5,12 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
+use dpcap_accountant::client::{AccountantClient, RawClient};
 use dpcap_proto::v1::{
     Assignment, CloseJobRequest, ExampleRange, GetSpendRequest, Job, JobSpec, JobState, Progress, Reduction, StepWork,
     TrimReleasesRequest, step_work::Action,
 };
 use dpcap_proto::{RetryPolicy, retry};
-use tonic::transport::Channel;
 
 use crate::dataset;
 use crate::error::CoordinatorError;
@@ -26,6 +25,10 @@ pub struct Config {
     pub store_url: String,
     /// The accountant workers send parts to, e.g. "http://127.0.0.1:7070".
     pub accountant_endpoint: String,
+    /// TLS towards the accountant (https:// endpoints).
+    pub accountant_tls: dpcap_serve::ClientTlsArgs,
+    /// The coordinator-role token presented to the accountant.
+    pub accountant_token: Option<String>,
     /// A worker silent for this long is dropped and its job's group re-formed.
     pub lease: Duration,
 }
@@ -35,7 +38,7 @@ pub struct Config {
 pub struct Coordinator {
     config: Config,
     store: JobStore,
-    accountant: AccountantServiceClient<Channel>,
+    accountant: RawClient,
     state: Mutex<State>,
     pub(crate) changed: tokio::sync::watch::Sender<u64>,
     writes: tokio::sync::Mutex<()>,
@@ -52,10 +55,11 @@ impl Coordinator {
     /// A coordinator over `store`, restoring every stored job: unfinished ones are queued
     /// again in submission order and resume from their stored position.
     pub async fn open(config: Config, store: JobStore) -> Result<Arc<Self>, CoordinatorError> {
-        let channel = tonic::transport::Endpoint::from_shared(config.accountant_endpoint.clone())
-            .map_err(|e| CoordinatorError::invalid("accountant", e.to_string()))?
-            .http2_adaptive_window(true)
-            .connect_lazy();
+        let endpoint = config
+            .accountant_tls
+            .endpoint(&config.accountant_endpoint)
+            .map_err(|e| CoordinatorError::invalid("accountant", e.to_string()))?;
+        let accountant = AccountantClient::lazy(endpoint, config.accountant_token.clone()).into_raw();
         let mut state = State::default();
         let mut restored = store.load_all().await?;
         restored.sort_by_key(|(job, _)| (job.created_unix_ms, job.job_id.clone()));
@@ -73,7 +77,7 @@ impl Coordinator {
         }
         tracing::info!(jobs = state.jobs.len(), queued = state.queue.len(), "job store restored");
         Ok(Arc::new(Self {
-            accountant: AccountantServiceClient::new(channel),
+            accountant,
             config,
             store,
             state: Mutex::new(state),

@@ -1,7 +1,7 @@
 //! What the coordinator needs of a dataset: N (for accounting) and examples per shard (for
 //! work units), read from the `index.json` that `dpctl dataset index` writes beside the shards.
 
-use dpcap_accountant::server::open_store;
+use dpcap_serve::open_store;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use serde::Deserialize;

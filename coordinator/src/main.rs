@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use dpcap_accountant::process::{shutdown_signal, write_addr_file};
 use dpcap_coordinator::coordinator::Config;
-use dpcap_coordinator::server::{Tokens, serve};
+use dpcap_coordinator::server::serve;
+use dpcap_serve::process::{init_tracing, shutdown_signal, write_addr_file};
+use dpcap_serve::{ClientTlsArgs, ServerSecurity};
 use tokio::net::TcpListener;
 
 /// dpcap's coordinator.
@@ -29,12 +30,13 @@ struct Args {
     /// Seconds a worker may stay silent before its job's group is re-formed.
     #[arg(long, default_value_t = 10)]
     lease_seconds: u64,
-    /// Bearer token operators must present (JobService); unset: open.
-    #[arg(long, env = "DPCAP_OPERATOR_TOKEN", hide_env_values = true)]
-    operator_token: Option<String>,
-    /// Bearer token workers must present (WorkerService); unset: open.
-    #[arg(long, env = "DPCAP_CLUSTER_TOKEN", hide_env_values = true)]
-    cluster_token: Option<String>,
+    /// The coordinator-role token this coordinator presents to the accountant.
+    #[arg(long, env = "DPCAP_ACCOUNTANT_TOKEN", hide_env_values = true)]
+    accountant_token: Option<String>,
+    #[command(flatten)]
+    security: ServerSecurity,
+    #[command(flatten)]
+    accountant_tls: ClientTlsArgs,
     /// Write {"grpc": ADDR, "metrics": ADDR} to this file once listening (for tests and scripts).
     #[arg(long)]
     addr_file: Option<PathBuf>,
@@ -46,8 +48,9 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    dpcap_accountant::process::init_tracing(args.log_json);
+    init_tracing(args.log_json);
     let grpc = TcpListener::bind(&args.listen).await.with_context(|| format!("binding --listen {}", args.listen))?;
+    let server = args.security.server(grpc.local_addr()?)?;
     let metrics = TcpListener::bind(&args.metrics_listen)
         .await
         .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
@@ -59,9 +62,10 @@ async fn main() -> Result<()> {
     let config = Config {
         store_url: args.store,
         accountant_endpoint: args.accountant,
+        accountant_tls: args.accountant_tls,
+        accountant_token: args.accountant_token,
         lease: Duration::from_secs(args.lease_seconds.max(1)),
     };
-    let tokens = Tokens { operator: args.operator_token, cluster: args.cluster_token };
-    serve(grpc, metrics, config, tokens, shutdown_signal()).await?;
+    serve((grpc, metrics), server, config, shutdown_signal()).await?;
     Ok(())
 }

@@ -6,9 +6,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dpcap_accountant::server::open_store;
 use dpcap_proto::v1::job_service_server::JobServiceServer;
 use dpcap_proto::v1::worker_service_server::WorkerServiceServer;
+use dpcap_serve::{SecuredServer, open_store};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
@@ -17,23 +17,14 @@ use crate::coordinator::{Config, Coordinator};
 use crate::error::CoordinatorError;
 use crate::service::{JobGrpc, WorkerGrpc};
 use crate::store::JobStore;
-use dpcap_proto::auth::BearerAuth;
 
-/// Tokens checked by the interceptors (None: open, for the local demo).
-#[derive(Debug, Clone, Default)]
-pub struct Tokens {
-    /// Operators (JobService).
-    pub operator: Option<String>,
-    /// Cluster members (WorkerService).
-    pub cluster: Option<String>,
-}
-
-/// Serves until `shutdown` resolves, then drains.
+/// Serves until `shutdown` resolves, then drains. `server` carries TLS and the auth layer
+/// ([`dpcap_serve::ServerSecurity::server`]): JobService needs operator or viewer tokens,
+/// WorkerService worker tokens.
 pub async fn serve(
-    grpc: TcpListener,
-    metrics_listener: TcpListener,
+    (grpc, metrics_listener): (TcpListener, TcpListener),
+    server: SecuredServer,
     config: Config,
-    tokens: Tokens,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CoordinatorError> {
     let (store, root) = open_store(&config.store_url).map_err(|e| CoordinatorError::invalid("store", e.to_string()))?;
@@ -46,15 +37,12 @@ pub async fn serve(
     let (reflection_v1, reflection_v1alpha) =
         dpcap_proto::reflection::services(&["dpcap.v1.JobService", "dpcap.v1.WorkerService"])
             .map_err(|e| CoordinatorError::Store(e.to_string()))?;
-    let jobs = JobServiceServer::with_interceptor(JobGrpc(coordinator.clone()), BearerAuth::new(tokens.operator));
-    let workers = WorkerServiceServer::with_interceptor(
-        WorkerGrpc {
-            coordinator: coordinator.clone(),
-            accountant_endpoint,
-            lease_seconds: lease.as_secs().max(1) as u32,
-        },
-        BearerAuth::new(tokens.cluster),
-    );
+    let jobs = JobServiceServer::new(JobGrpc(coordinator.clone()));
+    let workers = WorkerServiceServer::new(WorkerGrpc {
+        coordinator: coordinator.clone(),
+        accountant_endpoint,
+        lease_seconds: lease.as_secs().max(1) as u32,
+    });
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -71,7 +59,7 @@ pub async fn serve(
         let _ = stop_tx.send(true);
     });
     let render = coordinator.clone();
-    tokio::spawn(dpcap_accountant::metrics::serve_http(
+    tokio::spawn(dpcap_serve::serve_http(
         metrics_listener,
         Arc::new(move || render.render_metrics()),
         stopped(stop_rx.clone()),
@@ -88,8 +76,8 @@ pub async fn serve(
             }
         }
     });
-    tonic::transport::Server::builder()
-        .http2_adaptive_window(Some(true))
+    let mut server = server;
+    server
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -66,6 +66,8 @@ error_codes! {
     StaleGeneration = "STALE_GENERATION" => Aborted,
     /// Missing or wrong credentials.
     Unauthenticated = "UNAUTHENTICATED" => Unauthenticated,
+    /// Valid credentials whose role may not make this call.
+    PermissionDenied = "PERMISSION_DENIED" => PermissionDenied,
     /// The service is starting (ledger replay) or draining; retry later.
     Unavailable = "UNAVAILABLE" => Unavailable,
     /// A bug or a storage failure.

@@ -12,8 +12,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use dpcap_proto::auth::AttachToken;
 use dpcap_proto::v1::job_service_client::JobServiceClient;
+use dpcap_serve::AttachToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -81,8 +81,14 @@ impl Process {
 
     /// A worker process pointed at `coordinator`.
     pub fn worker(coordinator: &str, name: &str, dir: &Path) -> Self {
+        Self::worker_with(coordinator, name, dir, &[])
+    }
+
+    /// A worker process with `extra` arguments (a token, TLS flags).
+    pub fn worker_with(coordinator: &str, name: &str, dir: &Path, extra: &[&str]) -> Self {
         let child = Command::new(binary("dpcap-worker"))
             .args(["--coordinator", coordinator, "--name", name, "--device", "cpu"])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(log_file(dir, name))
@@ -202,6 +208,8 @@ pub struct Services {
     /// The coordinator's lease in seconds.
     pub lease_seconds: u64,
     dir: PathBuf,
+    accountant_extra: Vec<String>,
+    coordinator_extra: Vec<String>,
 }
 
 impl Services {
@@ -212,18 +220,42 @@ impl Services {
 
     /// Starts both with a lease of `lease_seconds`.
     pub async fn with_lease(dir: &Path, lease_seconds: u64) -> Self {
-        let ledger = dir.join("ledger");
-        let accountant = Self::accountant_on(dir, &ledger, "127.0.0.1:0").await;
-        let store = dir.join("store");
-        let coordinator = Self::coordinator_with_lease(dir, &store, &accountant.grpc, lease_seconds).await;
-        Self { accountant, coordinator, store, ledger, lease_seconds, dir: dir.to_owned() }
+        Self::with_args(dir, lease_seconds, &[], &[]).await
     }
 
-    async fn accountant_on(dir: &Path, ledger: &Path, listen: &str) -> Process {
+    /// Starts both with `accountant_extra` and `coordinator_extra` arguments (tokens, TLS);
+    /// restarts keep them.
+    pub async fn with_args(
+        dir: &Path,
+        lease_seconds: u64,
+        accountant_extra: &[&str],
+        coordinator_extra: &[&str],
+    ) -> Self {
+        let ledger = dir.join("ledger");
+        let extra = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (accountant_extra, coordinator_extra) = (extra(accountant_extra), extra(coordinator_extra));
+        let accountant = Self::accountant_on(dir, &ledger, "127.0.0.1:0", &accountant_extra).await;
+        let store = dir.join("store");
+        let coordinator =
+            Self::coordinator_on(dir, &store, &accountant.grpc, lease_seconds, "127.0.0.1:0", &coordinator_extra).await;
+        Self {
+            accountant,
+            coordinator,
+            store,
+            ledger,
+            lease_seconds,
+            dir: dir.to_owned(),
+            accountant_extra,
+            coordinator_extra,
+        }
+    }
+
+    async fn accountant_on(dir: &Path, ledger: &Path, listen: &str, extra: &[String]) -> Process {
         let args: Vec<String> = ["--listen", listen, "--metrics-listen", "127.0.0.1:0", "--ledger"]
             .iter()
             .map(|s| s.to_string())
             .chain([ledger.to_string_lossy().into_owned()])
+            .chain(extra.iter().cloned())
             .collect();
         Process::server("dpcap-accountant", &args, dir, "dpcap.v1.AccountantService").await
     }
@@ -234,7 +266,7 @@ impl Services {
         let listen = self.accountant.grpc.trim_start_matches("http://").to_owned();
         self.accountant.kill();
         tokio::time::sleep(down).await;
-        self.accountant = Self::accountant_on(&self.dir, &self.ledger, &listen).await;
+        self.accountant = Self::accountant_on(&self.dir, &self.ledger, &listen, &self.accountant_extra).await;
     }
 
     /// SIGKILLs the coordinator and starts a new one on the same port and store.
@@ -242,20 +274,30 @@ impl Services {
         let listen = self.coordinator.grpc.trim_start_matches("http://").to_owned();
         self.coordinator.kill();
         tokio::time::sleep(down).await;
-        self.coordinator =
-            Self::coordinator_on(&self.dir, &self.store, &self.accountant.grpc, self.lease_seconds, &listen).await;
+        self.coordinator = Self::coordinator_on(
+            &self.dir,
+            &self.store,
+            &self.accountant.grpc,
+            self.lease_seconds,
+            &listen,
+            &self.coordinator_extra,
+        )
+        .await;
     }
 
     /// Starts a coordinator on `store` with a 3 s lease (also used to restart one).
     pub async fn coordinator(dir: &Path, store: &Path, accountant: &str) -> Process {
-        Self::coordinator_with_lease(dir, store, accountant, 3).await
+        Self::coordinator_on(dir, store, accountant, 3, "127.0.0.1:0", &[]).await
     }
 
-    async fn coordinator_with_lease(dir: &Path, store: &Path, accountant: &str, lease_seconds: u64) -> Process {
-        Self::coordinator_on(dir, store, accountant, lease_seconds, "127.0.0.1:0").await
-    }
-
-    async fn coordinator_on(dir: &Path, store: &Path, accountant: &str, lease_seconds: u64, listen: &str) -> Process {
+    async fn coordinator_on(
+        dir: &Path,
+        store: &Path,
+        accountant: &str,
+        lease_seconds: u64,
+        listen: &str,
+        extra: &[String],
+    ) -> Process {
         let lease = lease_seconds.to_string();
         let args: Vec<String> = [
             "--listen",
@@ -271,6 +313,7 @@ impl Services {
         .iter()
         .map(|s| s.to_string())
         .chain([store.to_string_lossy().into_owned()])
+        .chain(extra.iter().cloned())
         .collect();
         Process::server("dpcap-coordinator", &args, dir, "dpcap.v1.JobService").await
     }

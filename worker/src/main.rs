@@ -2,7 +2,8 @@
 
 use anyhow::{Result, bail};
 use clap::Parser;
-use dpcap_accountant::process::{init_tracing, shutdown_signal};
+use dpcap_serve::ClientTlsArgs;
+use dpcap_serve::process::{init_tracing, shutdown_signal};
 use dpcap_worker::clip::Precision;
 use dpcap_worker::runtime::{WorkerConfig, run};
 
@@ -19,9 +20,11 @@ struct Args {
     /// cpu, or cuda:N with the `cuda` feature.
     #[arg(long, default_value = "cpu", env = "DPCAP_DEVICE")]
     device: String,
-    /// Bearer token for the coordinator's WorkerService.
-    #[arg(long, env = "DPCAP_CLUSTER_TOKEN", hide_env_values = true)]
+    /// Worker-role bearer token, presented to the coordinator and the accountant.
+    #[arg(long, alias = "worker-token", env = "DPCAP_CLUSTER_TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
+    #[command(flatten)]
+    tls: ClientTlsArgs,
     /// Watchdog for NCCL collectives, in seconds: a peer silent this long aborts the
     /// communicator and the coordinator re-forms the group. Must exceed a step's compute skew.
     #[arg(long, default_value_t = dpcap_worker::collective::DEFAULT_TIMEOUT.as_secs(), env = "DPCAP_COLLECTIVE_TIMEOUT")]
@@ -47,6 +50,7 @@ async fn main() -> Result<()> {
         name,
         device: args.device.clone(),
         cluster_token: args.cluster_token,
+        tls: args.tls,
         collective_timeout: std::time::Duration::from_secs(args.collective_timeout.max(1)),
         precision: args.precision,
     };

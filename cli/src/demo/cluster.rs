@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dpcap_coordinator::coordinator::Config;
-use dpcap_coordinator::server::Tokens;
+use dpcap_serve::ServerSecurity;
 use dpcap_worker::runtime::WorkerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -46,8 +46,11 @@ impl Cluster {
         let ((a_grpc, a_addr), (a_metrics, a_metrics_addr)) = (bind().await?, bind().await?);
         let ledger = dpcap_accountant::server::open_ledger(&dir.join("ledger").to_string_lossy())?;
         let shutdown = stopped(&stop);
+        // Loopback, plaintext, no tokens: the local demo (the exposure rule allows exactly this).
+        let server = ServerSecurity::default().server(a_grpc.local_addr()?)?;
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = dpcap_accountant::server::serve(a_grpc, a_metrics, ledger, false, shutdown).await {
+            if let Err(e) = dpcap_accountant::server::serve((a_grpc, a_metrics), server, ledger, false, shutdown).await
+            {
                 tracing::error!(error = %e, "accountant failed");
             }
         }));
@@ -56,13 +59,14 @@ impl Cluster {
         let config = Config {
             store_url: dir.join("store").to_string_lossy().into_owned(),
             accountant_endpoint: accountant.clone(),
+            accountant_tls: Default::default(),
+            accountant_token: None,
             lease: Duration::from_secs(30),
         };
         let shutdown = stopped(&stop);
+        let server = ServerSecurity::default().server(c_grpc.local_addr()?)?;
         tasks.push(tokio::spawn(async move {
-            if let Err(e) =
-                dpcap_coordinator::server::serve(c_grpc, c_metrics, config, Tokens::default(), shutdown).await
-            {
+            if let Err(e) = dpcap_coordinator::server::serve((c_grpc, c_metrics), server, config, shutdown).await {
                 tracing::error!(error = %e, "coordinator failed");
             }
         }));
@@ -73,6 +77,7 @@ impl Cluster {
                 name: format!("demo-cpu-{rank}"),
                 device: "cpu".into(),
                 cluster_token: None,
+                tls: Default::default(),
                 collective_timeout: dpcap_worker::collective::DEFAULT_TIMEOUT,
                 precision: Default::default(),
             };

@@ -129,7 +129,7 @@ async fn train_and_report(
         checkpoint_interval: Some(20),
         ..Default::default()
     };
-    let server = Server { coordinator: cluster.coordinator.clone(), token: None };
+    let server = Server { coordinator: cluster.coordinator.clone(), token: None, tls: Default::default() };
     let mut client = server.connect().await?;
     let request = SubmitJobRequest { spec: Some(spec.into_proto()?), idempotency_key: String::new() };
     let job = client.submit_job(request).await.map_err(jobs::status)?.into_inner();

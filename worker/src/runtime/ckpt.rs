@@ -48,8 +48,7 @@ fn store_error(e: object_store::Error) -> RuntimeError {
 impl CheckpointStore {
     /// The store at `root_url` (a directory or URL, see `open_store`).
     pub fn open(root_url: &str) -> Result<Self, RuntimeError> {
-        let (store, root) =
-            dpcap_accountant::server::open_store(root_url).map_err(|e| RuntimeError::Checkpoint(e.to_string()))?;
+        let (store, root) = dpcap_serve::open_store(root_url).map_err(|e| RuntimeError::Checkpoint(e.to_string()))?;
         Ok(Self { store, root })
     }
 

@@ -31,7 +31,7 @@ async fn read_bytes(store: &dyn ObjectStore, path: &Path) -> Result<bytes::Bytes
 impl Dataset {
     /// Opens `url` and reads its `index.json`.
     pub async fn open(url: &str) -> Result<Self, RuntimeError> {
-        let (store, root) = dpcap_accountant::server::open_store(url).map_err(|e| RuntimeError::Data(e.to_string()))?;
+        let (store, root) = dpcap_serve::open_store(url).map_err(|e| RuntimeError::Data(e.to_string()))?;
         let path = Path::from(format!("{root}/index.json").trim_start_matches('/'));
         let bytes = read_bytes(store.as_ref(), &path)
             .await
@@ -85,7 +85,7 @@ impl Dataset {
             })?
         } else {
             let (dir, file) = location.rsplit_once('/').unwrap_or((".", location));
-            let (store, root) = dpcap_accountant::server::open_store(dir)
+            let (store, root) = dpcap_serve::open_store(dir)
                 .map_err(|e| RuntimeError::Spec { field: "tokenizer", reason: e.to_string() })?;
             let path = Path::from(format!("{root}/{file}").trim_start_matches('/'));
             read_bytes(store.as_ref(), &path)

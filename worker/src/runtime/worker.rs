@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_accountant::client::AccountantClient;
-use dpcap_proto::auth::AttachToken;
 use dpcap_proto::v1::worker_service_client::WorkerServiceClient;
 use dpcap_proto::v1::{Assignment, HeartbeatRequest, LeaveRequest, RegisterWorkerRequest};
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
+use dpcap_serve::AttachToken;
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -33,8 +33,10 @@ pub struct WorkerConfig {
     pub name: String,
     /// "cpu" or "cuda:N".
     pub device: String,
-    /// The cluster bearer token, if the coordinator requires one.
+    /// The worker-role bearer token, presented to the coordinator and the accountant.
     pub cluster_token: Option<String>,
+    /// TLS towards the coordinator and the accountant (https:// endpoints).
+    pub tls: dpcap_serve::ClientTlsArgs,
     /// Watchdog for NCCL collectives: a peer silent this long aborts the communicator and the
     /// group re-forms.
     pub collective_timeout: Duration,
@@ -60,7 +62,9 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(5);
 const IDLE_POLL: Duration = Duration::from_millis(200);
 
 async fn connect(config: &WorkerConfig) -> Result<CoordinatorClient, RuntimeError> {
-    let channel = tonic::transport::Endpoint::from_shared(config.coordinator.clone())
+    let channel = config
+        .tls
+        .endpoint(&config.coordinator)
         .map_err(|e| RuntimeError::Spec { field: "coordinator", reason: e.to_string() })?
         .connect_lazy();
     Ok(WorkerServiceClient::with_interceptor(channel, AttachToken(config.cluster_token.clone())))
@@ -114,8 +118,11 @@ async fn serve<AB: AutodiffBackend>(
         *registered.lock().expect("registration lock") = Some(worker_id.clone());
         let beat = Duration::from_millis(u64::from(response.lease_seconds.max(1)) * 1000 / 4);
         tracing::info!(worker_id, name = %config.name, accountant = %response.accountant_endpoint, "registered");
-        let accountant = AccountantClient::connect_lazy(response.accountant_endpoint.clone())
+        let endpoint = config
+            .tls
+            .endpoint(&response.accountant_endpoint)
             .map_err(|e| RuntimeError::Spec { field: "accountant_endpoint", reason: e.to_string() })?;
+        let accountant = AccountantClient::lazy(endpoint, config.cluster_token.clone());
         let (lease_tx, mut lease) = watch::channel(Lease::Unknown);
         let keeper = KeeperGuard(tokio::spawn(keep_lease(coordinator.clone(), worker_id.clone(), beat, lease_tx)));
         loop {

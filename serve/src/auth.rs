@@ -1,0 +1,352 @@
+//! Who may call what. Every dpcap RPC has the roles allowed to call it ([`POLICY`]); a caller
+//! proves a role with a bearer token (`authorization: Bearer T`). Health and reflection stay
+//! open. A missing or unknown token is UNAUTHENTICATED; a known token without the RPC's role
+//! is PERMISSION_DENIED; an RPC missing from the policy is denied. Tokens are compared in
+//! constant time and never logged.
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use dpcap_proto::{ErrorCode, ServiceError, to_status};
+use futures::future::BoxFuture;
+use tonic::service::Interceptor;
+use tonic::{Request, Status};
+
+/// A caller's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Submits, cancels and resumes jobs.
+    Operator,
+    /// Reads jobs (get, list, watch) and spend.
+    Viewer,
+    /// A rank: WorkerService, parts in and releases out.
+    Worker,
+    /// The coordinator: registers, closes and trims jobs at the accountant.
+    Coordinator,
+    /// Owns datasets' privacy budgets.
+    PrivacyAdmin,
+}
+
+/// Every role, in a fixed order.
+pub const ROLES: [Role; 5] = [Role::Operator, Role::Viewer, Role::Worker, Role::Coordinator, Role::PrivacyAdmin];
+
+impl Role {
+    /// The role's name in flags, token files and errors.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Operator => "operator",
+            Role::Viewer => "viewer",
+            Role::Worker => "worker",
+            Role::Coordinator => "coordinator",
+            Role::PrivacyAdmin => "privacy-admin",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Role {
+    type Err = AuthError;
+    fn from_str(s: &str) -> Result<Self, AuthError> {
+        ROLES.into_iter().find(|r| r.as_str() == s).ok_or_else(|| AuthError::UnknownRole(s.to_owned()))
+    }
+}
+
+use Role::{Coordinator, Operator, PrivacyAdmin, Viewer, Worker};
+
+/// The roles allowed on each RPC (full gRPC paths).
+pub const POLICY: &[(&str, &[Role])] = &[
+    ("/dpcap.v1.AccountantService/RegisterJob", &[Worker, Coordinator]),
+    ("/dpcap.v1.AccountantService/SubmitPart", &[Worker]),
+    ("/dpcap.v1.AccountantService/FetchRelease", &[Worker]),
+    ("/dpcap.v1.AccountantService/GetSpend", &[Coordinator, Operator, Viewer, PrivacyAdmin]),
+    ("/dpcap.v1.AccountantService/CloseJob", &[Coordinator]),
+    ("/dpcap.v1.AccountantService/TrimReleases", &[Coordinator]),
+    ("/dpcap.v1.AccountantService/Estimate", &[Operator, Viewer, Coordinator, PrivacyAdmin]),
+    ("/dpcap.v1.JobService/SubmitJob", &[Operator]),
+    ("/dpcap.v1.JobService/CancelJob", &[Operator]),
+    ("/dpcap.v1.JobService/ResumeJob", &[Operator]),
+    ("/dpcap.v1.JobService/GetJob", &[Operator, Viewer]),
+    ("/dpcap.v1.JobService/ListJobs", &[Operator, Viewer]),
+    ("/dpcap.v1.JobService/WatchJob", &[Operator, Viewer]),
+    ("/dpcap.v1.WorkerService/RegisterWorker", &[Worker]),
+    ("/dpcap.v1.WorkerService/Heartbeat", &[Worker]),
+    ("/dpcap.v1.WorkerService/GetStep", &[Worker]),
+    ("/dpcap.v1.WorkerService/ReportStep", &[Worker]),
+    ("/dpcap.v1.WorkerService/Rendezvous", &[Worker]),
+    ("/dpcap.v1.WorkerService/Leave", &[Worker]),
+];
+
+/// Paths every caller may use: health checks and server reflection.
+const OPEN: [&str; 3] =
+    ["/grpc.health.v1.Health/", "/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/"];
+
+/// The roles allowed on `path`; None for a path the policy does not name (denied).
+pub fn allowed(path: &str) -> Option<&'static [Role]> {
+    POLICY.iter().find(|(p, _)| *p == path).map(|(_, roles)| *roles)
+}
+
+/// Why a caller was refused, or a credential could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// No bearer token, or one that matches no credential.
+    #[error("missing or invalid bearer token")]
+    Unauthenticated,
+    /// The token is valid but its roles may not call this RPC.
+    #[error("{path} needs role {needed}; the caller has {has}")]
+    PermissionDenied {
+        /// The RPC.
+        path: String,
+        /// The roles that may call it.
+        needed: String,
+        /// The caller's roles.
+        has: String,
+    },
+    /// A role name that does not exist.
+    #[error("invalid role {0:?}: expected one of operator, viewer, worker, coordinator, privacy-admin")]
+    UnknownRole(String),
+    /// A token that is too short to be a secret.
+    #[error("invalid {role} token: {len} characters; a token needs at least {MIN_TOKEN_LEN}")]
+    WeakToken {
+        /// Its role.
+        role: Role,
+        /// Its length.
+        len: usize,
+    },
+    /// A token file could not be read or parsed.
+    #[error("invalid auth tokens file {path}: {reason}")]
+    TokenFile {
+        /// The file.
+        path: String,
+        /// Why (never the token itself).
+        reason: String,
+    },
+}
+
+impl ServiceError for AuthError {
+    fn error_code(&self) -> ErrorCode {
+        match self {
+            AuthError::PermissionDenied { .. } => ErrorCode::PermissionDenied,
+            _ => ErrorCode::Unauthenticated,
+        }
+    }
+}
+
+/// Shortest accepted token: 16 characters (e.g. `openssl rand -hex 16` gives 32).
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// The tokens a server accepts, each with its role.
+#[derive(Default, Clone)]
+pub struct Credentials {
+    tokens: Vec<(Vec<u8>, Role)>,
+}
+
+impl fmt::Debug for Credentials {
+    /// Roles only: a token never reaches a log.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.tokens.iter().map(|(_, r)| r)).finish()
+    }
+}
+
+impl Credentials {
+    /// Accepts `token` for `role`.
+    pub fn add(&mut self, role: Role, token: &str) -> Result<(), AuthError> {
+        let token = token.trim();
+        if token.len() < MIN_TOKEN_LEN {
+            return Err(AuthError::WeakToken { role, len: token.len() });
+        }
+        self.tokens.push((token.as_bytes().to_vec(), role));
+        Ok(())
+    }
+
+    /// Adds every `ROLE TOKEN` line of `path` (blank lines and `#` comments skipped).
+    pub fn add_file(&mut self, path: &Path) -> Result<(), AuthError> {
+        let file_error = |reason: String| AuthError::TokenFile { path: path.display().to_string(), reason };
+        let text = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (role, token) = line
+                .split_once(char::is_whitespace)
+                .ok_or_else(|| file_error(format!("line {}: expected `ROLE TOKEN`", n + 1)))?;
+            let role: Role = role.parse().map_err(|e: AuthError| file_error(format!("line {}: {e}", n + 1)))?;
+            self.add(role, token).map_err(|e| file_error(format!("line {}: {e}", n + 1)))?;
+        }
+        Ok(())
+    }
+
+    /// True when no token is configured: authentication is off (loopback only, or --insecure).
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The roles of `presented`: every configured token is compared, each in constant time,
+    /// so the time taken says nothing about which token (or how much of it) matched.
+    pub fn roles_of(&self, presented: &[u8]) -> Vec<Role> {
+        let mut roles = Vec::new();
+        for (token, role) in &self.tokens {
+            if constant_time_eq(token, presented) {
+                roles.push(*role);
+            }
+        }
+        roles
+    }
+
+    /// Decides a call to `path` with an `authorization` header value.
+    pub fn check(&self, path: &str, authorization: Option<&[u8]>) -> Result<(), AuthError> {
+        if self.is_empty() || OPEN.iter().any(|p| path.starts_with(p)) {
+            return Ok(());
+        }
+        let token = authorization.and_then(|v| v.strip_prefix(b"Bearer ")).ok_or(AuthError::Unauthenticated)?;
+        let roles = self.roles_of(token);
+        if roles.is_empty() {
+            return Err(AuthError::Unauthenticated);
+        }
+        let needed = allowed(path).unwrap_or(&[]);
+        if roles.iter().any(|r| needed.contains(r)) {
+            return Ok(());
+        }
+        let names = |rs: &[Role]| rs.iter().map(|r| r.as_str()).collect::<Vec<_>>().join("|");
+        Err(AuthError::PermissionDenied {
+            path: path.to_owned(),
+            needed: if needed.is_empty() { "(none: not in the policy)".into() } else { names(needed) },
+            has: names(&roles),
+        })
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    // Length is not secret (tokens have public minimum lengths); contents are.
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A tower layer that enforces [`Credentials`] on every request a tonic server receives.
+#[derive(Debug, Clone)]
+pub struct AuthLayer {
+    credentials: Arc<Credentials>,
+}
+
+impl AuthLayer {
+    /// Enforces `credentials` (nothing, when they are empty).
+    pub fn new(credentials: Arc<Credentials>) -> Self {
+        Self { credentials }
+    }
+}
+
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = Auth<S>;
+    fn layer(&self, inner: S) -> Auth<S> {
+        Auth { inner, credentials: self.credentials.clone() }
+    }
+}
+
+/// The service [`AuthLayer`] wraps around a server's routes.
+#[derive(Debug, Clone)]
+pub struct Auth<S> {
+    inner: S,
+    credentials: Arc<Credentials>,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Auth<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>> + Send,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let authorization = request.headers().get(http::header::AUTHORIZATION).map(|v| v.as_bytes());
+        match self.credentials.check(request.uri().path(), authorization) {
+            Ok(()) => Box::pin(self.inner.call(request)),
+            Err(refused) => {
+                tracing::warn!(path = %request.uri().path(), reason = %refused, "call refused");
+                let response = to_status(refused).into_http();
+                Box::pin(async move { Ok(response) })
+            }
+        }
+    }
+}
+
+/// Adds `authorization: Bearer <token>` to a client's requests when a token is set.
+#[derive(Clone, Default)]
+pub struct AttachToken(pub Option<String>);
+
+impl fmt::Debug for AttachToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() { "AttachToken(set)" } else { "AttachToken(none)" })
+    }
+}
+
+impl Interceptor for AttachToken {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(token) = self.0.as_deref().filter(|t| !t.is_empty()) {
+            let value =
+                format!("Bearer {token}").parse().map_err(|_| Status::invalid_argument("invalid token: not ASCII"))?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn creds() -> Credentials {
+        let mut c = Credentials::default();
+        c.add(Role::Worker, "worker-token-0123456789").unwrap();
+        c.add(Role::Operator, "operator-token-0123456789").unwrap();
+        c
+    }
+
+    #[test]
+    fn every_rpc_of_every_service_has_a_role_and_unknown_ones_are_denied() {
+        let c = creds();
+        let header = |t: &str| format!("Bearer {t}").into_bytes();
+        let worker = header("worker-token-0123456789");
+        assert!(c.check("/dpcap.v1.AccountantService/SubmitPart", Some(&worker)).is_ok());
+        assert!(matches!(
+            c.check("/dpcap.v1.AccountantService/CloseJob", Some(&worker)),
+            Err(AuthError::PermissionDenied { .. })
+        ));
+        assert!(matches!(
+            c.check("/dpcap.v1.AccountantService/Nope", Some(&worker)),
+            Err(AuthError::PermissionDenied { .. })
+        ));
+        assert!(matches!(c.check("/dpcap.v1.JobService/SubmitJob", None), Err(AuthError::Unauthenticated)));
+        assert!(matches!(
+            c.check("/dpcap.v1.JobService/SubmitJob", Some(b"Bearer wrong-token-0123456789")),
+            Err(AuthError::Unauthenticated)
+        ));
+        assert!(c.check("/grpc.health.v1.Health/Check", None).is_ok(), "health stays open");
+        assert!(Credentials::default().check("/dpcap.v1.AccountantService/CloseJob", None).is_ok(), "auth off");
+    }
+
+    #[test]
+    fn short_tokens_unknown_roles_and_bad_files_are_refused_without_echoing_tokens() {
+        let mut c = Credentials::default();
+        assert!(matches!(c.add(Role::Worker, "short"), Err(AuthError::WeakToken { len: 5, .. })));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tokens");
+        std::fs::write(&file, "# comment\nworker  aaaaaaaaaaaaaaaaaaaa\nwizard bbbbbbbbbbbbbbbbbbbbbb\n").unwrap();
+        let err = c.add_file(&file).unwrap_err().to_string();
+        assert!(err.contains("line 3") && err.contains("wizard") && !err.contains("bbbb"), "{err}");
+        assert_eq!(c.roles_of(b"aaaaaaaaaaaaaaaaaaaa"), vec![Role::Worker]);
+        assert!(!format!("{c:?}").contains("aaaa"), "debug output never shows a token");
+    }
+}

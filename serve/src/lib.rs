@@ -1,0 +1,20 @@
+//! The plumbing every dpcap server and client shares, in one place: TLS ([`tls`]), bearer-token
+//! roles on every RPC ([`auth`]), the rule that an exposed port needs both ([`exposure`]), the
+//! server builder that applies them ([`security`]), object stores by URL ([`store`]), the
+//! metrics port ([`metrics_http`]), and logging, shutdown and address files ([`process`]).
+//!
+//! It owns no service logic and no privacy math, and it must never log a credential.
+
+pub mod auth;
+pub mod exposure;
+pub mod metrics_http;
+pub mod process;
+pub mod security;
+pub mod store;
+pub mod tls;
+
+pub use auth::{AttachToken, Credentials, Role};
+pub use metrics_http::serve_http;
+pub use security::{AuthArgs, SecuredServer, SecurityError, ServerSecurity};
+pub use store::{StoreError, open_store};
+pub use tls::{ClientTlsArgs, ServerTlsArgs, TlsError};

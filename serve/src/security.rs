@@ -1,0 +1,109 @@
+//! A server's security flags in one place (TLS, tokens by role, `--insecure`), and the tonic
+//! server builder every dpcap server starts from: TLS when configured, the auth layer always,
+//! HTTP/2 adaptive windows.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tonic::transport::Server;
+use tower::layer::util::{Identity, Stack};
+
+use crate::auth::{AuthError, AuthLayer, Credentials, Role};
+use crate::exposure::{self, ExposureError};
+use crate::tls::{ServerTlsArgs, TlsError};
+
+/// Tokens a server accepts, by role (each flag may also come from its environment variable).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct AuthArgs {
+    /// Bearer token of the operator role (submit, cancel, resume).
+    #[arg(long, env = "DPCAP_OPERATOR_TOKEN", hide_env_values = true)]
+    pub operator_token: Option<String>,
+    /// Bearer token of the viewer role (get, list, watch, spend).
+    #[arg(long, env = "DPCAP_VIEWER_TOKEN", hide_env_values = true)]
+    pub viewer_token: Option<String>,
+    /// Bearer token of the worker role (WorkerService, parts and releases).
+    #[arg(long, alias = "cluster-token", env = "DPCAP_WORKER_TOKEN", hide_env_values = true)]
+    pub worker_token: Option<String>,
+    /// Bearer token of the coordinator role (register, close, trim at the accountant).
+    #[arg(long, env = "DPCAP_COORDINATOR_TOKEN", hide_env_values = true)]
+    pub coordinator_token: Option<String>,
+    /// Bearer token of the privacy-admin role (dataset budgets).
+    #[arg(long, env = "DPCAP_PRIVACY_ADMIN_TOKEN", hide_env_values = true)]
+    pub privacy_admin_token: Option<String>,
+    /// A file of `ROLE TOKEN` lines (several tokens per role, for rotation).
+    #[arg(long, env = "DPCAP_AUTH_TOKENS_FILE")]
+    pub auth_tokens_file: Option<PathBuf>,
+}
+
+impl AuthArgs {
+    /// The credentials these flags name (empty: authentication off).
+    pub fn credentials(&self) -> Result<Credentials, AuthError> {
+        let mut credentials = Credentials::default();
+        let flags = [
+            (Role::Operator, &self.operator_token),
+            (Role::Viewer, &self.viewer_token),
+            (Role::Worker, &self.worker_token),
+            (Role::Coordinator, &self.coordinator_token),
+            (Role::PrivacyAdmin, &self.privacy_admin_token),
+        ];
+        for (role, token) in flags {
+            if let Some(token) = token.as_deref().filter(|t| !t.is_empty()) {
+                credentials.add(role, token)?;
+            }
+        }
+        if let Some(path) = &self.auth_tokens_file {
+            credentials.add_file(path)?;
+        }
+        Ok(credentials)
+    }
+}
+
+/// Everything a server needs to decide who may talk to it.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServerSecurity {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub tls: ServerTlsArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub auth: AuthArgs,
+    /// Serve a non-loopback address without TLS or without tokens (refused otherwise).
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+/// Why a server's security could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SecurityError {
+    /// A TLS flag.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// A token flag or file.
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    /// The exposure rule.
+    #[error(transparent)]
+    Exposure(#[from] ExposureError),
+    /// tonic refused the TLS configuration.
+    #[error("tls setup failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// A tonic server with the auth layer.
+pub type SecuredServer = Server<Stack<AuthLayer, Identity>>;
+
+impl ServerSecurity {
+    /// Loads the flags, applies the exposure rule for `addr`, and returns the server builder.
+    pub fn server(&self, addr: SocketAddr) -> Result<SecuredServer, SecurityError> {
+        let tls = self.tls.config()?;
+        let credentials = self.auth.credentials()?;
+        exposure::check(addr, tls.is_some(), !credentials.is_empty(), self.insecure)?;
+        tracing::info!(%addr, tls = tls.is_some(), roles = ?credentials, "security");
+        let mut server = Server::builder().http2_adaptive_window(Some(true));
+        if let Some(tls) = tls {
+            server = server.tls_config(tls)?;
+        }
+        Ok(server.layer(AuthLayer::new(Arc::new(credentials))))
+    }
+}

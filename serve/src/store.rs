@@ -1,0 +1,37 @@
+//! Object stores by location: a local directory (created if missing) or a URL (`file://`, and
+//! `s3://`, `gs://`, `az://` with the matching object_store features). The ledger, job store,
+//! secrets, checkpoints and datasets all open theirs here.
+
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+
+/// A store location that could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot open store {url}: {reason}")]
+pub struct StoreError {
+    /// The location given.
+    pub url: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Opens `location`, returning the store and the root path inside it.
+pub fn open_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
+    let store_error = |reason: String| StoreError { url: location.to_owned(), reason };
+    if location.is_empty() {
+        return Err(store_error("empty location".into()));
+    }
+    if !location.contains("://") || location.starts_with("file://") {
+        let dir = location.strip_prefix("file://").unwrap_or(location);
+        std::fs::create_dir_all(dir).map_err(|e| store_error(e.to_string()))?;
+        let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| store_error(e.to_string()))?;
+        return Ok((Arc::new(store), Path::default()));
+    }
+    let url = url::Url::parse(location).map_err(|e| store_error(e.to_string()))?;
+    let (store, root): (Box<dyn ObjectStore>, Path) =
+        object_store::parse_url(&url).map_err(|e| store_error(e.to_string()))?;
+    Ok((Arc::from(store), root))
+}

@@ -1,0 +1,257 @@
+//! Whoever reaches a port is not trusted: every RPC of every service needs a token of one of its
+//! roles, TLS and mTLS admit only clients the server can verify, and a server refuses to listen
+//! on a non-loopback address without both TLS and tokens unless told `--insecure`.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dpcap_e2e::jobs::{spec, tempfile_dir};
+use dpcap_e2e::{Process, Services, binary, synth_dataset};
+use dpcap_proto::ErrorCode;
+use dpcap_serve::ClientTlsArgs;
+use dpcap_serve::auth::{POLICY, ROLES, Role};
+use tonic::Code;
+use tonic::codegen::http::uri::PathAndQuery;
+
+fn token(role: Role) -> String {
+    format!("{}-token-0123456789abcdef", role.as_str())
+}
+
+/// `--ROLE-token TOKEN` for every role: the servers of a secured cluster.
+fn role_flags() -> Vec<String> {
+    ROLES.iter().flat_map(|r| [format!("--{}-token", r.as_str()), token(*r)]).collect()
+}
+
+/// Calls `path` with an empty request (every dpcap request message decodes from no bytes), so
+/// the answer tells only what the auth layer decided and what the handler said after it.
+async fn call(url: &str, path: &'static str, bearer: Option<&str>) -> Result<(), tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned()).unwrap().connect().await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let mut request = tonic::Request::new(());
+    if let Some(t) = bearer {
+        request.metadata_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    let codec = tonic_prost::ProstCodec::<(), ()>::default();
+    let call = grpc.unary(request, PathAndQuery::from_static(path), codec);
+    match tokio::time::timeout(Duration::from_secs(10), call).await {
+        Ok(result) => result.map(|_| ()),
+        Err(_) => Err(tonic::Status::deadline_exceeded("no answer in 10 s")),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_refuses_callers_without_credentials_or_with_the_wrong_role_and_serves_the_right_one() {
+    let dir = tempfile_dir("roles");
+    let flags = role_flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let accountant_token = token(Role::Coordinator);
+    let coordinator_flags: Vec<&str> = flags.iter().copied().chain(["--accountant-token", &accountant_token]).collect();
+    let services = Services::with_args(&dir, 3, &flags, &coordinator_flags).await;
+    for (path, allowed) in POLICY {
+        let url = if path.starts_with("/dpcap.v1.AccountantService/") {
+            &services.accountant.grpc
+        } else {
+            &services.coordinator.grpc
+        };
+        let anonymous = call(url, path, None).await.unwrap_err();
+        assert_eq!(anonymous.code(), Code::Unauthenticated, "{path} without a token: {anonymous:?}");
+        let forged = call(url, path, Some("not-a-token-0123456789")).await.unwrap_err();
+        assert_eq!(forged.code(), Code::Unauthenticated, "{path} with an unknown token");
+        for role in ROLES {
+            let answer = call(url, path, Some(&token(role))).await;
+            let code = answer.as_ref().err().map_or(Code::Ok, tonic::Status::code);
+            if allowed.contains(&role) {
+                assert!(
+                    !matches!(code, Code::Unauthenticated | Code::PermissionDenied),
+                    "{path} as {role} is allowed: {answer:?}"
+                );
+            } else {
+                let refused = answer.unwrap_err();
+                assert_eq!(refused.code(), Code::PermissionDenied, "{path} as {role}: {refused:?}");
+                assert_eq!(ErrorCode::of(&refused), Some(ErrorCode::PermissionDenied));
+            }
+        }
+    }
+    // Health stays open to probes; the secured cluster still runs a job end to end.
+    let dataset = synth_dataset(&dir, 120);
+    let worker_flags = ["--cluster-token", &token(Role::Worker)];
+    let _workers = [
+        Process::worker_with(&services.coordinator.grpc, "w0", &dir, &worker_flags),
+        Process::worker_with(&services.coordinator.grpc, "w1", &dir, &worker_flags),
+    ];
+    let job = {
+        let channel = tonic::transport::Endpoint::from_shared(services.coordinator.grpc.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut jobs = dpcap_proto::v1::job_service_client::JobServiceClient::with_interceptor(
+            channel,
+            dpcap_serve::AttachToken(Some(token(Role::Operator))),
+        );
+        let request = dpcap_proto::v1::SubmitJobRequest {
+            spec: Some(spec(&dataset, 3).into_proto().unwrap()),
+            idempotency_key: String::new(),
+        };
+        jobs.submit_job(request).await.unwrap().into_inner()
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let out = loop {
+        let out = Command::new(binary("dpctl"))
+            .args([
+                "--coordinator",
+                &services.coordinator.grpc,
+                "--token",
+                &token(Role::Viewer),
+                "get",
+                "--json",
+                &job.job_id,
+            ])
+            .output()
+            .unwrap();
+        let state = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["state"].clone();
+        if state != "PENDING" && state != "RUNNING" || Instant::now() > deadline {
+            break out;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["state"], "SUCCEEDED", "{shown:#}");
+}
+
+/// A CA, a server certificate for localhost and 127.0.0.1, and a client certificate, as PEM files.
+fn certificates(
+    dir: &Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, &ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let client =
+        CertificateParams::new(vec!["dpcap-worker".to_owned()]).unwrap().signed_by(&client_key, &issuer).unwrap();
+    let write = |name: &str, pem: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    };
+    (
+        write("ca.pem", ca.pem()),
+        write("server.pem", server.pem()),
+        write("server.key", server_key.serialize_pem()),
+        write("client.pem", client.pem()),
+        write("client.key", client_key.serialize_pem()),
+    )
+}
+
+async fn health_over(tls: &ClientTlsArgs, url: &str) -> Result<(), String> {
+    let endpoint = tls.endpoint(url).map_err(|e| e.to_string())?;
+    let channel = endpoint.connect().await.map_err(|e| format!("{e:?}"))?;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let request = tonic_health::pb::HealthCheckRequest { service: String::new() };
+    health.check(request).await.map(|_| ()).map_err(|e| e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_mtls_admit_only_clients_the_server_can_verify() {
+    let dir = tempfile_dir("tls");
+    let (ca, cert, key, client_cert, client_key) = certificates(&dir);
+    let addr_file = dir.join("accountant.addr");
+    let mut accountant = Command::new(binary("dpcap-accountant"))
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--ledger"])
+        .arg(dir.join("ledger"))
+        .arg("--addr-file")
+        .arg(&addr_file)
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .arg("--tls-client-ca")
+        .arg(&ca)
+        .args(["--coordinator-token", &token(Role::Coordinator)])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let addrs: serde_json::Value = loop {
+        if let Some(v) = std::fs::read_to_string(&addr_file).ok().and_then(|t| serde_json::from_str(&t).ok()) {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "no addr file");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let port = addrs["grpc"].as_str().unwrap().rsplit(':').next().unwrap().to_owned();
+    let url = format!("https://localhost:{port}");
+    let trusted = ClientTlsArgs {
+        tls_ca: Some(ca.clone()),
+        tls_client_cert: Some(client_cert.clone()),
+        tls_client_key: Some(client_key.clone()),
+        tls_domain: None,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = health_over(&trusted, &url).await {
+        assert!(Instant::now() < deadline, "a trusted mTLS client never got through: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The role check still applies inside the tunnel.
+    let endpoint = trusted.endpoint(&url).unwrap();
+    let mut client = dpcap_accountant::client::AccountantClient::lazy(endpoint, Some(token(Role::Coordinator)));
+    let spend = client.raw().get_spend(dpcap_proto::v1::GetSpendRequest { job_id: "nope".into() }).await.unwrap_err();
+    assert_eq!(ErrorCode::of(&spend), Some(ErrorCode::JobNotRegistered), "{spend:?}");
+
+    let no_client_cert = ClientTlsArgs { tls_ca: Some(ca.clone()), ..Default::default() };
+    assert!(health_over(&no_client_cert, &url).await.is_err(), "mTLS: a client without a certificate is refused");
+    let untrusting =
+        ClientTlsArgs { tls_client_cert: Some(client_cert), tls_client_key: Some(client_key), ..Default::default() };
+    assert!(health_over(&untrusting, &url).await.is_err(), "a client that cannot verify the server fails");
+    let plaintext = format!("http://127.0.0.1:{port}");
+    assert!(health_over(&ClientTlsArgs::default(), &plaintext).await.is_err(), "no plaintext on a TLS port");
+    let _ = accountant.kill();
+    let _ = accountant.wait();
+}
+
+fn start_exposed(dir: &Path, extra: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(binary("dpcap-accountant"))
+        .args(["--listen", "0.0.0.0:0", "--metrics-listen", "127.0.0.1:0", "--ledger"])
+        .arg(dir.join("ledger"))
+        .args(extra)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            use std::io::Read;
+            child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+            return (status, stderr);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return (child.wait().unwrap(), String::from("still running"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_server_on_a_non_loopback_address_without_tls_and_tokens_refuses_to_start_unless_insecure() {
+    let dir = tempfile_dir("exposure");
+    let (status, stderr) = start_exposed(&dir, &[]);
+    assert!(!status.success() && stderr.contains("refusing to listen on 0.0.0.0"), "{status:?}: {stderr}");
+    let worker_token = token(Role::Worker);
+    let (status, stderr) = start_exposed(&dir, &["--worker-token", &worker_token]);
+    assert!(!status.success() && stderr.contains("without TLS"), "tokens alone are not enough: {stderr}");
+    let (_, stderr) = start_exposed(&dir, &["--insecure"]);
+    assert_eq!(stderr, "still running", "--insecure is the explicit unsafe choice");
+}
