@@ -37,10 +37,19 @@ OUT="$TOOLS/rendered"
 mkdir -p "$OUT"
 "$HELM" version --short
 
-"$HELM" lint --strict "$CHART"
-"$HELM" lint --strict "$CHART" -f "$CHART/ci/gpu-values.yaml"
-"$HELM" template dpcap "$CHART" > "$OUT/default.yaml"
-"$HELM" template dpcap "$CHART" -f "$CHART/ci/gpu-values.yaml" > "$OUT/gpu.yaml"
+# Safe by default: without a TLS Secret the chart renders only with the explicit insecure choice.
+if "$HELM" template dpcap "$CHART" >/dev/null 2>&1; then
+  echo "the chart rendered plaintext gRPC without tls.insecure=true"; exit 1
+fi
+TLS=(--set tls.existingSecret=dpcap-tls)
+"$HELM" lint --strict "$CHART" "${TLS[@]}"
+"$HELM" lint --strict "$CHART" -f "$CHART/ci/gpu-values.yaml" "${TLS[@]}"
+"$HELM" template dpcap "$CHART" "${TLS[@]}" > "$OUT/default.yaml"
+"$HELM" template dpcap "$CHART" -f "$CHART/ci/gpu-values.yaml" "${TLS[@]}" > "$OUT/gpu.yaml"
+"$HELM" template dpcap "$CHART" --set tls.insecure=true > "$OUT/insecure.yaml"
+grep -q '"--insecure"' "$OUT/insecure.yaml" || { echo "insecure render lacks --insecure"; exit 1; }
+grep -q 'https://dpcap-dpcap-accountant:7070' "$OUT/default.yaml" || { echo "TLS render must use https"; exit 1; }
+grep -q 'DPCAP_ACCOUNTANT_TOKEN' "$OUT/default.yaml" || { echo "the coordinator needs its accountant token"; exit 1; }
 
 # ServiceMonitor is a CRD (prometheus-operator), not in the Kubernetes schemas: set it aside.
 for f in default gpu; do
@@ -63,7 +72,7 @@ grep -q '"--precision", "bf16"' "$OUT/gpu.yaml" || { echo "GPU workers must run 
 # values.schema.json must reject wrong types.
 for bad in "workers.replicas=two" "workers.device=tpu" "workers.precision=fp8" "workers.collectiveTimeoutSeconds=0" \
   "coordinator.leaseSeconds=0" "image.tag="; do
-  if "$HELM" template dpcap "$CHART" --set "$bad" >/dev/null 2>&1; then
+  if "$HELM" template dpcap "$CHART" "${TLS[@]}" --set "$bad" >/dev/null 2>&1; then
     echo "values.schema.json accepted --set $bad"; exit 1
   fi
 done

@@ -39,3 +39,57 @@ securityContext:
   runAsGroup: 10001
   fsGroup: 10001
 {{- end -}}
+
+{{/* A token from the chart's Secret as an env var: (dict "root" . "env" NAME "key" KEY). */}}
+{{- define "dpcap.tokenEnv" -}}
+- name: {{ .env }}
+  valueFrom: {secretKeyRef: {name: {{ include "dpcap.secretName" .root }}, key: {{ .key }}}}
+{{- end -}}
+
+{{/* "https" with TLS, "http" with the explicit insecure choice; fails otherwise. */}}
+{{- define "dpcap.scheme" -}}
+{{- if .Values.tls.existingSecret -}}https
+{{- else if .Values.tls.insecure -}}http
+{{- else -}}
+{{- fail "set tls.existingSecret (a Secret with tls.crt, tls.key and ca.crt) or, explicitly, tls.insecure=true" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Server TLS env (or the --insecure opt-in), for the accountant and the coordinator. */}}
+{{- define "dpcap.serverTlsEnv" -}}
+{{- if .Values.tls.existingSecret }}
+- {name: DPCAP_TLS_CERT, value: /etc/dpcap/tls/tls.crt}
+- {name: DPCAP_TLS_KEY, value: /etc/dpcap/tls/tls.key}
+{{- end }}
+{{- end -}}
+
+{{/* Client TLS env: trust the chart's CA. */}}
+{{- define "dpcap.clientTlsEnv" -}}
+{{- if .Values.tls.existingSecret }}
+- {name: DPCAP_TLS_CA, value: /etc/dpcap/tls/ca.crt}
+{{- end }}
+{{- end -}}
+
+{{- define "dpcap.tlsMount" -}}
+{{- if .Values.tls.existingSecret }}
+- {name: tls, mountPath: /etc/dpcap/tls, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "dpcap.tlsVolume" -}}
+{{- if .Values.tls.existingSecret }}
+- name: tls
+  secret: {secretName: {{ .Values.tls.existingSecret | quote }}}
+{{- end }}
+{{- end -}}
+
+{{/* A gRPC health probe in plaintext; the metrics port's /healthz under TLS. */}}
+{{- define "dpcap.probe" -}}
+{{- if .root.Values.tls.existingSecret }}
+httpGet: {path: /healthz, port: {{ .metrics }}}
+{{- else if .service }}
+grpc: {port: {{ .port }}, service: {{ .service }}}
+{{- else }}
+grpc: {port: {{ .port }}}
+{{- end }}
+{{- end -}}
