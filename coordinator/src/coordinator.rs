@@ -21,8 +21,11 @@ use crate::store::{JobStore, Private, hex};
 /// How the coordinator is set up.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The object-store URL or directory of jobs and checkpoints.
+    /// The object-store URL or directory of jobs and checkpoints (workers write here).
     pub store_url: String,
+    /// Where job secrets (sampler keys) live: a store workers are never given. Empty: the
+    /// job store's location with `-secrets` appended (a sibling directory, or prefix).
+    pub secrets_url: String,
     /// The accountant workers send parts to, e.g. "http://127.0.0.1:7070".
     pub accountant_endpoint: String,
     /// TLS towards the accountant (https:// endpoints).

@@ -30,6 +30,11 @@ struct Args {
     /// Seconds a worker may stay silent before its job's group is re-formed.
     #[arg(long, default_value_t = 10)]
     lease_seconds: u64,
+    /// Job secrets (sampler keys): a directory or object-store URL that workers cannot reach
+    /// (default: the store's location with `-secrets` appended; use a separate bucket with its
+    /// own credentials when the store is an object store).
+    #[arg(long, default_value = "", env = "DPCAP_SECRETS_STORE")]
+    secrets_store: String,
     /// The coordinator-role token this coordinator presents to the accountant.
     #[arg(long, env = "DPCAP_ACCOUNTANT_TOKEN", hide_env_values = true)]
     accountant_token: Option<String>,
@@ -61,6 +66,7 @@ async fn main() -> Result<()> {
     tracing::info!(%grpc_addr, %metrics_addr, store = %args.store, "coordinator listening");
     let config = Config {
         store_url: args.store,
+        secrets_url: args.secrets_store,
         accountant_endpoint: args.accountant,
         accountant_tls: args.accountant_tls,
         accountant_token: args.accountant_token,

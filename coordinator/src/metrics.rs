@@ -72,7 +72,7 @@ pub fn render(state: &State) -> String {
         text,
         "# HELP dpcap_step_duration_seconds Seconds per step by phase, summed over ranks' reports.\n# TYPE dpcap_step_duration_seconds summary"
     );
-    for (id, e) in &state.jobs {
+    for (id, e) in state.jobs.iter().filter(|(_, e)| !crate::state::is_strict(&e.job)) {
         for (phase, seconds) in PHASES.iter().zip(e.phase_seconds) {
             let _ = writeln!(text, "dpcap_step_duration_seconds_sum{{job_id=\"{id}\",phase=\"{phase}\"}} {seconds}");
             let _ = writeln!(

@@ -27,10 +27,16 @@ pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CoordinatorError> {
-    let (store, root) = open_store(&config.store_url).map_err(|e| CoordinatorError::invalid("store", e.to_string()))?;
+    let jobs_store = open_store(&config.store_url).map_err(|e| CoordinatorError::invalid("store", e.to_string()))?;
+    let secrets_url = match config.secrets_url.as_str() {
+        "" => format!("{}-secrets", config.store_url.trim_end_matches('/')),
+        url => url.to_owned(),
+    };
+    let secrets_store =
+        open_store(&secrets_url).map_err(|e| CoordinatorError::invalid("secrets_store", e.to_string()))?;
     let lease = config.lease;
     let accountant_endpoint = config.accountant_endpoint.clone();
-    let coordinator = Coordinator::open(config, JobStore::new(store, root)).await?;
+    let coordinator = Coordinator::open(config, JobStore::new(jobs_store, secrets_store)).await?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<JobServiceServer<JobGrpc>>().await;
     health.set_serving::<WorkerServiceServer<WorkerGrpc>>().await;

@@ -30,6 +30,12 @@ pub fn is_cuda(device: &str) -> bool {
     device.starts_with("cuda")
 }
 
+/// Whether a job runs under `telemetry: strict` (nothing that depends on its sample leaves
+/// the workers: no loss, realised batch size, or step timings).
+pub fn is_strict(job: &Job) -> bool {
+    job.spec.as_ref().is_some_and(|s| s.telemetry == dpcap_proto::v1::TelemetryMode::Strict as i32)
+}
+
 /// Whether a state is final.
 pub fn is_terminal(state: i32) -> bool {
     !matches!(JobState::try_from(state), Ok(JobState::Pending | JobState::Running))
@@ -349,12 +355,17 @@ impl State {
         let member = group.members.get(rank).cloned();
         group.step_examples += report.examples;
         group.step_loss += report.loss.unwrap_or(0.0) * report.examples as f64;
-        for (sum, s) in entry.phase_seconds.iter_mut().zip(report.phases) {
-            *sum += s;
-        }
-        entry.phase_reports += 1;
-        if let Some(worker) = member.and_then(|id| self.workers.get_mut(&id)) {
-            worker.observe_throughput(assigned, report.phases[0]);
+        // Under telemetry: strict, step timings (which grow with the realised batch) are
+        // neither recorded nor exported, and work is split evenly.
+        let strict = is_strict(&entry.job);
+        if !strict {
+            for (sum, s) in entry.phase_seconds.iter_mut().zip(report.phases) {
+                *sum += s;
+            }
+            entry.phase_reports += 1;
+            if let Some(worker) = member.and_then(|id| self.workers.get_mut(&id)) {
+                worker.observe_throughput(assigned, report.phases[0]);
+            }
         }
         let entry = self.jobs.get_mut(job_id).expect("checked above");
         let Some(group) = entry.group.as_mut() else { return Effects::default() };
@@ -381,8 +392,10 @@ impl State {
         progress.steps_total = plan_steps;
         // From the expected batch size L (public), not the realised one (non-DP telemetry).
         let expected = entry.job.plan.as_ref().map_or(0.0, |p| p.expected_batch_size);
-        progress.examples_per_second = expected / seconds;
-        progress.eta_seconds = seconds * plan_steps.saturating_sub(step + 1) as f64;
+        if !strict {
+            progress.examples_per_second = expected / seconds;
+            progress.eta_seconds = seconds * plan_steps.saturating_sub(step + 1) as f64;
+        }
         if report.loss.is_some() && group.step_examples > 0 {
             let loss = group.step_loss / group.step_examples as f64;
             progress.loss = Some(loss);

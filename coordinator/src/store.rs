@@ -1,9 +1,11 @@
 //! Durable job state on an object store (a local directory by default): one protobuf object
-//! per job (spec, plan, state, conditions, progress), the job's private part (sampler secret and
-//! shard layout) written once, and idempotency keys claimed with create-if-absent puts.
+//! per job (spec, plan, state, conditions, progress), and idempotency keys claimed with
+//! create-if-absent puts. The job's private part (sampler secret and shard layout) lives in a
+//! *separate* secrets store that workers are never given: checkpoints and exports sit under
+//! the job store, which workers write to, so a secret there would be one path away from them.
 //!
-//! Layout under the root: `jobs/{id}/job.binpb`, `jobs/{id}/private.json`,
-//! `idempotency/{hex(key)}`. One coordinator replica writes it (Deployment, Recreate).
+//! Layout: job store `jobs/{id}/job.binpb`, `idempotency/{hex(key)}`; secrets store
+//! `jobs/{id}/private.json`. One coordinator replica writes both (Deployment, Recreate).
 
 use std::sync::Arc;
 
@@ -45,21 +47,30 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The job store.
+/// The job store and the secrets store.
 #[derive(Debug, Clone)]
 pub struct JobStore {
     store: Arc<dyn ObjectStore>,
     root: Path,
+    secrets: Arc<dyn ObjectStore>,
+    secrets_root: Path,
+}
+
+fn under(root: &Path, rest: &str) -> Path {
+    Path::from(format!("{root}/{rest}").trim_start_matches('/'))
 }
 
 impl JobStore {
-    /// A store rooted at `root`.
-    pub fn new(store: Arc<dyn ObjectStore>, root: Path) -> Self {
-        Self { store, root }
+    /// Jobs under `root` of `store`; secrets under `secrets_root` of `secrets`.
+    pub fn new(
+        (store, root): (Arc<dyn ObjectStore>, Path),
+        (secrets, secrets_root): (Arc<dyn ObjectStore>, Path),
+    ) -> Self {
+        Self { store, root, secrets, secrets_root }
     }
 
     fn path(&self, rest: &str) -> Path {
-        Path::from(format!("{}/{rest}", self.root).trim_start_matches('/'))
+        under(&self.root, rest)
     }
 
     /// Overwrites the job's record.
@@ -73,8 +84,12 @@ impl JobStore {
     pub async fn put_private(&self, job_id: &str, private: &Private) -> Result<(), CoordinatorError> {
         let body = serde_json::to_vec(private).map_err(|e| CoordinatorError::Store(e.to_string()))?;
         let options = PutOptions { mode: PutMode::Create, ..Default::default() };
-        self.store
-            .put_opts(&self.path(&format!("jobs/{job_id}/private.json")), PutPayload::from(body), options)
+        self.secrets
+            .put_opts(
+                &under(&self.secrets_root, &format!("jobs/{job_id}/private.json")),
+                PutPayload::from(body),
+                options,
+            )
             .await?;
         Ok(())
     }
@@ -101,16 +116,35 @@ impl JobStore {
         for meta in listed.iter().filter(|m| m.location.as_ref().ends_with("/job.binpb")) {
             let bytes = self.store.get(&meta.location).await?.bytes().await?;
             let job = Job::decode(bytes).map_err(|e| CoordinatorError::Store(format!("{}: {e}", meta.location)))?;
-            let private_path = self.path(&format!("jobs/{}/private.json", job.job_id));
-            let private = match self.store.get(&private_path).await {
-                Ok(r) => r.bytes().await?,
-                Err(object_store::Error::NotFound { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            let private: Private = serde_json::from_slice(&private)
-                .map_err(|e| CoordinatorError::Store(format!("{private_path}: {e}")))?;
+            let Some(private) = self.load_private(&job.job_id).await? else { continue };
             out.push((job, private));
         }
         Ok(out)
+    }
+
+    /// The job's private part from the secrets store. A store written before secrets had a
+    /// store of their own keeps it beside the job: it is moved, then deleted there.
+    async fn load_private(&self, job_id: &str) -> Result<Option<Private>, CoordinatorError> {
+        let path = under(&self.secrets_root, &format!("jobs/{job_id}/private.json"));
+        let bytes = match self.secrets.get(&path).await {
+            Ok(r) => r.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => {
+                let legacy = self.path(&format!("jobs/{job_id}/private.json"));
+                match self.store.get(&legacy).await {
+                    Ok(r) => {
+                        let bytes = r.bytes().await?;
+                        self.secrets.put(&path, PutPayload::from(bytes.clone())).await?;
+                        self.store.delete(&legacy).await?;
+                        tracing::warn!(job_id, "moved the job's secret out of the job store");
+                        bytes
+                    }
+                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let private = serde_json::from_slice(&bytes).map_err(|e| CoordinatorError::Store(format!("{path}: {e}")))?;
+        Ok(Some(private))
     }
 }

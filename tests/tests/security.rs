@@ -255,3 +255,54 @@ fn a_server_on_a_non_loopback_address_without_tls_and_tokens_refuses_to_start_un
     let (_, stderr) = start_exposed(&dir, &["--insecure"]);
     assert_eq!(stderr, "still running", "--insecure is the explicit unsafe choice");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_secrets_live_apart_from_artifacts_and_a_strict_job_exports_nothing_its_sample_shapes() {
+    let dir = tempfile_dir("secrets-strict");
+    let dataset = synth_dataset(&dir, 240);
+    let services = Services::start(&dir).await;
+    let _workers = [
+        Process::worker(&services.coordinator.grpc, "w0", &dir),
+        Process::worker(&services.coordinator.grpc, "w1", &dir),
+    ];
+    let mut strict = spec(&dataset, 4);
+    strict.telemetry = Some("strict".into());
+    let job = dpcap_e2e::jobs::submit(&services, strict).await;
+    let job =
+        dpcap_e2e::jobs::wait_until(&services, &job.job_id, Duration::from_secs(300), dpcap_e2e::jobs::ended).await;
+    assert_eq!(job.state, dpcap_proto::v1::JobState::Succeeded as i32, "{job:#?}");
+
+    // The sampler secret is in the secrets store and nowhere under the store workers write to.
+    let secrets = services.store.with_file_name("store-secrets");
+    let private = std::fs::read_to_string(secrets.join("jobs").join(&job.job_id).join("private.json")).unwrap();
+    let secret = serde_json::from_str::<serde_json::Value>(&private).unwrap()["secret"].as_str().unwrap().to_owned();
+    let mut pending = vec![services.store.clone()];
+    while let Some(path) = pending.pop() {
+        for entry in std::fs::read_dir(&path).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                assert!(
+                    !String::from_utf8_lossy(&bytes).contains(&secret),
+                    "the secret leaked into {}",
+                    path.display()
+                );
+            }
+        }
+    }
+
+    // Strict: no loss, no examples/s or ETA, no per-step phase timings.
+    let progress = job.progress.clone().unwrap();
+    assert_eq!((progress.loss, progress.examples_per_second, progress.eta_seconds), (None, 0.0, 0.0), "{progress:?}");
+    let metrics = services.coordinator.scrape().await;
+    assert!(
+        !metrics.contains(&format!("dpcap_step_duration_seconds_sum{{job_id=\"{}\"", job.job_id)),
+        "step timings of a strict job are not exported: {metrics}"
+    );
+    let data_error = dpcap_worker::runtime::RuntimeError::Data("example shard-0003/000012: bad png".into());
+    let shown = dpcap_worker::runtime::session::reported_error(&data_error, true);
+    assert!(!shown.contains("000012") && shown.contains("withheld"), "{shown}");
+    assert!(dpcap_worker::runtime::session::reported_error(&data_error, false).contains("000012"));
+}

@@ -58,6 +58,7 @@ impl Cluster {
         let ((c_grpc, c_addr), (c_metrics, c_metrics_addr)) = (bind().await?, bind().await?);
         let config = Config {
             store_url: dir.join("store").to_string_lossy().into_owned(),
+            secrets_url: dir.join("secrets").to_string_lossy().into_owned(),
             accountant_endpoint: accountant.clone(),
             accountant_tls: Default::default(),
             accountant_token: None,

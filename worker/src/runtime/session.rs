@@ -188,7 +188,7 @@ impl<AB: AutodiffBackend> Session<AB> {
                         RuntimeError::Collective(_) => StepOutcome::PeerLost,
                         _ => StepOutcome::Failed,
                     } as i32;
-                    report.message = e.to_string();
+                    report.message = reported_error(&e, self.spec.telemetry == TelemetryMode::Strict as i32);
                 }
             }
             retry(RetryPolicy::default(), "report_step", || {
@@ -301,9 +301,12 @@ impl<AB: AutodiffBackend> Session<AB> {
             report.examples = examples as u64;
             report.loss = Some(telemetry.mean_loss());
         }
-        (report.compute_seconds, report.reduce_seconds, report.release_seconds) =
-            (phases.compute, phases.reduce, phases.release);
-        (report.update_seconds, report.checkpoint_seconds) = (phases.update, phases.checkpoint);
+        // Phase timings grow with the realised batch size: non-DP telemetry too.
+        if !strict {
+            (report.compute_seconds, report.reduce_seconds, report.release_seconds) =
+                (phases.compute, phases.reduce, phases.release);
+            (report.update_seconds, report.checkpoint_seconds) = (phases.update, phases.checkpoint);
+        }
         let examples = if strict { None } else { Some(examples) };
         tracing::info!(job_id, step, rank, examples, compute_s = phases.compute, "step done");
         Ok(StepDone::Applied)
@@ -339,6 +342,18 @@ impl<AB: AutodiffBackend> Session<AB> {
         self.checkpoints.save(&manifest, weights, optimizer).await?;
         tracing::info!(job_id = %manifest.job_id, step, "checkpoint written");
         Ok(())
+    }
+}
+
+/// The failure as the job's condition shows it. Under `telemetry: strict` a data error names
+/// no example (its key, member or bytes come from the sampled data); the rank's own log keeps
+/// the detail.
+pub fn reported_error(error: &RuntimeError, strict: bool) -> String {
+    match error {
+        RuntimeError::Data(_) if strict => {
+            "data: a sampled example could not be read or decoded (details withheld under telemetry: strict)".into()
+        }
+        other => other.to_string(),
     }
 }
 
