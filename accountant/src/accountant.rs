@@ -11,12 +11,13 @@ use tokio::sync::{Mutex, watch};
 
 use dpcap_proto::ErrorCode;
 
+use crate::datasets::DatasetBudget;
 use crate::error::AccountantError;
 use crate::job::{Job, Part, Pending, Phase, Progress, RELEASES_KEPT, Release, StepState};
 use crate::ledger::{Charge, JobRecord, Ledger, Registration};
 use crate::metrics;
 use crate::noise::{self, NoiseMode};
-use crate::privacy::{self, AccountantKind, EpsilonCurve, Segment};
+use crate::privacy::{self, AccountantKind, EpsilonCurve};
 
 /// What became of a submitted part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,29 +30,44 @@ pub struct PartOutcome {
     pub accepted_new: bool,
 }
 
+/// What an accountant accepts beyond the safe defaults: both choices are explicit flags.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Policy {
+    /// Accept jobs with `insecure_noise_seed` (tests only; recorded in every charge).
+    pub allow_seeded_noise: bool,
+    /// Accept jobs on datasets no privacy admin gave a budget (no lifetime limit applies).
+    pub allow_unbudgeted_datasets: bool,
+}
+
 /// The accountant: every job's contract, step counter and releases, over one ledger.
 #[derive(Debug)]
 pub struct Accountant {
-    ledger: Ledger,
-    jobs: RwLock<HashMap<String, Arc<Job>>>,
-    dataset_locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    pub(crate) ledger: Ledger,
+    pub(crate) jobs: RwLock<HashMap<String, Arc<Job>>>,
+    /// Datasets' lifetime budgets, set by privacy admins.
+    pub(crate) budgets: RwLock<HashMap<String, DatasetBudget>>,
+    /// ε spent per budgeted dataset, as of its latest charge.
+    pub(crate) dataset_spent: RwLock<HashMap<String, f64>>,
+    pub(crate) dataset_locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
     /// One registration at a time per job id: ranks of a job register at once, and only one
     /// of them may build the job (slow at large ε) and write the ledger record.
     registering: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
-    allow_seeded_noise: bool,
+    policy: Policy,
     ready: AtomicBool,
     draining: watch::Sender<bool>,
 }
 
 impl Accountant {
     /// An accountant over `ledger`; it serves nothing until [`Accountant::replay`] has run.
-    pub fn new(ledger: Ledger, allow_seeded_noise: bool) -> Self {
+    pub fn new(ledger: Ledger, policy: Policy) -> Self {
         Self {
             ledger,
             jobs: RwLock::new(HashMap::new()),
+            budgets: RwLock::new(HashMap::new()),
+            dataset_spent: RwLock::new(HashMap::new()),
             dataset_locks: std::sync::Mutex::new(HashMap::new()),
             registering: std::sync::Mutex::new(HashMap::new()),
-            allow_seeded_noise,
+            policy,
             ready: AtomicBool::new(false),
             draining: watch::channel(false).0,
         }
@@ -66,6 +82,9 @@ impl Accountant {
     /// Rebuilds every job from the ledger. A charged step whose release was neither stored nor
     /// trimmed is discarded (its noise is gone; it is never released) and recorded so.
     pub async fn replay(&self) -> Result<usize, AccountantError> {
+        for budget in self.ledger.budgets().await? {
+            self.budgets.write().expect("budgets lock").insert(budget.dataset_id.clone(), budget);
+        }
         let records = self.ledger.replay().await?;
         let count = records.len();
         for mut record in records {
@@ -83,13 +102,20 @@ impl Accountant {
                 self.ledger.mark_discarded(job_id, step).await?;
                 record.discarded.insert(step);
             }
-            let job = build_job_from_record(record, self.allow_seeded_noise).await?;
+            let job = build_job_from_record(record, self.policy.allow_seeded_noise).await?;
             tracing::info!(job_id = %job.registration.job_id, charged = job.progress().charged,
                 discarded = job.progress().discarded, "replayed job from ledger");
             self.jobs.write().expect("jobs lock").insert(job.registration.job_id.clone(), Arc::new(job));
         }
+        for budget in self.budgets() {
+            self.dataset(&budget.dataset_id).await?;
+        }
         self.ready.store(true, Ordering::SeqCst);
         Ok(count)
+    }
+
+    pub(crate) fn allows_unbudgeted(&self) -> bool {
+        self.policy.allow_unbudgeted_datasets
     }
 
     fn check_ready(&self) -> Result<(), AccountantError> {
@@ -122,12 +148,13 @@ impl Accountant {
     pub async fn register(&self, registration: Registration) -> Result<(Arc<Job>, bool), AccountantError> {
         self.check_ready()?;
         validate_registration(&registration)?;
-        if registration.insecure_noise_seed.is_some() && !self.allow_seeded_noise {
+        if registration.insecure_noise_seed.is_some() && !self.policy.allow_seeded_noise {
             return Err(AccountantError::invalid(
                 "insecure_noise_seed",
                 "seeded noise is refused unless the accountant runs with --allow-seeded-noise",
             ));
         }
+        self.check_dataset(&registration)?;
         let lock =
             self.registering.lock().expect("registering lock").entry(registration.job_id.clone()).or_default().clone();
         let _single_flight = lock.lock().await;
@@ -146,7 +173,7 @@ impl Accountant {
             trimmed_before: 0,
             closed: None,
         };
-        let job = build_job_from_record(record, self.allow_seeded_noise).await?;
+        let job = build_job_from_record(record, self.policy.allow_seeded_noise).await?;
         let created = self.ledger.register(&registration).await?;
         let mut jobs = self.jobs.write().expect("jobs lock");
         let job = jobs.entry(registration.job_id.clone()).or_insert_with(|| Arc::new(job)).clone();
@@ -234,13 +261,16 @@ impl Accountant {
                 "job_target",
             ));
         }
-        if let Some(dataset_eps) = self.dataset_epsilon(job, 1).await?
-            && dataset_eps > r.dataset_epsilon_budget
-        {
-            state.pending = None;
-            let spent = self.dataset_epsilon(job, 0).await?.unwrap_or(f64::NAN);
-            let scope = format!("dataset {}", r.dataset_id);
-            return Err(self.refuse(job, step, scope, spent, dataset_eps, r.dataset_epsilon_budget, "dataset_budget"));
+        let mut dataset_after = None;
+        if let Some(budget) = self.budget_of(&r.dataset_id) {
+            let dataset_eps = self.dataset_epsilon(&budget, Some((job, 1))).await?;
+            if dataset_eps > budget.epsilon {
+                state.pending = None;
+                let spent = self.dataset_epsilon(&budget, None).await?;
+                let scope = format!("dataset {}", r.dataset_id);
+                return Err(self.refuse(job, step, scope, spent, dataset_eps, budget.epsilon, "dataset_budget"));
+            }
+            dataset_after = Some(dataset_eps);
         }
         let charge = Charge {
             job_id: r.job_id.clone(),
@@ -249,7 +279,11 @@ impl Accountant {
             noise: job.noise.describe(),
             charged_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         };
-        if let Err(e) = self.ledger.charge(&charge).await {
+        let charged = self.ledger.charge(&charge).await;
+        if let (Ok(()) | Err(AccountantError::ChargedElsewhere { .. }), Some(eps)) = (&charged, dataset_after) {
+            self.record_dataset_spent(&r.dataset_id, eps);
+        }
+        if let Err(e) = charged {
             if matches!(e, AccountantError::ChargedElsewhere { .. }) {
                 // Another process owns this step; it is spent, and it is not ours to release.
                 state.pending = None;
@@ -329,39 +363,6 @@ impl Accountant {
             epsilon_target: target,
             delta: job.registration.delta,
         }
-    }
-
-    fn dataset_lock(&self, r: &Registration) -> Option<Arc<Mutex<()>>> {
-        (r.dataset_epsilon_budget > 0.0)
-            .then(|| self.dataset_locks.lock().expect("dataset locks").entry(r.dataset_id.clone()).or_default().clone())
-    }
-
-    /// ε of the dataset after `extra` more steps of this job, composing every job registered
-    /// on the dataset. None when the job has no dataset budget.
-    async fn dataset_epsilon(&self, job: &Job, extra: u64) -> Result<Option<f64>, AccountantError> {
-        let r = &job.registration;
-        if r.dataset_epsilon_budget <= 0.0 {
-            return Ok(None);
-        }
-        let siblings: Vec<Arc<Job>> = self
-            .jobs
-            .read()
-            .expect("jobs lock")
-            .values()
-            .filter(|j| j.registration.dataset_id == r.dataset_id)
-            .cloned()
-            .collect();
-        let mut segments: Vec<Segment> = siblings
-            .iter()
-            .map(|j| Segment {
-                sample_rate: j.registration.sample_rate,
-                noise_multiplier: j.registration.noise_multiplier,
-                steps: j.progress().charged,
-            })
-            .collect();
-        segments.push(Segment { sample_rate: r.sample_rate, noise_multiplier: r.noise_multiplier, steps: extra });
-        let (kind, delta) = (job.curve.kind(), r.delta);
-        Ok(Some(blocking(move || privacy::epsilon(kind, &segments, delta)).await??))
     }
 
     /// Waits until `step` is released and returns it; fails if it never will be.
@@ -585,6 +586,6 @@ async fn build_job_from_record(record: JobRecord, allow_seeded_noise: bool) -> R
     Ok(Job { registration: r, curve, max_steps, noise, state: Mutex::new(state), progress: watch::channel(progress).0 })
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, AccountantError> {
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, AccountantError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| AccountantError::Internal(format!("blocking task failed: {e}")))
 }

@@ -21,6 +21,20 @@ pub enum AccountantError {
         /// The job asked for.
         job_id: String,
     },
+    /// The job trains on a dataset no privacy admin gave a budget.
+    #[error(
+        "dataset {dataset_id:?} has no privacy budget: a privacy admin must set one (dpctl dataset budget set), or the accountant must run with --allow-unbudgeted-datasets"
+    )]
+    UnbudgetedDataset {
+        /// The dataset (index digest; empty when the job named none).
+        dataset_id: String,
+    },
+    /// No budget was ever set for this dataset.
+    #[error("dataset {dataset_id} has no budget")]
+    UnknownDataset {
+        /// The dataset asked for.
+        dataset_id: String,
+    },
     /// The job was registered before with a different contract.
     #[error("job {job_id} is already registered with a different mechanism or budget")]
     RegistrationConflict {
@@ -126,6 +140,8 @@ impl ServiceError for AccountantError {
             Privacy(PrivacyError::Invalid { .. }) => ErrorCode::InvalidArgument,
             Privacy(PrivacyError::Unreachable { .. }) => ErrorCode::FailedPrecondition,
             UnknownJob { .. } => ErrorCode::JobNotRegistered,
+            UnbudgetedDataset { .. } => ErrorCode::FailedPrecondition,
+            UnknownDataset { .. } => ErrorCode::NotFound,
             RegistrationConflict { .. } => ErrorCode::AlreadyExists,
             StepRefused { code, .. } => *code,
             BudgetExhausted { .. } => ErrorCode::BudgetExhausted,

@@ -14,7 +14,10 @@
 //!   checkpoint and may have been deleted; it only ever grows;
 //! - `jobs/{job}/discarded/{step:020}`: a charged step whose release was lost (a crash between
 //!   the charge and the stored release): spent, never released, recorded at replay;
-//! - `jobs/{job}/closed.json`: the job ended; no further parts are accepted.
+//! - `jobs/{job}/closed.json`: the job ended; no further parts are accepted;
+//! - `datasets/{dataset}/budget.json`: a dataset's current lifetime budget, and
+//!   `datasets/{dataset}/audit/{version:020}.json`: every setting of it, created once and never
+//!   rewritten (the audit log of budgets; charges are audited by their own create-once objects).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -24,6 +27,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
+use crate::datasets::{DatasetBudget, path_component};
 use crate::error::AccountantError;
 
 /// A job's privacy contract as recorded in the ledger.
@@ -192,6 +196,38 @@ impl Ledger {
             Ok(()) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Records a dataset budget: the audit entry first (create-once: a concurrent change of the
+    /// same version fails), then the current value.
+    pub async fn put_budget(&self, budget: &DatasetBudget) -> Result<(), AccountantError> {
+        let dir = format!("{}/datasets/{}", self.root, path_component(&budget.dataset_id));
+        let body = serde_json::to_vec_pretty(budget).expect("budget serialises");
+        let audit = Path::from(format!("{dir}/audit/{:020}.json", budget.version).trim_start_matches('/'));
+        match self.create(&audit, body.clone()).await {
+            Ok(()) => {}
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                return Err(AccountantError::invalid(
+                    "dataset_id",
+                    format!("budget of {} changed concurrently (version {}); retry", budget.dataset_id, budget.version),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let current = Path::from(format!("{dir}/budget.json").trim_start_matches('/'));
+        self.store.put(&current, PutPayload::from(body)).await?;
+        Ok(())
+    }
+
+    /// Every dataset budget in the ledger.
+    pub async fn budgets(&self) -> Result<Vec<DatasetBudget>, AccountantError> {
+        let prefix = Path::from(format!("{}/datasets", self.root).trim_start_matches('/'));
+        let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        let mut budgets = Vec::new();
+        for object in objects.iter().filter(|o| o.location.as_ref().ends_with("/budget.json")) {
+            budgets.push(self.read_json(&object.location).await?);
+        }
+        Ok(budgets)
     }
 
     /// Reads back every job in the ledger.

@@ -10,6 +10,7 @@ pub mod privacy;
 
 pub mod accountant;
 pub mod client;
+pub mod datasets;
 pub mod error;
 pub mod job;
 pub mod ledger;

@@ -25,6 +25,9 @@ struct Args {
     /// Accept jobs with insecure_noise_seed (tests only; recorded in every charge).
     #[arg(long)]
     allow_seeded_noise: bool,
+    /// Accept jobs on datasets without a budget set by a privacy admin (no lifetime limit).
+    #[arg(long, env = "DPCAP_ALLOW_UNBUDGETED_DATASETS")]
+    allow_unbudgeted_datasets: bool,
     /// Write {"grpc": ADDR, "metrics": ADDR} here once both ports are bound.
     #[arg(long)]
     addr_file: Option<PathBuf>,
@@ -52,7 +55,10 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("writing --addr-file {}", path.display()))?;
     }
     let ledger = dpcap_accountant::server::open_ledger(&args.ledger)?;
-    dpcap_accountant::server::serve((grpc, metrics), server, ledger, args.allow_seeded_noise, shutdown_signal())
-        .await?;
+    let policy = dpcap_accountant::accountant::Policy {
+        allow_seeded_noise: args.allow_seeded_noise,
+        allow_unbudgeted_datasets: args.allow_unbudgeted_datasets,
+    };
+    dpcap_accountant::server::serve((grpc, metrics), server, ledger, policy, shutdown_signal()).await?;
     Ok(())
 }

@@ -87,7 +87,29 @@ pub fn render(handle: &PrometheusHandle, accountant: &Accountant) -> String {
             let _ = writeln!(out, "{name}{{job_id=\"{}\"}} {}", job.registration.job_id, value(job));
         }
     }
+    render_datasets(accountant, &mut out);
     out
+}
+
+/// Per-dataset series: the budgets, and the spend as of each dataset's latest charge.
+fn render_datasets(accountant: &Accountant, out: &mut String) {
+    let mut budgets = accountant.budgets();
+    budgets.sort_by(|a, b| a.dataset_id.cmp(&b.dataset_id));
+    let _ = writeln!(
+        out,
+        "# HELP dpcap_dataset_epsilon_budget A dataset's lifetime epsilon budget at its delta.\n# TYPE dpcap_dataset_epsilon_budget gauge"
+    );
+    for b in &budgets {
+        let _ = writeln!(out, "dpcap_dataset_epsilon_budget{{dataset=\"{}\"}} {}", b.dataset_id, b.epsilon);
+    }
+    let _ = writeln!(
+        out,
+        "# HELP dpcap_dataset_epsilon_spent Epsilon at the dataset's delta spent by every job on it.\n# TYPE dpcap_dataset_epsilon_spent gauge"
+    );
+    for b in &budgets {
+        let spent = accountant.dataset_spent(&b.dataset_id);
+        let _ = writeln!(out, "dpcap_dataset_epsilon_spent{{dataset=\"{}\"}} {spent}", b.dataset_id);
+    }
 }
 
 /// Serves `GET /metrics` (and `/healthz`) until `shutdown` resolves.

@@ -49,10 +49,10 @@ pub async fn serve(
     (grpc, metrics_listener): (TcpListener, TcpListener),
     server: dpcap_serve::SecuredServer,
     ledger: Ledger,
-    allow_seeded_noise: bool,
+    policy: crate::accountant::Policy,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let accountant = Arc::new(Accountant::new(ledger, allow_seeded_noise));
+    let accountant = Arc::new(Accountant::new(ledger, policy));
     let handle = metrics::install();
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_service_status("", ServingStatus::NotServing).await;

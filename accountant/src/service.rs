@@ -7,9 +7,9 @@ use std::sync::Arc;
 use dpcap_proto::to_status;
 use dpcap_proto::v1::accountant_service_server::AccountantService;
 use dpcap_proto::v1::{
-    self as pb, CloseJobRequest, EstimateRequest, EstimateResponse, FetchReleaseRequest, GetSpendRequest,
-    GradientChunk, JobSpend, RegisterJobRequest, RegisterJobResponse, ReleaseChunk, SubmitPartResponse,
-    TrimReleasesRequest,
+    self as pb, CloseJobRequest, EstimateRequest, EstimateResponse, FetchReleaseRequest, GetDatasetBudgetRequest,
+    GetSpendRequest, GradientChunk, JobSpend, RegisterJobRequest, RegisterJobResponse, ReleaseChunk,
+    SetDatasetBudgetRequest, SubmitPartResponse, TrimReleasesRequest,
 };
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -203,6 +203,24 @@ impl AccountantService for AccountantGrpc {
         Ok(Response::new(spend(&job)))
     }
 
+    async fn set_dataset_budget(
+        &self,
+        request: Request<SetDatasetBudgetRequest>,
+    ) -> Result<Response<pb::DatasetBudget>, Status> {
+        let r = request.into_inner();
+        let view =
+            self.accountant.set_budget(&r.dataset_id, (r.epsilon, r.delta), &r.reason).await.map_err(to_status)?;
+        Ok(Response::new(dataset_to_proto(view)))
+    }
+
+    async fn get_dataset_budget(
+        &self,
+        request: Request<GetDatasetBudgetRequest>,
+    ) -> Result<Response<pb::DatasetBudget>, Status> {
+        let view = self.accountant.dataset(&request.into_inner().dataset_id).await.map_err(to_status)?;
+        Ok(Response::new(dataset_to_proto(view)))
+    }
+
     async fn estimate(&self, request: Request<EstimateRequest>) -> Result<Response<EstimateResponse>, Status> {
         let r = request.into_inner();
         let kind = kind_from_proto(r.accountant).map_err(to_status)?;
@@ -210,6 +228,17 @@ impl AccountantService for AccountantGrpc {
             .await
             .map_err(|e| Status::internal(e.to_string()))?;
         result.map(Response::new).map_err(to_status)
+    }
+}
+
+fn dataset_to_proto(view: crate::datasets::DatasetView) -> pb::DatasetBudget {
+    pb::DatasetBudget {
+        dataset_id: view.budget.dataset_id,
+        epsilon_budget: view.budget.epsilon,
+        delta: view.budget.delta,
+        epsilon_spent: view.epsilon_spent,
+        jobs: view.jobs,
+        version: view.budget.version,
     }
 }
 

@@ -6,7 +6,10 @@ mod common;
 use common::{AccountantProcess, charged_steps, job};
 use dpcap_accountant::privacy::{AccountantKind, EpsilonCurve, max_steps, noise_multiplier};
 use dpcap_proto::ErrorCode;
-use dpcap_proto::v1::{CloseJobRequest, GetSpendRequest, GradientChunk, RegisterJobRequest, TrimReleasesRequest};
+use dpcap_proto::v1::{
+    CloseJobRequest, GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, RegisterJobRequest,
+    SetDatasetBudgetRequest, TrimReleasesRequest,
+};
 use tonic::Code;
 
 fn part(seed: u32, dim: usize) -> Vec<f32> {
@@ -338,16 +341,45 @@ async fn no_release_without_a_durable_charge_and_nothing_lost_on_storage_failure
 
 /// A dataset's lifetime budget composes every job registered on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dataset_budget_composes_jobs_and_refuses_the_step_that_would_pass_it() {
+async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_raise() {
     let dir = tempfile::tempdir().unwrap();
-    let server = AccountantProcess::start(dir.path(), &[]).await;
+    let server = AccountantProcess::start_strict(dir.path(), &[]).await;
     let mut client = server.client().await;
+    let dataset = format!("sha256:{}", "5e".repeat(32));
     let on_dataset = |id: &str| {
         let mut r = job(id, 0.05, 2.0, 1.0, 100.0, 4, 1, None);
-        r.dataset_id = "laion-shard".into();
-        r.dataset_epsilon_budget = 1.0;
+        r.dataset_id = dataset.clone();
         r
     };
+    // Without a budget, the safe default refuses the job; a job can never bring its own.
+    let unbudgeted = client.raw().register_job(on_dataset("early")).await.unwrap_err();
+    assert_eq!(unbudgeted.code(), Code::FailedPrecondition, "{unbudgeted}");
+    assert!(unbudgeted.message().contains("privacy admin"), "{unbudgeted}");
+    let mut raising = on_dataset("raiser");
+    raising.dataset_epsilon_budget = 1000.0;
+    let raised = client.raw().register_job(raising).await.unwrap_err();
+    assert_eq!(raised.code(), Code::InvalidArgument);
+    assert!(raised.message().starts_with("invalid dataset_epsilon_budget:"), "{raised}");
+    let by_url = client
+        .raw()
+        .set_dataset_budget(SetDatasetBudgetRequest {
+            dataset_id: "s3://laion".into(),
+            epsilon: 1.0,
+            delta: 1e-5,
+            reason: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert!(by_url.message().starts_with("invalid dataset_id:"), "a URL is no identity: {by_url}");
+
+    let set = |epsilon: f64, reason: &str| SetDatasetBudgetRequest {
+        dataset_id: dataset.clone(),
+        epsilon,
+        delta: 1e-5,
+        reason: reason.into(),
+    };
+    let budget = client.raw().set_dataset_budget(set(1.0, "owner's lifetime budget")).await.unwrap().into_inner();
+    assert_eq!((budget.epsilon_budget, budget.version), (1.0, 1));
     client.raw().register_job(on_dataset("first")).await.unwrap();
     client.raw().register_job(on_dataset("second")).await.unwrap();
     // Alternate the two jobs until the dataset budget refuses one of them.
@@ -367,12 +399,38 @@ async fn dataset_budget_composes_jobs_and_refuses_the_step_that_would_pass_it() 
         }
     }
     let refused = refused.expect("the dataset budget must run out long before the job targets");
-    assert_eq!(refused.code(), Code::FailedPrecondition);
-    assert!(refused.message().contains("dataset laion-shard target 1"), "{refused}");
+    assert_eq!(ErrorCode::of(&refused), Some(ErrorCode::BudgetExhausted), "{refused}");
+    assert!(refused.message().contains(&format!("dataset {dataset} target 1")), "{refused}");
     let one_job = max_steps(&EpsilonCurve::new(AccountantKind::Pld, 0.05, 2.0, 1e-5).unwrap(), 1.0).unwrap();
     assert!(steps[0] + steps[1] <= one_job + 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
     assert!(steps[0] + steps[1] >= one_job - 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
-    assert!(server.scrape().await.contains("dpcap_budget_rejections_total{reason=\"dataset_budget\"} 1"));
+    // A third job on the spent dataset is refused at its first step.
+    client.raw().register_job(on_dataset("third")).await.unwrap();
+    let third = client.submit_part("third", 0, 0, &part(3, 4)).await.unwrap_err();
+    assert_eq!(ErrorCode::of(&third), Some(ErrorCode::BudgetExhausted), "{third}");
+    let shown = client
+        .raw()
+        .get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(shown.epsilon_spent <= 1.0 && shown.epsilon_spent > 0.9, "{shown:?}");
+    assert_eq!(shown.jobs, vec!["first", "second", "third"]);
+    let metrics = server.scrape().await;
+    assert!(metrics.contains("dpcap_budget_rejections_total{reason=\"dataset_budget\"} 2"), "{metrics}");
+    assert!(metrics.contains(&format!("dpcap_dataset_epsilon_budget{{dataset=\"{dataset}\"}} 1")), "{metrics}");
+
+    // Every change is in the append-only audit log and survives a restart.
+    client.raw().set_dataset_budget(set(2.0, "owner approved a second study")).await.unwrap();
+    let audit = dir.path().join("datasets").join(dataset.replace(':', "-")).join("audit");
+    assert_eq!(std::fs::read_dir(&audit).unwrap().count(), 2, "one create-once entry per change");
+    server.kill();
+    let server = AccountantProcess::start_strict(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    let shown =
+        client.raw().get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset }).await.unwrap().into_inner();
+    assert_eq!((shown.epsilon_budget, shown.version), (2.0, 2));
+    client.submit_part("third", 0, 0, &part(3, 4)).await.expect("the raised budget lets the third job run");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

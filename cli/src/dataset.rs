@@ -42,6 +42,9 @@ pub enum DatasetCommand {
         #[arg(long, default_value_t = 256)]
         vocab_size: usize,
     },
+    /// A dataset's lifetime privacy budget (privacy admins).
+    #[command(subcommand)]
+    Budget(crate::budget::BudgetCommand),
 }
 
 /// A local directory (or file:// URL) as an object store rooted there.
@@ -54,7 +57,7 @@ fn local_store(location: &str) -> Result<Arc<dyn ObjectStore>> {
 }
 
 /// Runs one `dpctl dataset` command.
-pub fn run(command: DatasetCommand) -> Result<()> {
+pub fn run(command: DatasetCommand, server: &crate::jobs::Server) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     match command {
         DatasetCommand::Synth { out, examples, eval_examples, shard_size, seed } => {
@@ -85,6 +88,7 @@ pub fn run(command: DatasetCommand) -> Result<()> {
             let summary = runtime.block_on(index_dataset(&url, vocab_size))?;
             println!("{summary}");
         }
+        DatasetCommand::Budget(command) => runtime.block_on(crate::budget::run(command, server))?,
     }
     Ok(())
 }
@@ -94,6 +98,7 @@ pub async fn index_dataset(url: &str, vocab_size: usize) -> Result<serde_json::V
     let store = local_store(url)?;
     let index = build_index(store.as_ref(), &Path::default()).await?;
     let body = serde_json::to_vec_pretty(&index)?;
+    let digest = dpcap_proto::digest::sha256(&body);
     store.put(&Path::from("index.json"), PutPayload::from(body)).await?;
     let tokenizer_path = Path::from("tokenizer.json");
     let tokenizer = match store.head(&tokenizer_path).await {
@@ -108,6 +113,6 @@ pub async fn index_dataset(url: &str, vocab_size: usize) -> Result<serde_json::V
         Err(e) => return Err(e.into()),
     };
     Ok(
-        json!({"url": url, "examples": index.examples, "shards": index.shards.len(), "index": "index.json", "tokenizer": tokenizer}),
+        json!({"url": url, "examples": index.examples, "shards": index.shards.len(), "index": "index.json", "digest": digest, "tokenizer": tokenizer}),
     )
 }

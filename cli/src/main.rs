@@ -4,6 +4,7 @@
 mod bench;
 mod bench_clip;
 mod bench_share;
+mod budget;
 mod dataset;
 mod demo;
 mod jobs;
@@ -82,7 +83,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Privacy(command) => privacy::run(command)?,
         Command::Bench(command) => bench::run(command)?,
         Command::Model(command) => model::run(command)?,
-        Command::Dataset(command) => dataset::run(command)?,
+        Command::Dataset(command) => dataset::run(command, &server)?,
         Command::Submit { file, idempotency_key, json } => {
             runtime()?.block_on(jobs::submit(&server, &file, idempotency_key, json))?;
         }

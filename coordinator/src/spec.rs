@@ -43,6 +43,7 @@ pub struct SpecFile {
     pub accountant: Option<String>,
     pub tokenizer: Option<String>,
     pub seed: Option<u64>,
+    /// Refused unless 0: datasets' budgets are set by privacy admins, not by jobs.
     pub dataset_epsilon_budget: Option<f64>,
 }
 
@@ -174,8 +175,13 @@ pub fn check_fields(spec: &JobSpec) -> Result<(), CoordinatorError> {
         return Err(CoordinatorError::invalid("checkpoint_interval", "0 must be at least 1"));
     }
     let budget = spec.dataset_epsilon_budget;
-    if !(budget >= 0.0 && budget.is_finite()) {
-        return Err(CoordinatorError::invalid("dataset_epsilon_budget", format!("{budget} must be finite and >= 0")));
+    if budget != 0.0 {
+        return Err(CoordinatorError::invalid(
+            "dataset_epsilon_budget",
+            format!(
+                "{budget}: a job cannot set its dataset's budget; a privacy admin sets it (dpctl dataset budget set)"
+            ),
+        ));
     }
     Ok(())
 }

@@ -70,6 +70,8 @@ pub const POLICY: &[(&str, &[Role])] = &[
     ("/dpcap.v1.AccountantService/CloseJob", &[Coordinator]),
     ("/dpcap.v1.AccountantService/TrimReleases", &[Coordinator]),
     ("/dpcap.v1.AccountantService/Estimate", &[Operator, Viewer, Coordinator, PrivacyAdmin]),
+    ("/dpcap.v1.AccountantService/SetDatasetBudget", &[PrivacyAdmin]),
+    ("/dpcap.v1.AccountantService/GetDatasetBudget", &[PrivacyAdmin, Operator, Viewer, Coordinator]),
     ("/dpcap.v1.JobService/SubmitJob", &[Operator]),
     ("/dpcap.v1.JobService/CancelJob", &[Operator]),
     ("/dpcap.v1.JobService/ResumeJob", &[Operator]),

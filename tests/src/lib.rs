@@ -219,8 +219,10 @@ impl Services {
     }
 
     /// Starts both with a lease of `lease_seconds`.
+    /// The accountant accepts jobs on datasets without a budget (tests of datasets' budgets
+    /// start it through [`Services::with_args`] without the flag).
     pub async fn with_lease(dir: &Path, lease_seconds: u64) -> Self {
-        Self::with_args(dir, lease_seconds, &[], &[]).await
+        Self::with_args(dir, lease_seconds, &["--allow-unbudgeted-datasets"], &[]).await
     }
 
     /// Starts both with `accountant_extra` and `coordinator_extra` arguments (tokens, TLS);

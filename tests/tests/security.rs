@@ -44,10 +44,11 @@ async fn call(url: &str, path: &'static str, bearer: Option<&str>) -> Result<(),
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_rpc_refuses_callers_without_credentials_or_with_the_wrong_role_and_serves_the_right_one() {
     let dir = tempfile_dir("roles");
-    let flags = role_flags();
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let roles = role_flags();
+    let roles: Vec<&str> = roles.iter().map(String::as_str).collect();
+    let flags: Vec<&str> = roles.iter().copied().chain(["--allow-unbudgeted-datasets"]).collect();
     let accountant_token = token(Role::Coordinator);
-    let coordinator_flags: Vec<&str> = flags.iter().copied().chain(["--accountant-token", &accountant_token]).collect();
+    let coordinator_flags: Vec<&str> = roles.iter().copied().chain(["--accountant-token", &accountant_token]).collect();
     let services = Services::with_args(&dir, 3, &flags, &coordinator_flags).await;
     for (path, allowed) in POLICY {
         let url = if path.starts_with("/dpcap.v1.AccountantService/") {

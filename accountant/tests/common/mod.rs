@@ -18,8 +18,15 @@ pub struct AccountantProcess {
 }
 
 impl AccountantProcess {
-    /// Starts the binary on `ledger` and waits until health reports SERVING.
+    /// Starts the binary on `ledger`, accepting jobs on unbudgeted datasets, and waits until
+    /// health reports SERVING.
     pub async fn start(ledger: &Path, extra: &[&str]) -> Self {
+        let extra: Vec<&str> = extra.iter().copied().chain(["--allow-unbudgeted-datasets"]).collect();
+        Self::start_strict(ledger, &extra).await
+    }
+
+    /// Starts the binary with the safe default: jobs need a dataset budget.
+    pub async fn start_strict(ledger: &Path, extra: &[&str]) -> Self {
         let addr_file = ledger.with_extension(format!("addr-{}", std::process::id() as u64 * 1000 + rand_suffix()));
         let _ = std::fs::remove_file(&addr_file);
         let child = Command::new(env!("CARGO_BIN_EXE_dpcap-accountant"))

@@ -49,7 +49,8 @@ impl Cluster {
         // Loopback, plaintext, no tokens: the local demo (the exposure rule allows exactly this).
         let server = ServerSecurity::default().server(a_grpc.local_addr()?)?;
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = dpcap_accountant::server::serve((a_grpc, a_metrics), server, ledger, false, shutdown).await
+            if let Err(e) =
+                dpcap_accountant::server::serve((a_grpc, a_metrics), server, ledger, Default::default(), shutdown).await
             {
                 tracing::error!(error = %e, "accountant failed");
             }

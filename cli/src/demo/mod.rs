@@ -130,6 +130,16 @@ async fn train_and_report(
         ..Default::default()
     };
     let server = Server { coordinator: cluster.coordinator.clone(), token: None, tls: Default::default() };
+    // The data's owner sets the dataset's lifetime budget before any job may spend it.
+    let dataset_id = crate::budget::dataset_digest(&train_dir.to_string_lossy()).await?;
+    let mut accountant = dpcap_accountant::client::AccountantClient::connect(cluster.accountant.clone()).await?;
+    let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
+        dataset_id,
+        epsilon: args.epsilon,
+        delta: 1.0 / args.examples as f64,
+        reason: "dpctl demo: synthetic data, one job".into(),
+    };
+    accountant.raw().set_dataset_budget(budget).await.map_err(jobs::status)?;
     let mut client = server.connect().await?;
     let request = SubmitJobRequest { spec: Some(spec.into_proto()?), idempotency_key: String::new() };
     let job = client.submit_job(request).await.map_err(jobs::status)?.into_inner();

@@ -125,8 +125,9 @@ impl<AB: AutodiffBackend> Session<AB> {
             accountant: AccountantKind::try_from(plan.accountant).unwrap_or_default() as i32,
             gradient_dim: trainer.dim() as u64,
             parts: reducer.parts(assignment.world_size),
-            dataset_id: spec.dataset.clone(),
-            dataset_epsilon_budget: spec.dataset_epsilon_budget,
+            // The dataset is its pinned index digest; its budget is its owners' (never the job's).
+            dataset_id: plan.dataset_digest.clone(),
+            dataset_epsilon_budget: 0.0,
             insecure_noise_seed: None,
         };
         retry(RetryPolicy::default(), "register_job", || {

@@ -1,0 +1,92 @@
+//! `dpctl dataset budget set|show`: a dataset's lifetime privacy budget, owned by its privacy
+//! admins and enforced by the accountant over every job that trains on the dataset. The dataset
+//! is named by the digest of its index (or by its directory/URL, whose index is digested here).
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use dpcap_accountant::client::AccountantClient;
+use dpcap_proto::v1::{DatasetBudget, GetDatasetBudgetRequest, SetDatasetBudgetRequest};
+use object_store::ObjectStoreExt;
+use object_store::path::Path;
+use serde_json::json;
+
+use crate::jobs::{Server, status};
+
+/// Where the accountant is.
+#[derive(Debug, Clone, Args)]
+pub struct Accountant {
+    /// The accountant's gRPC endpoint (the token is --token: the privacy-admin role to set).
+    #[arg(long, default_value = "http://127.0.0.1:7070", env = "DPCAP_ACCOUNTANT")]
+    pub accountant: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BudgetCommand {
+    /// Set (or change) a dataset's lifetime (epsilon, delta); recorded in the audit log.
+    Set {
+        /// The dataset: its index digest ("sha256:…"), or its directory or URL.
+        dataset: String,
+        /// Lifetime epsilon at --delta, over every job on the dataset.
+        #[arg(long)]
+        epsilon: f64,
+        /// The delta of the lifetime budget.
+        #[arg(long)]
+        delta: f64,
+        /// Why, for the audit log.
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        to: Accountant,
+    },
+    /// Show a dataset's budget, its spend so far and its jobs.
+    Show {
+        /// The dataset: its index digest, or its directory or URL.
+        dataset: String,
+        #[command(flatten)]
+        to: Accountant,
+    },
+}
+
+/// The digest naming `dataset`: given as is, or the digest of its `index.json`.
+pub async fn dataset_digest(dataset: &str) -> Result<String> {
+    if dataset.starts_with("sha256:") {
+        return Ok(dataset.to_owned());
+    }
+    let (store, root) = dpcap_serve::open_store(dataset)?;
+    let path = Path::from(format!("{root}/index.json").trim_start_matches('/'));
+    let bytes = store
+        .get(&path)
+        .await
+        .with_context(|| format!("reading {dataset}/index.json (run `dpctl dataset index` first)"))?
+        .bytes()
+        .await?;
+    Ok(dpcap_proto::digest::sha256(&bytes))
+}
+
+fn print(budget: &DatasetBudget) {
+    println!(
+        "{}",
+        json!({"dataset_id": budget.dataset_id, "epsilon_budget": budget.epsilon_budget, "delta": budget.delta,
+               "epsilon_spent": budget.epsilon_spent, "jobs": budget.jobs, "version": budget.version})
+    );
+}
+
+/// Runs one `dpctl dataset budget` command.
+pub async fn run(command: BudgetCommand, server: &Server) -> Result<()> {
+    let (dataset, to) = match &command {
+        BudgetCommand::Set { dataset, to, .. } | BudgetCommand::Show { dataset, to } => (dataset, to),
+    };
+    let dataset_id = dataset_digest(dataset).await?;
+    let endpoint =
+        server.tls.endpoint(&to.accountant).with_context(|| format!("invalid --accountant {}", to.accountant))?;
+    let mut client = AccountantClient::lazy(endpoint, server.token.clone());
+    let budget = match command {
+        BudgetCommand::Set { epsilon, delta, reason, .. } => {
+            let request = SetDatasetBudgetRequest { dataset_id, epsilon, delta, reason };
+            client.raw().set_dataset_budget(request).await
+        }
+        BudgetCommand::Show { .. } => client.raw().get_dataset_budget(GetDatasetBudgetRequest { dataset_id }).await,
+    };
+    print(&budget.map_err(status)?.into_inner());
+    Ok(())
+}
