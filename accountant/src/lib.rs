@@ -6,7 +6,8 @@
 //! must never depend on burn or see raw examples: it only ever sees sums of clipped gradients,
 //! and it must never let a byte of a release leave before that step's charge is durable.
 
-pub mod privacy;
+/// The accounting math, re-exported: it is the `dpcap-privacy` crate (pure, no I/O).
+pub use dpcap_privacy as privacy;
 
 pub mod accountant;
 pub mod client;

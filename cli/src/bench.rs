@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Subcommand;
-use dpcap_accountant::privacy::{self, AccountantKind, Segment};
+use dpcap_privacy::{self as privacy, AccountantKind, Segment};
 use serde_json::json;
 
 /// DP-Cap (Sander et al. 2024): N = 233,804,767, B = 1,310,720, σ = 0.728, 5708 steps, δ = 1/N.

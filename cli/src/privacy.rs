@@ -3,7 +3,7 @@
 
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
-use dpcap_accountant::privacy::{self, AccountantKind, EpsilonCurve, PrivacyError, Segment};
+use dpcap_privacy::{self as privacy, AccountantKind, EpsilonCurve, PrivacyError, Segment};
 use serde_json::{Value, json};
 
 #[derive(Debug, Subcommand)]

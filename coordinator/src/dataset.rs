@@ -1,24 +1,12 @@
 //! What the coordinator needs of a dataset: N (for accounting) and examples per shard (for
 //! work units), read from the `index.json` that `dpctl dataset index` writes beside the shards.
 
+use dpcap_proto::dataset::DatasetIndex;
 use dpcap_serve::open_store;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
-use serde::Deserialize;
-use serde::de::IgnoredAny;
 
 use crate::error::CoordinatorError;
-
-#[derive(Deserialize)]
-struct Index {
-    examples: u64,
-    shards: Vec<Shard>,
-}
-
-#[derive(Deserialize)]
-struct Shard {
-    examples: Vec<IgnoredAny>,
-}
 
 /// A dataset as planned: N, examples per shard, and the digest of the index that fixes both.
 #[derive(Debug, Clone)]
@@ -39,9 +27,9 @@ pub async fn read_layout(dataset: &str) -> Result<Layout, CoordinatorError> {
     let bytes = async { store.get(&path).await?.bytes().await }
         .await
         .map_err(|e| invalid(format!("cannot read index.json in {dataset:?} (run `dpctl dataset index`): {e}")))?;
-    let index: Index =
+    let index: DatasetIndex =
         serde_json::from_slice(&bytes).map_err(|e| invalid(format!("index.json in {dataset:?} is malformed: {e}")))?;
-    let counts: Vec<u64> = index.shards.iter().map(|s| s.examples.len() as u64).collect();
+    let counts = index.counts();
     if counts.iter().sum::<u64>() != index.examples {
         return Err(invalid(format!(
             "index.json in {dataset:?} says {} examples but its shards hold {}",

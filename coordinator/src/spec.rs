@@ -2,7 +2,7 @@
 //! and its validation into a [`Plan`]: N from the dataset index, q, L = qN, steps, δ (default
 //! 1/N), and σ calibrated from ε through the accountant's math. Every refusal names its field.
 
-use dpcap_accountant::privacy::{self, AccountantKind};
+use dpcap_privacy::{self as privacy, AccountantKind};
 use dpcap_proto::v1::{self, JobSpec, Objective, Plan, TelemetryMode};
 use serde::{Deserialize, Serialize};
 
@@ -18,30 +18,48 @@ pub const MAX_MICRO_BATCH: u32 = 65_536;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpecFile {
+    /// Free-form name shown in listings.
     #[serde(default)]
     pub name: String,
+    /// Dataset directory or URL (shards and index.json).
     pub dataset: String,
+    /// Model configuration: micro, bench, tiny, small, base, large.
     pub model: String,
     /// caption (default) | mae
     pub objective: Option<String>,
+    /// ε target at δ (σ is calibrated from it unless `noise_multiplier` is fixed).
     pub epsilon: Option<f64>,
+    /// δ; default 1/N.
     pub delta: Option<f64>,
+    /// A fixed noise multiplier σ (noise std σ·C).
     pub noise_multiplier: Option<f64>,
+    /// Poisson rate q in (0, 1]; or `batch_size` (expected L = qN).
     pub sample_rate: Option<f64>,
+    /// Expected batch size L.
     pub batch_size: Option<u64>,
+    /// Steps (ledger charges).
     pub steps: Option<u64>,
+    /// Epochs instead of steps (steps = ceil(epochs / q)).
     pub epochs: Option<f64>,
+    /// Per-example L2 clipping norm C; default 1.
     pub clipping_norm: Option<f64>,
+    /// Peak AdamW learning rate; default 1e-3.
     pub learning_rate: Option<f64>,
+    /// Linear warmup steps; default 5 % of the steps.
     pub warmup_steps: Option<u64>,
+    /// Examples per physical micro-batch (memory bound); default 64.
     pub micro_batch: Option<u32>,
+    /// Ranks the job needs at once; default 1.
     pub workers: Option<u32>,
+    /// Rank 0 checkpoints every this many steps (and at the end); default 50.
     pub checkpoint_interval: Option<u64>,
     /// full (default) | strict
     pub telemetry: Option<String>,
     /// pld (default) | rdp
     pub accountant: Option<String>,
+    /// A tokenizer.json path or URL; default the dataset's own.
     pub tokenizer: Option<String>,
+    /// Seed of the initial weights (post-processing, not a privacy parameter).
     pub seed: Option<u64>,
     /// Refused unless 0: datasets' budgets are set by privacy admins, not by jobs.
     pub dataset_epsilon_budget: Option<f64>,

@@ -61,6 +61,7 @@ pub struct Group {
     pub step_started: Instant,
     /// Examples and loss·examples reported for the current step.
     pub step_examples: u64,
+    /// Σ loss · examples reported for the current step (non-DP telemetry).
     pub step_loss: f64,
     /// The NCCL unique id rank 0 published for this generation (NCCL reduction only).
     pub nccl_id: Option<Vec<u8>>,
@@ -79,6 +80,7 @@ pub struct JobEntry {
     pub group: Option<Group>,
     /// Seconds by phase summed over reports, and the number of reports.
     pub phase_seconds: [f64; 5],
+    /// Reports summed into `phase_seconds`.
     pub phase_reports: u64,
     /// Bumped on every change (watchers compare it).
     pub version: u64,
@@ -87,10 +89,13 @@ pub struct JobEntry {
 /// A registered worker.
 #[derive(Debug)]
 pub struct WorkerEntry {
+    /// Shown in listings.
     pub name: String,
+    /// "cpu" or "cuda:N".
     pub device: String,
     /// Examples per second (1 when unknown).
     pub throughput: f64,
+    /// Its last heartbeat (or other call): the lease runs from here.
     pub last_seen: Instant,
     /// The job whose group it belongs to.
     pub job: Option<String>,
@@ -114,8 +119,11 @@ impl WorkerEntry {
 /// Everything behind the coordinator's lock.
 #[derive(Debug, Default)]
 pub struct State {
+    /// Every job by id.
     pub jobs: BTreeMap<String, JobEntry>,
+    /// Jobs waiting for workers, first in first served.
     pub queue: VecDeque<String>,
+    /// Workers holding a lease, by id.
     pub workers: BTreeMap<String, WorkerEntry>,
 }
 
@@ -419,13 +427,20 @@ impl State {
 /// One rank's report, decoded.
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// Done, discarded, budget exhausted, failed, or peer lost.
     pub outcome: StepOutcome,
+    /// Why, for a failure.
     pub message: String,
+    /// Realised examples (non-DP telemetry; 0 under strict).
     pub examples: u64,
+    /// Mean per-example loss (non-DP telemetry; none under strict).
     pub loss: Option<f64>,
     /// Seconds by phase, in [`PHASES`] order.
     pub phases: [f64; 5],
+    /// A checkpoint rank 0 wrote covering steps below it (0: none).
     pub checkpoint_step: u64,
+    /// ε at δ after the step, as the accountant said.
     pub epsilon_spent: f64,
+    /// The ledger's discarded steps, as the accountant said.
     pub steps_discarded: u64,
 }

@@ -5,6 +5,7 @@
 //! This crate owns the contract between processes. It must never hold service logic or
 //! depend on a service crate: dependencies point from the services to it.
 
+pub mod dataset;
 pub mod digest;
 pub mod error;
 pub mod reflection;

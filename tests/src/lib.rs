@@ -201,9 +201,13 @@ pub fn synth_dataset(dir: &Path, examples: u64) -> PathBuf {
 
 /// The accountant and coordinator of a test cluster (workers are started separately).
 pub struct Services {
+    /// The accountant process.
     pub accountant: Process,
+    /// The coordinator process.
     pub coordinator: Process,
+    /// The coordinator's job store directory.
     pub store: PathBuf,
+    /// The accountant's ledger directory.
     pub ledger: PathBuf,
     /// The coordinator's lease in seconds.
     pub lease_seconds: u64,

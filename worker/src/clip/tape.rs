@@ -61,8 +61,10 @@ impl Precision {
     }
 }
 
-/// What one trainable layer left on the tape (ghost mode).
+/// What one trainable layer left on the tape (ghost mode). Each variant's doc describes its
+/// fields (parameter ids, the layer's input activation, and the zero probe on its output).
 #[derive(Debug, Clone)]
+#[allow(missing_docs)]
 pub enum Record<AB: AutodiffBackend> {
     /// y = a W (+ b) on a sequence: a is [B, T, d_in] (in the compute dtype), the probe
     /// [B, T, d_out] (f32).

@@ -9,6 +9,9 @@
 //! re-formed), the communicator is aborted with `ncclCommAbort` and the wait returns an error.
 //! A communicator is never reused after an abort.
 
+// FFI to NCCL and the CUDA driver through cudarc: the one module where unsafe code is allowed.
+#![allow(unsafe_code)]
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::ops::Range;
 
+pub use dpcap_proto::dataset::{DatasetIndex, ExampleEntry, Member, ShardIndex};
 use futures::TryStreamExt;
 use image::RgbImage;
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
-use serde::{Deserialize, Serialize};
 
 /// Why a dataset could not be indexed or read.
 #[derive(Debug, thiserror::Error)]
@@ -57,50 +57,6 @@ pub enum DataError {
         /// N.
         examples: u64,
     },
-}
-
-/// Where one member of an example lies inside its shard.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Member {
-    /// File extension (png, jpg, txt, json).
-    pub ext: String,
-    /// Byte offset of the member's data in the tar.
-    pub offset: u64,
-    /// Length in bytes.
-    pub len: u64,
-}
-
-/// One example: its key and members.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExampleEntry {
-    /// WebDataset key.
-    pub key: String,
-    /// The image member.
-    pub image: Member,
-    /// The caption member.
-    pub caption: Member,
-    /// Optional JSON metadata (class label).
-    pub meta: Option<Member>,
-}
-
-/// One shard.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShardIndex {
-    /// Path relative to the dataset root.
-    pub path: String,
-    /// Examples in tar order.
-    pub examples: Vec<ExampleEntry>,
-}
-
-/// The dataset index: shards in name order, examples numbered 0..N across them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DatasetIndex {
-    /// Format version.
-    pub version: u32,
-    /// Total examples N (the accounting N).
-    pub examples: u64,
-    /// Shards.
-    pub shards: Vec<ShardIndex>,
 }
 
 /// An example read back.
@@ -176,19 +132,9 @@ pub async fn build_index(store: &dyn ObjectStore, root: &Path) -> Result<Dataset
     Ok(DatasetIndex { version: 1, examples, shards })
 }
 
-impl DatasetIndex {
-    /// (shard, example) of global example `index`.
-    pub fn locate(&self, index: u64) -> Result<(&ShardIndex, &ExampleEntry), DataError> {
-        let mut rest = index;
-        for shard in &self.shards {
-            let n = shard.examples.len() as u64;
-            if rest < n {
-                return Ok((shard, &shard.examples[rest as usize]));
-            }
-            rest -= n;
-        }
-        Err(DataError::OutOfRange { index, examples: self.examples })
-    }
+/// (shard, example) of global example `index` in `dataset`.
+pub fn locate(dataset: &DatasetIndex, index: u64) -> Result<(&ShardIndex, &ExampleEntry), DataError> {
+    dataset.locate(index).ok_or(DataError::OutOfRange { index, examples: dataset.examples })
 }
 
 async fn read_member(store: &dyn ObjectStore, shard: &Path, member: &Member) -> Result<bytes::Bytes, DataError> {
@@ -204,7 +150,7 @@ pub async fn read_example(
     index: &DatasetIndex,
     example: u64,
 ) -> Result<Example, DataError> {
-    let (shard, entry) = index.locate(example)?;
+    let (shard, entry) = locate(index, example)?;
     let shard_path = Path::from(format!("{root}/{}", shard.path).trim_start_matches('/'));
     let decode = |member: &'static str, reason: String| DataError::Decode { key: entry.key.clone(), member, reason };
     let image_bytes = read_member(store, &shard_path, &entry.image).await?;

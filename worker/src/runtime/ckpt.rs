@@ -14,15 +14,21 @@ use crate::runtime::RuntimeError;
 /// What a checkpoint is, for people and for resume.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
+    /// The job.
     pub job_id: String,
     /// Releases of steps < step are applied.
     pub step: u64,
     /// The ledger's next step when it was written (the same number: the ledger owns steps).
     pub ledger_position: u64,
+    /// Model configuration name.
     pub model: String,
+    /// caption or mae.
     pub objective: String,
+    /// P: trainable parameters (the length of every part and release).
     pub parameters: u64,
+    /// The group generation of the rank 0 that wrote it.
     pub generation: u64,
+    /// When, in milliseconds since the Unix epoch.
     pub created_unix_ms: i64,
     /// Releases applied to this state (charged steps whose update reached the model).
     #[serde(default)]

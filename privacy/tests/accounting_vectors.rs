@@ -2,7 +2,7 @@
 //! dp-accounting, closed forms): tests/data/vectors.json, copied from the project's shared
 //! reference data.
 
-use dpcap_accountant::privacy::{AccountantKind, EpsilonCurve, Segment, epsilon, max_steps, noise_multiplier, rdp};
+use dpcap_privacy::{AccountantKind, EpsilonCurve, Segment, epsilon, max_steps, noise_multiplier, rdp};
 use serde_json::Value;
 
 fn vectors() -> Value {

@@ -26,7 +26,7 @@
 //! For q < 1 and large σ both are loose; there the PLD is held against RDP instead (both are
 //! upper bounds, the PLD the tighter), and against published values in accounting_vectors.rs.
 
-use dpcap_accountant::privacy::{AccountantKind, EpsilonCurve, Segment, epsilon, max_steps};
+use dpcap_privacy::{AccountantKind, EpsilonCurve, Segment, epsilon, max_steps};
 use std::f64::consts::{FRAC_1_SQRT_2, PI};
 
 /// Relative slack for rounding in the comparison got ≥ bound: far below any real shortfall.

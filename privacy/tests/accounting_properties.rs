@@ -2,7 +2,7 @@
 //! parameters give finite, non-NaN answers; PLD never reports more privacy than RDP claims
 //! is impossible (both are upper bounds, PLD the tighter one on these grids).
 
-use dpcap_accountant::privacy::{AccountantKind, PrivacyError, Segment, epsilon};
+use dpcap_privacy::{AccountantKind, PrivacyError, Segment, epsilon};
 
 const KINDS: [AccountantKind; 2] = [AccountantKind::Pld, AccountantKind::Rdp];
 

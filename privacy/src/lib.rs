@@ -1,7 +1,9 @@
 //! Privacy accounting for DP-SGD: the Poisson-subsampled Gaussian mechanism, composed over
 //! steps and over segments whose rate or noise may differ, reported as ε at δ.
 //!
-//! Pure math: no I/O, no tokio, no clocks. Two accountants: [`pld`] (tight, the default) and
+//! This crate owns the numbers every privacy claim rests on, so it must never under-report:
+//! every ε it returns is an upper bound. It is pure math — no I/O, no tokio, no clocks — so the
+//! accountant service, the coordinator's calibration and `dpctl` share one implementation. Two accountants: [`pld`] (tight, the default) and
 //! [`rdp`]; [`calibrate`] inverts them for σ or for the number of steps.
 
 pub mod calibrate;
