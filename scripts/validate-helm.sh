@@ -50,6 +50,8 @@ TLS=(--set tls.existingSecret=dpcap-tls)
 grep -q '"--insecure"' "$OUT/insecure.yaml" || { echo "insecure render lacks --insecure"; exit 1; }
 grep -q 'https://dpcap-dpcap-accountant:7070' "$OUT/default.yaml" || { echo "TLS render must use https"; exit 1; }
 grep -q 'DPCAP_ACCOUNTANT_TOKEN' "$OUT/default.yaml" || { echo "the coordinator needs its accountant token"; exit 1; }
+[ "$(grep -c 'kind: NetworkPolicy' "$OUT/default.yaml")" = 3 ] || { echo "NetworkPolicies missing"; exit 1; }
+[ "$(grep -c 'readOnlyRootFilesystem: true' "$OUT/default.yaml")" = 3 ] || { echo "containers must have read-only roots"; exit 1; }
 
 # ServiceMonitor is a CRD (prometheus-operator), not in the Kubernetes schemas: set it aside.
 for f in default gpu; do

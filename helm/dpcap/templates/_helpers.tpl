@@ -93,3 +93,12 @@ grpc: {port: {{ .port }}, service: {{ .service }}}
 grpc: {port: {{ .port }}}
 {{- end }}
 {{- end -}}
+
+{{/* Every container: no privilege escalation, no capabilities, a read-only root filesystem
+     (writable paths are volumes: /tmp, the ledger, the store). */}}
+{{- define "dpcap.containerSecurity" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities: {drop: [ALL]}
+{{- end -}}
