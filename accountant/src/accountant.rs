@@ -287,13 +287,7 @@ impl Accountant {
             if matches!(e, AccountantError::ChargedElsewhere { .. }) {
                 // Another process owns this step; it is spent, and it is not ours to release.
                 state.pending = None;
-                state.discarded.insert(step);
-                job.progress.send_modify(|p| {
-                    p.next_step = step + 1;
-                    p.charged += 1;
-                    p.discarded += 1;
-                    p.epsilon_spent = epsilon_after;
-                });
+                discard_charged(job, state, step, epsilon_after);
             }
             // Any other failure leaves the parts pending: a retried part re-triggers the release.
             return Err(e);
@@ -313,13 +307,7 @@ impl Accountant {
             Ok(values) => values,
             Err(e) => {
                 tracing::error!(job_id = %r.job_id, step, error = %e, "release not stored: step discarded");
-                state.discarded.insert(step);
-                job.progress.send_modify(|p| {
-                    p.next_step = step + 1;
-                    p.charged += 1;
-                    p.discarded += 1;
-                    p.epsilon_spent = epsilon_after;
-                });
+                discard_charged(job, state, step, epsilon_after);
                 let _ = self.ledger.mark_discarded(&r.job_id, step).await;
                 return Err(e);
             }
@@ -462,6 +450,17 @@ impl Accountant {
         tracing::info!(job_id = %job.registration.job_id, reason, "closed job");
         Ok(())
     }
+}
+
+/// A charged step that will never be released: it stays spent, counted as discarded.
+fn discard_charged(job: &Job, state: &mut StepState, step: u64, epsilon_after: f64) {
+    state.discarded.insert(step);
+    job.progress.send_modify(|p| {
+        p.next_step = step + 1;
+        p.charged += 1;
+        p.discarded += 1;
+        p.epsilon_spent = epsilon_after;
+    });
 }
 
 fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), AccountantError> {
