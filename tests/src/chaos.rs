@@ -73,7 +73,7 @@ async fn one_run(
     report: &mut ChaosReport,
 ) -> Result<(), String> {
     let mut services = Services::start(dir).await;
-    let mut workers = vec![
+    let mut workers = [
         Process::worker(&services.coordinator.grpc, "w0", dir),
         Process::worker(&services.coordinator.grpc, "w1", dir),
     ];

@@ -57,7 +57,7 @@ impl Gen {
     }
 
     fn maybe<T>(&mut self, value: T) -> Option<T> {
-        if self.0.next_u64() % 2 == 0 { Some(value) } else { None }
+        if self.0.next_u64().is_multiple_of(2) { Some(value) } else { None }
     }
 
     fn floats(&mut self) -> Vec<f32> {
@@ -131,7 +131,7 @@ fn ten_thousand_hostile_spec_files_never_panic_and_every_refusal_names_its_field
             };
             text.push_str(&format!("{key}: {value}\n"));
         }
-        if g.0.next_u64() % 10 == 0 {
+        if g.0.next_u64().is_multiple_of(10) {
             text = String::from_utf8_lossy(&g.0.next_u64().to_le_bytes()).into_owned();
         }
         match SpecFile::parse(&text) {

@@ -154,7 +154,7 @@ async fn over_nccl(
     accountant: &mut AccountantClient,
     (job_id, step, rank, generation): StepKey<'_>,
     part: Vec<f32>,
-) -> Result<Released, RuntimeError> {
+) -> Result<Outcome, RuntimeError> {
     use crate::collective::ReleaseStatus;
     let t = Instant::now();
     let dim = part.len();

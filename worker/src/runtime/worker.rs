@@ -50,7 +50,7 @@ enum Lease {
     /// Registered, not yet confirmed by a heartbeat.
     Unknown,
     /// Held; the assignment, if the worker belongs to a running group.
-    Held(Option<Assignment>),
+    Held(Option<Box<Assignment>>),
     /// The coordinator no longer knows this worker: register again.
     Lost,
 }
@@ -186,7 +186,7 @@ async fn keep_lease(
     loop {
         match coordinator.heartbeat(HeartbeatRequest { worker_id: worker_id.clone() }).await {
             Ok(r) => {
-                let assignment = r.into_inner().assignment;
+                let assignment = r.into_inner().assignment.map(Box::new);
                 lease.send_if_modified(|held| {
                     let new = Lease::Held(assignment);
                     let changed = *held != new;
@@ -210,7 +210,7 @@ async fn next_assignment(lease: &mut watch::Receiver<Lease>) -> Option<Assignmen
     loop {
         match &*lease.borrow_and_update() {
             Lease::Lost => return None,
-            Lease::Held(Some(a)) => return Some(a.clone()),
+            Lease::Held(Some(a)) => return Some(a.as_ref().clone()),
             Lease::Held(None) | Lease::Unknown => {}
         }
         if lease.changed().await.is_err() {
