@@ -132,10 +132,18 @@ impl AccountantService for AccountantGrpc {
         }
         let part = assembler.finish().map_err(to_status)?;
         let (step, part_index) = (part.step, part.part);
-        let outcome = self.accountant.submit_part(&job, part).await.map_err(|e| {
-            tracing::warn!(job_id = %job.registration.job_id, step, part = part_index, error = %e, "part refused");
-            to_status(e)
-        })?;
+        // The release (charge, noise, stored release, progress) must run to its end even if the
+        // client goes away mid-call: tonic drops a cancelled handler's future, which would leave
+        // a durable charge without its release and a ledger position that never moved. A task
+        // of its own is not dropped with the request.
+        let (accountant, for_task) = (self.accountant.clone(), job.clone());
+        let outcome = tokio::spawn(async move { accountant.submit_part(&for_task, part).await })
+            .await
+            .map_err(|e| to_status(AccountantError::Internal(format!("part task failed: {e}"))))?
+            .map_err(|e| {
+                tracing::warn!(job_id = %job.registration.job_id, step, part = part_index, error = %e, "part refused");
+                to_status(e)
+            })?;
         Ok(Response::new(SubmitPartResponse {
             job_id: job.registration.job_id.clone(),
             step,
@@ -208,8 +216,13 @@ impl AccountantService for AccountantGrpc {
         request: Request<SetDatasetBudgetRequest>,
     ) -> Result<Response<pb::DatasetBudget>, Status> {
         let r = request.into_inner();
+        let accountant = self.accountant.clone();
+        // Audit entry and current value are written together, whatever the client does.
         let view =
-            self.accountant.set_budget(&r.dataset_id, (r.epsilon, r.delta), &r.reason).await.map_err(to_status)?;
+            tokio::spawn(async move { accountant.set_budget(&r.dataset_id, (r.epsilon, r.delta), &r.reason).await })
+                .await
+                .map_err(|e| to_status(AccountantError::Internal(format!("budget task failed: {e}"))))?
+                .map_err(to_status)?;
         Ok(Response::new(dataset_to_proto(view)))
     }
 
