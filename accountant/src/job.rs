@@ -12,6 +12,9 @@ use crate::ledger::Registration;
 use crate::noise::NoiseMode;
 use crate::privacy::EpsilonCurve;
 
+/// Largest accepted attempt (group generation): 2^32, far beyond any job's re-formations.
+pub const MAX_ATTEMPT: u64 = 1 << 32;
+
 /// Releases kept in memory per job for ranks that have not fetched them yet (older ones are
 /// read back from the ledger's store).
 pub const RELEASES_KEPT: usize = 4;
@@ -141,6 +144,10 @@ impl PartAssembler {
     /// Starts a part of (job, step, part) computed by group generation `attempt`, for a job of dimension `dim` and `parts` parts.
     pub fn new(job: &Job, step: u64, part: u32, attempt: u64) -> Result<Self, AccountantError> {
         let r = &job.registration;
+        // Attempts are group generations: a huge one would make every legitimate part stale.
+        if attempt > MAX_ATTEMPT {
+            return Err(AccountantError::invalid("attempt", format!("{attempt} exceeds {MAX_ATTEMPT}")));
+        }
         if part >= r.parts {
             return Err(AccountantError::invalid(
                 "part",

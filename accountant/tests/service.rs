@@ -452,6 +452,10 @@ async fn a_newer_attempt_replaces_pending_parts_and_an_older_one_is_refused() {
     assert!(client.submit_attempt("regroup", (0, 1, 2), &part(2, dim)).await.unwrap().released);
     let spend = client.raw().get_spend(GetSpendRequest { job_id: "regroup".into() }).await.unwrap().into_inner();
     assert_eq!(spend.steps_charged, 1);
+    // An attempt out of range is refused by name instead of making every later part stale.
+    let hostile = client.submit_attempt("regroup", (1, 0, u64::MAX), &part(0, dim)).await.unwrap_err();
+    assert_eq!(hostile.code(), Code::InvalidArgument);
+    assert!(hostile.message().starts_with("invalid attempt:"), "{hostile}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
