@@ -51,14 +51,17 @@ grep -q '"--insecure"' "$OUT/insecure.yaml" || { echo "insecure render lacks --i
 grep -q 'https://dpcap-dpcap-accountant:7070' "$OUT/default.yaml" || { echo "TLS render must use https"; exit 1; }
 grep -q 'DPCAP_ACCOUNTANT_TOKEN' "$OUT/default.yaml" || { echo "the coordinator needs its accountant token"; exit 1; }
 [ "$(grep -c 'kind: NetworkPolicy' "$OUT/default.yaml")" = 3 ] || { echo "NetworkPolicies missing"; exit 1; }
+"$HELM" template dpcap "$CHART" "${TLS[@]}" --set tls.certManager.issuer=ca-issuer > "$OUT/cert-manager.yaml"
+grep -q 'kind: Certificate' "$OUT/cert-manager.yaml" || { echo "cert-manager Certificate missing"; exit 1; }
 [ "$(grep -c 'readOnlyRootFilesystem: true' "$OUT/default.yaml")" = 3 ] || { echo "containers must have read-only roots"; exit 1; }
 
-# ServiceMonitor is a CRD (prometheus-operator), not in the Kubernetes schemas: set it aside.
+# ServiceMonitor and Certificate are CRDs (prometheus-operator, cert-manager), not in the
+# Kubernetes schemas: set them aside.
 for f in default gpu; do
   python3 - "$OUT/$f.yaml" "$OUT/$f.core.yaml" <<'PY'
 import sys
 docs = open(sys.argv[1]).read().split("\n---")
-keep = [d for d in docs if "kind: ServiceMonitor" not in d and d.strip()]
+keep = [d for d in docs if "kind: ServiceMonitor" not in d and "kind: Certificate" not in d and d.strip()]
 open(sys.argv[2], "w").write("\n---".join(keep) + "\n")
 PY
   "$VALIDATE" --strict --kubernetes-version "$K8S_VERSION" --quiet "$OUT/$f.core.yaml" \

@@ -1,5 +1,6 @@
 //! Who may call what. Every dpcap RPC has the roles allowed to call it ([`POLICY`]); a caller
-//! proves a role with a bearer token (`authorization: Bearer T`). Health and reflection stay
+//! proves a role with a bearer token (`authorization: Bearer T`), or, over mTLS, with a client
+//! certificate whose SHA-256 fingerprint is listed for the role. Health and reflection stay
 //! open. A missing or unknown token is UNAUTHENTICATED; a known token without the RPC's role
 //! is PERMISSION_DENIED; an RPC missing from the policy is denied. Tokens are compared in
 //! constant time and never logged.
@@ -148,13 +149,22 @@ pub const MIN_TOKEN_LEN: usize = 16;
 #[derive(Default, Clone)]
 pub struct Credentials {
     tokens: Vec<(Vec<u8>, Role)>,
+    /// Client-certificate fingerprints ("sha256:" + lowercase hex of the DER) with their role.
+    certs: Vec<(String, Role)>,
 }
 
 impl fmt::Debug for Credentials {
     /// Roles only: a token never reaches a log.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.tokens.iter().map(|(_, r)| r)).finish()
+        f.debug_list().entries(self.tokens.iter().map(|(_, r)| r).chain(self.certs.iter().map(|(_, r)| r))).finish()
     }
+}
+
+/// "sha256:" and lowercase hex, from any of `sha256:AB:CD…`, `AB:CD…` or `abcd…` (openssl prints
+/// the colon form: `openssl x509 -noout -fingerprint -sha256`).
+fn normalise_fingerprint(text: &str) -> Option<String> {
+    let hex: String = text.trim().trim_start_matches("sha256:").chars().filter(|c| *c != ':').collect();
+    (hex.len() == 64 && hex.chars().all(|c| c.is_ascii_hexdigit())).then(|| format!("sha256:{}", hex.to_lowercase()))
 }
 
 impl Credentials {
@@ -168,7 +178,18 @@ impl Credentials {
         Ok(())
     }
 
-    /// Adds every `ROLE TOKEN` line of `path` (blank lines and `#` comments skipped).
+    /// Accepts the client certificate with SHA-256 `fingerprint` (of its DER) for `role`, over mTLS.
+    pub fn add_cert(&mut self, role: Role, fingerprint: &str) -> Result<(), AuthError> {
+        let fingerprint = normalise_fingerprint(fingerprint).ok_or_else(|| AuthError::TokenFile {
+            path: "(certificate)".into(),
+            reason: format!("invalid {role} certificate fingerprint {fingerprint:?}: expected sha256 hex"),
+        })?;
+        self.certs.push((fingerprint, role));
+        Ok(())
+    }
+
+    /// Adds every `ROLE TOKEN` or `ROLE cert:FINGERPRINT` line of `path` (blank lines and `#`
+    /// comments skipped).
     pub fn add_file(&mut self, path: &Path) -> Result<(), AuthError> {
         let file_error = |reason: String| AuthError::TokenFile { path: path.display().to_string(), reason };
         let text = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
@@ -181,14 +202,18 @@ impl Credentials {
                 .split_once(char::is_whitespace)
                 .ok_or_else(|| file_error(format!("line {}: expected `ROLE TOKEN`", n + 1)))?;
             let role: Role = role.parse().map_err(|e: AuthError| file_error(format!("line {}: {e}", n + 1)))?;
-            self.add(role, token).map_err(|e| file_error(format!("line {}: {e}", n + 1)))?;
+            let added = match token.trim().strip_prefix("cert:") {
+                Some(fingerprint) => self.add_cert(role, fingerprint),
+                None => self.add(role, token),
+            };
+            added.map_err(|e| file_error(format!("line {}: {e}", n + 1)))?;
         }
         Ok(())
     }
 
     /// True when no token is configured: authentication is off (loopback only, or --insecure).
     pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
+        self.tokens.is_empty() && self.certs.is_empty()
     }
 
     /// The roles of `presented`: every configured token is compared, each in constant time,
@@ -203,13 +228,19 @@ impl Credentials {
         roles
     }
 
-    /// Decides a call to `path` with an `authorization` header value.
-    pub fn check(&self, path: &str, authorization: Option<&[u8]>) -> Result<(), AuthError> {
+    /// Decides a call to `path` with an `authorization` header value and the fingerprint of
+    /// the client certificate the TLS handshake verified, if any.
+    pub fn check(&self, path: &str, authorization: Option<&[u8]>, peer_cert: Option<&str>) -> Result<(), AuthError> {
         if self.is_empty() || OPEN.iter().any(|p| path.starts_with(p)) {
             return Ok(());
         }
-        let token = authorization.and_then(|v| v.strip_prefix(b"Bearer ")).ok_or(AuthError::Unauthenticated)?;
-        let roles = self.roles_of(token);
+        let mut roles = match authorization.and_then(|v| v.strip_prefix(b"Bearer ")) {
+            Some(token) => self.roles_of(token),
+            None => Vec::new(),
+        };
+        if let Some(fingerprint) = peer_cert {
+            roles.extend(self.certs.iter().filter(|(f, _)| f == fingerprint).map(|(_, r)| *r));
+        }
         if roles.is_empty() {
             return Err(AuthError::Unauthenticated);
         }
@@ -273,7 +304,13 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let authorization = request.headers().get(http::header::AUTHORIZATION).map(|v| v.as_bytes());
-        match self.credentials.check(request.uri().path(), authorization) {
+        type Tls = tonic::transport::server::TlsConnectInfo<tonic::transport::server::TcpConnectInfo>;
+        let peer_cert = request
+            .extensions()
+            .get::<Tls>()
+            .and_then(Tls::peer_certs)
+            .and_then(|chain| chain.first().map(|leaf| dpcap_proto::digest::sha256(leaf.as_ref())));
+        match self.credentials.check(request.uri().path(), authorization, peer_cert.as_deref()) {
             Ok(()) => Box::pin(self.inner.call(request)),
             Err(refused) => {
                 tracing::warn!(path = %request.uri().path(), reason = %refused, "call refused");
@@ -321,22 +358,22 @@ mod tests {
         let c = creds();
         let header = |t: &str| format!("Bearer {t}").into_bytes();
         let worker = header("worker-token-0123456789");
-        assert!(c.check("/dpcap.v1.AccountantService/SubmitPart", Some(&worker)).is_ok());
+        assert!(c.check("/dpcap.v1.AccountantService/SubmitPart", Some(&worker), None).is_ok());
         assert!(matches!(
-            c.check("/dpcap.v1.AccountantService/CloseJob", Some(&worker)),
+            c.check("/dpcap.v1.AccountantService/CloseJob", Some(&worker), None),
             Err(AuthError::PermissionDenied { .. })
         ));
         assert!(matches!(
-            c.check("/dpcap.v1.AccountantService/Nope", Some(&worker)),
+            c.check("/dpcap.v1.AccountantService/Nope", Some(&worker), None),
             Err(AuthError::PermissionDenied { .. })
         ));
-        assert!(matches!(c.check("/dpcap.v1.JobService/SubmitJob", None), Err(AuthError::Unauthenticated)));
+        assert!(matches!(c.check("/dpcap.v1.JobService/SubmitJob", None, None), Err(AuthError::Unauthenticated)));
         assert!(matches!(
-            c.check("/dpcap.v1.JobService/SubmitJob", Some(b"Bearer wrong-token-0123456789")),
+            c.check("/dpcap.v1.JobService/SubmitJob", Some(b"Bearer wrong-token-0123456789"), None),
             Err(AuthError::Unauthenticated)
         ));
-        assert!(c.check("/grpc.health.v1.Health/Check", None).is_ok(), "health stays open");
-        assert!(Credentials::default().check("/dpcap.v1.AccountantService/CloseJob", None).is_ok(), "auth off");
+        assert!(c.check("/grpc.health.v1.Health/Check", None, None).is_ok(), "health stays open");
+        assert!(Credentials::default().check("/dpcap.v1.AccountantService/CloseJob", None, None).is_ok(), "auth off");
     }
 
     #[test]
@@ -350,5 +387,21 @@ mod tests {
         assert!(err.contains("line 3") && err.contains("wizard") && !err.contains("bbbb"), "{err}");
         assert_eq!(c.roles_of(b"aaaaaaaaaaaaaaaaaaaa"), vec![Role::Worker]);
         assert!(!format!("{c:?}").contains("aaaa"), "debug output never shows a token");
+    }
+
+    #[test]
+    fn a_listed_client_certificate_proves_its_role_over_mtls() {
+        let mut c = Credentials::default();
+        let colons = ["AB"; 32].join(":");
+        c.add_cert(Role::Coordinator, &colons).unwrap();
+        let fingerprint = format!("sha256:{}", "ab".repeat(32));
+        assert!(c.check("/dpcap.v1.AccountantService/CloseJob", None, Some(&fingerprint)).is_ok());
+        assert!(matches!(
+            c.check("/dpcap.v1.AccountantService/SubmitPart", None, Some(&fingerprint)),
+            Err(AuthError::PermissionDenied { .. })
+        ));
+        let other = format!("sha256:{}", "cd".repeat(32));
+        assert!(matches!(c.check("/dpcap.v1.AccountantService/CloseJob", None, Some(&other)), Err(AuthError::Unauthenticated)));
+        assert!(c.add_cert(Role::Worker, "sha256:zz").is_err());
     }
 }

@@ -145,6 +145,7 @@ fn certificates(
         std::fs::write(&path, pem).unwrap();
         path
     };
+    std::fs::write(dir.join("client.der"), client.der()).unwrap();
     (
         write("ca.pem", ca.pem()),
         write("server.pem", server.pem()),
@@ -166,6 +167,10 @@ async fn health_over(tls: &ClientTlsArgs, url: &str) -> Result<(), String> {
 async fn tls_and_mtls_admit_only_clients_the_server_can_verify() {
     let dir = tempfile_dir("tls");
     let (ca, cert, key, client_cert, client_key) = certificates(&dir);
+    // The client certificate itself proves the coordinator role (mTLS identity), by fingerprint.
+    let der = std::fs::read(client_cert.with_extension("der")).unwrap();
+    let tokens_file = dir.join("tokens");
+    std::fs::write(&tokens_file, format!("coordinator cert:{}\n", dpcap_proto::digest::sha256(&der))).unwrap();
     let addr_file = dir.join("accountant.addr");
     let mut accountant = Command::new(binary("dpcap-accountant"))
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--ledger"])
@@ -179,6 +184,8 @@ async fn tls_and_mtls_admit_only_clients_the_server_can_verify() {
         .arg("--tls-client-ca")
         .arg(&ca)
         .args(["--coordinator-token", &token(Role::Coordinator)])
+        .arg("--auth-tokens-file")
+        .arg(&tokens_file)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -208,6 +215,15 @@ async fn tls_and_mtls_admit_only_clients_the_server_can_verify() {
     let mut client = dpcap_accountant::client::AccountantClient::lazy(endpoint, Some(token(Role::Coordinator)));
     let spend = client.raw().get_spend(dpcap_proto::v1::GetSpendRequest { job_id: "nope".into() }).await.unwrap_err();
     assert_eq!(ErrorCode::of(&spend), Some(ErrorCode::JobNotRegistered), "{spend:?}");
+
+    let endpoint = trusted.endpoint(&url).unwrap();
+    let mut by_certificate = dpcap_accountant::client::AccountantClient::lazy(endpoint, None);
+    let spend = by_certificate.raw().get_spend(dpcap_proto::v1::GetSpendRequest { job_id: "nope".into() }).await.unwrap_err();
+    assert_eq!(ErrorCode::of(&spend), Some(ErrorCode::JobNotRegistered), "the certificate alone authenticates: {spend:?}");
+    let close = by_certificate.raw().close_job(dpcap_proto::v1::CloseJobRequest::default()).await.unwrap_err();
+    assert_ne!(close.code(), Code::Unauthenticated);
+    let part = by_certificate.raw().fetch_release(dpcap_proto::v1::FetchReleaseRequest::default()).await.unwrap_err();
+    assert_eq!(part.code(), Code::PermissionDenied, "the certificate's role is coordinator, not worker");
 
     let no_client_cert = ClientTlsArgs { tls_ca: Some(ca.clone()), ..Default::default() };
     assert!(health_over(&no_client_cert, &url).await.is_err(), "mTLS: a client without a certificate is refused");
