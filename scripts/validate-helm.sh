@@ -51,6 +51,7 @@ grep -q '"--insecure"' "$OUT/insecure.yaml" || { echo "insecure render lacks --i
 grep -q 'https://dpcap-dpcap-accountant:7070' "$OUT/default.yaml" || { echo "TLS render must use https"; exit 1; }
 grep -q 'DPCAP_ACCOUNTANT_TOKEN' "$OUT/default.yaml" || { echo "the coordinator needs its accountant token"; exit 1; }
 [ "$(grep -c 'kind: NetworkPolicy' "$OUT/default.yaml")" = 3 ] || { echo "NetworkPolicies missing"; exit 1; }
+grep -q 'name: dpcap-dpcap-secrets' "$OUT/default.yaml" || { echo "job secrets need the coordinator's own volume"; exit 1; }
 "$HELM" template dpcap "$CHART" "${TLS[@]}" --set tls.certManager.issuer=ca-issuer > "$OUT/cert-manager.yaml"
 grep -q 'kind: Certificate' "$OUT/cert-manager.yaml" || { echo "cert-manager Certificate missing"; exit 1; }
 [ "$(grep -c 'readOnlyRootFilesystem: true' "$OUT/default.yaml")" = 3 ] || { echo "containers must have read-only roots"; exit 1; }

@@ -261,6 +261,10 @@ impl Accountant {
                 "job_target",
             ));
         }
+        if let Err(e) = self.check_step_dataset(r) {
+            state.pending = None;
+            return Err(e);
+        }
         let mut dataset_after = None;
         if let Some(budget) = self.budget_of(&r.dataset_id) {
             let dataset_eps = self.dataset_epsilon(&budget, Some((job, 1))).await?;
@@ -308,7 +312,12 @@ impl Accountant {
             Err(e) => {
                 tracing::error!(job_id = %r.job_id, step, error = %e, "release not stored: step discarded");
                 discard_charged(job, state, step, epsilon_after);
-                let _ = self.ledger.mark_discarded(&r.job_id, step).await;
+                // The ledger must say so too, or a replay that finds a release object (a put
+                // that landed despite its error) would serve a step the ranks skipped.
+                if let Err(marker) = self.ledger.discard(&r.job_id, step).await {
+                    tracing::error!(job_id = %r.job_id, step, error = %marker, "discard not recorded; refusing further steps");
+                    job.progress.send_modify(|p| p.phase = Phase::Closed);
+                }
                 return Err(e);
             }
         };

@@ -92,6 +92,15 @@ impl Accountant {
         Ok(())
     }
 
+    /// Refuses a step of a job on a dataset without a budget (a job registered before the
+    /// accountant stopped allowing that, or a ledger record from before budgets had owners).
+    pub(crate) fn check_step_dataset(&self, r: &Registration) -> Result<(), AccountantError> {
+        if self.budget_of(&r.dataset_id).is_none() && !self.allows_unbudgeted() {
+            return Err(AccountantError::UnbudgetedDataset { dataset_id: r.dataset_id.clone() });
+        }
+        Ok(())
+    }
+
     /// The budget of `dataset_id`, if a privacy admin set one.
     pub(crate) fn budget_of(&self, dataset_id: &str) -> Option<DatasetBudget> {
         self.budgets.read().expect("budgets lock").get(dataset_id).cloned()
@@ -147,7 +156,8 @@ impl Accountant {
         check_budget(epsilon, delta)?;
         let lock = self.dataset_locks.lock().expect("dataset locks").entry(dataset_id.to_owned()).or_default().clone();
         let _serial = lock.lock().await;
-        let version = self.budget_of(dataset_id).map_or(1, |b| b.version + 1);
+        let recorded = self.ledger.budget_version(dataset_id).await?;
+        let version = self.budget_of(dataset_id).map_or(0, |b| b.version).max(recorded) + 1;
         let budget = DatasetBudget {
             dataset_id: dataset_id.to_owned(),
             epsilon,

@@ -163,6 +163,25 @@ impl Ledger {
         Ok(Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
     }
 
+    /// Discards a charged step whose release could not be stored: deletes any release object a
+    /// failed put may have left, then records the discard (retried a few times).
+    pub async fn discard(&self, job_id: &str, step: u64) -> Result<(), AccountantError> {
+        let release = self.job_path(job_id, &format!("releases/{step:020}.f32"));
+        let mut last = None;
+        for attempt in 0..5u32 {
+            let deleted = match self.store.delete(&release).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(AccountantError::from(e)),
+            };
+            match deleted.and(self.mark_discarded(job_id, step).await) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100 << attempt)).await;
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
     /// Records that a charged step's release was lost (idempotent).
     pub async fn mark_discarded(&self, job_id: &str, step: u64) -> Result<(), AccountantError> {
         let path = self.job_path(job_id, &format!("discarded/{step:020}"));
@@ -219,15 +238,46 @@ impl Ledger {
         Ok(())
     }
 
-    /// Every dataset budget in the ledger.
+    /// Every dataset budget in the ledger: for each dataset, its newest audit entry (the audit
+    /// log is the record; `budget.json` is a copy for people and may lag after a failed write).
     pub async fn budgets(&self) -> Result<Vec<DatasetBudget>, AccountantError> {
         let prefix = Path::from(format!("{}/datasets", self.root).trim_start_matches('/'));
         let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        let mut newest: BTreeMap<String, (u64, Path)> = BTreeMap::new();
+        for object in &objects {
+            let parts: Vec<String> = object
+                .location
+                .prefix_match(&prefix)
+                .map(|p| p.map(|s| s.as_ref().to_owned()).collect())
+                .unwrap_or_default();
+            if let [dataset, dir, name] = parts.as_slice()
+                && dir == "audit"
+                && let Some(version) = name.strip_suffix(".json").and_then(|n| n.parse::<u64>().ok())
+            {
+                let entry = newest.entry(dataset.clone()).or_insert((0, object.location.clone()));
+                if version >= entry.0 {
+                    *entry = (version, object.location.clone());
+                }
+            }
+        }
         let mut budgets = Vec::new();
-        for object in objects.iter().filter(|o| o.location.as_ref().ends_with("/budget.json")) {
-            budgets.push(self.read_json(&object.location).await?);
+        for (_, path) in newest.into_values() {
+            budgets.push(self.read_json(&path).await?);
         }
         Ok(budgets)
+    }
+
+    /// The newest audit version of a dataset's budget (0 for none): a change is numbered after
+    /// it, so a change whose audit entry landed but whose copy did not is never reused.
+    pub async fn budget_version(&self, dataset_id: &str) -> Result<u64, AccountantError> {
+        let prefix =
+            Path::from(format!("{}/datasets/{}/audit", self.root, path_component(dataset_id)).trim_start_matches('/'));
+        let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        Ok(objects
+            .iter()
+            .filter_map(|o| o.location.filename()?.strip_suffix(".json")?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0))
     }
 
     /// Reads back every job in the ledger.

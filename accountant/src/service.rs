@@ -200,14 +200,24 @@ impl AccountantService for AccountantGrpc {
     async fn close_job(&self, request: Request<CloseJobRequest>) -> Result<Response<JobSpend>, Status> {
         let request = request.into_inner();
         let job = self.accountant.job(&request.job_id).map_err(to_status)?;
-        self.accountant.close(&job, &request.reason).await.map_err(to_status)?;
+        let (accountant, closing) = (self.accountant.clone(), job.clone());
+        // Run to the end whatever the client does: a half-done close would keep charging.
+        tokio::spawn(async move { accountant.close(&closing, &request.reason).await })
+            .await
+            .map_err(|e| to_status(AccountantError::Internal(format!("close task failed: {e}"))))?
+            .map_err(to_status)?;
         Ok(Response::new(spend(&job)))
     }
 
     async fn trim_releases(&self, request: Request<TrimReleasesRequest>) -> Result<Response<JobSpend>, Status> {
         let request = request.into_inner();
         let job = self.accountant.job(&request.job_id).map_err(to_status)?;
-        self.accountant.trim(&job, request.before_step).await.map_err(to_status)?;
+        let (accountant, trimming) = (self.accountant.clone(), job.clone());
+        // Run to the end whatever the client does: memory must match what was deleted.
+        tokio::spawn(async move { accountant.trim(&trimming, request.before_step).await })
+            .await
+            .map_err(|e| to_status(AccountantError::Internal(format!("trim task failed: {e}"))))?
+            .map_err(to_status)?;
         Ok(Response::new(spend(&job)))
     }
 

@@ -425,11 +425,22 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     let audit = dir.path().join("datasets").join(dataset.replace(':', "-")).join("audit");
     assert_eq!(std::fs::read_dir(&audit).unwrap().count(), 2, "one create-once entry per change");
     server.kill();
+    // A change whose audit entry landed but whose copy (budget.json) did not: the audit log is
+    // the record, and the next change is numbered after it instead of failing forever.
+    let second = std::fs::read_to_string(audit.join(format!("{:020}.json", 2))).unwrap();
+    let third = second.replace("\"version\": 2", "\"version\": 3").replace("\"epsilon\": 2.0", "\"epsilon\": 3.0");
+    std::fs::write(audit.join(format!("{:020}.json", 3)), third).unwrap();
     let server = AccountantProcess::start_strict(dir.path(), &[]).await;
     let mut client = server.client().await;
-    let shown =
-        client.raw().get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset }).await.unwrap().into_inner();
-    assert_eq!((shown.epsilon_budget, shown.version), (2.0, 2));
+    let shown = client
+        .raw()
+        .get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((shown.epsilon_budget, shown.version), (3.0, 3), "the newest audit entry is in force");
+    let next = client.raw().set_dataset_budget(set(2.5, "after a lost copy")).await.unwrap().into_inner();
+    assert_eq!(next.version, 4);
     client.submit_part("third", 0, 0, &part(3, 4)).await.expect("the raised budget lets the third job run");
 }
 

@@ -29,6 +29,15 @@ pub async fn serve(
 ) -> Result<(), CoordinatorError> {
     let jobs_store = open_store(&config.store_url).map_err(|e| CoordinatorError::invalid("store", e.to_string()))?;
     let secrets_url = match config.secrets_url.as_str() {
+        "" if config.store_url.contains("://") && !config.store_url.starts_with("file://") => {
+            return Err(CoordinatorError::invalid(
+                "secrets_store",
+                format!(
+                    "required when the store is an object store ({}): workers hold that store's credentials, so job secrets need a store of their own",
+                    config.store_url
+                ),
+            ));
+        }
         "" => format!("{}-secrets", config.store_url.trim_end_matches('/')),
         url => url.to_owned(),
     };

@@ -1,6 +1,8 @@
 //! One error-code enum for every dpcap service, mapped to gRPC status codes in one place and
-//! carried across the wire in the status details ([`crate::v1::ErrorDetail`]), so that a client
-//! branches on [`ErrorCode::of`], never on a message's text.
+//! carried across the wire in the status details, so that a client branches on
+//! [`ErrorCode::of`], never on a message's text. The details follow the gRPC convention: a
+//! `google.rpc.Status` whose `details` hold a `dpcap.v1.ErrorDetail` as an `Any`, which grpcurl
+//! and every gRPC client can parse.
 
 use prost::Message;
 use tonic::{Code, Status};
@@ -74,12 +76,35 @@ error_codes! {
     Internal = "INTERNAL" => Internal,
 }
 
+/// `google.protobuf.Any`, as the rich-error convention packs details.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Any {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+/// `google.rpc.Status`: what `grpc-status-details-bin` holds by convention.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+    #[prost(message, repeated, tag = "3")]
+    details: Vec<Any>,
+}
+
+const DETAIL_TYPE_URL: &str = "type.googleapis.com/dpcap.v1.ErrorDetail";
+
 impl ErrorCode {
     /// The dpcap error code a status carries in its details; None for a status that did not
     /// come from a dpcap service (a transport error, a proxy, an interceptor).
     pub fn of(status: &Status) -> Option<Self> {
-        let detail = ErrorDetail::decode(status.details()).ok()?;
-        Self::from_name(&detail.code)
+        let rich = RpcStatus::decode(status.details()).ok()?;
+        let any = rich.details.iter().find(|a| a.type_url == DETAIL_TYPE_URL)?;
+        Self::from_name(&ErrorDetail::decode(any.value.as_slice()).ok()?.code)
     }
 }
 
@@ -93,8 +118,14 @@ pub trait ServiceError: std::error::Error {
 /// [`ErrorCode`] in the binary details.
 pub fn to_status<E: ServiceError>(error: E) -> Status {
     let code = error.error_code();
+    let message = error.to_string();
     let detail = ErrorDetail { code: code.as_str().to_owned() }.encode_to_vec();
-    Status::with_details(code.grpc_code(), error.to_string(), detail.into())
+    let rich = RpcStatus {
+        code: code.grpc_code() as i32,
+        message: message.clone(),
+        details: vec![Any { type_url: DETAIL_TYPE_URL.to_owned(), value: detail }],
+    };
+    Status::with_details(code.grpc_code(), message, rich.encode_to_vec().into())
 }
 
 #[cfg(test)]

@@ -401,7 +401,10 @@ mod tests {
             Err(AuthError::PermissionDenied { .. })
         ));
         let other = format!("sha256:{}", "cd".repeat(32));
-        assert!(matches!(c.check("/dpcap.v1.AccountantService/CloseJob", None, Some(&other)), Err(AuthError::Unauthenticated)));
+        assert!(matches!(
+            c.check("/dpcap.v1.AccountantService/CloseJob", None, Some(&other)),
+            Err(AuthError::Unauthenticated)
+        ));
         assert!(c.add_cert(Role::Worker, "sha256:zz").is_err());
     }
 }

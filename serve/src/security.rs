@@ -14,7 +14,7 @@ use crate::exposure::{self, ExposureError};
 use crate::tls::{ServerTlsArgs, TlsError};
 
 /// Tokens a server accepts, by role (each flag may also come from its environment variable).
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Clone, Default, clap::Args)]
 pub struct AuthArgs {
     /// Bearer token of the operator role (submit, cancel, resume).
     #[arg(long, env = "DPCAP_OPERATOR_TOKEN", hide_env_values = true)]
@@ -34,6 +34,20 @@ pub struct AuthArgs {
     /// A file of `ROLE TOKEN` lines (several tokens per role, for rotation).
     #[arg(long, env = "DPCAP_AUTH_TOKENS_FILE")]
     pub auth_tokens_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for AuthArgs {
+    /// Which roles have a token, never the tokens.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthArgs")
+            .field("operator_token", &self.operator_token.as_ref().map(|_| "<set>"))
+            .field("viewer_token", &self.viewer_token.as_ref().map(|_| "<set>"))
+            .field("worker_token", &self.worker_token.as_ref().map(|_| "<set>"))
+            .field("coordinator_token", &self.coordinator_token.as_ref().map(|_| "<set>"))
+            .field("privacy_admin_token", &self.privacy_admin_token.as_ref().map(|_| "<set>"))
+            .field("auth_tokens_file", &self.auth_tokens_file)
+            .finish()
+    }
 }
 
 impl AuthArgs {

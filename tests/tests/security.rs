@@ -218,8 +218,13 @@ async fn tls_and_mtls_admit_only_clients_the_server_can_verify() {
 
     let endpoint = trusted.endpoint(&url).unwrap();
     let mut by_certificate = dpcap_accountant::client::AccountantClient::lazy(endpoint, None);
-    let spend = by_certificate.raw().get_spend(dpcap_proto::v1::GetSpendRequest { job_id: "nope".into() }).await.unwrap_err();
-    assert_eq!(ErrorCode::of(&spend), Some(ErrorCode::JobNotRegistered), "the certificate alone authenticates: {spend:?}");
+    let spend =
+        by_certificate.raw().get_spend(dpcap_proto::v1::GetSpendRequest { job_id: "nope".into() }).await.unwrap_err();
+    assert_eq!(
+        ErrorCode::of(&spend),
+        Some(ErrorCode::JobNotRegistered),
+        "the certificate alone authenticates: {spend:?}"
+    );
     let close = by_certificate.raw().close_job(dpcap_proto::v1::CloseJobRequest::default()).await.unwrap_err();
     assert_ne!(close.code(), Code::Unauthenticated);
     let part = by_certificate.raw().fetch_release(dpcap_proto::v1::FetchReleaseRequest::default()).await.unwrap_err();

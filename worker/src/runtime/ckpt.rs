@@ -89,6 +89,12 @@ impl CheckpointStore {
         {
             self.store.put(&self.path(&format!("{dir}/{name}")), PutPayload::from(body)).await.map_err(store_error)?;
         }
+        // Never move `latest` backwards: a superseded rank 0 finishing a save late must not
+        // point past releases the accountant has trimmed since.
+        if self.latest().await?.is_some_and(|current| current >= manifest.step) {
+            tracing::warn!(job_id = %manifest.job_id, step = manifest.step, "a newer checkpoint exists; latest not moved");
+            return Ok(());
+        }
         self.store.put(&self.path("latest"), PutPayload::from(dir.into_bytes())).await.map_err(store_error)?;
         Ok(())
     }

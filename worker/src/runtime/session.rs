@@ -308,8 +308,8 @@ impl<AB: AutodiffBackend> Session<AB> {
                 (phases.compute, phases.reduce, phases.release);
             (report.update_seconds, report.checkpoint_seconds) = (phases.update, phases.checkpoint);
         }
-        let examples = if strict { None } else { Some(examples) };
-        tracing::info!(job_id, step, rank, examples, compute_s = phases.compute, "step done");
+        let (examples, compute_s) = if strict { (None, None) } else { (Some(examples), Some(phases.compute)) };
+        tracing::info!(job_id, step, rank, examples, compute_s, "step done");
         Ok(StepDone::Applied)
     }
 
