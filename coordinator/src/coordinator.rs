@@ -19,7 +19,7 @@ use crate::state::{Effects, JobEntry, Report, State, WorkerEntry, condition, is_
 use crate::store::{JobStore, Private, hex};
 
 /// How the coordinator is set up.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Config {
     /// The object-store URL or directory of jobs and checkpoints (workers write here).
     pub store_url: String,
@@ -34,6 +34,20 @@ pub struct Config {
     pub accountant_token: Option<String>,
     /// A worker silent for this long is dropped and its job's group re-formed.
     pub lease: Duration,
+}
+
+impl std::fmt::Debug for Config {
+    /// Everything but the token's value.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("store_url", &self.store_url)
+            .field("secrets_url", &self.secrets_url)
+            .field("accountant_endpoint", &self.accountant_endpoint)
+            .field("accountant_tls", &self.accountant_tls)
+            .field("accountant_token", &self.accountant_token.as_ref().map(|_| "<set>"))
+            .field("lease", &self.lease)
+            .finish()
+    }
 }
 
 /// The coordinator.

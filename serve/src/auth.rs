@@ -390,6 +390,28 @@ mod tests {
     }
 
     #[test]
+    fn the_policy_names_exactly_the_rpcs_the_protocol_defines() {
+        use prost::Message;
+        let set = prost_types::FileDescriptorSet::decode(dpcap_proto::FILE_DESCRIPTOR_SET).unwrap();
+        let mut defined: Vec<String> = set
+            .file
+            .iter()
+            .flat_map(|f| {
+                let package = f.package().to_owned();
+                f.service.iter().flat_map(move |s| {
+                    let service = format!("{package}.{}", s.name());
+                    s.method.iter().map(move |m| format!("/{service}/{}", m.name()))
+                })
+            })
+            .collect();
+        defined.sort();
+        let mut listed: Vec<String> = POLICY.iter().map(|(path, _)| path.to_string()).collect();
+        listed.sort();
+        assert_eq!(listed, defined, "every RPC needs a role (a new one without is denied to everybody)");
+        assert!(POLICY.iter().all(|(_, roles)| !roles.is_empty()));
+    }
+
+    #[test]
     fn a_listed_client_certificate_proves_its_role_over_mtls() {
         let mut c = Credentials::default();
         let colons = ["AB"; 32].join(":");

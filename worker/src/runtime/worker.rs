@@ -25,7 +25,7 @@ use crate::runtime::session::Session;
 pub type CoordinatorClient = WorkerServiceClient<InterceptedService<Channel, AttachToken>>;
 
 /// How a worker runs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct WorkerConfig {
     /// The coordinator, e.g. "http://127.0.0.1:7071".
     pub coordinator: String,
@@ -42,6 +42,21 @@ pub struct WorkerConfig {
     pub collective_timeout: Duration,
     /// Dtype of the matrix products in the ClipEngine (norms and sums stay f32).
     pub precision: crate::clip::Precision,
+}
+
+impl std::fmt::Debug for WorkerConfig {
+    /// Everything but the token's value.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerConfig")
+            .field("coordinator", &self.coordinator)
+            .field("name", &self.name)
+            .field("device", &self.device)
+            .field("cluster_token", &self.cluster_token.as_ref().map(|_| "<set>"))
+            .field("tls", &self.tls)
+            .field("collective_timeout", &self.collective_timeout)
+            .field("precision", &self.precision)
+            .finish()
+    }
 }
 
 /// What the lease task knows of this worker's registration.
