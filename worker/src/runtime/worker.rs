@@ -102,10 +102,14 @@ pub async fn run<AB: AutodiffBackend>(
                 tracing::info!(worker_id, name = %config.name, "worker shutting down: leaving its group");
                 let mut client = coordinator.clone();
                 let leave = client.leave(LeaveRequest { worker_id });
-                if let Err(e) = tokio::time::timeout(LEAVE_TIMEOUT, leave).await.map_err(|_| "timed out".to_owned())
-                    .and_then(|r| r.map_err(|s| s.to_string()))
-                {
-                    tracing::warn!(error = %e, "could not leave; the group re-forms when the lease expires");
+                match tokio::time::timeout(LEAVE_TIMEOUT, leave).await {
+                    Ok(Ok(_)) => {}
+                    // The coordinator is stopping too (an embedded cluster, a rolling restart).
+                    Ok(Err(s)) if dpcap_proto::is_transient(&s) => {
+                        tracing::debug!(error = %s, "coordinator unreachable; the group re-forms when the lease expires")
+                    }
+                    Ok(Err(s)) => tracing::warn!(error = %s, "could not leave; the group re-forms when the lease expires"),
+                    Err(_) => tracing::warn!("leave timed out; the group re-forms when the lease expires"),
                 }
             }
             Ok(())
