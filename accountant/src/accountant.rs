@@ -426,7 +426,10 @@ impl Accountant {
                 path: format!("jobs/{}/releases/{step:020}.f32", r.job_id),
                 reason: "recorded as stored but missing".into(),
             })?;
-        let release = Arc::new(Release { step, values, epsilon_after: job.curve.epsilon_after(step + 1) });
+        // A PLD evaluation can take tens of milliseconds: off the async threads, like every other.
+        let curve = job.curve.clone();
+        let epsilon_after = blocking(move || curve.epsilon_after(step + 1)).await?;
+        let release = Arc::new(Release { step, values, epsilon_after });
         state.releases.insert(step, release.clone());
         while state.releases.len() > RELEASES_KEPT {
             state.releases.pop_first();
