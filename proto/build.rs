@@ -12,6 +12,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(env::var("OUT_DIR")?);
     let descriptor_path = out.join("dpcap_v1_descriptor.bin");
     std::fs::write(&descriptor_path, prost::Message::encode_to_vec(&fds))?;
-    tonic_prost_build::configure().file_descriptor_set_path(&descriptor_path).skip_protoc_run().compile_fds(fds)?;
+    tonic_prost_build::configure()
+        .bytes(".")
+        .file_descriptor_set_path(&descriptor_path)
+        .skip_protoc_run()
+        .compile_fds(fds)?;
     Ok(())
 }

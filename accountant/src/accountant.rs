@@ -7,17 +7,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use tokio::sync::{Mutex, watch};
 
 use dpcap_proto::ErrorCode;
 
+use crate::ahead::NoiseAhead;
 use crate::datasets::DatasetBudget;
 use crate::error::AccountantError;
-use crate::job::{Job, Part, Pending, Phase, Progress, RELEASES_KEPT, Release, StepState};
+use crate::job::{Job, Part, Pending, Phase, Progress, Release, StepState, Stored};
 use crate::ledger::{Charge, JobRecord, Ledger, Registration};
 use crate::metrics;
 use crate::noise::{self, NoiseMode};
 use crate::privacy::{self, AccountantKind, EpsilonCurve};
+use crate::sum::Sum;
 
 /// What became of a submitted part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +40,9 @@ pub struct Policy {
     pub allow_seeded_noise: bool,
     /// Accept jobs on datasets no privacy admin gave a budget (no lifetime limit applies).
     pub allow_unbudgeted_datasets: bool,
+    /// Draw each step's noise only once its parts are in, instead of while the previous step
+    /// computes: 8·P bytes less memory per open job, and a release slower by the noise draw.
+    pub lazy_noise: bool,
 }
 
 /// The accountant: every job's contract, step counter and releases, over one ledger.
@@ -102,7 +108,10 @@ impl Accountant {
                 self.ledger.mark_discarded(job_id, step).await?;
                 record.discarded.insert(step);
             }
-            let job = build_job_from_record(record, self.policy.allow_seeded_noise).await?;
+            let job = build_job_from_record(record, self.policy).await?;
+            if job.progress().phase == Phase::Open {
+                job.ahead.prepare(job.progress().next_step);
+            }
             tracing::info!(job_id = %job.registration.job_id, charged = job.progress().charged,
                 discarded = job.progress().discarded, "replayed job from ledger");
             self.jobs.write().expect("jobs lock").insert(job.registration.job_id.clone(), Arc::new(job));
@@ -173,10 +182,16 @@ impl Accountant {
             trimmed_before: 0,
             closed: None,
         };
-        let job = build_job_from_record(record, self.policy.allow_seeded_noise).await?;
+        let job = Arc::new(build_job_from_record(record, self.policy).await?);
         let created = self.ledger.register(&registration).await?;
         let mut jobs = self.jobs.write().expect("jobs lock");
-        let job = jobs.entry(registration.job_id.clone()).or_insert_with(|| Arc::new(job)).clone();
+        let job = jobs
+            .entry(registration.job_id.clone())
+            .or_insert_with(|| {
+                job.ahead.prepare(0);
+                job
+            })
+            .clone();
         tracing::info!(job_id = %registration.job_id, max_steps = job.max_steps, created, "registered job");
         Ok((job, created))
     }
@@ -213,7 +228,7 @@ impl Accountant {
         }
         let pending = state.pending.get_or_insert_with(|| Pending {
             step,
-            sum: vec![0.0; values.len()],
+            sum: Sum::default(),
             digests: vec![None; r.parts as usize],
             started: Instant::now(),
             attempt,
@@ -224,7 +239,7 @@ impl Accountant {
             Some(_) => return Err(AccountantError::ConflictingPart { job_id: r.job_id.clone(), step, part }),
             None => {
                 *slot = Some(digest);
-                pending.sum.iter_mut().zip(&values).for_each(|(s, v)| *s += f64::from(*v));
+                pending.sum.add(values);
                 true
             }
         };
@@ -296,45 +311,62 @@ impl Accountant {
             // Any other failure leaves the parts pending: a retried part re-triggers the release.
             return Err(e);
         }
-        let pending = state.pending.take().expect("pending step is still held");
-        // The charge is durable: only now may noise be drawn. The release is stored before it
-        // becomes visible, so a restart serves the same bytes; if either fails, the step stays
-        // spent and is discarded, never re-noised.
-        let std = r.noise_multiplier * r.clipping_norm;
-        let mode = job.noise;
-        let sum = pending.sum;
-        let stored = match blocking(move || noise::release(&sum, std, mode, step)).await? {
-            Ok(values) => self.ledger.put_release(&r.job_id, step, &values).await.map(|()| values),
-            Err(e) => Err(AccountantError::Internal(format!("os entropy unavailable: {e}"))),
+        let mut pending = state.pending.take().expect("pending step is still held");
+        // The charge is durable: only now may noise touch the sum. Noise drawn ahead is this
+        // step's (taken once); if it cannot be had, the step stays spent and is discarded,
+        // never re-noised.
+        let sum = std::mem::take(&mut pending.sum);
+        let noised = async move {
+            let noise = job.ahead.take(step).await?;
+            blocking(move || Bytes::from(noise::apply(&sum, &noise))).await
         };
-        let values = match stored {
-            Ok(values) => values,
+        let data = match noised.await {
+            Ok(data) => data,
             Err(e) => {
-                tracing::error!(job_id = %r.job_id, step, error = %e, "release not stored: step discarded");
                 discard_charged(job, state, step, epsilon_after);
-                // The ledger must say so too, or a replay that finds a release object (a put
-                // that landed despite its error) would serve a step the ranks skipped.
-                if let Err(marker) = self.ledger.discard(&r.job_id, step).await {
-                    tracing::error!(job_id = %r.job_id, step, error = %marker, "discard not recorded; refusing further steps");
-                    job.progress.send_modify(|p| p.phase = Phase::Closed);
-                }
-                return Err(e);
+                return Err(self.record_discard(job, step, e).await);
             }
         };
-        state.last_released = Some((step, pending.digests.clone()));
-        state.stored.insert(step);
-        state.releases.insert(step, Arc::new(Release { step, values, epsilon_after }));
-        while state.releases.len() > RELEASES_KEPT {
-            state.releases.pop_first();
+        // The next step's noise is drawn while this release is stored and applied.
+        if step + 1 < job.max_steps {
+            job.ahead.prepare(step + 1);
         }
+        let (stored, stored_rx) = watch::channel(Stored::Writing);
+        let release = Arc::new(Release { step, data: data.clone(), epsilon_after, stored: stored_rx });
+        job.keep_release(release);
+        state.last_released = Some((step, pending.digests.clone()));
+        // Fetches start streaming now, while the release is written; their last chunk waits
+        // until it is durable, and ranks apply only a release with its last chunk.
         job.progress.send_modify(|p| {
             p.next_step = step + 1;
             p.charged += 1;
             p.epsilon_spent = epsilon_after;
         });
+        if let Err(e) = self.ledger.put_release(&r.job_id, step, data).await {
+            stored.send_replace(Stored::Failed);
+            job.releases.lock().expect("releases lock").remove(&step);
+            state.discarded.insert(step);
+            job.progress.send_modify(|p| p.discarded += 1);
+            return Err(self.record_discard(job, step, e).await);
+        }
+        state.stored.insert(step);
+        stored.send_replace(Stored::Done);
         metrics::record_release(pending.started.elapsed());
         tracing::info!(job_id = %r.job_id, step, epsilon_after, "released step");
         Ok(())
+    }
+
+    /// A charged step's release was lost before it was stored: the ledger must say so too, or
+    /// a replay that finds a release object (a put that landed despite its error) would serve
+    /// a step the ranks skipped. Returns the original error.
+    async fn record_discard(&self, job: &Job, step: u64, error: AccountantError) -> AccountantError {
+        let job_id = &job.registration.job_id;
+        tracing::error!(job_id = %job_id, step, error = %error, "release not stored: step discarded");
+        if let Err(marker) = self.ledger.discard(job_id, step).await {
+            tracing::error!(job_id = %job_id, step, error = %marker, "discard not recorded; refusing further steps");
+            job.progress.send_modify(|p| p.phase = Phase::Closed);
+        }
+        error
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -349,6 +381,7 @@ impl Accountant {
         reason: &'static str,
     ) -> AccountantError {
         metrics::record_budget_rejection(reason);
+        job.ahead.clear();
         job.progress.send_modify(|p| p.phase = Phase::BudgetExhausted);
         tracing::warn!(job_id = %job.registration.job_id, step, epsilon_after = after, target, reason, "refused step: budget exhausted");
         AccountantError::BudgetExhausted {
@@ -400,8 +433,8 @@ impl Accountant {
     /// or trimmed step is refused with its typed code.
     async fn released(&self, job: &Job, step: u64) -> Result<Arc<Release>, AccountantError> {
         let r = &job.registration;
-        let mut state = job.state.lock().await;
-        if let Some(release) = state.releases.get(&step) {
+        let state = job.state.lock().await;
+        if let Some(release) = job.releases.lock().expect("releases lock").get(&step) {
             return Ok(release.clone());
         }
         if state.discarded.contains(&step) {
@@ -421,7 +454,7 @@ impl Accountant {
             ));
         }
         let dim = usize::try_from(r.gradient_dim).map_err(|_| AccountantError::Internal("gradient_dim".into()))?;
-        let values =
+        let data =
             self.ledger.get_release(&r.job_id, step, dim).await?.ok_or_else(|| AccountantError::CorruptLedger {
                 path: format!("jobs/{}/releases/{step:020}.f32", r.job_id),
                 reason: "recorded as stored but missing".into(),
@@ -429,11 +462,8 @@ impl Accountant {
         // A PLD evaluation can take tens of milliseconds: off the async threads, like every other.
         let curve = job.curve.clone();
         let epsilon_after = blocking(move || curve.epsilon_after(step + 1)).await?;
-        let release = Arc::new(Release { step, values, epsilon_after });
-        state.releases.insert(step, release.clone());
-        while state.releases.len() > RELEASES_KEPT {
-            state.releases.pop_first();
-        }
+        let release = Arc::new(Release::from_store(step, data, epsilon_after));
+        job.keep_release(release.clone());
         Ok(release)
     }
 
@@ -449,7 +479,7 @@ impl Accountant {
         self.ledger.trim(&job.registration.job_id, before, &stored).await?;
         state.trimmed_before = before;
         state.stored.retain(|&s| s >= before);
-        state.releases.retain(|&s, _| s >= before);
+        job.releases.lock().expect("releases lock").retain(|&s, _| s >= before);
         tracing::info!(job_id = %job.registration.job_id, before, deleted = stored.len(), "trimmed releases");
         Ok(())
     }
@@ -458,6 +488,7 @@ impl Accountant {
     pub async fn close(&self, job: &Job, reason: &str) -> Result<(), AccountantError> {
         self.ledger.close(&job.registration.job_id, reason).await?;
         job.state.lock().await.pending = None;
+        job.ahead.clear();
         job.progress.send_modify(|p| p.phase = Phase::Closed);
         tracing::info!(job_id = %job.registration.job_id, reason, "closed job");
         Ok(())
@@ -553,12 +584,12 @@ fn validate_registration(r: &Registration) -> Result<(), AccountantError> {
 }
 
 /// Builds a job's live state from its ledger record (a new job is a record with no charges).
-async fn build_job_from_record(record: JobRecord, allow_seeded_noise: bool) -> Result<Job, AccountantError> {
+async fn build_job_from_record(record: JobRecord, policy: Policy) -> Result<Job, AccountantError> {
     let r = record.registration;
     validate_registration(&r)?;
     let kind: AccountantKind = r.accountant.parse()?;
     let noise = match r.insecure_noise_seed {
-        Some(seed) if allow_seeded_noise => NoiseMode::Seeded(seed),
+        Some(seed) if policy.allow_seeded_noise => NoiseMode::Seeded(seed),
         Some(_) => {
             return Err(AccountantError::Unavailable(format!(
                 "job {} uses seeded noise; restart with --allow-seeded-noise",
@@ -588,13 +619,24 @@ async fn build_job_from_record(record: JobRecord, allow_seeded_noise: bool) -> R
     let progress = Progress { next_step, charged, discarded: discarded.len() as u64, epsilon_spent, phase };
     let state = StepState {
         pending: None,
-        releases: BTreeMap::new(),
         discarded,
         stored: record.released.into_iter().filter(|&s| s >= record.trimmed_before).collect(),
         trimmed_before: record.trimmed_before,
         last_released: None,
     };
-    Ok(Job { registration: r, curve, max_steps, noise, state: Mutex::new(state), progress: watch::channel(progress).0 })
+    let dim = usize::try_from(r.gradient_dim)
+        .map_err(|_| AccountantError::invalid("gradient_dim", "too large for this host"))?;
+    let ahead = NoiseAhead::new(dim, r.noise_multiplier * r.clipping_norm, noise, !policy.lazy_noise);
+    Ok(Job {
+        registration: r,
+        curve,
+        max_steps,
+        noise,
+        state: Mutex::new(state),
+        releases: std::sync::Mutex::new(BTreeMap::new()),
+        ahead,
+        progress: watch::channel(progress).0,
+    })
 }
 
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, AccountantError> {

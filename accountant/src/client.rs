@@ -1,6 +1,7 @@
 //! A typed client for the AccountantService: streams a part in as chunks and assembles a
 //! release from its chunks. Workers use it on the CPU path; tests and benchmarks too.
 
+use dpcap_proto::floats;
 use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
 use dpcap_proto::v1::{FetchReleaseRequest, GradientChunk, JobSpend, SubmitPartResponse};
 use dpcap_serve::AttachToken;
@@ -11,8 +12,8 @@ use tonic::{Request, Status};
 /// The generated client with a bearer token attached to every call.
 pub type RawClient = AccountantServiceClient<InterceptedService<Channel, AttachToken>>;
 
-/// Values per submitted chunk: 262144 f32 = 1 MiB.
-pub const CHUNK_VALUES: usize = 1 << 18;
+/// Values per submitted chunk: 1048576 f32 = 4 MiB, half the message limit.
+pub const CHUNK_VALUES: usize = 1 << 20;
 
 /// A connected accountant client.
 #[derive(Debug, Clone)]
@@ -71,27 +72,38 @@ impl AccountantClient {
         (step, part, attempt): (u64, u32, u64),
         values: &[f32],
     ) -> Result<SubmitPartResponse, Status> {
-        let chunks: Vec<GradientChunk> = values
-            .chunks(CHUNK_VALUES)
-            .enumerate()
-            .map(|(i, c)| GradientChunk {
-                job_id: job_id.to_owned(),
+        let data = floats::to_bytes(values);
+        let job_id = job_id.to_owned();
+        // Chunks are zero-copy slices of one buffer, made as the stream is polled.
+        let chunks = (0..values.len().div_ceil(CHUNK_VALUES).max(1)).map(move |i| {
+            let start = (i * CHUNK_VALUES * 4).min(data.len());
+            let end = (start + CHUNK_VALUES * 4).min(data.len());
+            GradientChunk {
+                job_id: job_id.clone(),
                 step,
                 part,
-                offset: (i * CHUNK_VALUES) as u64,
-                values: c.to_vec(),
+                offset: (start / 4) as u64,
+                data: data.slice(start..end),
                 attempt,
-            })
-            .collect();
+            }
+        });
         Ok(self.inner.submit_part(Request::new(futures::stream::iter(chunks))).await?.into_inner())
     }
 
-    /// Waits for the release of `step` and returns its values and the spend after it.
+    /// Waits for the release of `step` and returns its values and the spend after it. Only a
+    /// complete release is returned: a stream that ends before the chunk marked `last` (the
+    /// accountant failed before the release was stored) is UNAVAILABLE, to be fetched again.
     pub async fn fetch_release(&mut self, job_id: &str, step: u64) -> Result<(Vec<f32>, Option<JobSpend>), Status> {
         let request = FetchReleaseRequest { job_id: job_id.to_owned(), step, chunk_values: 0 };
         let mut stream = self.inner.fetch_release(request).await?.into_inner();
         let (mut values, mut spend) = (Vec::new(), None);
-        while let Some(chunk) = stream.message().await? {
+        loop {
+            let Some(chunk) = stream.message().await? else {
+                return Err(Status::unavailable(format!(
+                    "release of step {step} ended after {} values without its last chunk",
+                    values.len()
+                )));
+            };
             if chunk.offset != values.len() as u64 {
                 return Err(Status::data_loss(format!(
                     "release chunk at offset {} after {} values",
@@ -100,8 +112,10 @@ impl AccountantClient {
                 )));
             }
             spend = spend.or(chunk.spend);
-            values.extend_from_slice(&chunk.values);
+            floats::extend(&mut values, &chunk.data).map_err(|e| Status::data_loss(e.to_string()))?;
+            if chunk.last {
+                return Ok((values, spend));
+            }
         }
-        Ok((values, spend))
     }
 }

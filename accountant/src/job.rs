@@ -2,15 +2,19 @@
 //! collected, and the recent releases that ranks are still fetching.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{DefaultHasher, Hasher};
 use std::sync::Arc;
 
+use bytes::Bytes;
+use dpcap_proto::floats;
 use tokio::sync::{Mutex, watch};
+use xxhash_rust::xxh3::Xxh3;
 
+use crate::ahead::NoiseAhead;
 use crate::error::AccountantError;
 use crate::ledger::Registration;
 use crate::noise::NoiseMode;
 use crate::privacy::EpsilonCurve;
+use crate::sum::Sum;
 
 /// Largest accepted attempt (group generation): 2^32, far beyond any job's re-formations.
 pub const MAX_ATTEMPT: u64 = 1 << 32;
@@ -50,10 +54,41 @@ pub enum Phase {
 pub struct Release {
     /// The step.
     pub step: u64,
-    /// R_t = Σ parts + N(0, σ²C²), P values.
-    pub values: Vec<f32>,
+    /// R_t = Σ parts + N(0, σ²C²): P values as little-endian f32 bytes, sliced (not copied)
+    /// into the chunks of every fetch.
+    pub data: Bytes,
     /// ε spent after this step.
     pub epsilon_after: f64,
+    /// Whether the release is in the ledger's store yet: chunks stream out while it is being
+    /// written, and the last chunk waits for [`Stored::Done`].
+    pub stored: watch::Receiver<Stored>,
+}
+
+/// Where a release stands in the ledger's store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Being written.
+    Writing,
+    /// Durable: a restart serves the same bytes.
+    Done,
+    /// The write failed: the step is discarded and no rank may apply it.
+    Failed,
+}
+
+impl Release {
+    /// A release read back from the store (durable already).
+    pub fn from_store(step: u64, data: Bytes, epsilon_after: f64) -> Self {
+        Self { step, data, epsilon_after, stored: watch::channel(Stored::Done).1 }
+    }
+
+    /// Waits until the release is durable (true) or known lost (false).
+    pub async fn durable(&self) -> bool {
+        let mut stored = self.stored.clone();
+        match stored.wait_for(|s| *s != Stored::Writing).await {
+            Ok(state) => *state == Stored::Done,
+            Err(_) => false, // the writer went away without saying: treat as lost
+        }
+    }
 }
 
 /// The step whose parts are being collected.
@@ -61,8 +96,8 @@ pub struct Release {
 pub struct Pending {
     /// Its step number.
     pub step: u64,
-    /// Running sum of the parts received, in f64.
-    pub sum: Vec<f64>,
+    /// Running sum of the parts received.
+    pub sum: Sum,
     /// A digest of each part received, by part index.
     pub digests: Vec<Option<u64>>,
     /// When the first part arrived.
@@ -76,8 +111,6 @@ pub struct Pending {
 pub struct StepState {
     /// The step being collected, if any.
     pub pending: Option<Pending>,
-    /// Recent releases by step.
-    pub releases: BTreeMap<u64, Arc<Release>>,
     /// Steps charged whose release was lost (a crash before it was stored, or charged by
     /// another process): spent, never released.
     pub discarded: BTreeSet<u64>,
@@ -103,11 +136,25 @@ pub struct Job {
     pub noise: NoiseMode,
     /// Step state; the lock serialises the release of each step.
     pub state: Mutex<StepState>,
+    /// Recent releases by step, outside the step lock: fetches stream a release while the
+    /// step's lock is held to store it.
+    pub releases: std::sync::Mutex<BTreeMap<u64, Arc<Release>>>,
+    /// The next step's noise, drawn while the current step computes.
+    pub ahead: NoiseAhead,
     /// Published progress.
     pub progress: watch::Sender<Progress>,
 }
 
 impl Job {
+    /// Keeps `release` for fetches, with at most [`RELEASES_KEPT`] in memory.
+    pub fn keep_release(&self, release: Arc<Release>) {
+        let mut releases = self.releases.lock().expect("releases lock");
+        releases.insert(release.step, release);
+        while releases.len() > RELEASES_KEPT {
+            releases.pop_first();
+        }
+    }
+
     /// The current progress snapshot.
     pub fn progress(&self) -> Progress {
         *self.progress.borrow()
@@ -123,21 +170,33 @@ pub struct Part {
     pub part: u32,
     /// Exactly P finite values.
     pub values: Vec<f32>,
-    /// A digest of the values, to tell an identical retry from a conflicting part.
+    /// XXH3 of the part's bytes, to tell an identical retry from a conflicting part (not a
+    /// security boundary: a rank that wants to send other values simply sends them).
     pub digest: u64,
     /// The group generation that computed it (newer attempts replace pending older parts).
     pub attempt: u64,
 }
 
 /// Collects one part's chunks, checking every chunk against the job's shape.
-#[derive(Debug)]
 pub struct PartAssembler {
     job_id: String,
     step: u64,
     part: u32,
     values: Vec<f32>,
+    hasher: Xxh3,
     dim: usize,
     attempt: u64,
+}
+
+impl std::fmt::Debug for PartAssembler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartAssembler")
+            .field("job_id", &self.job_id)
+            .field("step", &self.step)
+            .field("part", &self.part)
+            .field("values", &self.values.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl PartAssembler {
@@ -156,17 +215,26 @@ impl PartAssembler {
         }
         let dim = usize::try_from(r.gradient_dim)
             .map_err(|_| AccountantError::invalid("gradient_dim", "too large for this host"))?;
-        Ok(Self { job_id: r.job_id.clone(), step, part, values: Vec::with_capacity(dim), dim, attempt })
+        Ok(Self {
+            job_id: r.job_id.clone(),
+            step,
+            part,
+            values: Vec::with_capacity(dim),
+            hasher: Xxh3::new(),
+            dim,
+            attempt,
+        })
     }
 
-    /// Appends one chunk; its header must repeat the part's and its offset must follow on.
+    /// Appends one chunk (`data`: little-endian f32); its header must repeat the part's and its
+    /// offset must follow on.
     pub fn push(
         &mut self,
         job_id: &str,
         step: u64,
         part: u32,
         offset: u64,
-        values: &[f32],
+        data: &[u8],
     ) -> Result<(), AccountantError> {
         if job_id != self.job_id || step != self.step || part != self.part {
             return Err(AccountantError::invalid(
@@ -183,23 +251,16 @@ impl PartAssembler {
                 format!("chunk offset {offset}, expected {}", self.values.len()),
             ));
         }
-        if self.values.len() + values.len() > self.dim {
+        let count = floats::count(data).map_err(|e| AccountantError::invalid("data", e.to_string()))?;
+        if self.values.len() + count > self.dim {
             return Err(AccountantError::invalid(
-                "values",
-                format!(
-                    "part has more than gradient_dim {} values ({} so far)",
-                    self.dim,
-                    self.values.len() + values.len()
-                ),
+                "data",
+                format!("part has more than gradient_dim {} values ({} so far)", self.dim, self.values.len() + count),
             ));
         }
-        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-            return Err(AccountantError::invalid(
-                "values",
-                format!("value {} at index {} is not finite", values[i], offset as usize + i),
-            ));
-        }
-        self.values.extend_from_slice(values);
+        floats::extend_finite(&mut self.values, data, offset)
+            .map_err(|e| AccountantError::invalid("data", e.to_string()))?;
+        self.hasher.update(data);
         Ok(())
     }
 
@@ -207,19 +268,15 @@ impl PartAssembler {
     pub fn finish(self) -> Result<Part, AccountantError> {
         if self.values.len() != self.dim {
             return Err(AccountantError::invalid(
-                "values",
+                "data",
                 format!("part has {} values, gradient_dim is {}", self.values.len(), self.dim),
             ));
-        }
-        let mut hasher = DefaultHasher::new();
-        for v in &self.values {
-            hasher.write_u32(v.to_bits());
         }
         Ok(Part {
             step: self.step,
             part: self.part,
             values: self.values,
-            digest: hasher.finish(),
+            digest: self.hasher.digest(),
             attempt: self.attempt,
         })
     }

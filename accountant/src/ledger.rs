@@ -138,16 +138,21 @@ impl Ledger {
     }
 
     /// Stores the release of a charged step (before any byte of it leaves the accountant).
-    pub async fn put_release(&self, job_id: &str, step: u64, values: &[f32]) -> Result<(), AccountantError> {
-        let mut bytes = Vec::with_capacity(values.len() * 4);
-        values.iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
+    /// `data` is the release's little-endian f32 bytes (shared, not copied).
+    pub async fn put_release(&self, job_id: &str, step: u64, data: bytes::Bytes) -> Result<(), AccountantError> {
         let path = self.job_path(job_id, &format!("releases/{step:020}.f32"));
-        self.store.put(&path, PutPayload::from(bytes)).await?;
+        self.store.put(&path, PutPayload::from(data)).await?;
         Ok(())
     }
 
     /// The stored release of `step`, or None when there is none (trimmed, or never stored).
-    pub async fn get_release(&self, job_id: &str, step: u64, dim: usize) -> Result<Option<Vec<f32>>, AccountantError> {
+    /// Returns the release's little-endian f32 bytes, checked to hold `dim` values.
+    pub async fn get_release(
+        &self,
+        job_id: &str,
+        step: u64,
+        dim: usize,
+    ) -> Result<Option<bytes::Bytes>, AccountantError> {
         let path = self.job_path(job_id, &format!("releases/{step:020}.f32"));
         let bytes = match self.store.get(&path).await {
             Ok(r) => r.bytes().await?,
@@ -160,7 +165,7 @@ impl Ledger {
                 reason: format!("{} bytes, expected {} (gradient_dim {dim} f32)", bytes.len(), dim * 4),
             });
         }
-        Ok(Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
+        Ok(Some(bytes))
     }
 
     /// Discards a charged step whose release could not be stored: deletes any release object a

@@ -10,6 +10,7 @@
 pub use dpcap_privacy as privacy;
 
 pub mod accountant;
+pub mod ahead;
 pub mod client;
 pub mod datasets;
 pub mod error;
@@ -19,6 +20,7 @@ pub mod metrics;
 pub mod noise;
 pub mod server;
 pub mod service;
+pub mod sum;
 
 pub use accountant::Accountant;
 pub use error::AccountantError;

@@ -28,6 +28,11 @@ struct Args {
     /// Accept jobs on datasets without a budget set by a privacy admin (no lifetime limit).
     #[arg(long, env = "DPCAP_ALLOW_UNBUDGETED_DATASETS")]
     allow_unbudgeted_datasets: bool,
+    /// Draw each step's noise only when its parts are in, not while the previous step
+    /// computes: saves 8 bytes per gradient coordinate per open job (1.5 GB at P = 190M) at
+    /// the cost of a slower release.
+    #[arg(long, env = "DPCAP_LAZY_NOISE")]
+    lazy_noise: bool,
     /// Write {"grpc": ADDR, "metrics": ADDR} here once both ports are bound.
     #[arg(long)]
     addr_file: Option<PathBuf>,
@@ -58,6 +63,7 @@ async fn main() -> anyhow::Result<()> {
     let policy = dpcap_accountant::accountant::Policy {
         allow_seeded_noise: args.allow_seeded_noise,
         allow_unbudgeted_datasets: args.allow_unbudgeted_datasets,
+        lazy_noise: args.lazy_noise,
     };
     dpcap_accountant::server::serve((grpc, metrics), server, ledger, policy, shutdown_signal()).await?;
     Ok(())

@@ -22,10 +22,11 @@ use crate::job::{Job, PartAssembler, Phase};
 use crate::ledger::Registration;
 use crate::privacy::{self, AccountantKind, EpsilonCurve};
 
-/// Default values per release chunk: 262144 f32 = 1 MiB, under gRPC's 4 MiB message limit.
-pub const DEFAULT_CHUNK_VALUES: usize = 1 << 18;
-/// Largest chunk a client may ask for (3 MiB of values).
-pub const MAX_CHUNK_VALUES: usize = 3 << 18;
+/// Default values per release chunk: 1048576 f32 = 4 MiB, half the 8 MiB message limit
+/// ([`crate::server::MAX_MESSAGE_BYTES`]): few messages, each a zero-copy slice.
+pub const DEFAULT_CHUNK_VALUES: usize = 1 << 20;
+/// Largest chunk a client may ask for (6 MiB of values, under the message limit).
+pub const MAX_CHUNK_VALUES: usize = 3 << 19;
 
 /// The gRPC face of an [`Accountant`].
 #[derive(Debug, Clone)]
@@ -127,7 +128,7 @@ impl AccountantService for AccountantGrpc {
         let mut assembler = PartAssembler::new(&job, first.step, first.part, first.attempt).map_err(to_status)?;
         let mut next = Some(first);
         while let Some(chunk) = next {
-            assembler.push(&chunk.job_id, chunk.step, chunk.part, chunk.offset, &chunk.values).map_err(to_status)?;
+            assembler.push(&chunk.job_id, chunk.step, chunk.part, chunk.offset, &chunk.data).map_err(to_status)?;
             next = chunks.message().await?;
         }
         let part = assembler.finish().map_err(to_status)?;
@@ -176,17 +177,35 @@ impl AccountantService for AccountantGrpc {
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let mut first_spend = Some(JobSpend { epsilon_spent: release.epsilon_after, ..spend(&job) });
-            for (i, values) in release.values.chunks(chunk_values).enumerate() {
+            let chunk_bytes = chunk_values * 4;
+            let total = release.data.len();
+            let mut start = 0;
+            loop {
+                let end = (start + chunk_bytes).min(total);
+                let last = end == total;
+                // The last chunk says the release is durable: wait for the ledger's store.
+                if last && !release.durable().await {
+                    let lost = AccountantError::refused(
+                        &job.registration.job_id,
+                        release.step,
+                        dpcap_proto::ErrorCode::ReleaseDiscarded,
+                        "the release could not be stored; the step is discarded (stays spent)",
+                    );
+                    let _ = tx.send(Err(to_status(lost))).await;
+                    return;
+                }
                 let chunk = ReleaseChunk {
                     job_id: job.registration.job_id.clone(),
                     step: release.step,
-                    offset: (i * chunk_values) as u64,
-                    values: values.to_vec(),
+                    offset: (start / 4) as u64,
+                    data: release.data.slice(start..end),
                     spend: first_spend.take(),
+                    last,
                 };
-                if tx.send(Ok(chunk)).await.is_err() {
-                    return; // the client went away; the release stays stored for its retry
+                if tx.send(Ok(chunk)).await.is_err() || last {
+                    return; // done, or the client went away (the release stays for its retry)
                 }
+                start = end;
             }
         });
         Ok(Response::new(ReceiverStream::new(rx).boxed()))

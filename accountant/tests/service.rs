@@ -6,8 +6,9 @@ mod common;
 use common::{AccountantProcess, charged_steps, job};
 use dpcap_accountant::privacy::{AccountantKind, EpsilonCurve, max_steps, noise_multiplier};
 use dpcap_proto::ErrorCode;
+use dpcap_proto::floats::to_bytes;
 use dpcap_proto::v1::{
-    CloseJobRequest, GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, RegisterJobRequest,
+    CloseJobRequest, FetchReleaseRequest, GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, RegisterJobRequest,
     SetDatasetBudgetRequest, TrimReleasesRequest,
 };
 use tonic::Code;
@@ -189,20 +190,27 @@ async fn bad_input_is_refused_with_a_clear_status_and_loses_nothing() {
     expect(
         client.submit_part("bad", 0, 1, &part(1, dim + 1)).await,
         Code::InvalidArgument,
-        &["values", "gradient_dim 10"],
+        &["data", "gradient_dim 10"],
     );
-    expect(client.submit_part("bad", 0, 1, &part(1, dim - 1)).await, Code::InvalidArgument, &["values", "9 values"]);
+    expect(client.submit_part("bad", 0, 1, &part(1, dim - 1)).await, Code::InvalidArgument, &["data", "9 values"]);
     let mut nan = part(1, dim);
     nan[3] = f32::NAN;
     expect(client.submit_part("bad", 0, 1, &nan).await, Code::InvalidArgument, &["not finite", "index 3"]);
     let gap = vec![
-        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 0, values: part(1, 4), attempt: 0 },
-        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 5, values: part(1, 6), attempt: 0 },
+        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 0, data: to_bytes(&part(1, 4)), attempt: 0 },
+        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 5, data: to_bytes(&part(1, 6)), attempt: 0 },
     ];
     expect(
         client.raw().submit_part(futures::stream::iter(gap)).await,
         Code::InvalidArgument,
         &["offset 5", "expected 4"],
+    );
+    let ragged =
+        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 0, data: vec![0u8; 7].into(), attempt: 0 };
+    expect(
+        client.raw().submit_part(futures::stream::iter([ragged])).await,
+        Code::InvalidArgument,
+        &["data", "7 bytes"],
     );
     expect(client.submit_part("bad", 0, 2, &part(1, dim)).await, Code::InvalidArgument, &["part 2", "2 parts"]);
     expect(client.submit_part("ghost", 0, 0, &part(1, dim)).await, Code::NotFound, &["ghost"]);
@@ -510,4 +518,38 @@ async fn registration_is_idempotent_under_concurrency_and_across_restarts_for_an
             client.raw().register_job(request.clone()).await.unwrap_or_else(|e| panic!("{}: {e}", request.job_id));
         assert!(!again.into_inner().created, "{}: identical after the ledger's round trip", request.job_id);
     }
+}
+
+/// A release streams out while it is being stored, but its `last` chunk waits for the store:
+/// when the store fails after the charge, no fetch ever sees `last` (so no rank applies it),
+/// the step is discarded and stays spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_store_fails_never_sends_its_last_chunk_and_is_discarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    client.raw().register_job(job("unstored", 0.01, 1.0, 1.0, 10.0, 6, 1, None)).await.unwrap();
+    // The charge can be written; the release cannot (its directory is a file).
+    std::fs::create_dir_all(dir.path().join("jobs/unstored")).unwrap();
+    std::fs::write(dir.path().join("jobs/unstored/releases"), b"not a directory").unwrap();
+    let request = FetchReleaseRequest { job_id: "unstored".into(), step: 0, chunk_values: 2 };
+    let mut fetcher = client.clone();
+    let fetch = tokio::spawn(async move {
+        let mut stream = fetcher.raw().fetch_release(request).await?.into_inner();
+        let mut chunks = Vec::new();
+        while let Some(chunk) = stream.message().await? {
+            chunks.push(chunk);
+        }
+        Ok::<_, tonic::Status>(chunks)
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(client.submit_part("unstored", 0, 0, &part(0, 6)).await.is_err(), "the store failed");
+    let outcome = fetch.await.unwrap();
+    let status = outcome.expect_err("the stream ends in an error, never with a last chunk");
+    assert_eq!(ErrorCode::of(&status), Some(ErrorCode::ReleaseDiscarded), "{status}");
+    let again = client.fetch_release("unstored", 0).await.unwrap_err();
+    assert_eq!(ErrorCode::of(&again), Some(ErrorCode::ReleaseDiscarded), "{again}");
+    let spend = client.raw().get_spend(GetSpendRequest { job_id: "unstored".into() }).await.unwrap().into_inner();
+    assert_eq!((spend.steps_charged, spend.steps_discarded, spend.next_step), (1, 1, 1));
+    assert_eq!(charged_steps(dir.path(), "unstored"), vec![0]);
 }

@@ -9,7 +9,7 @@ use clap::Args;
 use dpcap_worker::clip::{ClipEngine, Precision};
 use dpcap_worker::data::synth;
 use dpcap_worker::optim::Schedule;
-use dpcap_worker::runtime::dataset::Dataset;
+use dpcap_worker::runtime::dataset::{Dataset, View};
 use dpcap_worker::runtime::stream::{DEFAULT_PREFETCH, ExampleStream};
 use dpcap_worker::runtime::trainer::Trainer;
 use serde_json::json;
@@ -43,7 +43,7 @@ pub fn run(opts: ShareBench) -> Result<()> {
     let url = dir.to_string_lossy().into_owned();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        crate::dataset::index_dataset(&url, 512).await?;
+        crate::dataset::index_dataset(&url, &crate::dataset::IndexOptions::quiet(512)).await?;
         let rss_before = crate::bench_clip::peak_rss_bytes();
         let dataset = Dataset::open(&url).await?;
         let tokenizer = dataset.tokenizer("").await?;
@@ -58,13 +58,14 @@ pub fn run(opts: ShareBench) -> Result<()> {
             (engine, opts.examples as f64, schedule),
             &device,
         )?;
+        let view = View::eval(trainer.model.encoder().config().image)?;
         let started = Instant::now();
         let values = if opts.materialise {
-            let examples = dataset.read((0..opts.examples).collect()).await?;
+            let examples = dataset.read((0..opts.examples).collect(), &view).await?;
             trainer.clipped_part(&examples)?.0
         } else {
             let mut stream =
-                ExampleStream::start(dataset, (0..opts.examples).collect(), opts.micro_batch, DEFAULT_PREFETCH);
+                ExampleStream::start(dataset, ((0..opts.examples).collect(), view), opts.micro_batch, DEFAULT_PREFETCH);
             let mut part = trainer.begin_part();
             while let Some(chunk) = stream.next().await {
                 trainer.accumulate(&mut part, &chunk?)?;

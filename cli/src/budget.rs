@@ -47,20 +47,22 @@ pub enum BudgetCommand {
     },
 }
 
-/// The digest naming `dataset`: given as is, or the digest of its `index.json`.
+/// The digest naming `dataset`: given as is, or the digest of its index manifest.
 pub async fn dataset_digest(dataset: &str) -> Result<String> {
     if dataset.starts_with("sha256:") {
         return Ok(dataset.to_owned());
     }
     let (store, root) = dpcap_serve::open_store(dataset)?;
-    let path = Path::from(format!("{root}/index.json").trim_start_matches('/'));
+    let manifest = dpcap_proto::index::MANIFEST_PATH;
+    let path = Path::from(format!("{root}/{manifest}").trim_start_matches('/'));
     let bytes = store
         .get(&path)
         .await
-        .with_context(|| format!("reading {dataset}/index.json (run `dpctl dataset index` first)"))?
+        .with_context(|| format!("reading {dataset}/{manifest} (run `dpctl dataset index` first)"))?
         .bytes()
         .await?;
-    Ok(dpcap_proto::digest::sha256(&bytes))
+    dpcap_proto::index::Manifest::parse(&bytes).with_context(|| format!("{dataset}/{manifest}"))?;
+    Ok(dpcap_proto::index::Manifest::digest(&bytes))
 }
 
 fn print(budget: &DatasetBudget) {

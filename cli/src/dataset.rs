@@ -1,16 +1,16 @@
 //! `dpctl dataset synth|index`: write the synthetic captioning dataset as WebDataset shards,
-//! and index any shard directory (N for accounting, byte offsets for range reads).
+//! and index any shard directory or bucket (N for accounting, byte offsets for range reads).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
+use dpcap_worker::data::index::{REPORT_PATH, join};
 use dpcap_worker::data::tokenizer::CaptionTokenizer;
-use dpcap_worker::data::{build_index, read_captions, synth};
-use object_store::local::LocalFileSystem;
-use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use dpcap_worker::data::{ShardReader, build_index, synth};
+use futures::{StreamExt, TryStreamExt};
+use indicatif::{ProgressBar, ProgressStyle};
+use object_store::{ObjectStoreExt, PutPayload};
 use serde_json::json;
 
 #[derive(Debug, Subcommand)]
@@ -33,27 +33,29 @@ pub enum DatasetCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
-    /// Index the .tar shards under a directory (or file:// URL) and write DIR/index.json; train
-    /// DIR/tokenizer.json on the captions unless one exists.
+    /// Index the .tar shards under a directory or object-store URL (file://, s3://, gs://,
+    /// az:// with the matching build feature): writes index/manifest.json, one table per shard
+    /// and index/report.json (examples skipped for a missing or corrupt member); trains
+    /// tokenizer.json on the captions unless one exists.
     Index {
-        /// Dataset directory.
+        /// Dataset directory or URL.
         url: String,
         /// Vocabulary size of the trained WordPiece tokenizer (the micro captioner takes 256).
         #[arg(long, default_value_t = 256)]
         vocab_size: usize,
+        /// Shards indexed at once (each is held in memory while it is read).
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        /// Captions read to train a tokenizer (the first ones in index order).
+        #[arg(long, default_value_t = 200_000)]
+        tokenizer_captions: u64,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
     },
     /// A dataset's lifetime privacy budget (privacy admins).
     #[command(subcommand)]
     Budget(crate::budget::BudgetCommand),
-}
-
-/// A local directory (or file:// URL) as an object store rooted there.
-fn local_store(location: &str) -> Result<Arc<dyn ObjectStore>> {
-    let dir = location.strip_prefix("file://").unwrap_or(location);
-    if location.contains("://") && !location.starts_with("file://") {
-        bail!("invalid URL {location}: this build indexes local directories and file:// URLs");
-    }
-    Ok(Arc::new(LocalFileSystem::new_with_prefix(dir).with_context(|| format!("opening dataset directory {dir}"))?))
 }
 
 /// Runs one `dpctl dataset` command.
@@ -84,8 +86,9 @@ pub fn run(command: DatasetCommand, server: &crate::jobs::Server) -> Result<()> 
                 json!({"out": out, "train_examples": examples, "train_shards": train.len(), "eval_examples": eval_examples, "eval_shards": eval.len()})
             );
         }
-        DatasetCommand::Index { url, vocab_size } => {
-            let summary = runtime.block_on(index_dataset(&url, vocab_size))?;
+        DatasetCommand::Index { url, vocab_size, concurrency, tokenizer_captions, quiet } => {
+            let options = IndexOptions { vocab_size, concurrency, tokenizer_captions, progress: !quiet };
+            let summary = runtime.block_on(index_dataset(&url, &options))?;
             println!("{summary}");
         }
         DatasetCommand::Budget(command) => runtime.block_on(crate::budget::run(command, server))?,
@@ -93,26 +96,65 @@ pub fn run(command: DatasetCommand, server: &crate::jobs::Server) -> Result<()> 
     Ok(())
 }
 
-/// Indexes a local dataset directory and trains its tokenizer if it has none; returns a summary.
-pub async fn index_dataset(url: &str, vocab_size: usize) -> Result<serde_json::Value> {
-    let store = local_store(url)?;
-    let index = build_index(store.as_ref(), &Path::default()).await?;
-    let body = serde_json::to_vec_pretty(&index)?;
-    let digest = dpcap_proto::digest::sha256(&body);
-    store.put(&Path::from("index.json"), PutPayload::from(body)).await?;
-    let tokenizer_path = Path::from("tokenizer.json");
+/// How `dpctl dataset index` runs.
+#[derive(Debug, Clone)]
+pub struct IndexOptions {
+    /// Vocabulary size of a trained tokenizer.
+    pub vocab_size: usize,
+    /// Shards at once.
+    pub concurrency: usize,
+    /// Captions read to train a tokenizer.
+    pub tokenizer_captions: u64,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+impl IndexOptions {
+    /// Quiet indexing with a tokenizer of `vocab_size` (the demo, tests).
+    pub fn quiet(vocab_size: usize) -> Self {
+        Self { vocab_size, concurrency: 4, tokenizer_captions: 200_000, progress: false }
+    }
+}
+
+/// Indexes a dataset on any object store and trains its tokenizer if it has none; returns a
+/// summary.
+pub async fn index_dataset(url: &str, options: &IndexOptions) -> Result<serde_json::Value> {
+    let (store, root) = dpcap_serve::open_store(url).with_context(|| format!("opening dataset {url}"))?;
+    let bar = if options.progress { ProgressBar::new_spinner() } else { ProgressBar::hidden() };
+    bar.set_style(ProgressStyle::with_template("{spinner} {pos} shards, {msg} [{elapsed}]")?);
+    let examples = std::sync::atomic::AtomicU64::new(0);
+    let progress = |record: &dpcap_proto::index::ShardRecord| {
+        let n = examples.fetch_add(record.examples, std::sync::atomic::Ordering::Relaxed) + record.examples;
+        bar.inc(1);
+        bar.set_message(format!("{n} examples"));
+    };
+    let built = build_index(store.as_ref(), &root, options.concurrency, &progress)
+        .await
+        .with_context(|| format!("indexing {url}"))?;
+    bar.finish_and_clear();
+    let tokenizer_path = join(&root, "tokenizer.json");
     let tokenizer = match store.head(&tokenizer_path).await {
         Ok(_) => "kept",
         Err(object_store::Error::NotFound { .. }) => {
-            let captions = read_captions(store.as_ref(), &Path::default(), &index).await?;
+            let reader = ShardReader::open(store.clone(), root.clone()).await?;
+            let wanted = built.manifest.examples.min(options.tokenizer_captions);
+            let captions: Vec<String> = futures::stream::iter(0..wanted)
+                .map(|i| {
+                    let reader = reader.clone();
+                    async move { reader.read(i).await.map(|e| e.caption) }
+                })
+                .buffered(32)
+                .try_collect()
+                .await?;
             let trained =
-                CaptionTokenizer::train(captions.into_iter(), vocab_size).context("training the tokenizer")?;
+                CaptionTokenizer::train(captions.into_iter(), options.vocab_size).context("training the tokenizer")?;
             store.put(&tokenizer_path, PutPayload::from(trained.to_json()?.into_bytes())).await?;
             "trained"
         }
         Err(e) => return Err(e.into()),
     };
-    Ok(
-        json!({"url": url, "examples": index.examples, "shards": index.shards.len(), "index": "index.json", "digest": digest, "tokenizer": tokenizer}),
-    )
+    let m = &built.manifest;
+    Ok(json!({"url": url, "examples": m.examples, "shards": m.shards.len(), "skipped": m.skipped,
+              "manifest": dpcap_proto::index::MANIFEST_PATH, "report": REPORT_PATH, "digest": built.digest,
+              "index_bytes": m.shards.iter().map(|s| s.table_bytes).sum::<u64>(), "tokenizer": tokenizer}))
 }

@@ -1,5 +1,5 @@
 //! `dpctl dataset synth` writes real shards and a held-out split; `dpctl dataset index` counts
-//! them and writes index.json.
+//! them and writes the compact index (a manifest and one table per shard).
 
 use std::process::Command;
 
@@ -21,9 +21,11 @@ fn synth_then_index_counts_every_example() {
     let (code, stdout, err) = dpctl(&["dataset", "index", train.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(serde_json::from_str::<serde_json::Value>(&stdout).unwrap()["examples"], 230);
-    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(train.join("index.json")).unwrap()).unwrap();
-    assert_eq!(index["examples"], 230);
-    assert_eq!(index["shards"][2]["examples"].as_array().unwrap().len(), 30);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(train.join("index/manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["examples"], 230);
+    assert_eq!(manifest["shards"][2]["examples"], 30);
+    assert!(train.join("index/shards/000002.bin").exists(), "one table per shard");
     let (code, _, err) = dpctl(&["dataset", "index", dir.path().join("missing").to_str().unwrap()]);
     assert_ne!(code, 0);
     assert!(err.contains("missing"), "{err}");

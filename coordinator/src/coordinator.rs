@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dpcap_accountant::client::{AccountantClient, RawClient};
 use dpcap_proto::v1::{
-    Assignment, CloseJobRequest, ExampleRange, GetSpendRequest, Job, JobSpec, JobState, Progress, Reduction, StepWork,
+    Assignment, CloseJobRequest, GetSpendRequest, Job, JobSpec, JobState, Progress, Reduction, StepWork,
     TrimReleasesRequest, step_work::Action,
 };
 use dpcap_proto::{RetryPolicy, retry};
@@ -174,7 +174,7 @@ impl Coordinator {
     pub async fn submit(&self, spec: JobSpec, idempotency_key: &str) -> Result<Job, CoordinatorError> {
         crate::spec::check_fields(&spec)?;
         let layout = dataset::read_layout(&spec.dataset).await?;
-        let (examples, counts) = (layout.examples, layout.counts);
+        let (examples, counts) = (layout.layout.examples(), layout.counts);
         let for_plan = spec.clone();
         let mut plan = tokio::task::spawn_blocking(move || crate::spec::plan(&for_plan, examples))
             .await
@@ -364,6 +364,7 @@ impl Coordinator {
             generation: group.generation,
             checkpoint_root: entry.job.checkpoint_root.clone(),
             reduction: entry.job.reduction,
+            augment_key: entry.sampler.augment_key().to_vec().into(),
         }))
     }
 
@@ -432,11 +433,7 @@ impl Coordinator {
                             .work_for(job_id, rank)
                             .ok_or_else(|| CoordinatorError::Store("work units unavailable".into()))?;
                         let checkpoint = (step + 1) % plan.checkpoint_interval.max(1) == 0 || step + 1 >= plan.steps;
-                        let units = units
-                            .into_iter()
-                            .map(|u| ExampleRange { shard: u.shard as u32, indices: u.indices })
-                            .collect();
-                        return Ok(StepWork { action: Action::Run as i32, step, units, checkpoint });
+                        return Ok(crate::work::step_work(step, units, checkpoint));
                     }
                 }
             };
@@ -533,7 +530,7 @@ fn entry_for(job: Job, private: &Private) -> Result<JobEntry, CoordinatorError> 
     Ok(JobEntry {
         job,
         sampler,
-        layout: crate::work::ShardLayout::from_counts(&private.shard_counts),
+        layout: dpcap_proto::index::Layout::from_counts(&private.shard_counts),
         group: None,
         phase_seconds: [0.0; 5],
         phase_reports: 0,

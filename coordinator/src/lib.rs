@@ -23,4 +23,4 @@ pub use coordinator::{Config, Coordinator};
 pub use error::CoordinatorError;
 pub use sampler::{JobSecret, PoissonSampler};
 pub use spec::SpecFile;
-pub use work::{ShardLayout, WorkUnit, split_work};
+pub use work::{WorkUnit, split_work, step_work};

@@ -47,6 +47,16 @@ impl PoissonSampler {
         Ok(Self { secret, examples, rate })
     }
 
+    /// The key of the job's training crops: SHA-256("dpcap-augment-v1" ‖ secret). One-way, so
+    /// workers can crop reproducibly without learning the sampler's secret.
+    pub fn augment_key(&self) -> [u8; 32] {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(b"dpcap-augment-v1");
+        hasher.update(self.secret.0);
+        hasher.finalize().into()
+    }
+
     /// Expected batch size L = q·N: what updates divide by.
     pub fn expected_batch_size(&self) -> f64 {
         self.rate * self.examples as f64

@@ -57,7 +57,9 @@ pub async fn serve(
         coordinator: coordinator.clone(),
         accountant_endpoint,
         lease_seconds: lease.as_secs().max(1) as u32,
-    });
+    })
+    .max_encoding_message_size(dpcap_proto::MAX_WORK_MESSAGE_BYTES)
+    .max_decoding_message_size(dpcap_proto::MAX_WORK_MESSAGE_BYTES);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

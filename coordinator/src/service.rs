@@ -156,6 +156,6 @@ impl WorkerService for WorkerGrpc {
             .rendezvous((&r.worker_id, &r.job_id, r.generation), &r.nccl_id)
             .await
             .map_err(to_status)?;
-        Ok(Response::new(RendezvousResponse { nccl_id }))
+        Ok(Response::new(RendezvousResponse { nccl_id: nccl_id.into() }))
     }
 }

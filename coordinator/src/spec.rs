@@ -63,6 +63,8 @@ pub struct SpecFile {
     pub seed: Option<u64>,
     /// Refused unless 0: datasets' budgets are set by privacy admins, not by jobs.
     pub dataset_epsilon_budget: Option<f64>,
+    /// random_resized_crop (default) | center_crop
+    pub augment: Option<String>,
 }
 
 impl SpecFile {
@@ -88,6 +90,16 @@ impl SpecFile {
             "rdp" => v1::AccountantKind::Rdp,
             other => return Err(CoordinatorError::invalid("accountant", format!("{other:?} is not pld or rdp"))),
         };
+        let augment = match self.augment.as_deref().unwrap_or("random_resized_crop") {
+            "random_resized_crop" => v1::Augment::RandomResizedCrop,
+            "center_crop" => v1::Augment::CenterCrop,
+            other => {
+                return Err(CoordinatorError::invalid(
+                    "augment",
+                    format!("{other:?} is not random_resized_crop or center_crop"),
+                ));
+            }
+        };
         Ok(JobSpec {
             name: self.name,
             dataset: self.dataset,
@@ -111,6 +123,7 @@ impl SpecFile {
             tokenizer: self.tokenizer.unwrap_or_default(),
             seed: self.seed.unwrap_or(0),
             dataset_epsilon_budget: self.dataset_epsilon_budget.unwrap_or(0.0),
+            augment: augment as i32,
         })
     }
 }
@@ -146,6 +159,9 @@ pub fn check_fields(spec: &JobSpec) -> Result<(), CoordinatorError> {
     }
     if Objective::try_from(spec.objective).is_err() {
         return Err(CoordinatorError::invalid("objective", format!("unknown value {}", spec.objective)));
+    }
+    if v1::Augment::try_from(spec.augment).is_err() {
+        return Err(CoordinatorError::invalid("augment", format!("unknown value {}", spec.augment)));
     }
     if TelemetryMode::try_from(spec.telemetry).is_err() {
         return Err(CoordinatorError::invalid("telemetry", format!("unknown value {}", spec.telemetry)));

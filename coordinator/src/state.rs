@@ -8,7 +8,8 @@ use std::time::{Duration, Instant, SystemTime};
 use dpcap_proto::v1::{Condition, Job, JobState, Reduction, StepOutcome};
 
 use crate::sampler::PoissonSampler;
-use crate::work::{ShardLayout, WorkUnit, split_work};
+use crate::work::{WorkUnit, split_work};
+use dpcap_proto::index::Layout;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
@@ -75,7 +76,7 @@ pub struct JobEntry {
     /// Its sampler.
     pub sampler: PoissonSampler,
     /// Its shards.
-    pub layout: ShardLayout,
+    pub layout: Layout,
     /// The running group, if any.
     pub group: Option<Group>,
     /// Seconds by phase summed over reports, and the number of reports.

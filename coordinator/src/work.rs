@@ -2,31 +2,9 @@
 //! so that each rank's share is proportional to its measured throughput. Every rank gets a
 //! list, possibly empty: a rank with no examples still contributes a zero part.
 
-/// Shard boundaries: shard s holds global examples [starts[s], starts[s+1]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardLayout {
-    starts: Vec<u64>,
-}
-
-impl ShardLayout {
-    /// From examples per shard, in shard order.
-    pub fn from_counts(counts: &[u64]) -> Self {
-        let mut starts = Vec::with_capacity(counts.len() + 1);
-        let mut total = 0;
-        starts.push(0);
-        for c in counts {
-            total += c;
-            starts.push(total);
-        }
-        Self { starts }
-    }
-
-    /// The shard holding global example `index`, and its position inside the shard.
-    pub fn locate(&self, index: u64) -> (usize, u64) {
-        let shard = self.starts.partition_point(|&s| s <= index) - 1;
-        (shard, index - self.starts[shard])
-    }
-}
+use dpcap_proto::index::Layout;
+use dpcap_proto::v1::step_work::Action;
+use dpcap_proto::v1::{ExampleRange, StepWork};
 
 /// Examples of one shard for one rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +16,9 @@ pub struct WorkUnit {
 }
 
 /// Splits sorted global `sample` indices across ranks with throughputs `weights` (examples per
-/// second, > 0): rank r receives about |sample|·w_r/Σw examples, in shard order.
-pub fn split_work(sample: &[u64], layout: &ShardLayout, weights: &[f64]) -> Vec<Vec<WorkUnit>> {
+/// second, > 0): rank r receives about |sample|·w_r/Σw examples, in shard order. O(|sample| +
+/// shards): the sample is sorted, so the shard cursor only moves forward.
+pub fn split_work(sample: &[u64], layout: &Layout, weights: &[f64]) -> Vec<Vec<WorkUnit>> {
     let total_weight: f64 = weights.iter().sum();
     let n = sample.len();
     // Cumulative quotas, rounded so they sum to exactly n.
@@ -53,11 +32,16 @@ pub fn split_work(sample: &[u64], layout: &ShardLayout, weights: &[f64]) -> Vec<
         *last = n;
     }
     let mut ranks = vec![Vec::new(); weights.len()];
-    let mut start = 0;
+    let (mut start, mut shard) = (0, 0);
     for (rank, &end) in cuts.iter().enumerate() {
         let mut units: Vec<WorkUnit> = Vec::new();
         for &global in &sample[start..end.max(start)] {
-            let (shard, local) = layout.locate(global);
+            // Sampled indices are < N by construction; the layout holds exactly N.
+            while layout.start(shard + 1).is_some_and(|next| next <= global) {
+                shard += 1;
+            }
+            let Some(first) = layout.start(shard) else { continue };
+            let local = global - first;
             match units.last_mut() {
                 Some(unit) if unit.shard == shard => unit.indices.push(local),
                 _ => units.push(WorkUnit { shard, indices: vec![local] }),
@@ -67,4 +51,10 @@ pub fn split_work(sample: &[u64], layout: &ShardLayout, weights: &[f64]) -> Vec<
         start = end.max(start);
     }
     ranks
+}
+
+/// The message that tells a rank to run `step` on `units`.
+pub fn step_work(step: u64, units: Vec<WorkUnit>, checkpoint: bool) -> StepWork {
+    let units = units.into_iter().map(|u| ExampleRange { shard: u.shard as u32, indices: u.indices }).collect();
+    StepWork { action: Action::Run as i32, step, units, checkpoint }
 }

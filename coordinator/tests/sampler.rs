@@ -2,7 +2,8 @@
 //! (secret, step), whatever the number of workers; work units cover the sample exactly.
 
 use dpcap_coordinator::sampler::SamplerError;
-use dpcap_coordinator::{JobSecret, PoissonSampler, ShardLayout, split_work};
+use dpcap_coordinator::{JobSecret, PoissonSampler, split_work};
+use dpcap_proto::index::Layout;
 
 fn sampler(secret: u8, n: u64, q: f64) -> PoissonSampler {
     PoissonSampler::new(JobSecret([secret; 32]), n, q).unwrap()
@@ -61,7 +62,7 @@ fn edge_rates_and_bad_parameters() {
 
 #[test]
 fn work_units_cover_the_sample_for_any_number_of_ranks_and_follow_throughput() {
-    let layout = ShardLayout::from_counts(&[300, 300, 400]);
+    let layout = Layout::from_counts(&[300, 300, 400]);
     let batch = sampler(4, 1000, 0.2).sample(1);
     for weights in [vec![1.0], vec![1.0, 1.0], vec![1.0, 3.0], vec![2.0, 1.0, 1.0]] {
         let ranks = split_work(&batch, &layout, &weights);
@@ -85,4 +86,27 @@ fn work_units_cover_the_sample_for_any_number_of_ranks_and_follow_throughput() {
         split_work(&[], &layout, &[1.0, 1.0]).iter().all(|units| units.is_empty()),
         "ranks with no examples get empty lists"
     );
+}
+
+/// The paper's step for one rank (L = 1.31M examples of N = 233.8M in LAION's 23,381 shards,
+/// W = 1) is one StepWork message under the WorkerService limit, and the linear-time split
+/// puts every example where a binary-search lookup does.
+#[test]
+fn the_papers_step_for_a_single_rank_fits_in_one_message() {
+    use prost::Message;
+    let (n, shards) = (233_804_767u64, 23_381u64);
+    let counts: Vec<u64> = (0..shards).map(|s| n / shards + u64::from(s < n % shards)).collect();
+    let layout = Layout::from_counts(&counts);
+    let batch = sampler(11, n, 1_310_720.0 / n as f64).sample(3);
+    let mut ranks = split_work(&batch, &layout, &[1.0]);
+    let units = ranks.pop().unwrap();
+    for (i, &global) in batch.iter().enumerate().step_by(997) {
+        let (shard, local) = layout.locate(global).unwrap();
+        let unit = units.iter().find(|u| u.shard == shard).expect("the shard has a unit");
+        assert!(unit.indices.contains(&local), "example {i} ({global})");
+    }
+    let message = dpcap_coordinator::step_work(3, units, false);
+    let bytes = message.encoded_len();
+    assert!(bytes < dpcap_proto::MAX_WORK_MESSAGE_BYTES, "{bytes} bytes");
+    assert!(bytes < 3 << 20, "about 2 bytes per example: {bytes} bytes for {}", batch.len());
 }

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use common::{done, job, running, submit, worker};
 use dpcap_coordinator::state::{Report, State};
-use dpcap_coordinator::{JobSecret, PoissonSampler, ShardLayout};
+use dpcap_coordinator::{JobSecret, PoissonSampler};
+use dpcap_proto::index::Layout;
 use dpcap_proto::v1::{JobState, StepOutcome};
 
 #[test]
@@ -64,7 +65,7 @@ fn a_step_completes_when_every_rank_reports_and_the_job_succeeds_after_its_last_
         units0.iter().chain(&units1).flat_map(|u| u.indices.iter().map(move |&i| (u.shard, i))).collect();
     sampled.sort_unstable();
     let expected: Vec<(usize, u64)> =
-        state.jobs["a"].sampler.sample(0).iter().map(|&g| ShardLayout::from_counts(&[50, 50]).locate(g)).collect();
+        state.jobs["a"].sampler.sample(0).iter().map(|&g| Layout::from_counts(&[50, 50]).locate(g).unwrap()).collect();
     assert_eq!(sampled, expected, "the ranks' units are exactly the step's Poisson sample");
     state.report("a", 0, &done());
     assert_eq!(state.jobs["a"].job.progress.as_ref().unwrap().step, 0, "one rank is not enough");

@@ -86,7 +86,18 @@ async fn one_run(
     }
     let mut next_worker = 2;
     for _ in 0..kills {
-        tokio::time::sleep(Duration::from_millis(300 + dice.below(2000))).await;
+        // Kills follow the job's progress, not the clock: 1 to 4 steps after the last one (or
+        // the start), then a moment into the step, however fast steps are on this machine.
+        let target = crate::jobs::step(&get(&services, &job.job_id).await) + 1 + dice.below(4);
+        let waited = Instant::now() + Duration::from_secs(120);
+        loop {
+            let job = get(&services, &job.job_id).await;
+            if ended(&job) || crate::jobs::step(&job) >= target || Instant::now() > waited {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(dice.below(400))).await;
         if ended(&get(&services, &job.job_id).await) {
             break;
         }

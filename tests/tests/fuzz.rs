@@ -60,9 +60,12 @@ impl Gen {
         if self.0.next_u64().is_multiple_of(2) { Some(value) } else { None }
     }
 
-    fn floats(&mut self) -> Vec<f32> {
+    /// A chunk's data: whole and ragged lengths of hostile f32 values.
+    fn data(&mut self) -> Vec<u8> {
         let n = self.pick(&[0usize, 1, 3, 17]);
-        (0..n).map(|_| self.f64() as f32).collect()
+        let mut bytes: Vec<u8> = (0..n).flat_map(|_| (self.f64() as f32).to_le_bytes()).collect();
+        bytes.truncate(bytes.len() - self.pick(&[0usize, 0, 1, 3]).min(bytes.len()));
+        bytes
     }
 }
 
@@ -187,7 +190,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                         step: g.u64(),
                         part: g.u32(),
                         offset: g.u64(),
-                        values: g.floats(),
+                        data: g.data().into(),
                         attempt: g.u64(),
                     })
                     .collect();
@@ -294,7 +297,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     worker_id: g.string(),
                     job_id: g.string(),
                     generation: g.u64(),
-                    nccl_id: vec![0; (g.0.next_u64() % 300) as usize],
+                    nccl_id: vec![0; (g.0.next_u64() % 300) as usize].into(),
                 };
                 within(&what, workers.rendezvous(request)).await
             }

@@ -4,20 +4,18 @@
 use dpcap_worker::data::build_index;
 use dpcap_worker::data::synth::{Scene, write_shards};
 use dpcap_worker::runtime::RuntimeError;
-use dpcap_worker::runtime::dataset::Dataset;
+use dpcap_worker::runtime::dataset::{Dataset, View};
 use dpcap_worker::runtime::stream::ExampleStream;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{ObjectStoreExt, PutPayload};
 
-async fn dataset(dir: &std::path::Path, examples: u64) -> (String, Vec<u8>) {
+/// A synthetic dataset, indexed; returns its URL and the manifest's digest.
+async fn dataset(dir: &std::path::Path, examples: u64) -> (String, String) {
     let root = dir.join("train");
     write_shards(&root, (Scene::Pair, 3), 0..examples, 50, 32).unwrap();
     let store = LocalFileSystem::new_with_prefix(&root).unwrap();
-    let index = build_index(&store, &Path::default()).await.unwrap();
-    let body = serde_json::to_vec(&index).unwrap();
-    store.put(&Path::from("index.json"), PutPayload::from(body.clone())).await.unwrap();
-    (root.to_string_lossy().into_owned(), body)
+    let built = build_index(&store, &Path::default(), 2, &|_| {}).await.unwrap();
+    (root.to_string_lossy().into_owned(), built.digest)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,7 +24,7 @@ async fn a_share_streams_in_micro_batches_and_never_reads_more_than_the_prefetch
     let (url, _) = dataset(dir.path(), 300).await;
     let data = Dataset::open(&url).await.unwrap();
     let (micro, prefetch) = (8, 2);
-    let mut stream = ExampleStream::start(data, (0..300).rev().collect(), micro, prefetch);
+    let mut stream = ExampleStream::start(data, ((0..300).rev().collect(), View::eval(32).unwrap()), micro, prefetch);
     // A consumer that has not started: the reader stops once `prefetch` chunks wait decoded.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert!(stream.examples_read() <= micro * prefetch, "read {} ahead of the consumer", stream.examples_read());
@@ -47,9 +45,8 @@ async fn a_share_streams_in_micro_batches_and_never_reads_more_than_the_prefetch
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dataset_other_than_the_pinned_one_is_refused_and_positions_are_bounds_checked() {
     let dir = tempfile::tempdir().unwrap();
-    let (url, index) = dataset(dir.path(), 120).await;
+    let (url, pinned) = dataset(dir.path(), 120).await;
     let data = Dataset::open(&url).await.unwrap();
-    let pinned = dpcap_proto::digest::sha256(&index);
     data.check_pinned(&pinned, 120).expect("the planned index");
     let err = data.check_pinned("sha256:00", 120).unwrap_err();
     assert!(matches!(err, RuntimeError::Spec { field: "dataset", .. }), "{err}");

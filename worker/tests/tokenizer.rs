@@ -55,3 +55,24 @@ fn saved_tokenizers_load_identically_and_bad_files_are_refused() {
     let err = CaptionTokenizer::load(&other).unwrap_err();
     assert!(matches!(err, TokenizerError::Special { token: "[PAD]", .. }), "{err}");
 }
+
+/// DP-Cap's tokenizer: bert-base-uncased's real vocabulary (tests/data/README.md says where it
+/// comes from) gives the ids of Hugging Face's Python `tokenizers` on 64 hard captions
+/// (accents, CJK, emoji, control characters, a 200-word caption), in the captioner's 40-token
+/// form too.
+#[test]
+fn bert_base_uncased_from_its_vocab_matches_the_reference_ids() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let vocab = std::fs::read(dir.join("bert-base-uncased-vocab.txt")).unwrap();
+    let tokenizer = CaptionTokenizer::from_vocab(&vocab).unwrap();
+    assert_eq!((tokenizer.vocab_size(), tokenizer.bos_eos()), (30_522, (101, 102)));
+    let vectors: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("bert-vectors.json")).unwrap()).unwrap();
+    let cases = vectors["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 64);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<i64> = case["ids40"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+        assert_eq!(tokenizer.encode(text, 40).unwrap(), want, "caption {text:?}");
+    }
+}

@@ -15,10 +15,11 @@ use dpcap_coordinator::SpecFile;
 use dpcap_proto::v1::{GetSpendRequest, JobState, SubmitJobRequest};
 use dpcap_worker::checkpoint::{load_weights, save_weights_with_prefix};
 use dpcap_worker::clip::ClipEngine;
+use dpcap_worker::data::pipeline::Crop;
 use dpcap_worker::data::{Example, synth};
 use dpcap_worker::optim::Schedule;
 use dpcap_worker::runtime::ckpt::CheckpointStore;
-use dpcap_worker::runtime::dataset::Dataset;
+use dpcap_worker::runtime::dataset::{Dataset, View};
 use dpcap_worker::runtime::trainer::{Model, Trainer};
 use dpcap_worker::{CpuBackend, eval};
 use serde_json::json;
@@ -81,8 +82,9 @@ async fn prepare_data(dir: &Path, args: &DemoArgs) -> Result<(PathBuf, PathBuf)>
         .context("writing training shards")?;
     synth::write_shards(&eval, (synth::Scene::Single, 0), 0..args.eval_examples, 1000, 32)
         .context("writing held-out probe shards")?;
-    crate::dataset::index_dataset(&train.to_string_lossy(), 256).await?;
-    crate::dataset::index_dataset(&eval.to_string_lossy(), 256).await?;
+    let options = crate::dataset::IndexOptions::quiet(256);
+    crate::dataset::index_dataset(&train.to_string_lossy(), &options).await?;
+    crate::dataset::index_dataset(&eval.to_string_lossy(), &options).await?;
     std::fs::write(&marker, wanted.to_string())?;
     Ok((train, eval))
 }
@@ -127,6 +129,9 @@ async fn train_and_report(
         micro_batch: Some(128),
         workers: Some(args.workers),
         checkpoint_interval: Some(20),
+        // A caption names both shapes of a scene: a random crop that cut one away would make
+        // the caption false. LAION-scale jobs keep the default random_resized_crop.
+        augment: Some("center_crop".into()),
         ..Default::default()
     };
     let server = Server { coordinator: cluster.coordinator.clone(), token: None, tls: Default::default() };
@@ -189,7 +194,8 @@ async fn train_and_report(
     let (_, weights, _) = checkpoints.load(last).await?;
     load_weights(&mut dp.params, &weights)?;
     let probe = Dataset::open(&eval_dir.to_string_lossy()).await?;
-    let examples = probe.read((0..probe.examples()).collect()).await?;
+    let view = View::eval(32)?;
+    let examples = probe.read((0..probe.examples()).collect(), &view).await?;
     let labels: Vec<u32> = examples.iter().map(|e| e.label.unwrap_or(0)).collect();
     let accuracy_dp =
         probe::accuracy(&eval::features::<CpuBackend>(dp.model.encoder(), &dp.params, &examples), &labels)?;
@@ -200,8 +206,11 @@ async fn train_and_report(
             // Held-out scenes from the training distribution (indices past the N training ones).
             let shown: Vec<Example> = (0..args.captions as u64)
                 .map(|i| synth::generate(0, args.examples + i, 32))
-                .map(|e| Example { key: e.key, image: e.image, caption: e.caption, label: Some(e.label) })
-                .collect();
+                .map(|e| {
+                    let pixels = view.pipeline.transform(&e.image, &Crop::Eval)?;
+                    Ok(Example { key: e.key, pixels, caption: e.caption, label: Some(e.label) })
+                })
+                .collect::<Result<_>>()?;
             let shown = shown.as_slice();
             let ids = eval::greedy_captions::<CpuBackend>(model, &dp.params, shown, tokenizer.bos_eos());
             shown

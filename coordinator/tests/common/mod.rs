@@ -4,7 +4,8 @@
 use std::time::Instant;
 
 use dpcap_coordinator::state::{JobEntry, Report, State, WorkerEntry};
-use dpcap_coordinator::{JobSecret, PoissonSampler, ShardLayout};
+use dpcap_coordinator::{JobSecret, PoissonSampler};
+use dpcap_proto::index::Layout;
 use dpcap_proto::v1::{Job, JobState, Plan, StepOutcome};
 
 /// A pending job entry with W = `workers` over 100 examples at q = 0.2.
@@ -24,7 +25,7 @@ pub fn job(id: &str, workers: u32, steps: u64) -> JobEntry {
             ..Default::default()
         },
         sampler: PoissonSampler::new(JobSecret([7; 32]), 100, 0.2).unwrap(),
-        layout: ShardLayout::from_counts(&[50, 50]),
+        layout: Layout::from_counts(&[50, 50]),
         group: None,
         phase_seconds: [0.0; 5],
         phase_reports: 0,

@@ -1,195 +1,171 @@
-//! WebDataset shards on an object store: an index of every example's members (byte offset and
-//! length inside its tar) that fixes N for accounting, and random access to one example by
-//! range reads, never whole shards.
+//! Random access to the examples of an indexed dataset: the manifest (N and the shards), each
+//! shard's table loaded on first use (checked against the manifest's digest, a bounded number
+//! kept), and one example read by range requests for its members only, never whole shards.
 
-use std::collections::BTreeMap;
-use std::io::Read;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
-pub use dpcap_proto::dataset::{DatasetIndex, ExampleEntry, Member, ShardIndex};
-use futures::TryStreamExt;
-use image::RgbImage;
+use dpcap_proto::index::{Layout, MANIFEST_PATH, Manifest, ShardTable, Span, TableEntry, table_path};
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+use tokio::sync::OnceCell;
 
-/// Why a dataset could not be indexed or read.
-#[derive(Debug, thiserror::Error)]
-pub enum DataError {
-    /// The object store failed.
-    #[error("dataset storage: {0}")]
-    Store(#[from] object_store::Error),
-    /// A shard is not a readable tar archive.
-    #[error("shard {shard} is not a valid tar archive: {reason}")]
-    Tar {
-        /// Shard path.
-        shard: String,
-        /// What failed.
-        reason: String,
-    },
-    /// An example lacks a required member.
-    #[error("example {key} in shard {shard} has no {member} member")]
-    MissingMember {
-        /// Example key.
-        key: String,
-        /// Shard path.
-        shard: String,
-        /// "image" or "caption".
-        member: &'static str,
-    },
-    /// A member could not be decoded.
-    #[error("example {key}: cannot decode {member}: {reason}")]
-    Decode {
-        /// Example key.
-        key: String,
-        /// Which member.
-        member: &'static str,
-        /// Why.
-        reason: String,
-    },
-    /// The dataset has no shards.
-    #[error("no .tar shards under {0}")]
-    Empty(String),
-    /// An example index past the end.
-    #[error("example {index} is out of range for a dataset of {examples} examples")]
-    OutOfRange {
-        /// The index asked for.
-        index: u64,
-        /// N.
-        examples: u64,
-    },
-}
+use crate::data::DataError;
+use crate::data::index::join;
 
-/// An example read back.
+/// Shard tables kept in memory per reader (about 0.5 MB each for 10k-example shards).
+const TABLES_KEPT: usize = 64;
+
+/// Members of one example closer than this are fetched with a single range request.
+const COALESCE_GAP: u64 = 64 << 10;
+
+/// An example's raw members as read from its shard.
 #[derive(Debug, Clone)]
-pub struct Example {
-    /// WebDataset key.
+pub struct RawExample {
+    /// `shard-path#position`, for messages.
     pub key: String,
-    /// Decoded RGB image.
-    pub image: RgbImage,
-    /// Caption text.
+    /// Encoded image bytes.
+    pub image: bytes::Bytes,
+    /// Caption text, trimmed.
     pub caption: String,
     /// Class label from the metadata, if any.
     pub label: Option<u32>,
 }
 
-const IMAGE_EXTS: [&str; 4] = ["png", "jpg", "jpeg", "webp"];
+type TableCell = Arc<OnceCell<Arc<ShardTable>>>;
 
-/// Members of one tar by key, with their positions.
-fn index_tar(shard: &str, bytes: &[u8]) -> Result<Vec<ExampleEntry>, DataError> {
-    let tar_error = |e: std::io::Error| DataError::Tar { shard: shard.to_owned(), reason: e.to_string() };
-    let mut archive = tar::Archive::new(bytes);
-    let mut by_key: BTreeMap<String, Vec<Member>> = BTreeMap::new();
-    let mut order: Vec<String> = Vec::new();
-    for entry in archive.entries().map_err(tar_error)? {
-        let entry = entry.map_err(tar_error)?;
-        if !entry.header().entry_type().is_file() {
-            continue;
-        }
-        let name = entry.path().map_err(tar_error)?.to_string_lossy().into_owned();
-        let Some((key, ext)) = name.split_once('.') else { continue };
-        let member = Member { ext: ext.to_ascii_lowercase(), offset: entry.raw_file_position(), len: entry.size() };
-        if !by_key.contains_key(key) {
-            order.push(key.to_owned());
-        }
-        by_key.entry(key.to_owned()).or_default().push(member);
-    }
-    order
-        .into_iter()
-        .map(|key| {
-            let members = by_key.remove(&key).unwrap_or_default();
-            let find = |pred: &dyn Fn(&str) -> bool| members.iter().find(|m| pred(&m.ext)).cloned();
-            let missing = |member| DataError::MissingMember { key: key.clone(), shard: shard.to_owned(), member };
-            Ok(ExampleEntry {
-                image: find(&|e| IMAGE_EXTS.contains(&e)).ok_or_else(|| missing("image"))?,
-                caption: find(&|e| e == "txt").ok_or_else(|| missing("caption"))?,
-                meta: find(&|e| e == "json"),
-                key,
-            })
+/// An indexed dataset on an object store.
+#[derive(Debug, Clone)]
+pub struct ShardReader {
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+    manifest: Arc<Manifest>,
+    layout: Arc<Layout>,
+    digest: String,
+    tables: Arc<Mutex<(HashMap<usize, TableCell>, VecDeque<usize>)>>,
+}
+
+impl ShardReader {
+    /// Reads and validates the manifest under `root`.
+    pub async fn open(store: Arc<dyn ObjectStore>, root: Path) -> Result<Self, DataError> {
+        let bytes = store.get(&join(&root, MANIFEST_PATH)).await?.bytes().await?;
+        let manifest = Manifest::parse(&bytes).map_err(|e| DataError::Index(e.to_string()))?;
+        Ok(Self {
+            layout: Arc::new(manifest.layout()),
+            digest: Manifest::digest(&bytes),
+            manifest: Arc::new(manifest),
+            store,
+            root,
+            tables: Arc::default(),
         })
-        .collect()
-}
-
-/// Indexes every `.tar` under `root` (in name order), reading each shard once.
-pub async fn build_index(store: &dyn ObjectStore, root: &Path) -> Result<DatasetIndex, DataError> {
-    let mut objects: Vec<_> = store.list(Some(root)).try_collect().await?;
-    objects.retain(|o| o.location.as_ref().ends_with(".tar"));
-    objects.sort_by(|a, b| a.location.cmp(&b.location));
-    if objects.is_empty() {
-        return Err(DataError::Empty(root.to_string()));
     }
-    let mut shards = Vec::with_capacity(objects.len());
-    for object in objects {
-        let relative = object
-            .location
-            .prefix_match(root)
-            .map(|parts| parts.map(|p| p.as_ref().to_owned()).collect::<Vec<_>>().join("/"))
-            .unwrap_or_else(|| object.location.to_string());
-        let bytes = store.get(&object.location).await?.bytes().await?;
-        let examples = index_tar(&relative, &bytes)?;
-        shards.push(ShardIndex { path: relative, examples });
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
     }
-    let examples = shards.iter().map(|s| s.examples.len() as u64).sum();
-    Ok(DatasetIndex { version: 1, examples, shards })
-}
 
-/// (shard, example) of global example `index` in `dataset`.
-pub fn locate(dataset: &DatasetIndex, index: u64) -> Result<(&ShardIndex, &ExampleEntry), DataError> {
-    dataset.locate(index).ok_or(DataError::OutOfRange { index, examples: dataset.examples })
-}
+    /// Shard boundaries.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
 
-async fn read_member(store: &dyn ObjectStore, shard: &Path, member: &Member) -> Result<bytes::Bytes, DataError> {
-    let range: Range<u64> = member.offset..member.offset + member.len;
-    let options = GetOptions { range: Some(GetRange::Bounded(range)), ..Default::default() };
-    Ok(store.get_opts(shard, options).await?.bytes().await?)
-}
+    /// The store and the dataset's root in it.
+    pub fn location(&self) -> (Arc<dyn ObjectStore>, Path) {
+        (self.store.clone(), self.root.clone())
+    }
 
-/// Reads example `index` by range requests for its members only.
-pub async fn read_example(
-    store: &dyn ObjectStore,
-    root: &Path,
-    index: &DatasetIndex,
-    example: u64,
-) -> Result<Example, DataError> {
-    let (shard, entry) = locate(index, example)?;
-    let shard_path = Path::from(format!("{root}/{}", shard.path).trim_start_matches('/'));
-    let decode = |member: &'static str, reason: String| DataError::Decode { key: entry.key.clone(), member, reason };
-    let image_bytes = read_member(store, &shard_path, &entry.image).await?;
-    let image = image::load_from_memory(&image_bytes).map_err(|e| decode("image", e.to_string()))?.to_rgb8();
-    let mut caption = String::new();
-    read_member(store, &shard_path, &entry.caption)
-        .await?
-        .as_ref()
-        .read_to_string(&mut caption)
-        .map_err(|e| decode("caption", e.to_string()))?;
-    let label = match &entry.meta {
-        Some(meta) => {
-            let bytes = read_member(store, &shard_path, meta).await?;
-            let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| decode("json", e.to_string()))?;
-            value["label"].as_u64().map(|l| l as u32)
+    /// The manifest's digest (what a job pins).
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// Shard `shard`'s table: from memory, else read and checked against the manifest.
+    pub async fn table(&self, shard: usize) -> Result<Arc<ShardTable>, DataError> {
+        let cell = {
+            let mut tables = self.tables.lock().expect("tables lock");
+            let (cells, order) = &mut *tables;
+            if !cells.contains_key(&shard) {
+                order.push_back(shard);
+                while order.len() > TABLES_KEPT {
+                    order.pop_front().map(|old| cells.remove(&old));
+                }
+            }
+            cells.entry(shard).or_default().clone()
+        };
+        let table = cell
+            .get_or_try_init(|| async {
+                let path = join(&self.root, &table_path(shard));
+                let bytes = self.store.get(&path).await?.bytes().await?;
+                let table = self.manifest.check_table(shard, &bytes).map_err(|e| DataError::Index(e.to_string()))?;
+                Ok::<_, DataError>(Arc::new(table))
+            })
+            .await?;
+        Ok(table.clone())
+    }
+
+    /// Reads example `global` by range requests for its members (one request when they lie
+    /// together, as they do in a tar).
+    pub async fn read(&self, global: u64) -> Result<RawExample, DataError> {
+        let examples = self.layout.examples();
+        let (shard, local) = self.layout.locate(global).ok_or(DataError::OutOfRange { index: global, examples })?;
+        let table = self.table(shard).await?;
+        let entry = *table.entries.get(local as usize).ok_or(DataError::OutOfRange { index: global, examples })?;
+        let record = &self.manifest.shards[shard];
+        let key = format!("{}#{local}", record.path);
+        let members = self.members(&join(&self.root, &record.path), &entry).await?;
+        let decode = |member: &'static str, reason: String| DataError::Decode { key: key.clone(), member, reason };
+        let caption = String::from_utf8(members.caption.to_vec()).map_err(|e| decode("caption", e.to_string()))?;
+        let label = match members.meta {
+            Some(meta) => {
+                let value: serde_json::Value =
+                    serde_json::from_slice(&meta).map_err(|e| decode("json", e.to_string()))?;
+                value["label"].as_u64().and_then(|l| u32::try_from(l).ok())
+            }
+            None => None,
+        };
+        Ok(RawExample { image: members.image, caption: caption.trim().to_owned(), label, key })
+    }
+
+    async fn members(&self, shard: &Path, entry: &TableEntry) -> Result<Members, DataError> {
+        let spans: Vec<Span> = [Some(entry.image), Some(entry.caption), entry.meta].into_iter().flatten().collect();
+        let start = spans.iter().map(|s| s.offset).min().unwrap_or(0);
+        let end = spans.iter().map(Span::end).max().unwrap_or(0);
+        let payload: u64 = spans.iter().map(|s| s.len).sum();
+        let cut = |all: &bytes::Bytes, base: u64, span: Span| {
+            all.slice((span.offset - base) as usize..(span.end() - base) as usize)
+        };
+        if end - start <= payload + COALESCE_GAP {
+            let all = self.range(shard, start..end).await?;
+            if all.len() as u64 != end - start {
+                return Err(DataError::Index(format!("{shard} is shorter than its index says")));
+            }
+            return Ok(Members {
+                image: cut(&all, start, entry.image),
+                caption: cut(&all, start, entry.caption),
+                meta: entry.meta.map(|m| cut(&all, start, m)),
+            });
         }
-        None => None,
-    };
-    Ok(Example { key: entry.key.clone(), image, caption: caption.trim().to_owned(), label })
+        let meta = match entry.meta {
+            Some(m) => Some(self.range(shard, m.offset..m.end()).await?),
+            None => None,
+        };
+        Ok(Members {
+            image: self.range(shard, entry.image.offset..entry.image.end()).await?,
+            caption: self.range(shard, entry.caption.offset..entry.caption.end()).await?,
+            meta,
+        })
+    }
+
+    async fn range(&self, shard: &Path, range: Range<u64>) -> Result<bytes::Bytes, DataError> {
+        let options = GetOptions { range: Some(GetRange::Bounded(range)), ..Default::default() };
+        Ok(self.store.get_opts(shard, options).await?.bytes().await?)
+    }
 }
 
-/// Every caption of the dataset, in example order, reading only the caption members.
-pub async fn read_captions(
-    store: &dyn ObjectStore,
-    root: &Path,
-    index: &DatasetIndex,
-) -> Result<Vec<String>, DataError> {
-    let mut captions = Vec::with_capacity(index.examples as usize);
-    for shard in &index.shards {
-        let shard_path = Path::from(format!("{root}/{}", shard.path).trim_start_matches('/'));
-        for entry in &shard.examples {
-            let bytes = read_member(store, &shard_path, &entry.caption).await?;
-            let text = String::from_utf8(bytes.to_vec()).map_err(|e| DataError::Decode {
-                key: entry.key.clone(),
-                member: "caption",
-                reason: e.to_string(),
-            })?;
-            captions.push(text.trim().to_owned());
-        }
-    }
-    Ok(captions)
+struct Members {
+    image: bytes::Bytes,
+    caption: bytes::Bytes,
+    meta: Option<bytes::Bytes>,
 }

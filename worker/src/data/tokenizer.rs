@@ -67,6 +67,33 @@ impl CaptionTokenizer {
         Self::wrap(Tokenizer::from_bytes(bytes).map_err(library)?)
     }
 
+    /// A BERT WordPiece tokenizer from the bytes of a `vocab.txt` (one token per line, id =
+    /// line number), configured as `BertWordPieceTokenizer(vocab, lowercase=True)`:
+    /// bert-base-uncased, DP-Cap's tokenizer. Special tokens in a caption's text (a literal
+    /// `[SEP]`) map to their ids, as in Hugging Face's.
+    pub fn from_vocab(vocab_txt: &[u8]) -> Result<Self, TokenizerError> {
+        let vocab = WordPiece::read_bytes(vocab_txt).map_err(library)?;
+        let model = WordPiece::builder()
+            .vocab(vocab)
+            .unk_token("[UNK]".into())
+            .continuing_subword_prefix("##".into())
+            .max_input_chars_per_word(100)
+            .build()
+            .map_err(library)?;
+        let mut tokenizer = Tokenizer::new(model);
+        let specials: Vec<AddedToken> = ["[UNK]", "[SEP]", "[CLS]", "[PAD]", "[MASK]"]
+            .into_iter()
+            .filter(|t| tokenizer.token_to_id(t).is_some())
+            .map(|t| AddedToken::from(t, true))
+            .collect();
+        tokenizer.add_special_tokens(&specials);
+        // clean_text, handle_chinese_chars, strip_accents (follows lowercase), lowercase.
+        tokenizer.with_normalizer(Some(BertNormalizer::new(true, true, None, true)));
+        tokenizer.with_pre_tokenizer(Some(BertPreTokenizer));
+        tokenizer.with_decoder(Some(WordPieceDecoder::new("##".into(), true)));
+        Self::wrap(tokenizer)
+    }
+
     /// The `tokenizer.json` text.
     pub fn to_json(&self) -> Result<String, TokenizerError> {
         self.inner.to_string(false).map_err(library)

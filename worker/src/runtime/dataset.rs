@@ -1,67 +1,91 @@
-//! A job's dataset as the worker sees it: the index, the store, and the tokenizer, and reads
-//! of the sampled examples of a work unit, concurrently and by range requests only.
+//! A job's dataset as the worker sees it: the manifest (pinned by digest), shard tables read
+//! on demand, the tokenizer, and reads of a work unit's examples — range requests in flight
+//! concurrently, then decoding and the image pipeline on a thread pool sized to the machine,
+//! so the next micro-batches are prepared while the current one computes.
 
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
-use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStoreExt;
+use rayon::prelude::*;
 
+use crate::data::pipeline::{Crop, Pipeline};
 use crate::data::tokenizer::CaptionTokenizer;
-use crate::data::{DatasetIndex, Example, read_example};
+use crate::data::{Example, RawExample, ShardReader};
 use crate::runtime::RuntimeError;
 
 /// Range reads in flight per rank.
 const READ_CONCURRENCY: usize = 16;
 
+/// How a read's images are cropped: per (key, step, example) for training, centred for
+/// evaluation.
+#[derive(Debug, Clone)]
+pub enum CropPlan {
+    /// `RandomResizedCrop` keyed by the job's augmentation key and the step.
+    Train {
+        /// The job's augmentation key.
+        key: [u8; 32],
+        /// The step.
+        step: u64,
+    },
+    /// Shorter side to the model's size, then the centre.
+    Eval,
+}
+
+/// The pipeline and crop of one read.
+#[derive(Debug, Clone)]
+pub struct View {
+    /// Decode, crop, resize, normalise.
+    pub pipeline: Arc<Pipeline>,
+    /// Which crop.
+    pub crop: CropPlan,
+}
+
+impl View {
+    /// Centre crops at `side` px (evaluation, probes).
+    pub fn eval(side: usize) -> Result<Self, RuntimeError> {
+        let pipeline = Pipeline::clip(side as u32).map_err(|e| RuntimeError::Data(e.to_string()))?;
+        Ok(Self { pipeline: Arc::new(pipeline), crop: CropPlan::Eval })
+    }
+
+    fn crop(&self, example: u64) -> Crop {
+        match self.crop {
+            CropPlan::Train { key, step } => Crop::Train { key, step, example },
+            CropPlan::Eval => Crop::Eval,
+        }
+    }
+}
+
 /// An opened dataset.
 #[derive(Debug, Clone)]
 pub struct Dataset {
-    store: Arc<dyn ObjectStore>,
-    root: Path,
-    index: Arc<DatasetIndex>,
-    starts: Vec<u64>,
-    digest: String,
-}
-
-async fn read_bytes(store: &dyn ObjectStore, path: &Path) -> Result<bytes::Bytes, object_store::Error> {
-    store.get(path).await?.bytes().await
+    reader: ShardReader,
 }
 
 impl Dataset {
-    /// Opens `url` and reads its `index.json`.
+    /// Opens `url` and reads its manifest.
     pub async fn open(url: &str) -> Result<Self, RuntimeError> {
         let (store, root) = dpcap_serve::open_store(url).map_err(|e| RuntimeError::Data(e.to_string()))?;
-        let path = Path::from(format!("{root}/index.json").trim_start_matches('/'));
-        let bytes = read_bytes(store.as_ref(), &path)
-            .await
-            .map_err(|e| RuntimeError::Data(format!("{url}/index.json: {e}")))?;
-        let digest = dpcap_proto::digest::sha256(&bytes);
-        let index: DatasetIndex =
-            serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Data(format!("{url}/index.json: {e}")))?;
-        let mut starts = Vec::with_capacity(index.shards.len());
-        let mut total = 0;
-        for shard in &index.shards {
-            starts.push(total);
-            total += shard.examples.len() as u64;
-        }
-        Ok(Self { store, root, index: Arc::new(index), starts, digest })
+        let reader = ShardReader::open(store, root).await.map_err(|e| {
+            RuntimeError::Data(format!("{url}: {e} (index the dataset with `dpctl dataset index {url}`)"))
+        })?;
+        Ok(Self { reader })
     }
 
     /// Refuses a dataset other than the one the job was planned and accounted on: a different
     /// index (re-indexed, shards added or removed) could map two sampled positions to one
     /// example or read examples the accounting never saw.
     pub fn check_pinned(&self, digest: &str, examples: u64) -> Result<(), RuntimeError> {
-        if !digest.is_empty() && digest != self.digest {
+        if !digest.is_empty() && digest != self.reader.digest() {
             return Err(RuntimeError::Spec {
                 field: "dataset",
-                reason: format!("index digest {} differs from the job's pinned {digest}", self.digest),
+                reason: format!("index digest {} differs from the job's pinned {digest}", self.reader.digest()),
             });
         }
-        if examples != self.index.examples {
+        if examples != self.examples() {
             return Err(RuntimeError::Spec {
                 field: "dataset",
-                reason: format!("index has {} examples, the job's plan {examples}", self.index.examples),
+                reason: format!("index has {} examples, the job's plan {examples}", self.examples()),
             });
         }
         Ok(())
@@ -69,55 +93,72 @@ impl Dataset {
 
     /// N.
     pub fn examples(&self) -> u64 {
-        self.index.examples
+        self.reader.manifest().examples
     }
 
-    /// The tokenizer: `location` (a path or URL of a tokenizer.json) or the dataset's own
-    /// `tokenizer.json` when empty.
+    /// The tokenizer: `location` (a path or URL of a `tokenizer.json`, or of a BERT
+    /// `vocab.txt`) or the dataset's own `tokenizer.json` when empty.
     pub async fn tokenizer(&self, location: &str) -> Result<CaptionTokenizer, RuntimeError> {
-        let bytes = if location.is_empty() {
-            let path = Path::from(format!("{}/tokenizer.json", self.root).trim_start_matches('/'));
-            read_bytes(self.store.as_ref(), &path).await.map_err(|e| RuntimeError::Spec {
-                field: "tokenizer",
-                reason: format!(
-                    "none given and the dataset has no tokenizer.json ({e}); run `dpctl dataset index` or set tokenizer"
-                ),
-            })?
+        let spec = |reason: String| RuntimeError::Spec { field: "tokenizer", reason };
+        let (store, path, name) = if location.is_empty() {
+            let (store, root) = self.reader.location();
+            (store, crate::data::index::join(&root, "tokenizer.json"), "tokenizer.json")
         } else {
             let (dir, file) = location.rsplit_once('/').unwrap_or((".", location));
-            let (store, root) = dpcap_serve::open_store(dir)
-                .map_err(|e| RuntimeError::Spec { field: "tokenizer", reason: e.to_string() })?;
-            let path = Path::from(format!("{root}/{file}").trim_start_matches('/'));
-            read_bytes(store.as_ref(), &path)
-                .await
-                .map_err(|e| RuntimeError::Spec { field: "tokenizer", reason: format!("{location}: {e}") })?
+            let (store, root) = dpcap_serve::open_store(dir).map_err(|e| spec(e.to_string()))?;
+            (store, crate::data::index::join(&root, file), file)
         };
-        CaptionTokenizer::from_bytes(&bytes)
-            .map_err(|e| RuntimeError::Spec { field: "tokenizer", reason: e.to_string() })
+        let bytes = async { store.get(&path).await?.bytes().await }.await.map_err(|e| {
+            spec(if location.is_empty() {
+                format!(
+                    "none given and the dataset has no tokenizer.json ({e}); run `dpctl dataset index` or set tokenizer"
+                )
+            } else {
+                format!("{location}: {e}")
+            })
+        })?;
+        let tokenizer = if name.ends_with(".txt") {
+            CaptionTokenizer::from_vocab(&bytes)
+        } else {
+            CaptionTokenizer::from_bytes(&bytes)
+        };
+        tokenizer.map_err(|e| spec(format!("{location}: {e}")))
     }
 
     /// Global index of position `local` in shard `shard`, bounds-checked against the shard.
     pub fn global(&self, shard: usize, local: u64) -> Result<u64, RuntimeError> {
-        let start = self
-            .starts
-            .get(shard)
-            .ok_or_else(|| RuntimeError::Protocol(format!("work unit names shard {shard} of {}", self.starts.len())))?;
-        let count = self.index.shards[shard].examples.len() as u64;
-        if local >= count {
-            return Err(RuntimeError::Protocol(format!(
-                "work unit names example {local} of shard {shard}, which holds {count}"
-            )));
-        }
-        Ok(start + local)
+        let layout = self.reader.layout();
+        layout.global(shard, local).ok_or_else(|| match layout.count(shard) {
+            None => RuntimeError::Protocol(format!("work unit names shard {shard} of {}", layout.shards())),
+            Some(count) => {
+                RuntimeError::Protocol(format!("work unit names example {local} of shard {shard}, which holds {count}"))
+            }
+        })
     }
 
-    /// Reads examples by global index.
-    pub async fn read(&self, indices: Vec<u64>) -> Result<Vec<Example>, RuntimeError> {
-        futures::stream::iter(indices)
-            .map(|i| async move { read_example(self.store.as_ref(), &self.root, &self.index, i).await })
+    /// Reads examples by global index and puts their images through `view`. An image that the
+    /// index accepted but that fails to decode in full (a truncated body) is left out with a
+    /// warning: it then contributes nothing, which the accounting allows (a removed example).
+    pub async fn read(&self, indices: Vec<u64>, view: &View) -> Result<Vec<Example>, RuntimeError> {
+        let raw: Vec<(u64, RawExample)> = futures::stream::iter(indices)
+            .map(|i| async move { self.reader.read(i).await.map(|raw| (i, raw)) })
             .buffered(READ_CONCURRENCY)
             .try_collect()
             .await
-            .map_err(|e| RuntimeError::Data(e.to_string()))
+            .map_err(|e| RuntimeError::Data(e.to_string()))?;
+        let view = view.clone();
+        tokio::task::spawn_blocking(move || {
+            raw.into_par_iter()
+                .filter_map(|(i, raw)| match view.pipeline.process(&raw.image, &view.crop(i)) {
+                    Ok(pixels) => Some(Example { key: raw.key, pixels, caption: raw.caption, label: raw.label }),
+                    Err(e) => {
+                        tracing::warn!(example = i, key = %raw.key, error = %e, "undecodable image left out");
+                        None
+                    }
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| RuntimeError::Data(format!("decode task failed: {e}")))
     }
 }

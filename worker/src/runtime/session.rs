@@ -4,23 +4,25 @@
 //! (rank 0), report. Calls to the coordinator and the accountant retry transient failures;
 //! a charged step whose release was lost is skipped and counted as discarded.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_accountant::client::AccountantClient;
 use dpcap_proto::v1::{
-    AccountantKind, Assignment, GetStepRequest, JobSpec, Mechanism, Objective, RegisterJobRequest, ReportStepRequest,
-    StepOutcome, TelemetryMode, step_work::Action,
+    AccountantKind, Assignment, Augment, GetStepRequest, JobSpec, Mechanism, Objective, RegisterJobRequest,
+    ReportStepRequest, StepOutcome, TelemetryMode, step_work::Action,
 };
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
 
 use crate::checkpoint::{load_optimizer, load_weights, save_optimizer, save_weights};
 use crate::clip::ClipEngine;
 use crate::collective::Reducer;
+use crate::data::pipeline::Pipeline;
 use crate::optim::Schedule;
 use crate::runtime::RuntimeError;
 use crate::runtime::ckpt::{CheckpointStore, Manifest};
-use crate::runtime::dataset::Dataset;
+use crate::runtime::dataset::{CropPlan, Dataset, View};
 use crate::runtime::reduce::{self, Outcome};
 use crate::runtime::stream::{DEFAULT_PREFETCH, ExampleStream};
 use crate::runtime::trainer::Trainer;
@@ -44,6 +46,10 @@ pub struct Session<AB: AutodiffBackend> {
     coordinator: CoordinatorClient,
     accountant: AccountantClient,
     dataset: Dataset,
+    /// How this job's images become the model's input.
+    pipeline: Arc<Pipeline>,
+    /// Keys the training crops (from the coordinator; never the sampler's secret).
+    augment_key: Option<[u8; 32]>,
     checkpoints: CheckpointStore,
     trainer: Trainer<AB>,
     reducer: Reducer,
@@ -99,6 +105,14 @@ impl<AB: AutodiffBackend> Session<AB> {
                 device,
             )
         })?;
+        let side = trainer.model.encoder().config().image as u32;
+        let pipeline = Arc::new(Pipeline::clip(side).map_err(|e| RuntimeError::Data(e.to_string()))?);
+        let augment_key = match Augment::try_from(spec.augment) {
+            Ok(Augment::CenterCrop) => None,
+            _ => Some(<[u8; 32]>::try_from(assignment.augment_key.as_ref()).map_err(|_| {
+                RuntimeError::Protocol(format!("augment_key has {} bytes, not 32", assignment.augment_key.len()))
+            })?),
+        };
         let checkpoints = CheckpointStore::open(&assignment.checkpoint_root)?;
         let (mut position, mut applied, mut discarded) = (0, 0, Vec::new());
         if let Some(step) = checkpoints.latest().await? {
@@ -142,6 +156,8 @@ impl<AB: AutodiffBackend> Session<AB> {
             coordinator,
             accountant,
             dataset,
+            pipeline,
+            augment_key,
             checkpoints,
             trainer,
             reducer,
@@ -256,8 +272,17 @@ impl<AB: AutodiffBackend> Session<AB> {
             }
         }
         let examples = indices.len();
-        let mut stream =
-            ExampleStream::start(self.dataset.clone(), indices, self.trainer.engine.micro_batch, DEFAULT_PREFETCH);
+        let crop = match self.augment_key {
+            Some(key) => CropPlan::Train { key, step },
+            None => CropPlan::Eval,
+        };
+        let view = View { pipeline: self.pipeline.clone(), crop };
+        let mut stream = ExampleStream::start(
+            self.dataset.clone(),
+            (indices, view),
+            self.trainer.engine.micro_batch,
+            DEFAULT_PREFETCH,
+        );
         let mut part = self.trainer.begin_part();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;

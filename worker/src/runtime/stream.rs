@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::data::Example;
 use crate::runtime::RuntimeError;
-use crate::runtime::dataset::Dataset;
+use crate::runtime::dataset::{Dataset, View};
 
 /// Chunks decoded ahead of the one being computed.
 pub const DEFAULT_PREFETCH: usize = 2;
@@ -25,8 +25,9 @@ pub struct ExampleStream {
 }
 
 impl ExampleStream {
-    /// Starts reading `indices` (global example indices) in chunks of `chunk` examples.
-    pub fn start(dataset: Dataset, indices: Vec<u64>, chunk: usize, prefetch: usize) -> Self {
+    /// Starts reading `indices` (global example indices) in chunks of `chunk` examples, their
+    /// images prepared as `view` says.
+    pub fn start(dataset: Dataset, (indices, view): (Vec<u64>, View), chunk: usize, prefetch: usize) -> Self {
         let (tx, chunks) = mpsc::channel(prefetch.max(1));
         let read = Arc::new(AtomicUsize::new(0));
         let counter = read.clone();
@@ -34,7 +35,7 @@ impl ExampleStream {
             for part in indices.chunks(chunk.max(1)) {
                 // Wait for room before reading, so at most `prefetch` chunks sit decoded.
                 let Ok(permit) = tx.reserve().await else { return };
-                let result = dataset.read(part.to_vec()).await;
+                let result = dataset.read(part.to_vec(), &view).await;
                 counter.fetch_add(part.len(), Ordering::SeqCst);
                 let failed = result.is_err();
                 permit.send(result);

@@ -3,7 +3,6 @@
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
-use image::imageops::FilterType;
 
 use crate::clip::{ClipEngine, ClippedSum, GradSum, Telemetry};
 use crate::data::Example;
@@ -52,31 +51,18 @@ pub struct Trainer<AB: AutodiffBackend> {
     pub expected_batch_size: f64,
 }
 
-/// Pixels to roughly zero-mean, unit-variance floats, [3, side, side] channel-major.
-pub fn image_values(image: &image::RgbImage, side: usize) -> Vec<f32> {
-    let resized;
-    let image = if image.width() as usize == side && image.height() as usize == side {
-        image
-    } else {
-        resized = image::imageops::resize(image, side as u32, side as u32, FilterType::Triangle);
-        &resized
-    };
-    let mut out = vec![0.0; 3 * side * side];
-    for (x, y, pixel) in image.enumerate_pixels() {
-        for c in 0..3 {
-            out[c * side * side + y as usize * side + x as usize] = (f32::from(pixel[c]) / 255.0 - 0.5) / 0.25;
-        }
-    }
-    out
-}
-
 /// A batch of images as a [B, 3, side, side] tensor.
 pub fn images_tensor<B: burn::tensor::backend::Backend>(
     examples: &[Example],
     side: usize,
     device: &B::Device,
 ) -> Tensor<B, 4> {
-    let values: Vec<f32> = examples.iter().flat_map(|e| image_values(&e.image, side)).collect();
+    let mut values: Vec<f32> = Vec::with_capacity(examples.len() * 3 * side * side);
+    for e in examples {
+        // The image pipeline made every example [3, side, side] for this model.
+        debug_assert_eq!(e.pixels.len(), 3 * side * side, "example {} was prepared for another size", e.key);
+        values.extend_from_slice(&e.pixels);
+    }
     Tensor::from_data(TensorData::new(values, [examples.len(), 3, side, side]), device)
 }
 

@@ -82,7 +82,9 @@ async fn connect(config: &WorkerConfig) -> Result<CoordinatorClient, RuntimeErro
         .endpoint(&config.coordinator)
         .map_err(|e| RuntimeError::Spec { field: "coordinator", reason: e.to_string() })?
         .connect_lazy();
-    Ok(WorkerServiceClient::with_interceptor(channel, AttachToken(config.cluster_token.clone())))
+    Ok(WorkerServiceClient::with_interceptor(channel, AttachToken(config.cluster_token.clone()))
+        .max_decoding_message_size(dpcap_proto::MAX_WORK_MESSAGE_BYTES)
+        .max_encoding_message_size(dpcap_proto::MAX_WORK_MESSAGE_BYTES))
 }
 
 /// Runs the worker until `shutdown` resolves, then leaves its group.

@@ -1,0 +1,91 @@
+//! Gradient vectors on the wire: `bytes` fields holding little-endian IEEE-754 f32, 4 bytes a
+//! value. A `repeated float` costs a decode loop and a copy per value at each end; bytes move
+//! as whole chunks (zero-copy slices of one buffer on the sending side) and are decoded in one
+//! pass into the destination.
+
+use bytes::Bytes;
+
+/// Why a chunk of bytes is not a run of f32 values.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FloatsError {
+    /// The length is not a multiple of 4.
+    #[error("invalid data: {0} bytes is not a whole number of f32 values (4 bytes each)")]
+    Length(usize),
+    /// A value is NaN or infinite.
+    #[error("invalid data: value {value} at index {index} is not finite")]
+    NotFinite {
+        /// The value.
+        value: f32,
+        /// Its index within the vector (chunk offset included).
+        index: u64,
+    },
+}
+
+/// `values` as little-endian bytes (one copy).
+pub fn to_bytes(values: &[f32]) -> Bytes {
+    #[cfg(target_endian = "little")]
+    {
+        Bytes::copy_from_slice(bytemuck::cast_slice(values))
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+    }
+}
+
+/// Number of f32 values in `data`, or an error if it is not a whole number.
+pub fn count(data: &[u8]) -> Result<usize, FloatsError> {
+    if data.len() % 4 == 0 { Ok(data.len() / 4) } else { Err(FloatsError::Length(data.len())) }
+}
+
+/// Appends the values of `data` to `out`.
+pub fn extend(out: &mut Vec<f32>, data: &[u8]) -> Result<(), FloatsError> {
+    count(data)?;
+    out.extend(data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+    Ok(())
+}
+
+/// Appends the values of `data` to `out`, refusing any value that is not finite (`offset` is
+/// the index of the first value within its vector, for the error). A part with a NaN would
+/// poison the sum and make the release data-dependent in its NaN pattern.
+pub fn extend_finite(out: &mut Vec<f32>, data: &[u8], offset: u64) -> Result<(), FloatsError> {
+    let start = out.len();
+    extend(out, data)?;
+    match out[start..].iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => {
+            let value = out[start + i];
+            out.truncate(start);
+            Err(FloatsError::NotFinite { value, index: offset + i as u64 })
+        }
+    }
+}
+
+/// All the values of `data`.
+pub fn to_vec(data: &[u8]) -> Result<Vec<f32>, FloatsError> {
+    let mut out = Vec::with_capacity(data.len() / 4);
+    extend(&mut out, data)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip_through_little_endian_bytes() {
+        let values = [0.0f32, -1.5, f32::MIN_POSITIVE, 3.25e30, -0.0];
+        let bytes = to_bytes(&values);
+        assert_eq!(&bytes[4..8], &(-1.5f32).to_le_bytes());
+        assert_eq!(to_vec(&bytes).unwrap(), values);
+    }
+
+    #[test]
+    fn a_ragged_length_or_a_nan_is_refused_with_its_position() {
+        assert_eq!(to_vec(&[0, 0, 0]), Err(FloatsError::Length(3)));
+        let mut out = vec![1.0];
+        let err = extend_finite(&mut out, &to_bytes(&[2.0, f32::NAN]), 10).unwrap_err();
+        assert!(matches!(err, FloatsError::NotFinite { index: 11, .. }), "{err}");
+        assert_eq!(out, [1.0], "nothing of a refused chunk is kept");
+    }
+}
