@@ -108,10 +108,9 @@ impl Accountant {
                 self.ledger.mark_discarded(job_id, step).await?;
                 record.discarded.insert(step);
             }
+            // No noise is drawn ahead at replay (every open job at once would take 8·P bytes
+            // each): the first step after a restart draws its own, and ahead resumes after it.
             let job = build_job_from_record(record, self.policy).await?;
-            if job.progress().phase == Phase::Open {
-                job.ahead.prepare(job.progress().next_step);
-            }
             tracing::info!(job_id = %job.registration.job_id, charged = job.progress().charged,
                 discarded = job.progress().discarded, "replayed job from ledger");
             self.jobs.write().expect("jobs lock").insert(job.registration.job_id.clone(), Arc::new(job));
@@ -188,7 +187,9 @@ impl Accountant {
         let job = jobs
             .entry(registration.job_id.clone())
             .or_insert_with(|| {
-                job.ahead.prepare(0);
+                if job.max_steps > 0 {
+                    job.ahead.prepare(0);
+                }
                 job
             })
             .clone();
@@ -315,6 +316,7 @@ impl Accountant {
         // The charge is durable: only now may noise touch the sum. Noise drawn ahead is this
         // step's (taken once); if it cannot be had, the step stays spent and is discarded,
         // never re-noised.
+        let noising = Instant::now();
         let sum = std::mem::take(&mut pending.sum);
         let noised = async move {
             let noise = job.ahead.take(step).await?;
@@ -327,10 +329,7 @@ impl Accountant {
                 return Err(self.record_discard(job, step, e).await);
             }
         };
-        // The next step's noise is drawn while this release is stored and applied.
-        if step + 1 < job.max_steps {
-            job.ahead.prepare(step + 1);
-        }
+        let (noise_s, storing) = (noising.elapsed().as_secs_f64(), Instant::now());
         let (stored, stored_rx) = watch::channel(Stored::Writing);
         let release = Arc::new(Release { step, data: data.clone(), epsilon_after, stored: stored_rx });
         job.keep_release(release);
@@ -351,8 +350,13 @@ impl Accountant {
         }
         state.stored.insert(step);
         stored.send_replace(Stored::Done);
+        // The next step's noise is drawn while the ranks apply this release and compute.
+        if step + 1 < job.max_steps {
+            job.ahead.prepare(step + 1);
+        }
         metrics::record_release(pending.started.elapsed());
-        tracing::info!(job_id = %r.job_id, step, epsilon_after, "released step");
+        let store_s = storing.elapsed().as_secs_f64();
+        tracing::info!(job_id = %r.job_id, step, epsilon_after, noise_s, store_s, "released step");
         Ok(())
     }
 
@@ -364,6 +368,7 @@ impl Accountant {
         tracing::error!(job_id = %job_id, step, error = %error, "release not stored: step discarded");
         if let Err(marker) = self.ledger.discard(job_id, step).await {
             tracing::error!(job_id = %job_id, step, error = %marker, "discard not recorded; refusing further steps");
+            job.ahead.clear();
             job.progress.send_modify(|p| p.phase = Phase::Closed);
         }
         error
@@ -433,6 +438,11 @@ impl Accountant {
     /// or trimmed step is refused with its typed code.
     async fn released(&self, job: &Job, step: u64) -> Result<Arc<Release>, AccountantError> {
         let r = &job.registration;
+        // A release being stored is served from memory without the step lock, which its store
+        // holds: its chunks stream while it is written, and its last chunk waits for the store.
+        if let Some(release) = job.releases.lock().expect("releases lock").get(&step) {
+            return Ok(release.clone());
+        }
         let state = job.state.lock().await;
         if let Some(release) = job.releases.lock().expect("releases lock").get(&step) {
             return Ok(release.clone());
@@ -487,9 +497,13 @@ impl Accountant {
     /// Ends a job: parts are refused from now on and its per-job metrics disappear.
     pub async fn close(&self, job: &Job, reason: &str) -> Result<(), AccountantError> {
         self.ledger.close(&job.registration.job_id, reason).await?;
-        job.state.lock().await.pending = None;
+        // Under the step lock, so that no part can release a step between the ledger's close
+        // and the closed phase.
+        let mut state = job.state.lock().await;
+        state.pending = None;
         job.ahead.clear();
         job.progress.send_modify(|p| p.phase = Phase::Closed);
+        drop(state);
         tracing::info!(job_id = %job.registration.job_id, reason, "closed job");
         Ok(())
     }

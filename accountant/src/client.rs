@@ -15,6 +15,12 @@ pub type RawClient = AccountantServiceClient<InterceptedService<Channel, AttachT
 /// Values per submitted chunk: 1048576 f32 = 4 MiB, half the message limit.
 pub const CHUNK_VALUES: usize = 1 << 20;
 
+/// Settings for streams of hundreds of MB: windows that grow to the bandwidth-delay product and
+/// large frames (see [`dpcap_serve::security::MAX_FRAME_BYTES`]).
+fn bulk(endpoint: Endpoint) -> Endpoint {
+    endpoint.http2_adaptive_window(true).max_frame_size(dpcap_serve::security::MAX_FRAME_BYTES).tcp_nodelay(true)
+}
+
 /// A connected accountant client.
 #[derive(Debug, Clone)]
 pub struct AccountantClient {
@@ -24,7 +30,7 @@ pub struct AccountantClient {
 impl AccountantClient {
     /// Connects to `endpoint` (e.g. "http://127.0.0.1:7070") in plaintext without a token.
     pub async fn connect(endpoint: String) -> Result<Self, tonic::transport::Error> {
-        let channel = Endpoint::from_shared(endpoint)?.http2_adaptive_window(true).connect().await?;
+        let channel = bulk(Endpoint::from_shared(endpoint)?).connect().await?;
         Ok(Self::over(channel, None))
     }
 
@@ -33,7 +39,7 @@ impl AccountantClient {
     /// and reconnects after the accountant restarts (calls made while it is down fail with
     /// UNAVAILABLE, which callers retry).
     pub fn lazy(endpoint: Endpoint, token: Option<String>) -> Self {
-        Self::over(endpoint.http2_adaptive_window(true).connect_lazy(), token)
+        Self::over(bulk(endpoint).connect_lazy(), token)
     }
 
     fn over(channel: Channel, token: Option<String>) -> Self {
@@ -72,10 +78,21 @@ impl AccountantClient {
         (step, part, attempt): (u64, u32, u64),
         values: &[f32],
     ) -> Result<SubmitPartResponse, Status> {
-        let data = floats::to_bytes(values);
+        self.submit_bytes(job_id, (step, part, attempt), floats::to_bytes(values)).await
+    }
+
+    /// Streams a part given as little-endian f32 bytes ([`floats::into_bytes`] makes them from
+    /// a `Vec<f32>` without a copy); a retry sends the same buffer again.
+    pub async fn submit_bytes(
+        &mut self,
+        job_id: &str,
+        (step, part, attempt): (u64, u32, u64),
+        data: bytes::Bytes,
+    ) -> Result<SubmitPartResponse, Status> {
+        let values = data.len() / 4;
         let job_id = job_id.to_owned();
         // Chunks are zero-copy slices of one buffer, made as the stream is polled.
-        let chunks = (0..values.len().div_ceil(CHUNK_VALUES).max(1)).map(move |i| {
+        let chunks = (0..values.div_ceil(CHUNK_VALUES).max(1)).map(move |i| {
             let start = (i * CHUNK_VALUES * 4).min(data.len());
             let end = (start + CHUNK_VALUES * 4).min(data.len());
             GradientChunk {

@@ -137,7 +137,8 @@ impl Ledger {
         }
     }
 
-    /// Stores the release of a charged step (before any byte of it leaves the accountant).
+    /// Stores the release of a charged step. Its chunks may stream while it is written, but no
+    /// fetch's last chunk (the one that lets a rank apply it) leaves before this returns.
     /// `data` is the release's little-endian f32 bytes (shared, not copied).
     pub async fn put_release(&self, job_id: &str, step: u64, data: bytes::Bytes) -> Result<(), AccountantError> {
         let path = self.job_path(job_id, &format!("releases/{step:020}.f32"));

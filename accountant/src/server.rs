@@ -38,7 +38,7 @@ pub enum ServeError {
 
 /// Opens the ledger at a directory or URL (see [`dpcap_serve::open_store`]).
 pub fn open_ledger(location: &str) -> Result<Ledger, ServeError> {
-    let (store, root) = dpcap_serve::open_store(location)?;
+    let (store, root) = dpcap_serve::open_durable_store(location)?;
     Ok(Ledger::new(store, root))
 }
 

@@ -44,6 +44,17 @@ async fn concurrent_duplicate_parts_and_fetches_charge_once_and_return_identical
     assert!(releases.iter().all(|r| r == &releases[0]), "every fetch returns identical bytes");
     let again = client.fetch_release("dup", 0).await.unwrap().0;
     assert_eq!(again, releases[0], "a later fetch never draws fresh noise");
+    // In small chunks: contiguous offsets, only the final chunk marked last, the same bytes.
+    let request = FetchReleaseRequest { job_id: "dup".into(), step: 0, chunk_values: 1234 };
+    let mut stream = client.raw().fetch_release(request).await.unwrap().into_inner();
+    let (mut chunked, mut lasts) = (Vec::new(), Vec::new());
+    while let Some(chunk) = stream.message().await.unwrap() {
+        assert_eq!(chunk.offset, chunked.len() as u64);
+        chunked.extend(dpcap_proto::floats::to_vec(&chunk.data).unwrap());
+        lasts.push(chunk.last);
+    }
+    assert_eq!(lasts, [false, false, false, false, true], "5000 values in chunks of 1234");
+    assert_eq!(chunked, releases[0]);
     assert_eq!(charged_steps(dir.path(), "dup"), vec![0]);
     let spend = client.raw().get_spend(GetSpendRequest { job_id: "dup".into() }).await.unwrap().into_inner();
     assert_eq!((spend.steps_charged, spend.next_step), (1, 1));

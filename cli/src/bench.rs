@@ -19,6 +19,8 @@ pub enum BenchCommand {
     Clip(crate::bench_clip::ClipBench),
     /// Peak RSS of one rank streaming its share of a step (run for two share sizes).
     Share(crate::bench_share::ShareBench),
+    /// The image pipeline's throughput on a directory of images (one core and every core).
+    Images(crate::bench_images::ImagesBench),
     /// One paper-scale step without GPU compute: index, layout, sample, split, release.
     Scale(crate::bench_scale::ScaleBench),
     /// Time PLD and RDP epsilon for the DP-Cap recipe (median of --runs).
@@ -51,6 +53,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Clip(opts) => crate::bench_clip::run(opts)?,
         BenchCommand::Share(opts) => crate::bench_share::run(opts)?,
         BenchCommand::Scale(opts) => crate::bench_scale::run(opts)?,
+        BenchCommand::Images(opts) => crate::bench_images::run(opts)?,
         BenchCommand::Privacy { runs, json } => {
             let segment = Segment::new(DPCAP_B / DPCAP_N, 0.728, 5708)?;
             let delta = 1.0 / DPCAP_N;

@@ -147,7 +147,7 @@ async fn time_release(opts: &ScaleBench) -> Result<ReleaseTiming> {
         };
         dpcap_accountant::server::serve((grpc, metrics), server, ledger, policy, shutdown).await
     });
-    let mut client = AccountantClient::connect(format!("http://{addr}")).await?;
+    let client = AccountantClient::connect(format!("http://{addr}")).await?;
     let q = opts.batch as f64 / opts.examples as f64;
     let register = RegisterJobRequest {
         job_id: "scale".into(),
@@ -159,16 +159,27 @@ async fn time_release(opts: &ScaleBench) -> Result<ReleaseTiming> {
         parts: 1,
         ..Default::default()
     };
-    client.raw().register_job(register).await.context("registering the bench job")?;
-    let part: Vec<f32> = (0..dim).map(|i| (i % 1013) as f32 * 1e-4).collect();
+    // The accountant answers UNAVAILABLE until it has replayed its (empty) ledger.
+    let policy = dpcap_proto::RetryPolicy { deadline: Duration::from_secs(30), ..Default::default() };
+    dpcap_proto::retry(policy, "register", || {
+        let (mut client, register) = (client.clone(), register.clone());
+        async move { client.raw().register_job(register).await }
+    })
+    .await
+    .context("registering the bench job")?;
+    let part = dpcap_proto::floats::into_bytes((0..dim).map(|i| (i % 1013) as f32 * 1e-4).collect());
     let mut times = Vec::new();
     for step in 0..opts.release_steps.max(1) {
         // Between steps the ranks compute; the accountant draws the next step's noise meanwhile.
         tokio::time::sleep(noise_wait).await;
         let started = Instant::now();
         let (mut submitter, mut fetcher) = (client.clone(), client.clone());
-        let (submitted, fetched) =
-            tokio::join!(submitter.submit_part("scale", step, 0, &part), fetcher.fetch_release("scale", step));
+        // The rank fetches while it submits, as the worker does: the release streams while the
+        // accountant stores it, and its last chunk comes once it is stored.
+        let (submitted, fetched) = tokio::join!(
+            submitter.submit_bytes("scale", (step, 0, 0), part.clone()),
+            fetcher.fetch_release("scale", step)
+        );
         submitted.context("submitting the part")?;
         let (release, _) = fetched.context("fetching the release")?;
         times.push(started.elapsed().as_secs_f64());

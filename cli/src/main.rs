@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_clip;
+mod bench_images;
 mod bench_scale;
 mod bench_share;
 mod budget;

@@ -33,9 +33,33 @@ pub fn to_bytes(values: &[f32]) -> Bytes {
     }
 }
 
+/// `values` as little-endian bytes without a copy on little-endian hosts: the buffer becomes
+/// the owner of the bytes (a 760 MB part is not duplicated to be sent).
+pub fn into_bytes(values: Vec<f32>) -> Bytes {
+    #[cfg(target_endian = "little")]
+    {
+        Bytes::from_owner(LittleEndian(values))
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        to_bytes(&values)
+    }
+}
+
+/// f32 values viewed as their little-endian bytes (the host's order).
+#[cfg(target_endian = "little")]
+struct LittleEndian(Vec<f32>);
+
+#[cfg(target_endian = "little")]
+impl AsRef<[u8]> for LittleEndian {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
 /// Number of f32 values in `data`, or an error if it is not a whole number.
 pub fn count(data: &[u8]) -> Result<usize, FloatsError> {
-    if data.len() % 4 == 0 { Ok(data.len() / 4) } else { Err(FloatsError::Length(data.len())) }
+    if data.len().is_multiple_of(4) { Ok(data.len() / 4) } else { Err(FloatsError::Length(data.len())) }
 }
 
 /// Appends the values of `data` to `out`.
@@ -78,6 +102,7 @@ mod tests {
         let bytes = to_bytes(&values);
         assert_eq!(&bytes[4..8], &(-1.5f32).to_le_bytes());
         assert_eq!(to_vec(&bytes).unwrap(), values);
+        assert_eq!(into_bytes(values.to_vec()), bytes, "the owned view has the same bytes");
     }
 
     #[test]

@@ -327,11 +327,14 @@ impl Manifest {
         }
         let (mut examples, mut skipped, mut seen) = (0u64, 0u64, HashSet::new());
         for (n, s) in m.shards.iter().enumerate() {
-            let bad_path = s.path.is_empty() || s.path.starts_with('/') || s.path.contains('\\');
-            if bad_path || s.path.split('/').any(|seg| seg == "..") || !seen.insert(s.path.as_str()) {
+            // Canonical paths only: `a//x.tar` or `a/x.tar/` would name the same object as
+            // `a/x.tar` in an object store, and a shard listed twice puts each of its examples
+            // at two positions (sampled at about 2q, contributing up to 2C): the accounting fails.
+            let bad_path = s.path.contains('\\') || s.path.split('/').any(|seg| matches!(seg, "" | "." | ".."));
+            if bad_path || !seen.insert(s.path.as_str()) {
                 return Err(field(
                     "path",
-                    format!("shard {n} path {:?} is empty, absolute, escaping or repeated", s.path),
+                    format!("shard {n} path {:?} is empty, absolute, not canonical, escaping or repeated", s.path),
                 ));
             }
             let hex = s.table_sha256.strip_prefix(DIGEST_PREFIX).unwrap_or_default();
@@ -606,7 +609,9 @@ mod tests {
         assert_eq!(broken(|m| m.skipped.corrupt_image = 1), "skipped");
         assert_eq!(broken(|m| m.shards[0].table_sha256 = format!("sha256:{}", "A".repeat(64))), "table_sha256");
         assert_eq!(broken(|m| m.shards[0].table_sha256 = m.shards[0].table_sha256[7..].to_string()), "table_sha256");
-        for path in ["", "/data/0.tar", "../0.tar", "a/../../0.tar", "a\\0.tar", "00001.tar"] {
+        for path in
+            ["", "/data/0.tar", "../0.tar", "a/../../0.tar", "a\\0.tar", "00001.tar", "a//0.tar", "a/0.tar/", "./0.tar"]
+        {
             let mut m = good.clone();
             m.shards[0].path = path.into();
             assert_eq!(rejected_field(&m), "path", "{path:?}");

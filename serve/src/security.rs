@@ -107,6 +107,10 @@ pub enum SecurityError {
 /// A tonic server with the auth layer.
 pub type SecuredServer = Server<Stack<AuthLayer, Identity>>;
 
+/// HTTP/2 frame size that dpcap's servers and bulk clients accept (1 MiB; the protocol's default
+/// is 16 KiB).
+pub const MAX_FRAME_BYTES: u32 = 1 << 20;
+
 impl ServerSecurity {
     /// Loads the flags, applies the exposure rule for `addr`, and returns the server builder.
     pub fn server(&self, addr: SocketAddr) -> Result<SecuredServer, SecurityError> {
@@ -114,7 +118,9 @@ impl ServerSecurity {
         let credentials = self.auth.credentials()?;
         exposure::check(addr, tls.is_some(), !credentials.is_empty(), self.insecure)?;
         tracing::info!(%addr, tls = tls.is_some(), roles = ?credentials, "security");
-        let mut server = Server::builder().http2_adaptive_window(Some(true));
+        // Large HTTP/2 frames: gradient chunks are 4 MiB, and 16 KiB frames (the default) cost a
+        // frame header, a poll and a copy every 16 KiB of a 760 MB part.
+        let mut server = Server::builder().http2_adaptive_window(Some(true)).max_frame_size(Some(MAX_FRAME_BYTES));
         if let Some(tls) = tls {
             server = server.tls_config(tls)?;
         }

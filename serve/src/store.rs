@@ -20,6 +20,18 @@ pub struct StoreError {
 
 /// Opens `location`, returning the store and the root path inside it.
 pub fn open_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
+    open(location, false)
+}
+
+/// Opens `location` for records that must survive a machine crash, not only a process crash:
+/// a local directory fsyncs every written file and its directory before a write returns (cloud
+/// object stores are durable once a put succeeds). The ledger's charges are such records: a
+/// charge lost with the page cache would leave a released step unaccounted.
+pub fn open_durable_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
+    open(location, true)
+}
+
+fn open(location: &str, fsync: bool) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
     let store_error = |reason: String| StoreError { url: location.to_owned(), reason };
     if location.is_empty() {
         return Err(store_error("empty location".into()));
@@ -27,7 +39,7 @@ pub fn open_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreE
     if !location.contains("://") || location.starts_with("file://") {
         let dir = location.strip_prefix("file://").unwrap_or(location);
         std::fs::create_dir_all(dir).map_err(|e| store_error(e.to_string()))?;
-        let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| store_error(e.to_string()))?;
+        let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| store_error(e.to_string()))?.with_fsync(fsync);
         return Ok((Arc::new(store), Path::default()));
     }
     let url = url::Url::parse(location).map_err(|e| store_error(e.to_string()))?;

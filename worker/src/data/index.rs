@@ -48,11 +48,14 @@ pub struct BuiltIndex {
     pub report: Vec<SkippedExample>,
 }
 
+/// One example's members by lower-case extension.
+type Members = BTreeMap<String, Span>;
+
 /// The members of one tar, grouped by key in tar order.
-fn members(shard: &str, bytes: &[u8]) -> Result<Vec<(String, BTreeMap<String, Span>)>, DataError> {
+fn members(shard: &str, bytes: &[u8]) -> Result<Vec<(String, Members)>, DataError> {
     let tar_error = |e: std::io::Error| DataError::Tar { shard: shard.to_owned(), reason: e.to_string() };
     let mut archive = tar::Archive::new(bytes);
-    let mut order: Vec<(String, BTreeMap<String, Span>)> = Vec::new();
+    let mut order: Vec<(String, Members)> = Vec::new();
     let mut position: BTreeMap<String, usize> = BTreeMap::new();
     for entry in archive.entries().map_err(tar_error)? {
         let entry = entry.map_err(tar_error)?;
@@ -105,7 +108,12 @@ fn index_shard(shard: &str, bytes: &[u8]) -> Result<(ShardTable, Skipped, Vec<Sk
                     (_, Err(e)) => skip("corrupt_caption", format!("not UTF-8: {e}")),
                     (_, Ok(text)) if text.trim().is_empty() => skip("corrupt_caption", "empty".into()),
                     (Ok(_), Ok(_)) => {
-                        let meta = members.get("json").copied();
+                        // Metadata that is not JSON is dropped here, not the example: only
+                        // evaluation labels come from it.
+                        let meta = members
+                            .get("json")
+                            .copied()
+                            .filter(|m| serde_json::from_slice::<serde_json::Value>(slice(bytes, *m)).is_ok());
                         table.entries.push(TableEntry { image_kind, image, caption, meta });
                         continue;
                     }

@@ -35,6 +35,9 @@ pub struct RawExample {
 
 type TableCell = Arc<OnceCell<Arc<ShardTable>>>;
 
+/// Tables by shard, and the order they were first asked for (the oldest is dropped first).
+type TableCache = (HashMap<usize, TableCell>, VecDeque<usize>);
+
 /// An indexed dataset on an object store.
 #[derive(Debug, Clone)]
 pub struct ShardReader {
@@ -43,7 +46,7 @@ pub struct ShardReader {
     manifest: Arc<Manifest>,
     layout: Arc<Layout>,
     digest: String,
-    tables: Arc<Mutex<(HashMap<usize, TableCell>, VecDeque<usize>)>>,
+    tables: Arc<Mutex<TableCache>>,
 }
 
 impl ShardReader {
@@ -117,14 +120,12 @@ impl ShardReader {
         let members = self.members(&join(&self.root, &record.path), &entry).await?;
         let decode = |member: &'static str, reason: String| DataError::Decode { key: key.clone(), member, reason };
         let caption = String::from_utf8(members.caption.to_vec()).map_err(|e| decode("caption", e.to_string()))?;
-        let label = match members.meta {
-            Some(meta) => {
-                let value: serde_json::Value =
-                    serde_json::from_slice(&meta).map_err(|e| decode("json", e.to_string()))?;
-                value["label"].as_u64().and_then(|l| u32::try_from(l).ok())
-            }
-            None => None,
-        };
+        // The indexer kept only metadata that parses; a label is read when there is one.
+        let label = members
+            .meta
+            .and_then(|meta| serde_json::from_slice::<serde_json::Value>(&meta).ok())
+            .and_then(|value| value["label"].as_u64())
+            .and_then(|l| u32::try_from(l).ok());
         Ok(RawExample { image: members.image, caption: caption.trim().to_owned(), label, key })
     }
 
@@ -132,15 +133,13 @@ impl ShardReader {
         let spans: Vec<Span> = [Some(entry.image), Some(entry.caption), entry.meta].into_iter().flatten().collect();
         let start = spans.iter().map(|s| s.offset).min().unwrap_or(0);
         let end = spans.iter().map(Span::end).max().unwrap_or(0);
-        let payload: u64 = spans.iter().map(|s| s.len).sum();
+        // Decoded spans never overflow (the table refuses them); saturate all the same.
+        let payload = spans.iter().fold(0u64, |sum, s| sum.saturating_add(s.len));
         let cut = |all: &bytes::Bytes, base: u64, span: Span| {
             all.slice((span.offset - base) as usize..(span.end() - base) as usize)
         };
-        if end - start <= payload + COALESCE_GAP {
+        if end - start <= payload.saturating_add(COALESCE_GAP) {
             let all = self.range(shard, start..end).await?;
-            if all.len() as u64 != end - start {
-                return Err(DataError::Index(format!("{shard} is shorter than its index says")));
-            }
             return Ok(Members {
                 image: cut(&all, start, entry.image),
                 caption: cut(&all, start, entry.caption),
@@ -158,9 +157,15 @@ impl ShardReader {
         })
     }
 
+    /// Exactly the bytes of `range`: a shorter answer (a truncated shard) is an error.
     async fn range(&self, shard: &Path, range: Range<u64>) -> Result<bytes::Bytes, DataError> {
+        let want = range.end - range.start;
         let options = GetOptions { range: Some(GetRange::Bounded(range)), ..Default::default() };
-        Ok(self.store.get_opts(shard, options).await?.bytes().await?)
+        let bytes = self.store.get_opts(shard, options).await?.bytes().await?;
+        if bytes.len() as u64 != want {
+            return Err(DataError::Index(format!("{shard} is shorter than its index says")));
+        }
+        Ok(bytes)
     }
 }
 

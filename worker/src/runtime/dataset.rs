@@ -76,7 +76,10 @@ impl Dataset {
     /// index (re-indexed, shards added or removed) could map two sampled positions to one
     /// example or read examples the accounting never saw.
     pub fn check_pinned(&self, digest: &str, examples: u64) -> Result<(), RuntimeError> {
-        if !digest.is_empty() && digest != self.reader.digest() {
+        if digest.is_empty() {
+            return Err(RuntimeError::Spec { field: "dataset", reason: "the job's plan pins no index digest".into() });
+        }
+        if digest != self.reader.digest() {
             return Err(RuntimeError::Spec {
                 field: "dataset",
                 reason: format!("index digest {} differs from the job's pinned {digest}", self.reader.digest()),

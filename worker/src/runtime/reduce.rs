@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use dpcap_accountant::client::AccountantClient;
+use dpcap_proto::floats;
 use dpcap_proto::retry::backoff;
 use dpcap_proto::v1::{Assignment, JobSpend, Reduction};
 use dpcap_proto::{ErrorCode, RetryPolicy, is_transient};
@@ -69,11 +70,11 @@ async fn form_nccl(
         worker_id: worker_id.to_owned(),
         job_id: assignment.job_id.clone(),
         generation: assignment.generation,
-        nccl_id,
+        nccl_id: nccl_id.into(),
     };
     let id = coordinator.rendezvous(request).await.map_err(crate::runtime::session::lease_or)?.into_inner().nccl_id;
     let ranks = (assignment.rank as usize, assignment.world_size as usize);
-    let group = NcclGroup::join_async(ordinal, ranks, id, timeout).await?;
+    let group = NcclGroup::join_async(ordinal, ranks, id.to_vec(), timeout).await?;
     tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, generation = assignment.generation, "joined the NCCL group");
     Ok(Reducer::Nccl(group))
 }
@@ -106,7 +107,9 @@ pub async fn release(
 
 /// Submits `sum` as part `part` and fetches the release, riding out accountant restarts: a
 /// transient failure of either call re-submits (an identical part is recognised, a charged
-/// step answers STEP_ALREADY_CHARGED and is fetched) until the retry deadline.
+/// step answers STEP_ALREADY_CHARGED and is fetched) until the retry deadline. The fetch runs
+/// beside the submit: the release streams while the accountant stores it, and its last chunk
+/// arrives once it is stored, so storing is not paid twice on the step's critical path.
 async fn through_accountant(
     accountant: &mut AccountantClient,
     (job_id, step, part, generation): StepKey<'_>,
@@ -114,21 +117,34 @@ async fn through_accountant(
 ) -> Result<Outcome, RuntimeError> {
     let policy = RetryPolicy::default();
     let started = Instant::now();
+    let data = floats::into_bytes(sum); // one buffer for every attempt, never copied
     let mut failures = 0u32;
     loop {
         let t = Instant::now();
-        let submitted = accountant.submit_attempt(job_id, (step, part, generation), &sum).await;
-        let failure = match submitted.map_err(|s| (ErrorCode::of(&s), s)) {
-            Ok(_) | Err((Some(ErrorCode::StepAlreadyCharged), _)) => None,
-            Err((Some(ErrorCode::ReleaseDiscarded), _)) => return Ok(Outcome::Discarded),
-            Err((_, s)) => Some(s),
+        let mut fetcher = accountant.clone();
+        let fetch = fetcher.fetch_release(job_id, step);
+        tokio::pin!(fetch);
+        let submit = accountant.submit_bytes(job_id, (step, part, generation), data.clone());
+        // Until the submit answers, a fetch that ends is the answer (the step was released).
+        let (submitted, fetched) = tokio::select! {
+            submitted = submit => (Some(submitted), None),
+            fetched = &mut fetch => (None, Some(fetched)),
         };
         let reduce_seconds = t.elapsed().as_secs_f64();
+        let failure = match submitted.map(|s| s.map_err(|s| (ErrorCode::of(&s), s))) {
+            None | Some(Ok(_)) | Some(Err((Some(ErrorCode::StepAlreadyCharged), _))) => None,
+            Some(Err((Some(ErrorCode::ReleaseDiscarded), _))) => return Ok(Outcome::Discarded),
+            Some(Err((_, s))) => Some(s),
+        };
         let failure = match failure {
-            Some(s) => s,
+            Some(s) => s, // the fetch is dropped with this attempt
             None => {
                 let t = Instant::now();
-                match accountant.fetch_release(job_id, step).await {
+                let fetched = match fetched {
+                    Some(fetched) => fetched,
+                    None => fetch.await,
+                };
+                match fetched {
                     Ok((values, spend)) => {
                         let release_seconds = t.elapsed().as_secs_f64();
                         return Ok(Outcome::Released(Released { values, spend, reduce_seconds, release_seconds }));

@@ -1,0 +1,85 @@
+//! `dpctl bench images DIR`: the image pipeline's throughput on a directory of images (files
+//! read into memory first, so the disk is not timed): one thread (images per second per core,
+//! comparable with `reference/pillow_pipeline.py` on the same files) and every core (the worker's
+//! decode pool). `scripts/bench-images.sh` runs both side by side.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use dpcap_worker::data::pipeline::{Crop, Pipeline};
+use rayon::prelude::*;
+use serde_json::json;
+
+/// Options of `dpctl bench images`.
+#[derive(Debug, Args)]
+pub struct ImagesBench {
+    /// Directory of .jpg/.jpeg/.png/.webp files.
+    dir: PathBuf,
+    /// Output side, px.
+    #[arg(long, default_value_t = 224)]
+    side: u32,
+    /// Timed passes over the files (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    passes: usize,
+    /// Training crops (RandomResizedCrop) instead of the evaluation centre crop.
+    #[arg(long)]
+    train: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn median_pass(passes: usize, mut pass: impl FnMut() -> Result<()>) -> Result<f64> {
+    pass()?; // warm-up
+    let mut times = Vec::new();
+    for _ in 0..passes.max(1) {
+        let started = Instant::now();
+        pass()?;
+        times.push(started.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Runs the benchmark.
+pub fn run(opts: ImagesBench) -> Result<()> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&opts.dir)
+        .with_context(|| format!("reading {}", opts.dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+            ["jpg", "jpeg", "png", "webp"].contains(&ext.as_str())
+        })
+        .collect();
+    files.sort();
+    anyhow::ensure!(!files.is_empty(), "invalid dir {}: no .jpg, .jpeg, .png or .webp files", opts.dir.display());
+    let images: Vec<Vec<u8>> = files.iter().map(std::fs::read).collect::<std::io::Result<_>>()?;
+    let pipeline = Pipeline::clip(opts.side)?;
+    let crop = |i: usize| {
+        if opts.train { Crop::Train { key: [7; 32], step: 0, example: i as u64 } } else { Crop::Eval }
+    };
+    let one = |i: usize, bytes: &Vec<u8>| -> Result<()> {
+        std::hint::black_box(pipeline.process(bytes, &crop(i))?);
+        Ok(())
+    };
+    let single = median_pass(opts.passes, || images.iter().enumerate().try_for_each(|(i, b)| one(i, b)))?;
+    let pool = median_pass(opts.passes, || images.par_iter().enumerate().try_for_each(|(i, b)| one(i, b)))?;
+    let n = images.len() as f64;
+    let threads = rayon::current_num_threads();
+    let report = json!({"images": images.len(), "side": opts.side, "crop": if opts.train { "train" } else { "eval" },
+        "images_per_s_per_core": n / single, "images_per_s_pool": n / pool, "threads": threads});
+    if opts.json {
+        println!("{report}");
+    } else {
+        println!(
+            "{} images → {} px: {:.0} images/s on one core, {:.0} images/s on {threads} threads",
+            images.len(),
+            opts.side,
+            n / single,
+            n / pool
+        );
+    }
+    Ok(())
+}
