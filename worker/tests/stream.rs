@@ -57,3 +57,24 @@ async fn a_dataset_other_than_the_pinned_one_is_refused_and_positions_are_bounds
     assert!(data.global(1, 50).is_err(), "position 50 of a 50-example shard");
     assert!(data.global(9, 0).is_err(), "no shard 9");
 }
+
+/// A retried step (any rank, any attempt) sees the same training crops: they are keyed by the
+/// job's augmentation key, the step and the example, never by who reads them or when.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn training_crops_are_the_same_for_a_retried_step_and_differ_between_steps() {
+    use dpcap_worker::data::pipeline::Pipeline;
+    use dpcap_worker::runtime::dataset::CropPlan;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _) = dataset(dir.path(), 60).await;
+    let data = Dataset::open(&url).await.unwrap();
+    let pipeline = std::sync::Arc::new(Pipeline::clip(32).unwrap());
+    let view = |step| View { pipeline: pipeline.clone(), crop: CropPlan::Train { key: [3; 32], step } };
+    let indices = vec![5, 17, 42];
+    let first = data.read(indices.clone(), &view(7)).await.unwrap();
+    let retried = Dataset::open(&url).await.unwrap().read(indices.clone(), &view(7)).await.unwrap();
+    let next = data.read(indices, &view(8)).await.unwrap();
+    for ((a, b), c) in first.iter().zip(&retried).zip(&next) {
+        assert_eq!(a.pixels, b.pixels, "{}: the same pixels on a retry", a.key);
+        assert_ne!(a.pixels, c.pixels, "{}: another step, another crop", a.key);
+    }
+}

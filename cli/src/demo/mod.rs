@@ -65,7 +65,9 @@ pub struct DemoArgs {
 async fn prepare_data(dir: &Path, args: &DemoArgs) -> Result<(PathBuf, PathBuf)> {
     let (train, eval) = (dir.join("data/train"), dir.join("data/probe"));
     let marker = dir.join("data/dataset.json");
-    let wanted = json!({"examples": args.examples, "eval_examples": args.eval_examples, "seed": 0, "probe": "single"});
+    // The index format is part of what is wanted: data indexed by an older dpctl is redone.
+    let wanted = json!({"examples": args.examples, "eval_examples": args.eval_examples, "seed": 0, "probe": "single",
+                        "index": dpcap_proto::index::MANIFEST_VERSION});
     if std::fs::read(&marker).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         == Some(wanted.clone())
     {
