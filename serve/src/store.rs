@@ -43,7 +43,11 @@ fn open(location: &str, fsync: bool) -> Result<(Arc<dyn ObjectStore>, Path), Sto
         return Ok((Arc::new(store), Path::default()));
     }
     let url = url::Url::parse(location).map_err(|e| store_error(e.to_string()))?;
+    // Cloud stores read their configuration from the environment, as object_store names it
+    // (AWS_ACCESS_KEY_ID, AWS_REGION, AWS_ENDPOINT, GOOGLE_SERVICE_ACCOUNT,
+    // AZURE_STORAGE_ACCOUNT_NAME, ...); without it they fall back to the platform's
+    // instance credentials. Unknown variables are ignored.
     let (store, root): (Box<dyn ObjectStore>, Path) =
-        object_store::parse_url(&url).map_err(|e| store_error(e.to_string()))?;
+        object_store::parse_url_opts(&url, std::env::vars()).map_err(|e| store_error(e.to_string()))?;
     Ok((Arc::from(store), root))
 }
