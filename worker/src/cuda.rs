@@ -27,6 +27,11 @@ pub fn check_nccl() -> Result<(), String> {
     if unsafe { cudarc::nccl::sys::is_culib_present() } {
         Ok(())
     } else {
-        Err("the NCCL library (libnccl) cannot be loaded; the GPU image must provide it".to_owned())
+        // cudarc 0.19 asks for libnccl.so, .so.13, .so.12 … .so.9 and .so.1, never .so.2: the
+        // only name Debian's libnccl2 and the nvidia-nccl-cu12/13 wheels install.
+        Err("the NCCL library cannot be loaded under the names cudarc looks for (libnccl.so, libnccl.so.1, \
+             libnccl.so.9 to .13); Debian's libnccl2 and the nvidia-nccl wheels install only libnccl.so.2: \
+             link libnccl.so to it on the library path (deploy/Dockerfile.cuda does)"
+            .to_owned())
     }
 }
