@@ -52,7 +52,7 @@ pub async fn dataset_digest(dataset: &str) -> Result<String> {
     if dataset.starts_with("sha256:") {
         return Ok(dataset.to_owned());
     }
-    let (store, root) = dpcap_serve::open_store(dataset)?;
+    let (store, root) = dpcap_serve::open_existing_store(dataset)?;
     let manifest = dpcap_proto::index::MANIFEST_PATH;
     let path = Path::from(format!("{root}/{manifest}").trim_start_matches('/'));
     let bytes = store

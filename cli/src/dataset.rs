@@ -119,7 +119,7 @@ impl IndexOptions {
 /// Indexes a dataset on any object store and trains its tokenizer if it has none; returns a
 /// summary.
 pub async fn index_dataset(url: &str, options: &IndexOptions) -> Result<serde_json::Value> {
-    let (store, root) = dpcap_serve::open_store(url).with_context(|| format!("opening dataset {url}"))?;
+    let (store, root) = dpcap_serve::open_existing_store(url).with_context(|| format!("opening dataset {url}"))?;
     let bar = if options.progress { ProgressBar::new_spinner() } else { ProgressBar::hidden() };
     bar.set_style(ProgressStyle::with_template("{spinner} {pos} shards, {msg} [{elapsed}]")?);
     let examples = std::sync::atomic::AtomicU64::new(0);

@@ -490,26 +490,9 @@ impl Coordinator {
             let worker =
                 state.workers.get_mut(worker_id).ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
             worker.last_seen = Instant::now();
-            let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
-            if is_terminal(entry.job.state) {
-                // A late report from a rank of a job that already ended: nothing to record.
-                return Ok(());
-            }
-            let Some(group) = entry.group.as_ref().filter(|g| g.generation == generation) else {
-                return Err(CoordinatorError::StaleGeneration { job_id: job_id.into(), generation });
+            let Some(rank) = state.reporting_rank(job_id, worker_id, generation, step)? else {
+                return Ok(()); // already counted, or the job already ended
             };
-            let Some(rank) = group.members.iter().position(|m| m == worker_id) else {
-                return Err(CoordinatorError::invalid(
-                    "worker_id",
-                    format!("{worker_id} is not in the group of {job_id}"),
-                ));
-            };
-            if group.step != Some(step) {
-                return Err(CoordinatorError::invalid(
-                    "step",
-                    format!("{step} is not the current step {:?}", group.step),
-                ));
-            }
             tracing::debug!(job_id, step, rank, outcome = ?report.outcome, "step reported");
             state.report(job_id, rank, &report)
         };

@@ -4,7 +4,7 @@
 //! per-example tables.
 
 use dpcap_proto::index::{Layout, MANIFEST_PATH, Manifest};
-use dpcap_serve::open_store;
+use dpcap_serve::open_existing_store;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 
@@ -24,7 +24,7 @@ pub struct DatasetLayout {
 /// Reads and validates the manifest under the dataset URL.
 pub async fn read_layout(dataset: &str) -> Result<DatasetLayout, CoordinatorError> {
     let invalid = |reason: String| CoordinatorError::invalid("dataset", reason);
-    let (store, root) = open_store(dataset).map_err(|e| invalid(e.to_string()))?;
+    let (store, root) = open_existing_store(dataset).map_err(|e| invalid(e.to_string()))?;
     let path = Path::from(format!("{root}/{MANIFEST_PATH}").trim_start_matches('/'));
     let bytes = async { store.get(&path).await?.bytes().await }
         .await

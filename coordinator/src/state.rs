@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use dpcap_proto::v1::{Condition, Job, JobState, Reduction, StepOutcome};
 
+use crate::error::CoordinatorError;
 use crate::sampler::PoissonSampler;
 use crate::work::{WorkUnit, split_work};
 use dpcap_proto::index::Layout;
@@ -319,6 +320,34 @@ impl State {
             group.step_started = Instant::now();
         }
         Some((step, group.work.as_ref()?.get(rank)?.clone()))
+    }
+
+    /// The rank whose report of `step` (generation `generation`) from `worker_id` is to be
+    /// recorded; `None` when there is nothing to record: the job already ended (a late report),
+    /// or the step already completed with this rank's report (a retry whose first answer was
+    /// lost). A stale generation, a worker outside the group or any other step is refused.
+    pub fn reporting_rank(
+        &self,
+        job_id: &str,
+        worker_id: &str,
+        generation: u64,
+        step: u64,
+    ) -> Result<Option<usize>, CoordinatorError> {
+        let entry = self.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
+        if is_terminal(entry.job.state) {
+            return Ok(None);
+        }
+        let Some(group) = entry.group.as_ref().filter(|g| g.generation == generation) else {
+            return Err(CoordinatorError::StaleGeneration { job_id: job_id.into(), generation });
+        };
+        let Some(rank) = group.members.iter().position(|m| m == worker_id) else {
+            return Err(CoordinatorError::invalid("worker_id", format!("{worker_id} is not in the group of {job_id}")));
+        };
+        match group.step {
+            Some(current) if step == current => Ok(Some(rank)),
+            Some(current) if step < current => Ok(None),
+            current => Err(CoordinatorError::invalid("step", format!("{step} is not the current step {current:?}"))),
+        }
     }
 
     /// Applies one rank's report of the current step.

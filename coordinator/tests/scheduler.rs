@@ -51,6 +51,29 @@ fn an_expired_lease_requeues_the_job_at_the_head_and_re_forms_its_group() {
 }
 
 #[test]
+fn a_retried_report_of_a_completed_step_is_already_counted_and_other_steps_are_refused() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 2, 3));
+    worker(&mut state, "w1");
+    worker(&mut state, "w2");
+    state.schedule();
+    state.jobs.get_mut("a").unwrap().group.as_mut().unwrap().step = Some(0);
+    let generation = state.jobs["a"].group.as_ref().unwrap().generation;
+    let members = state.jobs["a"].group.as_ref().unwrap().members.clone();
+    assert_eq!(state.reporting_rank("a", &members[1], generation, 0).unwrap(), Some(1));
+    state.work_for("a", 0);
+    state.report("a", 0, &done());
+    state.report("a", 1, &done());
+    // Rank 1's answer was lost and it retries step 0 after the step completed.
+    assert_eq!(state.reporting_rank("a", &members[1], generation, 0).unwrap(), None, "a duplicate, not an error");
+    assert_eq!(state.reporting_rank("a", &members[0], generation, 1).unwrap(), Some(0));
+    for (worker, generation, step) in [(&members[0], generation, 2), (&members[0], generation + 1, 1)] {
+        assert!(state.reporting_rank("a", worker, generation, step).is_err(), "{worker} g{generation} s{step}");
+    }
+    assert!(state.reporting_rank("a", "w-stranger", generation, 1).is_err());
+}
+
+#[test]
 fn a_step_completes_when_every_rank_reports_and_the_job_succeeds_after_its_last_step() {
     let mut state = State::default();
     submit(&mut state, job("a", 2, 2));

@@ -16,5 +16,5 @@ pub mod tls;
 pub use auth::{AttachToken, Credentials, Role};
 pub use metrics_http::serve_http;
 pub use security::{AuthArgs, SecuredServer, SecurityError, ServerSecurity};
-pub use store::{StoreError, open_durable_store, open_store};
+pub use store::{StoreError, open_durable_store, open_existing_store, open_store};
 pub use tls::{ClientTlsArgs, ServerTlsArgs, TlsError};

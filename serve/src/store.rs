@@ -18,9 +18,16 @@ pub struct StoreError {
     pub reason: String,
 }
 
-/// Opens `location`, returning the store and the root path inside it.
+/// Opens `location` for writing, returning the store and the root path inside it (a local
+/// directory is created if missing).
 pub fn open_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
-    open(location, false)
+    open(location, false, true)
+}
+
+/// Opens `location` to read what is already there: a local directory must exist. Locations
+/// that come from requests (a job's dataset) open here, so that naming a path never creates it.
+pub fn open_existing_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
+    open(location, false, false)
 }
 
 /// Opens `location` for records that must survive a machine crash, not only a process crash:
@@ -28,17 +35,21 @@ pub fn open_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreE
 /// object stores are durable once a put succeeds). The ledger's charges are such records: a
 /// charge lost with the page cache would leave a released step unaccounted.
 pub fn open_durable_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
-    open(location, true)
+    open(location, true, true)
 }
 
-fn open(location: &str, fsync: bool) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
+fn open(location: &str, fsync: bool, create: bool) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
     let store_error = |reason: String| StoreError { url: location.to_owned(), reason };
     if location.is_empty() {
         return Err(store_error("empty location".into()));
     }
     if !location.contains("://") || location.starts_with("file://") {
         let dir = location.strip_prefix("file://").unwrap_or(location);
-        std::fs::create_dir_all(dir).map_err(|e| store_error(e.to_string()))?;
+        if create {
+            std::fs::create_dir_all(dir).map_err(|e| store_error(e.to_string()))?;
+        } else if !std::path::Path::new(dir).is_dir() {
+            return Err(store_error("no such directory".into()));
+        }
         let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| store_error(e.to_string()))?.with_fsync(fsync);
         return Ok((Arc::new(store), Path::default()));
     }

@@ -71,10 +71,8 @@ pub async fn spend(services: &Services, job_id: &str) -> dpcap_proto::v1::JobSpe
     client.get_spend(GetSpendRequest { job_id: job_id.into() }).await.unwrap().into_inner()
 }
 
-/// A fresh directory under the target dir, kept for inspection after a failure.
-pub fn tempfile_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("dpcap-e2e-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory for one test: removed after success, kept with its logs printed after a
+/// failure, and watched for hangs (see [`crate::testdir`]).
+pub fn tempfile_dir(name: &str) -> crate::testdir::TestDir {
+    crate::testdir::TestDir::new(name)
 }

@@ -6,6 +6,7 @@
 
 pub mod chaos;
 pub mod jobs;
+pub mod testdir;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -38,6 +39,12 @@ pub fn binary(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// The components' log filter: `warn`, or `DPCAP_E2E_LOG` (e.g. `info`) when a run needs more.
+/// Each component logs to `<name>.log` in its test's directory.
+fn log_filter() -> String {
+    std::env::var("DPCAP_E2E_LOG").unwrap_or_else(|_| "warn".into())
+}
+
 /// A running component; SIGKILLed on drop.
 pub struct Process {
     child: Option<Child>,
@@ -57,7 +64,7 @@ impl Process {
             .args(args)
             .arg("--addr-file")
             .arg(&addr_file)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", log_filter())
             .stdout(Stdio::null())
             .stderr(log_file(dir, binary_name))
             .spawn()
@@ -89,7 +96,7 @@ impl Process {
         let child = Command::new(binary("dpcap-worker"))
             .args(["--coordinator", coordinator, "--name", name, "--device", "cpu"])
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", log_filter())
             .stdout(Stdio::null())
             .stderr(log_file(dir, name))
             .spawn()
@@ -172,9 +179,45 @@ fn log_file(dir: &Path, name: &str) -> Stdio {
         .unwrap_or_else(|_| Stdio::inherit())
 }
 
-/// Runs `dpctl` with `args` to completion.
+/// How long one `dpctl` call may run (a `wait` on a stuck job fails the test instead of
+/// hanging it).
+pub const DPCTL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Runs `dpctl` with `args` to completion, or panics after [`DPCTL_TIMEOUT`].
 pub fn dpctl(args: &[&str]) -> Output {
-    Command::new(binary("dpctl")).args(args).env("RUST_LOG", "warn").output().expect("dpctl runs")
+    let mut child = Command::new(binary("dpctl"))
+        .args(args)
+        .env("RUST_LOG", log_filter())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("dpctl runs");
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    use std::io::Read;
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for dpctl") {
+            break status;
+        }
+        if started.elapsed() > DPCTL_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("dpctl {} did not finish in {} s", args.join(" "), DPCTL_TIMEOUT.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output { status, stdout: stdout.join().unwrap_or_default(), stderr: stderr.join().unwrap_or_default() }
 }
 
 /// Writes a synthetic dataset of `examples` training examples under `dir` and indexes it.

@@ -4,6 +4,7 @@
 use dpcap_e2e::chaos::campaign;
 use dpcap_e2e::jobs::tempfile_dir;
 use dpcap_e2e::synth_dataset;
+use dpcap_e2e::testdir::TestDir;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_kills_and_restarts_of_every_component_never_break_the_ledgers_invariants() {
@@ -20,7 +21,8 @@ async fn random_kills_and_restarts_of_every_component_never_break_the_ledgers_in
 async fn chaos_campaign() {
     let runs = std::env::var("CHAOS_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(50);
     let seed = std::env::var("CHAOS_SEED").ok().and_then(|r| r.parse().ok()).unwrap_or(0x5eed);
-    let dir = tempfile_dir("chaos");
+    // A long campaign: about a minute a run, watched for a hang at ten minutes a run.
+    let dir = TestDir::with_deadline("chaos", std::time::Duration::from_secs(600 * runs.max(1) as u64));
     let dataset = synth_dataset(&dir, 240);
     let report = campaign(&dir, &dataset, runs, 3, seed).await;
     println!(

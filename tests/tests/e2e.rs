@@ -204,6 +204,7 @@ async fn invalid_specs_are_refused_naming_the_field_and_idempotency_keys_return_
         assert_eq!(error.code(), tonic::Code::InvalidArgument, "{field}: {error:?}");
         assert!(error.message().starts_with(&format!("invalid {field}:")), "{field}: {}", error.message());
     }
+    assert!(!dir.join("nowhere").exists(), "naming a dataset path never creates it");
     let mut raw = base.clone().into_proto().unwrap();
     raw.objective = 7;
     let error =

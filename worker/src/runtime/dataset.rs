@@ -65,7 +65,7 @@ pub struct Dataset {
 impl Dataset {
     /// Opens `url` and reads its manifest.
     pub async fn open(url: &str) -> Result<Self, RuntimeError> {
-        let (store, root) = dpcap_serve::open_store(url).map_err(|e| RuntimeError::Data(e.to_string()))?;
+        let (store, root) = dpcap_serve::open_existing_store(url).map_err(|e| RuntimeError::Data(e.to_string()))?;
         let reader = ShardReader::open(store, root).await.map_err(|e| {
             RuntimeError::Data(format!("{url}: {e} (index the dataset with `dpctl dataset index {url}`)"))
         })?;
@@ -108,7 +108,7 @@ impl Dataset {
             (store, crate::data::index::join(&root, "tokenizer.json"), "tokenizer.json")
         } else {
             let (dir, file) = location.rsplit_once('/').unwrap_or((".", location));
-            let (store, root) = dpcap_serve::open_store(dir).map_err(|e| spec(e.to_string()))?;
+            let (store, root) = dpcap_serve::open_existing_store(dir).map_err(|e| spec(e.to_string()))?;
             (store, crate::data::index::join(&root, file), file)
         };
         let bytes = async { store.get(&path).await?.bytes().await }.await.map_err(|e| {

@@ -22,6 +22,9 @@ pub struct ExampleStream {
     chunks: mpsc::Receiver<Result<Vec<Example>, RuntimeError>>,
     read: Arc<AtomicUsize>,
     reader: JoinHandle<()>,
+    /// Chunks in the share, and chunks handed to the consumer so far.
+    expected: usize,
+    handed: usize,
 }
 
 impl ExampleStream {
@@ -30,7 +33,7 @@ impl ExampleStream {
     pub fn start(dataset: Dataset, (indices, view): (Vec<u64>, View), chunk: usize, prefetch: usize) -> Self {
         let (tx, chunks) = mpsc::channel(prefetch.max(1));
         let read = Arc::new(AtomicUsize::new(0));
-        let counter = read.clone();
+        let (counter, indices_len) = (read.clone(), indices.len());
         let reader = tokio::spawn(async move {
             for part in indices.chunks(chunk.max(1)) {
                 // Wait for room before reading, so at most `prefetch` chunks sit decoded.
@@ -44,12 +47,21 @@ impl ExampleStream {
                 }
             }
         });
-        Self { chunks, read, reader }
+        let expected = indices_len.div_ceil(chunk.max(1));
+        Self { chunks, read, reader, expected, handed: 0 }
     }
 
-    /// The next chunk; None when the share is done.
+    /// The next chunk; None when the share is done. A reader that stopped before the end of
+    /// the share (it panicked) is an error, never a silently smaller part.
     pub async fn next(&mut self) -> Option<Result<Vec<Example>, RuntimeError>> {
-        self.chunks.recv().await
+        let next = self.chunks.recv().await;
+        if next.is_none() && self.handed < self.expected {
+            let stopped = format!("the reader stopped after {} of {} chunks", self.handed, self.expected);
+            self.handed = self.expected;
+            return Some(Err(RuntimeError::Data(stopped)));
+        }
+        self.handed += usize::from(next.is_some());
+        next
     }
 
     /// Examples read and decoded so far (consumed or waiting).
@@ -61,5 +73,23 @@ impl ExampleStream {
 impl Drop for ExampleStream {
     fn drop(&mut self) {
         self.reader.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_reader_that_stops_early_is_an_error_not_a_short_share() {
+        let (tx, chunks) = mpsc::channel(2);
+        tx.send(Ok(Vec::new())).await.unwrap();
+        drop(tx); // the reader panicked after its first chunk of three
+        let reader = tokio::spawn(async {});
+        let mut stream = ExampleStream { chunks, read: Arc::default(), reader, expected: 3, handed: 0 };
+        assert!(matches!(stream.next().await, Some(Ok(_))));
+        let err = stream.next().await.expect("an error, not the end").unwrap_err();
+        assert!(err.to_string().contains("1 of 3 chunks"), "{err}");
+        assert!(stream.next().await.is_none(), "then the end");
     }
 }
