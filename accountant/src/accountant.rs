@@ -19,7 +19,8 @@ use crate::job::{Job, Part, Pending, Phase, Progress, Release, StepState, Stored
 use crate::ledger::{Charge, JobRecord, Ledger, Registration};
 use crate::metrics;
 use crate::noise::{self, NoiseMode};
-use crate::privacy::{self, AccountantKind, EpsilonCurve};
+use crate::privacy::{self, AccountantKind};
+use crate::spending::{Mode, Spending};
 use crate::sum::Sum;
 
 /// What became of a submitted part.
@@ -55,6 +56,8 @@ pub struct Accountant {
     /// ε spent per budgeted dataset, as of its latest charge.
     pub(crate) dataset_spent: RwLock<HashMap<String, f64>>,
     pub(crate) dataset_locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Datasets' composed ε, remembered and computed ahead.
+    pub(crate) composed: crate::composed::Composed,
     /// One registration at a time per job id: ranks of a job register at once, and only one
     /// of them may build the job (slow at large ε) and write the ledger record.
     registering: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
@@ -72,6 +75,7 @@ impl Accountant {
             budgets: RwLock::new(HashMap::new()),
             dataset_spent: RwLock::new(HashMap::new()),
             dataset_locks: std::sync::Mutex::new(HashMap::new()),
+            composed: Default::default(),
             registering: std::sync::Mutex::new(HashMap::new()),
             policy,
             ready: AtomicBool::new(false),
@@ -189,6 +193,7 @@ impl Accountant {
             .or_insert_with(|| {
                 if job.max_steps > 0 {
                     job.ahead.prepare(0);
+                    job.spending.prepare(1);
                 }
                 job
             })
@@ -262,10 +267,9 @@ impl Accountant {
             Some(lock) => Some(lock.lock_owned().await),
             None => None,
         };
-        let curve = job.curve.clone();
-        let charged = progress.charged;
-        let epsilon_after = blocking(move || curve.epsilon_after(charged + 1)).await?;
-        if epsilon_after > r.epsilon_target {
+        let epsilon_after = job.spending.epsilon_after(progress.charged + 1).await?;
+        let private = job.spending.mode().is_private();
+        if !matches!(job.spending.mode(), Mode::NotPrivate) && epsilon_after > r.epsilon_target {
             state.pending = None;
             return Err(self.refuse(
                 job,
@@ -282,7 +286,8 @@ impl Accountant {
             return Err(e);
         }
         let mut dataset_after = None;
-        if let Some(budget) = self.budget_of(&r.dataset_id) {
+        // Jobs without a guarantee were let onto the dataset by its owners and never spend it.
+        if let Some(budget) = self.budget_of(&r.dataset_id).filter(|_| private) {
             let dataset_eps = self.dataset_epsilon(&budget, Some((job, 1))).await?;
             if dataset_eps > budget.epsilon {
                 state.pending = None;
@@ -295,7 +300,7 @@ impl Accountant {
         let charge = Charge {
             job_id: r.job_id.clone(),
             step,
-            epsilon_after,
+            epsilon_after: epsilon_after.is_finite().then_some(epsilon_after),
             noise: job.noise.describe(),
             charged_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         };
@@ -353,6 +358,8 @@ impl Accountant {
         // The next step's noise is drawn while the ranks apply this release and compute.
         if step + 1 < job.max_steps {
             job.ahead.prepare(step + 1);
+            job.spending.prepare(progress.charged + 2);
+            self.prepare_dataset(job);
         }
         metrics::record_release(pending.started.elapsed());
         let store_s = storing.elapsed().as_secs_f64();
@@ -470,8 +477,7 @@ impl Accountant {
                 reason: "recorded as stored but missing".into(),
             })?;
         // A PLD evaluation can take tens of milliseconds: off the async threads, like every other.
-        let curve = job.curve.clone();
-        let epsilon_after = blocking(move || curve.epsilon_after(step + 1)).await?;
+        let epsilon_after = job.spending.epsilon_after(step + 1).await?;
         let release = Arc::new(Release::from_store(step, data, epsilon_after));
         job.keep_release(release.clone());
         Ok(release)
@@ -564,7 +570,6 @@ fn validate_registration(r: &Registration) -> Result<(), AccountantError> {
         ));
     }
     privacy::check_sample_rate(r.sample_rate)?;
-    privacy::check_noise_multiplier(r.noise_multiplier)?;
     privacy::check_delta(r.delta)?;
     if !(r.clipping_norm > 0.0 && r.clipping_norm.is_finite()) {
         return Err(AccountantError::invalid(
@@ -572,12 +577,7 @@ fn validate_registration(r: &Registration) -> Result<(), AccountantError> {
             format!("{} must be a finite number > 0", r.clipping_norm),
         ));
     }
-    if !(r.epsilon_target > 0.0 && r.epsilon_target.is_finite()) {
-        return Err(AccountantError::invalid(
-            "epsilon_target",
-            format!("{} must be a finite number > 0", r.epsilon_target),
-        ));
-    }
+    Mode::of(r)?; // σ and the ε target, as the job's privacy mode requires
     r.accountant.parse::<AccountantKind>()?;
     if r.gradient_dim == 0 || r.gradient_dim > (1 << 34) {
         return Err(AccountantError::invalid("gradient_dim", format!("{} must be in [1, 2^34]", r.gradient_dim)));
@@ -601,7 +601,6 @@ fn validate_registration(r: &Registration) -> Result<(), AccountantError> {
 async fn build_job_from_record(record: JobRecord, policy: Policy) -> Result<Job, AccountantError> {
     let r = record.registration;
     validate_registration(&r)?;
-    let kind: AccountantKind = r.accountant.parse()?;
     let noise = match r.insecure_noise_seed {
         Some(seed) if policy.allow_seeded_noise => NoiseMode::Seeded(seed),
         Some(_) => {
@@ -613,14 +612,8 @@ async fn build_job_from_record(record: JobRecord, policy: Policy) -> Result<Job,
         None => NoiseMode::OsEntropy,
     };
     let charged = record.charged.len() as u64;
-    let (q, sigma, delta, target) = (r.sample_rate, r.noise_multiplier, r.delta, r.epsilon_target);
-    let (curve, max_steps, epsilon_spent) = blocking(move || -> Result<_, privacy::PrivacyError> {
-        let curve = EpsilonCurve::new(kind, q, sigma, delta)?;
-        let max_steps = privacy::max_steps(&curve, target).unwrap_or(privacy::calibrate::STEPS_LIMIT);
-        let spent = curve.epsilon_after(charged);
-        Ok((curve, max_steps, spent))
-    })
-    .await??;
+    let (spending, epsilon_spent) = Spending::build(&r, charged).await?;
+    let max_steps = spending.max_steps();
     let next_step = record.charged.last().map_or(0, |s| s + 1);
     let discarded = record.discarded;
     let phase = if record.closed.is_some() {
@@ -643,7 +636,7 @@ async fn build_job_from_record(record: JobRecord, policy: Policy) -> Result<Job,
     let ahead = NoiseAhead::new(dim, r.noise_multiplier * r.clipping_norm, noise, !policy.lazy_noise);
     Ok(Job {
         registration: r,
-        curve,
+        spending,
         max_steps,
         noise,
         state: Mutex::new(state),

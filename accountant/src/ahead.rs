@@ -44,6 +44,9 @@ impl NoiseAhead {
             return;
         }
         let (dim, std, mode) = (self.dim, self.std, self.mode);
+        if std == 0.0 {
+            return; // a NOT PRIVATE baseline: nothing to draw
+        }
         let task = tokio::task::spawn_blocking(move || noise::draw(dim, std, mode, step));
         *self.next.lock().expect("noise lock") = Some((step, task));
     }
@@ -59,6 +62,7 @@ impl NoiseAhead {
         let ready = self.next.lock().expect("noise lock").take();
         let task = match ready {
             Some((drawn_for, task)) if drawn_for == step => task,
+            _ if self.std == 0.0 => return Ok(vec![0.0; self.dim]),
             _ => {
                 let (dim, std, mode) = (self.dim, self.std, self.mode);
                 tokio::task::spawn_blocking(move || noise::draw(dim, std, mode, step))

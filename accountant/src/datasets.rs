@@ -9,7 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
-use crate::accountant::{Accountant, blocking};
+use crate::accountant::Accountant;
+use crate::composed;
 use crate::error::AccountantError;
 use crate::job::Job;
 use crate::ledger::Registration;
@@ -30,6 +31,10 @@ pub struct DatasetBudget {
     pub reason: String,
     /// When, in milliseconds since the Unix epoch.
     pub set_at_unix_ms: u64,
+    /// Whether the owners let NOT PRIVATE jobs (baselines, TAN simulations) train on the data.
+    /// Off unless said: their outputs carry no guarantee. Budgets from before read as off.
+    #[serde(default)]
+    pub allow_not_private: bool,
 }
 
 /// Refuses an id that is not an index digest.
@@ -86,8 +91,20 @@ impl Accountant {
         if !r.dataset_id.is_empty() {
             check_dataset_id(&r.dataset_id)?;
         }
-        if self.budget_of(&r.dataset_id).is_none() && !self.allows_unbudgeted() {
+        let budget = self.budget_of(&r.dataset_id);
+        if budget.is_none() && !self.allows_unbudgeted() {
             return Err(AccountantError::UnbudgetedDataset { dataset_id: r.dataset_id.clone() });
+        }
+        if let Some(budget) = budget.filter(|b| !b.allow_not_private)
+            && !crate::spending::Mode::of(r)?.is_private()
+        {
+            return Err(AccountantError::invalid(
+                "privacy",
+                format!(
+                    "dataset {} has a privacy budget and its owners have not allowed NOT PRIVATE jobs on it",
+                    budget.dataset_id
+                ),
+            ));
         }
         Ok(())
     }
@@ -112,18 +129,31 @@ impl Accountant {
         Some(self.dataset_locks.lock().expect("dataset locks").entry(r.dataset_id.clone()).or_default().clone())
     }
 
-    /// ε at the budget's δ over every job on the dataset, plus `extra` steps of one of them.
+    /// ε at the budget's δ over every private job on the dataset, plus `extra` steps of one
+    /// of them (remembered and computed ahead: see [`crate::composed`]).
     pub(crate) async fn dataset_epsilon(
         &self,
         budget: &DatasetBudget,
         extra: Option<(&Job, u64)>,
     ) -> Result<f64, AccountantError> {
+        composed::epsilon(self.composition(budget, extra)).await
+    }
+
+    /// Starts composing the dataset's ε for `job`'s next step while the step trains.
+    pub(crate) fn prepare_dataset(&self, job: &Job) {
+        if let Some(budget) = self.budget_of(&job.registration.dataset_id).filter(|_| job.spending.mode().is_private())
+        {
+            drop(self.composition(&budget, Some((job, 1))));
+        }
+    }
+
+    fn composition(&self, budget: &DatasetBudget, extra: Option<(&Job, u64)>) -> composed::Composing {
         let mut segments: Vec<Segment> = self
             .jobs
             .read()
             .expect("jobs lock")
             .values()
-            .filter(|j| j.registration.dataset_id == budget.dataset_id)
+            .filter(|j| j.registration.dataset_id == budget.dataset_id && j.spending.mode().is_private())
             .map(|j| Segment {
                 sample_rate: j.registration.sample_rate,
                 noise_multiplier: j.registration.noise_multiplier,
@@ -134,14 +164,9 @@ impl Accountant {
         if let Some((job, steps)) = extra {
             let r = &job.registration;
             segments.push(Segment { sample_rate: r.sample_rate, noise_multiplier: r.noise_multiplier, steps });
-            kind = job.curve.kind();
+            kind = job.spending.kind();
         }
-        segments.retain(|s| s.steps > 0);
-        if segments.is_empty() {
-            return Ok(0.0);
-        }
-        let delta = budget.delta;
-        Ok(blocking(move || privacy::epsilon(kind, &segments, delta)).await??)
+        self.composed.get(&budget.dataset_id, kind, segments, budget.delta)
     }
 
     /// Sets a dataset's lifetime budget (a privacy admin's call): recorded in the audit log,
@@ -150,7 +175,7 @@ impl Accountant {
         &self,
         dataset_id: &str,
         (epsilon, delta): (f64, f64),
-        reason: &str,
+        (reason, allow_not_private): (&str, bool),
     ) -> Result<DatasetView, AccountantError> {
         check_dataset_id(dataset_id)?;
         check_budget(epsilon, delta)?;
@@ -164,6 +189,7 @@ impl Accountant {
             delta,
             version,
             reason: reason.to_owned(),
+            allow_not_private,
             set_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         };
         self.ledger.put_budget(&budget).await?;

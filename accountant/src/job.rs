@@ -13,7 +13,7 @@ use crate::ahead::NoiseAhead;
 use crate::error::AccountantError;
 use crate::ledger::Registration;
 use crate::noise::NoiseMode;
-use crate::privacy::EpsilonCurve;
+use crate::spending::Spending;
 use crate::sum::Sum;
 
 /// Largest accepted attempt (group generation): 2^32, far beyond any job's re-formations.
@@ -128,8 +128,8 @@ pub struct StepState {
 pub struct Job {
     /// The contract.
     pub registration: Registration,
-    /// ε as a function of steps for this job's mechanism.
-    pub curve: EpsilonCurve,
+    /// ε per step for this job's privacy mode.
+    pub spending: Spending,
     /// The most steps the job can be charged within its target.
     pub max_steps: u64,
     /// How this job's noise is keyed.

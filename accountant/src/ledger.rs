@@ -57,6 +57,17 @@ pub struct Registration {
     pub dataset_epsilon_budget: f64,
     /// The fixed test seed, when the job uses insecure seeded noise.
     pub insecure_noise_seed: Option<u64>,
+    /// "dp", or "not_private" / "simulation" for jobs without a guarantee (see
+    /// [`crate::spending::Mode`]). Ledgers from before modes read as "dp".
+    #[serde(default = "dp")]
+    pub privacy: String,
+    /// A simulation's target mechanism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulated: Option<crate::spending::Simulated>,
+}
+
+fn dp() -> String {
+    "dp".into()
 }
 
 /// One charged step.
@@ -66,8 +77,8 @@ pub struct Charge {
     pub job_id: String,
     /// The step charged.
     pub step: u64,
-    /// ε at δ after this step.
-    pub epsilon_after: f64,
+    /// ε at δ after this step; none for a job without a guarantee (NOT PRIVATE).
+    pub epsilon_after: Option<f64>,
     /// How the step's noise was keyed ("os-entropy" or "insecure-seeded:SEED").
     pub noise: String,
     /// Wall-clock time of the charge, milliseconds since the Unix epoch.
@@ -396,6 +407,9 @@ mod tests {
                 dataset_id: String::new(),
                 dataset_epsilon_budget: any(),
                 insecure_noise_seed: None,
+                privacy: ["dp", "not_private", "simulation"][i % 3].into(),
+                simulated: (i % 3 == 2)
+                    .then(|| crate::spending::Simulated { sample_rate: any(), noise_multiplier: any() }),
             };
             let bytes = serde_json::to_vec_pretty(&registration).unwrap();
             let back: Registration = serde_json::from_slice(&bytes).unwrap();

@@ -12,6 +12,7 @@ pub use dpcap_privacy as privacy;
 pub mod accountant;
 pub mod ahead;
 pub mod client;
+pub mod composed;
 pub mod datasets;
 pub mod error;
 pub mod job;
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod noise;
 pub mod server;
 pub mod service;
+pub mod spending;
 pub mod sum;
 
 pub use accountant::Accountant;

@@ -21,6 +21,7 @@ use crate::error::AccountantError;
 use crate::job::{Job, PartAssembler, Phase};
 use crate::ledger::Registration;
 use crate::privacy::{self, AccountantKind, EpsilonCurve};
+use crate::spending::{Mode, Simulated};
 
 /// Default values per release chunk: 1048576 f32 = 4 MiB, half the 8 MiB message limit
 /// ([`crate::server::MAX_MESSAGE_BYTES`]): few messages, each a zero-copy slice.
@@ -71,6 +72,16 @@ fn registration_from_proto(request: RegisterJobRequest) -> Result<Registration, 
         dataset_id: request.dataset_id,
         dataset_epsilon_budget: request.dataset_epsilon_budget,
         insecure_noise_seed: request.insecure_noise_seed,
+        privacy: match pb::Privacy::try_from(request.privacy) {
+            Ok(pb::Privacy::Unspecified | pb::Privacy::Dp) => "dp",
+            Ok(pb::Privacy::NotPrivate) => "not_private",
+            Ok(pb::Privacy::Simulation) => "simulation",
+            Err(_) => return Err(AccountantError::invalid("privacy", format!("unknown value {}", request.privacy))),
+        }
+        .to_owned(),
+        simulated: request
+            .simulated
+            .map(|m| Simulated { sample_rate: m.sample_rate, noise_multiplier: m.noise_multiplier }),
     })
 }
 
@@ -85,7 +96,7 @@ pub fn spend(job: &Job) -> JobSpend {
             noise_multiplier: r.noise_multiplier,
             clipping_norm: r.clipping_norm,
         }),
-        accountant: kind_to_proto(job.curve.kind()),
+        accountant: kind_to_proto(job.spending.kind()),
         delta: r.delta,
         epsilon_target: r.epsilon_target,
         epsilon_spent: p.epsilon_spent,
@@ -99,6 +110,11 @@ pub fn spend(job: &Job) -> JobSpend {
             Phase::Closed => pb::JobPhase::Closed,
         } as i32,
         seeded_noise: r.insecure_noise_seed.is_some(),
+        privacy: match job.spending.mode() {
+            Mode::Dp => pb::Privacy::Dp,
+            Mode::NotPrivate => pb::Privacy::NotPrivate,
+            Mode::Simulation(_) => pb::Privacy::Simulation,
+        } as i32,
     }
 }
 
@@ -247,11 +263,12 @@ impl AccountantService for AccountantGrpc {
         let r = request.into_inner();
         let accountant = self.accountant.clone();
         // Audit entry and current value are written together, whatever the client does.
-        let view =
-            tokio::spawn(async move { accountant.set_budget(&r.dataset_id, (r.epsilon, r.delta), &r.reason).await })
-                .await
-                .map_err(|e| to_status(AccountantError::Internal(format!("budget task failed: {e}"))))?
-                .map_err(to_status)?;
+        let view = tokio::spawn(async move {
+            accountant.set_budget(&r.dataset_id, (r.epsilon, r.delta), (&r.reason, r.allow_not_private)).await
+        })
+        .await
+        .map_err(|e| to_status(AccountantError::Internal(format!("budget task failed: {e}"))))?
+        .map_err(to_status)?;
         Ok(Response::new(dataset_to_proto(view)))
     }
 
@@ -281,6 +298,7 @@ fn dataset_to_proto(view: crate::datasets::DatasetView) -> pb::DatasetBudget {
         epsilon_spent: view.epsilon_spent,
         jobs: view.jobs,
         version: view.budget.version,
+        allow_not_private: view.budget.allow_not_private,
     }
 }
 

@@ -8,8 +8,8 @@ use dpcap_accountant::privacy::{AccountantKind, EpsilonCurve, max_steps, noise_m
 use dpcap_proto::ErrorCode;
 use dpcap_proto::floats::to_bytes;
 use dpcap_proto::v1::{
-    CloseJobRequest, FetchReleaseRequest, GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, RegisterJobRequest,
-    SetDatasetBudgetRequest, TrimReleasesRequest,
+    CloseJobRequest, FetchReleaseRequest, GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, Mechanism, Privacy,
+    RegisterJobRequest, SetDatasetBudgetRequest, TrimReleasesRequest,
 };
 use tonic::Code;
 
@@ -386,6 +386,7 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
             epsilon: 1.0,
             delta: 1e-5,
             reason: String::new(),
+            allow_not_private: false,
         })
         .await
         .unwrap_err();
@@ -396,6 +397,7 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
         epsilon,
         delta: 1e-5,
         reason: reason.into(),
+        allow_not_private: false,
     };
     let budget = client.raw().set_dataset_budget(set(1.0, "owner's lifetime budget")).await.unwrap().into_inner();
     assert_eq!((budget.epsilon_budget, budget.version), (1.0, 1));
@@ -461,6 +463,66 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     let next = client.raw().set_dataset_budget(set(2.5, "after a lost copy")).await.unwrap().into_inner();
     assert_eq!(next.version, 4);
     client.submit_part("third", 0, 0, &part(3, 4)).await.expect("the raised budget lets the third job run");
+}
+
+/// Jobs without a guarantee: a non-private baseline (σ = 0) and a TAN simulation. They train on
+/// a budgeted dataset only if its owners allowed it, and never spend its budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_private_jobs_need_the_owners_consent_never_spend_the_budget_and_say_what_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start_strict(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    let dataset = format!("sha256:{}", "7a".repeat(32));
+    let set = |allow_not_private| SetDatasetBudgetRequest {
+        dataset_id: dataset.clone(),
+        epsilon: 4.0,
+        delta: 1e-5,
+        reason: "synthetic data".into(),
+        allow_not_private,
+    };
+    let baseline = |id: &str| {
+        let mut r = job(id, 0.05, 0.0, 1.0, 0.0, 4, 1, None);
+        (r.dataset_id, r.privacy) = (dataset.clone(), Privacy::NotPrivate as i32);
+        r
+    };
+    client.raw().set_dataset_budget(set(false)).await.unwrap();
+    let refused = client.raw().register_job(baseline("early")).await.unwrap_err();
+    assert!(refused.message().starts_with("invalid privacy:"), "{refused}");
+    assert!(refused.message().contains("not allowed NOT PRIVATE"), "{refused}");
+    let budget = client.raw().set_dataset_budget(set(true)).await.unwrap().into_inner();
+    assert!(budget.allow_not_private);
+
+    let spend = client.raw().register_job(baseline("baseline")).await.unwrap().into_inner().spend.unwrap();
+    assert_eq!(spend.privacy(), Privacy::NotPrivate);
+    for step in 0..3 {
+        client.submit_part("baseline", step, 0, &part(step as u32, 4)).await.unwrap();
+        let (release, spend) = client.fetch_release("baseline", step).await.unwrap();
+        assert_eq!(release, part(step as u32, 4), "sigma = 0: the release is the sum itself");
+        assert_eq!(spend.map(|s| s.epsilon_spent), Some(f64::INFINITY), "no guarantee: epsilon is +inf");
+    }
+
+    let mut simulation = job("tan", 0.001, 0.02, 1.0, 8.0, 4, 1, None);
+    simulation.dataset_id = dataset.clone();
+    simulation.privacy = Privacy::Simulation as i32;
+    simulation.simulated = Some(Mechanism { sample_rate: 0.05, noise_multiplier: 1.5, clipping_norm: 1.0 });
+    client.raw().register_job(simulation).await.unwrap();
+    for step in 0..2 {
+        client.submit_part("tan", step, 0, &part(9, 4)).await.unwrap();
+    }
+    let spend = client.raw().get_spend(GetSpendRequest { job_id: "tan".into() }).await.unwrap().into_inner();
+    let target = EpsilonCurve::new(AccountantKind::Rdp, 0.05, 1.5, 1e-5).unwrap().epsilon_after(2);
+    assert_eq!((spend.privacy(), spend.epsilon_spent), (Privacy::Simulation, target), "{spend:?}");
+    assert_eq!(spend.accountant, dpcap_proto::v1::AccountantKind::Rdp as i32);
+
+    let shown = client
+        .raw()
+        .get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(shown.epsilon_spent, 0.0, "NOT PRIVATE jobs never spend the dataset's budget");
+    let ledger = std::fs::read_to_string(dir.path().join("jobs/baseline/registration.json")).unwrap();
+    assert!(ledger.contains("\"privacy\": \"not_private\""), "{ledger}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

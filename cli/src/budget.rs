@@ -35,6 +35,10 @@ pub enum BudgetCommand {
         /// Why, for the audit log.
         #[arg(long, default_value = "")]
         reason: String,
+        /// Let NOT PRIVATE jobs (non-private baselines, TAN simulations) train on the data.
+        /// Their outputs carry no guarantee: only for data whose owners accept that.
+        #[arg(long)]
+        allow_not_private: bool,
         #[command(flatten)]
         to: Accountant,
     },
@@ -69,7 +73,8 @@ fn print(budget: &DatasetBudget) {
     println!(
         "{}",
         json!({"dataset_id": budget.dataset_id, "epsilon_budget": budget.epsilon_budget, "delta": budget.delta,
-               "epsilon_spent": budget.epsilon_spent, "jobs": budget.jobs, "version": budget.version})
+               "epsilon_spent": budget.epsilon_spent, "jobs": budget.jobs, "version": budget.version,
+               "allow_not_private": budget.allow_not_private})
     );
 }
 
@@ -83,8 +88,8 @@ pub async fn run(command: BudgetCommand, server: &Server) -> Result<()> {
         server.tls.endpoint(&to.accountant).with_context(|| format!("invalid --accountant {}", to.accountant))?;
     let mut client = AccountantClient::lazy(endpoint, server.token.clone());
     let budget = match command {
-        BudgetCommand::Set { epsilon, delta, reason, .. } => {
-            let request = SetDatasetBudgetRequest { dataset_id, epsilon, delta, reason };
+        BudgetCommand::Set { epsilon, delta, reason, allow_not_private, .. } => {
+            let request = SetDatasetBudgetRequest { dataset_id, epsilon, delta, reason, allow_not_private };
             client.raw().set_dataset_budget(request).await
         }
         BudgetCommand::Show { .. } => client.raw().get_dataset_budget(GetDatasetBudgetRequest { dataset_id }).await,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use dpcap_coordinator::SpecFile;
+use dpcap_coordinator::{SpecFile, mode};
 use dpcap_proto::v1::job_service_client::JobServiceClient;
 use dpcap_proto::v1::{
     CancelJobRequest, GetJobRequest, Job, JobState, ListJobsRequest, Reduction, ResumeJobRequest, SubmitJobRequest,
@@ -75,6 +75,7 @@ pub fn job_json(job: &Job) -> Value {
         "job_id": job.job_id,
         "name": spec.name,
         "state": state_name(job.state),
+        "privacy": mode::name(plan.privacy()),
         "dataset": spec.dataset,
         "model": spec.model,
         "plan": {
@@ -83,6 +84,8 @@ pub fn job_json(job: &Job) -> Value {
             "epsilon_target": plan.epsilon_target, "epsilon_planned": plan.epsilon_planned, "clipping_norm": plan.clipping_norm,
             "learning_rate": plan.learning_rate, "micro_batch": plan.micro_batch, "workers": plan.workers,
             "checkpoint_interval": plan.checkpoint_interval, "dataset_digest": plan.dataset_digest,
+            "privacy": mode::name(plan.privacy()), "simulated_batch_size": plan.simulated_batch_size,
+            "simulated_noise_multiplier": plan.simulated_noise_multiplier,
         },
         "progress": {
             "step": progress.step, "steps_total": progress.steps_total, "epsilon_spent": progress.epsilon_spent,
@@ -106,6 +109,9 @@ fn print_job(job: &Job, as_json: bool) {
     let plan = job.plan.clone().unwrap_or_default();
     let p = job.progress.clone().unwrap_or_default();
     println!("job {}  {}", job.job_id, state_name(job.state));
+    if let Some(notice) = mode::notice(&plan) {
+        println!("  {notice}");
+    }
     println!(
         "  plan: N={} q={:.6} L={:.1} sigma={:.4} ({}) steps={} C={} eps target={:.4} (planned {:.4}) at delta={:.3e}",
         plan.examples,
@@ -168,7 +174,10 @@ pub async fn list(server: &Server, as_json: bool) -> Result<()> {
     println!("{:<18} {:<17} {:>11} {:>16} NAME", "JOB", "STATE", "STEP", "EPSILON");
     for job in jobs {
         let (plan, p) = (job.plan.clone().unwrap_or_default(), job.progress.clone().unwrap_or_default());
-        let name = job.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
+        let mut name = job.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
+        if !mode::is_private(plan.privacy()) {
+            name = format!("{name} [NOT PRIVATE: {}]", mode::name(plan.privacy()));
+        }
         println!(
             "{:<18} {:<17} {:>5}/{:<5} {:>7.3}/{:<8.3} {name}",
             job.job_id,

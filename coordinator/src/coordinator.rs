@@ -209,6 +209,10 @@ impl Coordinator {
             ),
         );
         let how = if plan.calibrated { "calibrated" } else { "fixed" };
+        if let Some(notice) = crate::mode::notice(&plan) {
+            // First, and in every listing: the job's releases carry no guarantee.
+            condition(&mut job, "Privacy", "NotPrivate", notice);
+        }
         condition(
             &mut job,
             "Calibrated",

@@ -10,6 +10,7 @@ pub mod coordinator;
 pub mod dataset;
 pub mod error;
 pub mod metrics;
+pub mod mode;
 pub mod rendezvous;
 pub mod sampler;
 pub mod server;

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use dpcap_proto::v1::JobState;
+use dpcap_proto::v1::{JobState, Privacy};
 
 use crate::state::{PHASES, State};
 
@@ -15,6 +15,24 @@ const STATES: [JobState; 6] = [
     JobState::Cancelled,
     JobState::BudgetExhausted,
 ];
+
+/// A job's labels: its id and its privacy mode (`dp`, or `not_private` / `simulation` for jobs
+/// whose releases carry no guarantee), so that dashboards never show a NOT PRIVATE job's ε as
+/// a guarantee.
+fn job_labels(id: &str, e: &crate::state::JobEntry) -> String {
+    let privacy = e.job.plan.as_ref().map_or(Privacy::Dp, |p| p.privacy());
+    format!("job_id=\"{id}\",privacy=\"{}\"", crate::mode::name(privacy))
+}
+
+/// A sample value as Prometheus writes it (`+Inf` for a baseline's ε).
+fn sample(v: f64) -> String {
+    match v {
+        f64::INFINITY => "+Inf".into(),
+        f64::NEG_INFINITY => "-Inf".into(),
+        v if v.is_nan() => "NaN".into(),
+        v => v.to_string(),
+    }
+}
 
 /// Renders every coordinator series in the Prometheus text format.
 pub fn render(state: &State) -> String {
@@ -29,7 +47,8 @@ pub fn render(state: &State) -> String {
         for s in STATES {
             let on = u8::from(e.job.state == s as i32);
             lines.push(format!(
-                "{state_name}{{job_id=\"{id}\",state=\"{}\"}} {on}",
+                "{state_name}{{{},state=\"{}\"}} {on}",
+                job_labels(id, e),
                 s.as_str_name().trim_start_matches("JOB_STATE_").to_lowercase()
             ));
         }
@@ -65,7 +84,7 @@ pub fn render(state: &State) -> String {
     for (name, kind, help, value) in per_job {
         let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (id, e) in &state.jobs {
-            let _ = writeln!(text, "{name}{{job_id=\"{id}\"}} {}", value(e));
+            let _ = writeln!(text, "{name}{{{}}} {}", job_labels(id, e), sample(value(e)));
         }
     }
     let _ = writeln!(

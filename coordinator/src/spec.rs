@@ -2,7 +2,7 @@
 //! and its validation into a [`Plan`]: N from the dataset index, q, L = qN, steps, δ (default
 //! 1/N), and σ calibrated from ε through the accountant's math. Every refusal names its field.
 
-use dpcap_privacy::{self as privacy, AccountantKind};
+use dpcap_privacy::AccountantKind;
 use dpcap_proto::v1::{self, JobSpec, Objective, Plan, TelemetryMode};
 use serde::{Deserialize, Serialize};
 
@@ -65,6 +65,20 @@ pub struct SpecFile {
     pub dataset_epsilon_budget: Option<f64>,
     /// random_resized_crop (default) | center_crop
     pub augment: Option<String>,
+    /// A non-private baseline (σ = 0, no ε): NOT PRIVATE everywhere it shows.
+    pub not_private: Option<bool>,
+    /// TAN: simulate a target recipe at this job's smaller batch. NOT PRIVATE.
+    pub simulate: Option<SimulateFile>,
+}
+
+/// The recipe a TAN job simulates (see `Simulation` in the proto).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimulateFile {
+    /// The target's expected batch size B.
+    pub batch_size: u64,
+    /// The target's σ; default calibrated for the job's ε at q = B/N.
+    pub noise_multiplier: Option<f64>,
 }
 
 impl SpecFile {
@@ -124,6 +138,10 @@ impl SpecFile {
             seed: self.seed.unwrap_or(0),
             dataset_epsilon_budget: self.dataset_epsilon_budget.unwrap_or(0.0),
             augment: augment as i32,
+            not_private: self.not_private.unwrap_or(false),
+            simulate: self
+                .simulate
+                .map(|s| v1::Simulation { batch_size: s.batch_size, noise_multiplier: s.noise_multiplier }),
         })
     }
 }
@@ -172,9 +190,7 @@ pub fn check_fields(spec: &JobSpec) -> Result<(), CoordinatorError> {
     positive("clipping_norm", spec.clipping_norm)?;
     positive("learning_rate", spec.learning_rate)?;
     positive("epochs", spec.epochs)?;
-    if spec.epsilon.is_none() && spec.noise_multiplier.is_none() {
-        return Err(CoordinatorError::invalid("epsilon", "give a target epsilon, a fixed noise_multiplier, or both"));
-    }
+    crate::mode::check(spec)?;
     if let Some(d) = spec.delta
         && !(d > 0.0 && d < 1.0)
     {
@@ -249,18 +265,7 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
         return Err(CoordinatorError::invalid("delta", format!("default 1/N = {delta} is not < 1; set delta")));
     }
     let kind = accountant_kind(spec)?;
-    let invalid_privacy =
-        |field: &'static str| move |e: privacy::PrivacyError| CoordinatorError::invalid(field, e.to_string());
-    let (noise_multiplier, calibrated) = match (spec.noise_multiplier, spec.epsilon) {
-        (Some(sigma), _) => (sigma, false),
-        (None, Some(eps)) => {
-            (privacy::noise_multiplier(kind, sample_rate, steps, eps, delta).map_err(invalid_privacy("epsilon"))?, true)
-        }
-        (None, None) => unreachable!("check_fields requires one"),
-    };
-    let curve = privacy::EpsilonCurve::new(kind, sample_rate, noise_multiplier, delta)
-        .map_err(invalid_privacy("noise_multiplier"))?;
-    let epsilon_planned = curve.epsilon_after(steps);
+    let mode = crate::mode::resolve(spec, kind, (sample_rate, steps, delta), examples)?;
     let warmup_steps = spec.warmup_steps.unwrap_or(steps / 20);
     if warmup_steps > steps {
         return Err(CoordinatorError::invalid("warmup_steps", format!("{warmup_steps} exceeds the {steps} steps")));
@@ -269,10 +274,10 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
         examples,
         sample_rate,
         expected_batch_size: sample_rate * n,
-        noise_multiplier,
+        noise_multiplier: mode.noise_multiplier,
         steps,
         delta,
-        epsilon_target: spec.epsilon.unwrap_or(epsilon_planned),
+        epsilon_target: mode.epsilon_target,
         accountant: spec.accountant,
         clipping_norm: spec.clipping_norm.unwrap_or(1.0),
         learning_rate: spec.learning_rate.unwrap_or(1e-3),
@@ -280,8 +285,11 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
         micro_batch: spec.micro_batch.unwrap_or(64),
         workers: spec.workers.unwrap_or(1),
         checkpoint_interval: spec.checkpoint_interval.unwrap_or(50),
-        calibrated,
-        epsilon_planned,
+        calibrated: mode.calibrated,
+        epsilon_planned: mode.epsilon_planned,
+        privacy: mode.privacy as i32,
+        simulated_batch_size: mode.simulated.0,
+        simulated_noise_multiplier: mode.simulated.1,
         // Set by the caller from the index it read (the digest pins that exact dataset).
         dataset_digest: String::new(),
     })

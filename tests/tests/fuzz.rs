@@ -180,6 +180,8 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     dataset_id: g.string(),
                     dataset_epsilon_budget: g.f64(),
                     insecure_noise_seed: None,
+                    privacy: g.u32() as i32,
+                    simulated: g.pick(&[None, Some(mechanism)]),
                 };
                 within(&what, accountant.register_job(request)).await
             }
@@ -226,6 +228,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     epsilon: g.f64(),
                     delta: g.f64(),
                     reason: g.string(),
+                    allow_not_private: g.pick(&[false, true]),
                 };
                 within(&what, accountant.set_dataset_budget(request)).await
             }

@@ -84,12 +84,35 @@ pub fn save_weights<B: Backend>(params: &ParamSet<B>) -> Result<Vec<u8>, Checkpo
 
 /// The weights whose names start with `prefix` (e.g. "encoder." to export the encoder).
 pub fn save_weights_with_prefix<B: Backend>(params: &ParamSet<B>, prefix: &str) -> Result<Vec<u8>, CheckpointError> {
-    let named = params
+    serialize(named(params, prefix), None)
+}
+
+fn named<B: Backend>(params: &ParamSet<B>, prefix: &str) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+    params
         .ids()
         .filter(|&id| params.spec(id).name.starts_with(prefix))
         .map(|id| (params.spec(id).name.clone(), params.spec(id).shape.clone(), to_bytes(params.value(id))))
-        .collect();
-    serialize(named, None)
+        .collect()
+}
+
+/// The encoder of a checkpoint as a safetensors file for other tools, with its provenance in
+/// the metadata: `dpcap.job_id`, `dpcap.step`, `dpcap.privacy` ("dp", "not_private",
+/// "simulation") and, for weights without a guarantee, `dpcap.notice` = "NOT PRIVATE: ...".
+/// Exports go through here so that no NOT PRIVATE model leaves without its marker.
+pub fn export_encoder<B: Backend>(
+    params: &ParamSet<B>,
+    manifest: &crate::runtime::ckpt::Manifest,
+) -> Result<Vec<u8>, CheckpointError> {
+    let mut metadata = HashMap::from([
+        ("dpcap.job_id".to_owned(), manifest.job_id.clone()),
+        ("dpcap.step".to_owned(), manifest.step.to_string()),
+        ("dpcap.privacy".to_owned(), manifest.privacy.clone()),
+    ]);
+    if !manifest.is_private() {
+        let notice = format!("NOT PRIVATE: trained as {}; these weights carry no privacy guarantee", manifest.privacy);
+        metadata.insert("dpcap.notice".to_owned(), notice);
+    }
+    serialize(named(params, "encoder."), Some(metadata))
 }
 
 /// Loads weights into `params`; every parameter must be present with its shape.

@@ -100,3 +100,40 @@ fn bad_checkpoints_are_refused_with_the_reason() {
     let err = load_weights(&mut micro, &save_weights(&tiny).unwrap()).unwrap_err();
     assert!(matches!(err, CheckpointError::Missing(ref n) if n == "encoder.patch_embed.weight"), "{err}");
 }
+
+#[test]
+fn an_exported_encoder_carries_its_privacy_and_a_not_private_one_says_so() {
+    use dpcap_worker::checkpoint::export_encoder;
+    use dpcap_worker::runtime::ckpt::Manifest;
+    let mut params = ParamSet::<Inner>::new(&Default::default());
+    let _model = Captioner::new(&mut params, CaptionerConfig::named("micro").unwrap());
+    let manifest = |privacy: &str| Manifest {
+        job_id: "job-1".into(),
+        step: 5,
+        ledger_position: 5,
+        model: "micro".into(),
+        objective: "caption".into(),
+        parameters: params.numel() as u64,
+        generation: 1,
+        created_unix_ms: 0,
+        applied_steps: 5,
+        discarded_steps: vec![],
+        privacy: privacy.into(),
+    };
+    for privacy in ["dp", "not_private", "simulation"] {
+        let bytes = export_encoder(&params, &manifest(privacy)).unwrap();
+        let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let metadata = header.metadata().clone().unwrap_or_default();
+        assert_eq!(metadata.get("dpcap.privacy").map(String::as_str), Some(privacy));
+        let notice = metadata.get("dpcap.notice");
+        assert_eq!(notice.is_some(), privacy != "dp", "{privacy}: {notice:?}");
+        assert!(notice.is_none_or(|n| n.starts_with("NOT PRIVATE")), "{notice:?}");
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        assert!(file.names().iter().all(|n| n.starts_with("encoder.")), "the encoder only");
+    }
+    let old: Manifest = serde_json::from_str(
+        r#"{"job_id":"j","step":1,"ledger_position":1,"model":"micro","objective":"caption","parameters":1,"generation":1,"created_unix_ms":0}"#,
+    )
+    .unwrap();
+    assert!(old.is_private(), "a checkpoint from before modes was DP");
+}

@@ -151,6 +151,7 @@ pub fn job(
         dataset_id: String::new(),
         dataset_epsilon_budget: 0.0,
         insecure_noise_seed: seed,
+        ..Default::default()
     }
 }
 

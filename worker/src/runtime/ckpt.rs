@@ -38,6 +38,21 @@ pub struct Manifest {
     /// charged = applied + discarded.
     #[serde(default)]
     pub discarded_steps: Vec<u64>,
+    /// "dp", or "not_private" / "simulation": weights without a privacy guarantee (NOT
+    /// PRIVATE), which every export of them says. Checkpoints from before read as "dp".
+    #[serde(default = "dp")]
+    pub privacy: String,
+}
+
+fn dp() -> String {
+    "dp".into()
+}
+
+impl Manifest {
+    /// Whether the weights carry the job's DP guarantee.
+    pub fn is_private(&self) -> bool {
+        self.privacy == "dp"
+    }
 }
 
 /// The checkpoints of one job.

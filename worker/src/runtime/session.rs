@@ -10,7 +10,7 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_accountant::client::AccountantClient;
 use dpcap_proto::v1::{
-    AccountantKind, Assignment, Augment, GetStepRequest, JobSpec, Mechanism, Objective, RegisterJobRequest,
+    AccountantKind, Assignment, Augment, GetStepRequest, JobSpec, Mechanism, Objective, Privacy, RegisterJobRequest,
     ReportStepRequest, StepOutcome, TelemetryMode, step_work::Action,
 };
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
@@ -135,7 +135,14 @@ impl<AB: AutodiffBackend> Session<AB> {
                 clipping_norm: plan.clipping_norm,
             }),
             delta: plan.delta,
-            epsilon_target: plan.epsilon_target,
+            // A baseline has no ε target (+∞ in the plan; 0 on the wire).
+            epsilon_target: if plan.epsilon_target.is_finite() { plan.epsilon_target } else { 0.0 },
+            privacy: plan.privacy,
+            simulated: (plan.privacy == Privacy::Simulation as i32).then(|| Mechanism {
+                sample_rate: plan.simulated_batch_size / plan.examples.max(1) as f64,
+                noise_multiplier: plan.simulated_noise_multiplier,
+                clipping_norm: plan.clipping_norm,
+            }),
             accountant: AccountantKind::try_from(plan.accountant).unwrap_or_default() as i32,
             gradient_dim: trainer.dim() as u64,
             parts: reducer.parts(assignment.world_size),
@@ -364,6 +371,12 @@ impl<AB: AutodiffBackend> Session<AB> {
                 .unwrap_or(0),
             applied_steps: self.applied,
             discarded_steps: self.discarded.clone(),
+            privacy: match self.assignment.plan.as_ref().map(|p| p.privacy()) {
+                Some(Privacy::NotPrivate) => "not_private",
+                Some(Privacy::Simulation) => "simulation",
+                _ => "dp",
+            }
+            .to_owned(),
         };
         self.checkpoints.save(&manifest, weights, optimizer).await?;
         tracing::info!(job_id = %manifest.job_id, step, "checkpoint written");

@@ -1,0 +1,183 @@
+//! A job's privacy mode, resolved from its spec into the plan's σ and ε: DP (σ calibrated from
+//! ε or fixed), a non-private baseline (σ = 0), or a TAN simulation (Sander et al. 2023) of a
+//! target recipe (batch B, σ) at the job's own expected batch B' with σ' = σ·B'/B, which keeps
+//! the noise per example σ·C/B of the target. The last two carry no guarantee: [`label`] is
+//! what every surface shows for them.
+
+use dpcap_privacy::{self as privacy, AccountantKind};
+use dpcap_proto::v1::{JobSpec, Plan, Privacy};
+
+use crate::error::CoordinatorError;
+
+/// What a mode contributes to the plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    /// DP, NOT_PRIVATE or SIMULATION.
+    pub privacy: Privacy,
+    /// σ the job adds (σ' for a simulation, 0 for a baseline).
+    pub noise_multiplier: f64,
+    /// Whether σ (the target's, for a simulation) was calibrated from ε.
+    pub calibrated: bool,
+    /// ε at δ after the planned steps: the job's, or the target recipe's; +∞ for a baseline.
+    pub epsilon_planned: f64,
+    /// The ε the accountant enforces: the spec's, else the planned; +∞ for a baseline.
+    pub epsilon_target: f64,
+    /// A simulation's target B and σ (0 otherwise).
+    pub simulated: (f64, f64),
+}
+
+/// The label of a mode where people read it: "" for DP, else "NOT PRIVATE (...)".
+pub fn label(privacy: Privacy) -> &'static str {
+    match privacy {
+        Privacy::NotPrivate => "NOT PRIVATE (non-private baseline, sigma = 0)",
+        Privacy::Simulation => "NOT PRIVATE (TAN simulation)",
+        Privacy::Dp | Privacy::Unspecified => "",
+    }
+}
+
+/// The condition message of a plan without a guarantee (None for DP).
+pub fn notice(plan: &Plan) -> Option<String> {
+    match plan.privacy() {
+        Privacy::NotPrivate => Some(format!("{}: sigma = 0, no epsilon", label(Privacy::NotPrivate))),
+        Privacy::Simulation => Some(format!(
+            "{}: target batch {:.0} at sigma {:.4} simulated at batch {:.1} with sigma' = {:.6}; \
+             epsilon {:.4} is the target recipe's (RDP), not this job's",
+            label(Privacy::Simulation),
+            plan.simulated_batch_size,
+            plan.simulated_noise_multiplier,
+            plan.expected_batch_size,
+            plan.noise_multiplier,
+            plan.epsilon_planned
+        )),
+        Privacy::Dp | Privacy::Unspecified => None,
+    }
+}
+
+/// Whether a plan's releases carry its DP guarantee (unspecified, from before modes, is DP).
+pub fn is_private(privacy: Privacy) -> bool {
+    matches!(privacy, Privacy::Dp | Privacy::Unspecified)
+}
+
+/// The mode's name in metrics labels and checkpoint manifests.
+pub fn name(privacy: Privacy) -> &'static str {
+    match privacy {
+        Privacy::NotPrivate => "not_private",
+        Privacy::Simulation => "simulation",
+        Privacy::Dp | Privacy::Unspecified => "dp",
+    }
+}
+
+/// Checks the privacy fields against each other (before the dataset is read).
+pub fn check(spec: &JobSpec) -> Result<(), CoordinatorError> {
+    fn invalid(field: &'static str, reason: impl Into<String>) -> CoordinatorError {
+        CoordinatorError::invalid(field, reason)
+    }
+    if spec.not_private {
+        if spec.epsilon.is_some() || spec.noise_multiplier.is_some() || spec.simulate.is_some() {
+            return Err(invalid("not_private", "a non-private job has no epsilon, noise_multiplier or simulate"));
+        }
+        return Ok(());
+    }
+    if let Some(simulate) = &spec.simulate {
+        if spec.noise_multiplier.is_some() {
+            return Err(invalid(
+                "noise_multiplier",
+                "a simulation derives sigma' from simulate; set simulate.noise_multiplier",
+            ));
+        }
+        if simulate.batch_size == 0 {
+            return Err(invalid("simulate.batch_size", "0 must be at least 1"));
+        }
+        match simulate.noise_multiplier {
+            Some(s) if !(s > 0.0 && s.is_finite()) => {
+                return Err(invalid("simulate.noise_multiplier", format!("{s} must be a finite number > 0")));
+            }
+            None if spec.epsilon.is_none() => {
+                return Err(invalid("simulate.noise_multiplier", "give it, or a target epsilon to calibrate it"));
+            }
+            _ => {}
+        }
+        return Ok(());
+    }
+    if spec.epsilon.is_none() && spec.noise_multiplier.is_none() {
+        return Err(invalid("epsilon", "give a target epsilon, a fixed noise_multiplier, or both"));
+    }
+    Ok(())
+}
+
+/// Resolves σ and ε for a job at rate `q` over `steps` at `delta` on `examples` examples.
+pub fn resolve(
+    spec: &JobSpec,
+    kind: AccountantKind,
+    (q, steps, delta): (f64, u64, f64),
+    examples: u64,
+) -> Result<Resolved, CoordinatorError> {
+    let invalid = |field: &'static str| move |e: privacy::PrivacyError| CoordinatorError::invalid(field, e.to_string());
+    if spec.not_private {
+        return Ok(Resolved {
+            privacy: Privacy::NotPrivate,
+            noise_multiplier: 0.0,
+            calibrated: false,
+            epsilon_planned: f64::INFINITY,
+            epsilon_target: f64::INFINITY,
+            simulated: (0.0, 0.0),
+        });
+    }
+    let Some(simulate) = &spec.simulate else {
+        let (sigma, calibrated) = sigma_for(spec.noise_multiplier, spec.epsilon, (kind, q, steps, delta))?;
+        let planned = privacy::EpsilonCurve::new(kind, q, sigma, delta).map_err(invalid("noise_multiplier"))?;
+        let epsilon_planned = planned.epsilon_after(steps);
+        return Ok(Resolved {
+            privacy: Privacy::Dp,
+            noise_multiplier: sigma,
+            calibrated,
+            epsilon_planned,
+            epsilon_target: spec.epsilon.unwrap_or(epsilon_planned),
+            simulated: (0.0, 0.0),
+        });
+    };
+    let target_batch = simulate.batch_size as f64;
+    let expected = q * examples as f64;
+    if simulate.batch_size > examples {
+        return Err(CoordinatorError::invalid(
+            "simulate.batch_size",
+            format!("{} exceeds the dataset's {examples} examples", simulate.batch_size),
+        ));
+    }
+    if expected > target_batch {
+        return Err(CoordinatorError::invalid(
+            "simulate.batch_size",
+            format!("{target_batch} is below the job's own expected batch {expected:.1}: nothing to simulate"),
+        ));
+    }
+    // The target's ε is informational (the job has no guarantee): RDP keeps it cheap whatever σ.
+    let target_q = target_batch / examples as f64;
+    let (sigma, calibrated) =
+        sigma_for(simulate.noise_multiplier, spec.epsilon, (AccountantKind::Rdp, target_q, steps, delta))?;
+    let curve = privacy::EpsilonCurve::new(AccountantKind::Rdp, target_q, sigma, delta)
+        .map_err(invalid("simulate.noise_multiplier"))?;
+    let epsilon_planned = curve.epsilon_after(steps);
+    Ok(Resolved {
+        privacy: Privacy::Simulation,
+        noise_multiplier: sigma * expected / target_batch,
+        calibrated,
+        epsilon_planned,
+        epsilon_target: spec.epsilon.unwrap_or(epsilon_planned),
+        simulated: (target_batch, sigma),
+    })
+}
+
+/// σ fixed, or calibrated for `epsilon` at (q, steps, δ).
+fn sigma_for(
+    fixed: Option<f64>,
+    epsilon: Option<f64>,
+    (kind, q, steps, delta): (AccountantKind, f64, u64, f64),
+) -> Result<(f64, bool), CoordinatorError> {
+    match (fixed, epsilon) {
+        (Some(sigma), _) => Ok((sigma, false)),
+        (None, Some(eps)) => privacy::noise_multiplier(kind, q, steps, eps, delta)
+            .map(|sigma| (sigma, true))
+            .map_err(|e| CoordinatorError::invalid("epsilon", e.to_string())),
+        (None, None) => Err(CoordinatorError::invalid("epsilon", "give a target epsilon or a noise_multiplier")),
+    }
+}

@@ -1,0 +1,69 @@
+//! Privacy modes in the plan: a non-private baseline (σ = 0, no ε) and a TAN simulation
+//! (σ' = σ·B'/B, the target recipe's ε), each refused when its fields contradict it.
+
+use dpcap_coordinator::SpecFile;
+use dpcap_coordinator::spec::{SimulateFile, check_fields, plan};
+use dpcap_proto::v1::{Plan, Privacy};
+
+fn base() -> SpecFile {
+    SpecFile {
+        dataset: "/d".into(),
+        model: "micro".into(),
+        batch_size: Some(100),
+        steps: Some(50),
+        ..Default::default()
+    }
+}
+
+fn planned(spec: SpecFile) -> Result<Plan, String> {
+    let spec = spec.into_proto().map_err(|e| e.to_string())?;
+    check_fields(&spec).map_err(|e| e.to_string())?;
+    plan(&spec, 10_000).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_non_private_job_adds_no_noise_and_has_no_epsilon() {
+    let plan = planned(SpecFile { not_private: Some(true), ..base() }).unwrap();
+    assert_eq!(plan.privacy(), Privacy::NotPrivate);
+    assert_eq!(plan.noise_multiplier, 0.0);
+    assert_eq!((plan.epsilon_planned, plan.epsilon_target), (f64::INFINITY, f64::INFINITY));
+    assert!(dpcap_coordinator::mode::notice(&plan).unwrap().starts_with("NOT PRIVATE"));
+    let err = planned(SpecFile { not_private: Some(true), epsilon: Some(8.0), ..base() }).unwrap_err();
+    assert!(err.starts_with("invalid not_private:"), "{err}");
+}
+
+#[test]
+fn a_simulation_scales_sigma_by_the_batch_ratio_and_reports_the_targets_epsilon() {
+    let simulate = Some(SimulateFile { batch_size: 2_000, noise_multiplier: Some(3.0) });
+    let plan = planned(SpecFile { simulate, ..base() }).unwrap();
+    assert_eq!(plan.privacy(), Privacy::Simulation);
+    assert!((plan.noise_multiplier - 3.0 * 100.0 / 2_000.0).abs() < 1e-12, "{plan:?}");
+    assert_eq!((plan.simulated_batch_size, plan.simulated_noise_multiplier), (2_000.0, 3.0));
+    let target = dpcap_privacy::EpsilonCurve::new(dpcap_privacy::AccountantKind::Rdp, 0.2, 3.0, 1e-4).unwrap();
+    assert_eq!(plan.epsilon_planned, target.epsilon_after(50), "the target's epsilon, by RDP");
+    assert!(dpcap_coordinator::mode::notice(&plan).unwrap().contains("NOT PRIVATE"));
+
+    // Without the target's sigma, it is calibrated for the job's epsilon at the target's q.
+    let simulate = Some(SimulateFile { batch_size: 2_000, noise_multiplier: None });
+    let plan = planned(SpecFile { simulate, epsilon: Some(8.0), ..base() }).unwrap();
+    assert!(plan.calibrated && plan.epsilon_planned <= 8.0 && plan.epsilon_planned > 7.9, "{plan:?}");
+    assert!((plan.noise_multiplier * 20.0 - plan.simulated_noise_multiplier).abs() < 1e-12);
+}
+
+#[test]
+fn simulations_that_contradict_themselves_are_refused_naming_the_field() {
+    let sim = |batch_size, noise_multiplier| Some(SimulateFile { batch_size, noise_multiplier });
+    let cases = [
+        ("simulate.batch_size", SpecFile { simulate: sim(50, Some(1.0)), ..base() }),
+        ("simulate.batch_size", SpecFile { simulate: sim(20_000, Some(1.0)), ..base() }),
+        ("simulate.batch_size", SpecFile { simulate: sim(0, Some(1.0)), ..base() }),
+        ("simulate.noise_multiplier", SpecFile { simulate: sim(2_000, Some(-1.0)), ..base() }),
+        ("simulate.noise_multiplier", SpecFile { simulate: sim(2_000, None), ..base() }),
+        ("noise_multiplier", SpecFile { simulate: sim(2_000, Some(1.0)), noise_multiplier: Some(0.1), ..base() }),
+        ("not_private", SpecFile { simulate: sim(2_000, Some(1.0)), not_private: Some(true), ..base() }),
+    ];
+    for (field, spec) in cases {
+        let err = planned(spec).unwrap_err();
+        assert!(err.starts_with(&format!("invalid {field}:")), "{field}: {err}");
+    }
+}
