@@ -84,7 +84,9 @@ pub fn render(handle: &PrometheusHandle, accountant: &Accountant) -> String {
     for (name, kind, help, value) in series {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for job in &jobs {
-            let _ = writeln!(out, "{name}{{job_id=\"{}\"}} {}", job.registration.job_id, value(job));
+            let (id, privacy) = (&job.registration.job_id, job.spending.mode().name());
+            let _ =
+                writeln!(out, "{name}{{job_id=\"{id}\",privacy=\"{privacy}\"}} {}", dpcap_serve::sample(value(job)));
         }
     }
     render_datasets(accountant, &mut out);

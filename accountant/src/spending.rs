@@ -77,6 +77,15 @@ impl Mode {
         }
     }
 
+    /// The mode's name in the ledger and in metrics labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Dp => "dp",
+            Mode::NotPrivate => "not_private",
+            Mode::Simulation(_) => "simulation",
+        }
+    }
+
     /// Whether releases carry the job's DP guarantee (and count against dataset budgets).
     pub fn is_private(self) -> bool {
         self == Mode::Dp

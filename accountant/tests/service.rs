@@ -263,13 +263,13 @@ async fn metrics_expose_per_job_spend_until_the_job_is_closed() {
     client.submit_part("m1", 0, 0, &part(0, 4)).await.unwrap();
     let text = server.scrape().await;
     for series in [
-        "dpcap_privacy_epsilon_spent{job_id=\"m1\"}",
-        "dpcap_privacy_epsilon_target{job_id=\"m1\"} 8",
-        "dpcap_privacy_delta{job_id=\"m1\"} 0.00001",
-        "dpcap_noise_multiplier{job_id=\"m1\"} 1.1",
-        "dpcap_sampling_rate{job_id=\"m1\"} 0.02",
-        "dpcap_steps_charged_total{job_id=\"m1\"} 1",
-        "dpcap_steps_discarded_total{job_id=\"m1\"} 0",
+        "dpcap_privacy_epsilon_spent{job_id=\"m1\",privacy=\"dp\"}",
+        "dpcap_privacy_epsilon_target{job_id=\"m1\",privacy=\"dp\"} 8",
+        "dpcap_privacy_delta{job_id=\"m1\",privacy=\"dp\"} 0.00001",
+        "dpcap_noise_multiplier{job_id=\"m1\",privacy=\"dp\"} 1.1",
+        "dpcap_sampling_rate{job_id=\"m1\",privacy=\"dp\"} 0.02",
+        "dpcap_steps_charged_total{job_id=\"m1\",privacy=\"dp\"} 1",
+        "dpcap_steps_discarded_total{job_id=\"m1\",privacy=\"dp\"} 0",
         "dpcap_release_duration_seconds_bucket",
         "dpcap_build_info{",
     ] {
@@ -523,6 +523,14 @@ async fn not_private_jobs_need_the_owners_consent_never_spend_the_budget_and_say
     assert_eq!(shown.epsilon_spent, 0.0, "NOT PRIVATE jobs never spend the dataset's budget");
     let ledger = std::fs::read_to_string(dir.path().join("jobs/baseline/registration.json")).unwrap();
     assert!(ledger.contains("\"privacy\": \"not_private\""), "{ledger}");
+    let text = server.scrape().await;
+    for series in [
+        "dpcap_privacy_epsilon_spent{job_id=\"baseline\",privacy=\"not_private\"} +Inf",
+        "dpcap_noise_multiplier{job_id=\"baseline\",privacy=\"not_private\"} 0",
+        "dpcap_noise_multiplier{job_id=\"tan\",privacy=\"simulation\"} 0.02",
+    ] {
+        assert!(text.contains(series), "missing {series} in\n{text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use dpcap_proto::v1::{JobState, Privacy};
+use dpcap_serve::sample;
 
 use crate::state::{PHASES, State};
 
@@ -22,16 +23,6 @@ const STATES: [JobState; 6] = [
 fn job_labels(id: &str, e: &crate::state::JobEntry) -> String {
     let privacy = e.job.plan.as_ref().map_or(Privacy::Dp, |p| p.privacy());
     format!("job_id=\"{id}\",privacy=\"{}\"", crate::mode::name(privacy))
-}
-
-/// A sample value as Prometheus writes it (`+Inf` for a baseline's ε).
-fn sample(v: f64) -> String {
-    match v {
-        f64::INFINITY => "+Inf".into(),
-        f64::NEG_INFINITY => "-Inf".into(),
-        v if v.is_nan() => "NaN".into(),
-        v => v.to_string(),
-    }
 }
 
 /// Renders every coordinator series in the Prometheus text format.

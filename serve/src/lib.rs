@@ -14,7 +14,7 @@ pub mod store;
 pub mod tls;
 
 pub use auth::{AttachToken, Credentials, Role};
-pub use metrics_http::serve_http;
+pub use metrics_http::{sample, serve_http};
 pub use security::{AuthArgs, SecuredServer, SecurityError, ServerSecurity};
 pub use store::{StoreError, open_durable_store, open_existing_store, open_store};
 pub use tls::{ClientTlsArgs, ServerTlsArgs, TlsError};

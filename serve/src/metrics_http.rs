@@ -11,6 +11,17 @@ use hyper::{Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+/// A sample value as the Prometheus text format writes it (`+Inf`, `-Inf`, `NaN`): ε of a
+/// job without a guarantee is +∞.
+pub fn sample(v: f64) -> String {
+    match v {
+        f64::INFINITY => "+Inf".into(),
+        f64::NEG_INFINITY => "-Inf".into(),
+        v if v.is_nan() => "NaN".into(),
+        v => v.to_string(),
+    }
+}
+
 /// Serves `/metrics` (the text `render` returns at each scrape) and `/healthz` over HTTP/1
 /// until `shutdown` resolves. Every dpcap component exposes its metrics through this.
 pub async fn serve_http(
