@@ -1,5 +1,6 @@
 //! `dpctl`: dpcap's operator CLI. Job control over the coordinator's JobService, the embedded
-//! demo cluster, offline privacy calculators, datasets, model configurations and benchmarks.
+//! demo cluster, evaluation of checkpoints, offline privacy calculators, datasets, model
+//! configurations and benchmarks.
 
 mod bench;
 mod bench_clip;
@@ -9,6 +10,7 @@ mod bench_share;
 mod budget;
 mod dataset;
 mod demo;
+mod eval;
 mod jobs;
 mod model;
 mod privacy;
@@ -61,6 +63,9 @@ enum Command {
     Wait { job_id: String },
     /// Run the whole product locally: dataset, embedded cluster, a DP-Cap job, a report.
     Demo(demo::DemoArgs),
+    /// Score a job's checkpoint on held-out synthetic scenes: zero-shot, ARO, layout, caption
+    /// slots, linear and few-shot probes.
+    Eval(eval::EvalArgs),
     /// Offline privacy accounting: epsilon, noise multiplier or steps for a DP-SGD run.
     #[command(subcommand)]
     Privacy(privacy::PrivacyCommand),
@@ -95,6 +100,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Resume { job_id } => runtime()?.block_on(jobs::cancel_or_resume(&server, &job_id, true))?,
         Command::Watch { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, true)),
         Command::Wait { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, false)),
+        Command::Eval(args) => runtime()?.block_on(eval::run(args))?,
         Command::Demo(args) => {
             dpcap_serve::process::init_tracing_at(false, "warn");
             runtime()?.block_on(demo::run(args))?;

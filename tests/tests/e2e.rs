@@ -59,7 +59,10 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
         metrics.contains(&format!("dpcap_job_state{{job_id=\"{}\",privacy=\"dp\",state=\"succeeded\"}} 1", job.job_id)),
         "{metrics}"
     );
-    assert!(metrics.contains(&format!("dpcap_job_steps_completed{{job_id=\"{}\",privacy=\"dp\"}} 5", job.job_id)), "{metrics}");
+    assert!(
+        metrics.contains(&format!("dpcap_job_steps_completed{{job_id=\"{}\",privacy=\"dp\"}} 5", job.job_id)),
+        "{metrics}"
+    );
     assert!(metrics.contains("dpcap_step_duration_seconds_count"), "{metrics}");
 }
 

@@ -102,7 +102,10 @@ async fn a_worker_killed_far_from_its_checkpoint_is_replaced_and_no_charged_step
     let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("dpctl get --json");
     assert_eq!(shown["progress"]["steps_discarded"], 0);
     let metrics = services.coordinator.scrape().await;
-    assert!(metrics.contains(&format!("dpcap_job_steps_discarded_total{{job_id=\"{}\",privacy=\"dp\"}} 0", job.job_id)), "{metrics}");
+    assert!(
+        metrics.contains(&format!("dpcap_job_steps_discarded_total{{job_id=\"{}\",privacy=\"dp\"}} 0", job.job_id)),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,29 +1,26 @@
 //! `dpctl demo`: the whole product on one machine. Synthesises a captioning dataset, starts an
 //! embedded cluster (accountant, coordinator, two CPU workers), submits a `micro` DP-Cap job at
-//! ε = 8, δ = 1/N, shows its progress, and reports ε spent, the linear-probe accuracy of the DP
-//! encoder against a randomly initialised one, and a few generated captions.
+//! ε = 8, δ = 1/N, shows its progress, and reports ε spent and the evaluation suite (zero-shot,
+//! ARO, layout, caption slots, linear and few-shot probes; see `dpctl eval`) of the DP model
+//! against a randomly initialised one, with a few generated captions.
 
 mod cluster;
-mod probe;
+mod train;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Args;
-use dpcap_coordinator::SpecFile;
-use dpcap_proto::v1::{GetSpendRequest, JobState, SubmitJobRequest};
-use dpcap_worker::checkpoint::{load_weights, save_weights_with_prefix};
-use dpcap_worker::clip::ClipEngine;
-use dpcap_worker::data::pipeline::Crop;
-use dpcap_worker::data::{Example, synth};
-use dpcap_worker::optim::Schedule;
-use dpcap_worker::runtime::ckpt::CheckpointStore;
-use dpcap_worker::runtime::dataset::{Dataset, View};
-use dpcap_worker::runtime::trainer::{Model, Trainer};
-use dpcap_worker::{CpuBackend, eval};
+use dpcap_worker::CpuBackend;
+use dpcap_worker::checkpoint::export_encoder;
+use dpcap_worker::data::synth;
+use dpcap_worker::runtime::dataset::Dataset;
+use dpcap_worker::runtime::trainer::Trainer;
 use serde_json::json;
 
+use crate::eval::report::named_keys;
+use crate::eval::suite::{SuiteOptions, SuiteReport, run_suite};
 use crate::jobs::{self, Server};
 
 /// Options of `dpctl demo`.
@@ -35,9 +32,13 @@ pub struct DemoArgs {
     /// Training examples N.
     #[arg(long, default_value_t = 20_000)]
     pub examples: u64,
-    /// Held-out labelled single-shape images for the linear probe (2/3 fit it, 1/3 score it).
+    /// Held-out labelled single-shape images for the linear and few-shot probes (2/3 fit
+    /// them, 1/3 score them).
     #[arg(long, default_value_t = 3_000)]
     pub eval_examples: u64,
+    /// Held-out images per likelihood test (zero-shot, ARO, layout) and for caption slots.
+    #[arg(long, default_value_t = 600)]
+    pub eval_images: u64,
     /// Target ε (δ = 1/N).
     #[arg(long, default_value_t = 8.0)]
     pub epsilon: f64,
@@ -59,44 +60,62 @@ pub struct DemoArgs {
     /// Generated captions shown in the report.
     #[arg(long, default_value_t = 4)]
     pub captions: usize,
+    /// Skip the NOT PRIVATE baseline (σ = 0, same steps, batch and schedule), which doubles
+    /// the training time and shows the price of privacy beside the DP model.
+    #[arg(long)]
+    pub no_baseline: bool,
 }
 
-/// Writes and indexes the synthetic dataset unless it is already there.
-async fn prepare_data(dir: &Path, args: &DemoArgs) -> Result<(PathBuf, PathBuf)> {
-    let (train, eval) = (dir.join("data/train"), dir.join("data/probe"));
+/// Writes and indexes the synthetic training set unless it is already there. (Held-out
+/// evaluation scenes are rendered in memory by the suite, from generator indices no dataset
+/// reaches.)
+async fn prepare_data(dir: &Path, args: &DemoArgs) -> Result<PathBuf> {
+    let train = dir.join("data/train");
     let marker = dir.join("data/dataset.json");
     // The index format is part of what is wanted: data indexed by an older dpctl is redone.
-    let wanted = json!({"examples": args.examples, "eval_examples": args.eval_examples, "seed": 0, "probe": "single",
-                        "index": dpcap_proto::index::MANIFEST_VERSION});
+    let wanted = json!({"examples": args.examples, "seed": 0, "index": dpcap_proto::index::MANIFEST_VERSION});
     if std::fs::read(&marker).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         == Some(wanted.clone())
     {
-        return Ok((train, eval));
+        return Ok(train);
     }
     let _ = std::fs::remove_dir_all(dir.join("data"));
-    eprintln!(
-        "synthesising {} training examples and {} held-out probe images under {}",
-        args.examples,
-        args.eval_examples,
-        dir.join("data").display()
-    );
+    eprintln!("synthesising {} training examples under {}", args.examples, dir.join("data").display());
     synth::write_shards(&train, (synth::Scene::Pair, 0), 0..args.examples, 1000, 32)
         .context("writing training shards")?;
-    synth::write_shards(&eval, (synth::Scene::Single, 0), 0..args.eval_examples, 1000, 32)
-        .context("writing held-out probe shards")?;
     let options = crate::dataset::IndexOptions::quiet(256);
     crate::dataset::index_dataset(&train.to_string_lossy(), &options).await?;
-    crate::dataset::index_dataset(&eval.to_string_lossy(), &options).await?;
     std::fs::write(&marker, wanted.to_string())?;
-    Ok((train, eval))
+    Ok(train)
+}
+
+/// How much the demo evaluates.
+fn suite_options(args: &DemoArgs) -> SuiteOptions {
+    SuiteOptions {
+        images: args.eval_images as usize,
+        probe_images: args.eval_examples as usize,
+        samples: args.captions,
+        ..Default::default()
+    }
+}
+
+/// The evaluation suite of one named model (dp, random, or a further baseline), with progress.
+fn evaluate(name: &str, trainer: &Trainer<CpuBackend>, options: &SuiteOptions) -> Result<SuiteReport> {
+    eprintln!("evaluating the {name} model on held-out scenes");
+    let report = run_suite::<CpuBackend>(&trainer.model, &trainer.params, options)
+        .with_context(|| format!("evaluating the {name} model"))?;
+    eprintln!("evaluated the {name} model in {:.1} s", report.seconds);
+    Ok(report)
 }
 
 /// Runs the demo and writes `DIR/report.json`.
 pub async fn run(args: DemoArgs) -> Result<()> {
     let started = Instant::now();
+    // Refuse bad evaluation sizes before training, not after.
+    suite_options(&args).check(["--eval-images", "--eval-examples"])?;
     std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = std::fs::canonicalize(&args.dir)?;
-    let (train_dir, eval_dir) = prepare_data(&dir, &args).await?;
+    let train_dir = prepare_data(&dir, &args).await?;
     for stale in ["ledger", "store"] {
         let _ = std::fs::remove_dir_all(dir.join(stale));
     }
@@ -105,7 +124,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         "cluster up: coordinator {}  accountant {}  metrics {} {}",
         cluster.coordinator, cluster.accountant, cluster.metrics[0], cluster.metrics[1]
     );
-    let result = train_and_report(&args, &dir, &train_dir, &eval_dir, &cluster, started).await;
+    let result = train_and_report(&args, &dir, &train_dir, &cluster, started).await;
     cluster.stop().await;
     result
 }
@@ -114,118 +133,49 @@ async fn train_and_report(
     args: &DemoArgs,
     dir: &Path,
     train_dir: &Path,
-    eval_dir: &Path,
     cluster: &cluster::Cluster,
     started: Instant,
 ) -> Result<()> {
-    let spec = SpecFile {
-        name: "demo".into(),
-        dataset: train_dir.to_string_lossy().into_owned(),
-        model: "micro".into(),
-        objective: Some(args.objective.clone()),
-        epsilon: Some(args.epsilon),
-        batch_size: Some(args.batch_size),
-        steps: Some(args.steps),
-        clipping_norm: Some(1.0),
-        learning_rate: Some(args.learning_rate),
-        micro_batch: Some(128),
-        workers: Some(args.workers),
-        checkpoint_interval: Some(20),
-        // A caption names both shapes of a scene: a random crop that cut one away would make
-        // the caption false. LAION-scale jobs keep the default random_resized_crop.
-        augment: Some("center_crop".into()),
-        ..Default::default()
-    };
     let server = Server { coordinator: cluster.coordinator.clone(), token: None, tls: Default::default() };
-    // The data's owner sets the dataset's lifetime budget before any job may spend it.
+    // The data's owner sets the dataset's lifetime budget before any job may spend it; the data
+    // is synthetic, so its owner also lets the NOT PRIVATE baseline train on it.
     let dataset_id = crate::budget::dataset_digest(&train_dir.to_string_lossy()).await?;
     let mut accountant = dpcap_accountant::client::AccountantClient::connect(cluster.accountant.clone()).await?;
     let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
         dataset_id,
         epsilon: args.epsilon,
         delta: 1.0 / args.examples as f64,
-        reason: "dpctl demo: synthetic data, one job".into(),
+        reason: "dpctl demo: synthetic data; one DP job and its non-private baseline".into(),
+        allow_not_private: !args.no_baseline,
     };
     accountant.raw().set_dataset_budget(budget).await.map_err(jobs::status)?;
-    let mut client = server.connect().await?;
-    let request = SubmitJobRequest { spec: Some(spec.into_proto()?), idempotency_key: String::new() };
-    let job = client.submit_job(request).await.map_err(jobs::status)?.into_inner();
-    let plan = job.plan.clone().unwrap_or_default();
-    eprintln!(
-        "job {}: N = {}, q = {:.4}, L = {:.0}, sigma = {:.4} (calibrated for epsilon {} at delta {:.2e}), {} steps",
-        job.job_id,
-        plan.examples,
-        plan.sample_rate,
-        plan.expected_batch_size,
-        plan.noise_multiplier,
-        plan.epsilon_target,
-        plan.delta,
-        plan.steps
-    );
-    let job = jobs::follow(&mut client, &job.job_id, true).await?;
-    if job.state != JobState::Succeeded as i32 {
-        bail!("the demo job ended {}", jobs::state_name(job.state));
-    }
-    let progress = job.progress.clone().unwrap_or_default();
-    let mut accountant = dpcap_accountant::client::AccountantClient::connect(cluster.accountant.clone()).await?;
-    let spend = accountant
-        .raw()
-        .get_spend(GetSpendRequest { job_id: job.job_id.clone() })
-        .await
-        .map_err(jobs::status)?
-        .into_inner();
+    let dp_job = train::run(&server, &cluster.accountant, train::spec(args, train_dir, false)).await?;
+    let baseline = match args.no_baseline {
+        true => None,
+        false => Some(train::run(&server, &cluster.accountant, train::spec(args, train_dir, true)).await?),
+    };
 
-    eprintln!("evaluating: linear probe on {} held-out labelled images", args.eval_examples);
-    let dataset = Dataset::open(&train_dir.to_string_lossy()).await?;
-    let tokenizer = dataset.tokenizer("").await?;
-    let engine = ClipEngine { clipping_norm: 1.0, micro_batch: 1, precision: Default::default() };
-    let schedule = Schedule { peak: 0.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
-    let build = || {
-        Trainer::<CpuBackend>::new(
-            "micro",
-            args.objective == "mae",
-            Some(tokenizer.clone()),
-            0,
-            (engine, 1.0, schedule),
-            &Default::default(),
-        )
-    };
-    let (mut dp, random) = (build()?, build()?);
-    let checkpoints = CheckpointStore::open(&job.checkpoint_root)?;
-    let last = checkpoints.latest().await?.context("the job left no checkpoint")?;
-    let (_, weights, _) = checkpoints.load(last).await?;
-    load_weights(&mut dp.params, &weights)?;
-    let probe = Dataset::open(&eval_dir.to_string_lossy()).await?;
-    let view = View::eval(32)?;
-    let examples = probe.read((0..probe.examples()).collect(), &view).await?;
-    let labels: Vec<u32> = examples.iter().map(|e| e.label.unwrap_or(0)).collect();
-    let accuracy_dp =
-        probe::accuracy(&eval::features::<CpuBackend>(dp.model.encoder(), &dp.params, &examples), &labels)?;
-    let accuracy_random =
-        probe::accuracy(&eval::features::<CpuBackend>(random.model.encoder(), &random.params, &examples), &labels)?;
-    let captions = match &dp.model {
-        Model::Caption(model, tokenizer) => {
-            // Held-out scenes from the training distribution (indices past the N training ones).
-            let shown: Vec<Example> = (0..args.captions as u64)
-                .map(|i| synth::generate(0, args.examples + i, 32))
-                .map(|e| {
-                    let pixels = view.pipeline.transform(&e.image, &Crop::Eval)?;
-                    Ok(Example { key: e.key, pixels, caption: e.caption, label: Some(e.label) })
-                })
-                .collect::<Result<_>>()?;
-            let shown = shown.as_slice();
-            let ids = eval::greedy_captions::<CpuBackend>(model, &dp.params, shown, tokenizer.bos_eos());
-            shown
-                .iter()
-                .zip(ids)
-                .map(|(e, ids)| Ok(json!({"reference": e.caption, "generated": tokenizer.decode(&ids[1..])?})))
-                .collect::<Result<Vec<_>>>()?
-        }
-        Model::Mae(_) => vec![],
-    };
-    std::fs::write(dir.join("encoder.safetensors"), save_weights_with_prefix(&dp.params, "encoder.")?)?;
-    let report = json!({
-        "job_id": job.job_id,
+    let options = suite_options(args);
+    let tokenizer = Dataset::open(&train_dir.to_string_lossy()).await?.tokenizer("").await?;
+    let (dp, dp_manifest) = train::trained(args, &tokenizer, &dp_job.job).await?;
+    let mut reports = vec![("dp", evaluate("dp", &dp, &options)?)];
+    if let Some(baseline) = &baseline {
+        let (nonprivate, manifest) = train::trained(args, &tokenizer, &baseline.job).await?;
+        reports.push(("nonprivate", evaluate("nonprivate (NOT PRIVATE)", &nonprivate, &options)?));
+        std::fs::write(dir.join("encoder-nonprivate.safetensors"), export_encoder(&nonprivate.params, &manifest)?)?;
+    }
+    reports.push(("random", evaluate("random", &train::fresh(args, &tokenizer)?, &options)?));
+    std::fs::write(dir.join("encoder.safetensors"), export_encoder(&dp.params, &dp_manifest)?)?;
+
+    let (plan, progress) =
+        (dp_job.job.plan.clone().unwrap_or_default(), dp_job.job.progress.clone().unwrap_or_default());
+    let spend = &dp_job.spend;
+    let score = |name: &str| reports.iter().find(|(n, _)| *n == name).map(|(_, r)| r);
+    let captions: Vec<_> = score("dp")
+        .map(|r| r.captions.iter().map(|c| json!({"reference": c.reference, "generated": c.generated})).collect())
+        .unwrap_or_default();
+    let mut report = json!({
+        "job_id": dp_job.job.job_id,
         "epsilon_spent": spend.epsilon_spent,
         "epsilon_target": plan.epsilon_target,
         "delta": plan.delta,
@@ -237,23 +187,33 @@ async fn train_and_report(
         "clipping_norm": plan.clipping_norm,
         "loss_start": progress.loss_first,
         "loss_end": progress.loss,
-        "probe_accuracy_dp": accuracy_dp,
-        "probe_accuracy_random": accuracy_random,
         "captions": captions,
+        "nonprivate_job_id": baseline.as_ref().map(|b| b.job.job_id.clone()),
+        "nonprivate_privacy": baseline.as_ref().map(|_| "NOT PRIVATE: sigma = 0, same steps, batch and schedule"),
+        "loss_end_nonprivate": baseline.as_ref().and_then(|b| b.job.progress.as_ref().and_then(|p| p.loss)),
         "wall_s": started.elapsed().as_secs_f64(),
-        "non_dp_telemetry": ["loss_start", "loss_end", "captions.reference"],
+        "non_dp_telemetry": ["loss_start", "loss_end", "loss_end_nonprivate", "captions.reference"],
         "encoder": dir.join("encoder.safetensors"),
     });
+    if let Some(fields) = report.as_object_mut() {
+        let named: Vec<(&str, &SuiteReport)> = reports.iter().map(|(name, r)| (*name, r)).collect();
+        fields.extend(named_keys(&named));
+    }
     std::fs::write(dir.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
     println!("{}", serde_json::to_string_pretty(&report)?);
+    for (name, r) in &reports {
+        eprintln!(
+            "{name} model{}:\n{}",
+            if *name == "nonprivate" { " (NOT PRIVATE)" } else { "" },
+            crate::eval::report::table(r)
+        );
+    }
     eprintln!(
-        "epsilon spent {:.3} of {} at delta {:.2e} (PLD) over {} steps; probe accuracy DP {:.1} % vs random init {:.1} %; report at {}",
+        "epsilon spent {:.3} of {} at delta {:.2e} (PLD) over {} steps; report at {}",
         spend.epsilon_spent,
         plan.epsilon_target,
         plan.delta,
         spend.steps_charged,
-        accuracy_dp * 100.0,
-        accuracy_random * 100.0,
         dir.join("report.json").display()
     );
     Ok(())

@@ -137,16 +137,35 @@ impl Captioner {
         &self.encoder
     }
 
-    /// Next-token logits [B, seq-1, vocab] for captions [B, seq].
+    /// Next-token logits [B, seq-1, vocab] for captions [B, seq]: [`Captioner::memory`] of
+    /// the images, then [`Captioner::decode`].
     pub fn logits<AB: AutodiffBackend>(&self, tape: &mut Tape<'_, AB>, batch: &CaptionBatch<AB>) -> Tensor<AB, 3> {
-        let memory = self.encoder.forward(tape, batch.images.clone());
-        let memory = self.bridge.forward(tape, memory);
-        let [b, s] = batch.tokens.dims();
-        let inputs = batch.tokens.clone().slice([0..b, 0..s - 1]);
+        let memory = self.memory(tape, batch.images.clone());
+        self.decode(tape, &memory, batch.tokens.clone())
+    }
+
+    /// What the decoder's cross-attention reads for images [B, 3, H, W]: encoder tokens
+    /// through the bridge, [B, patches, dec_width]. Split from [`Captioner::decode`] so that
+    /// evaluation encodes an image once and scores many candidate captions against it.
+    pub fn memory<AB: AutodiffBackend>(&self, tape: &mut Tape<'_, AB>, images: Tensor<AB, 4>) -> Tensor<AB, 3> {
+        let memory = self.encoder.forward(tape, images);
+        self.bridge.forward(tape, memory)
+    }
+
+    /// Next-token logits [B, seq-1, vocab] for captions `tokens` [B, seq], caption i attending
+    /// to row i of `memory` [B, patches, dec_width].
+    pub fn decode<AB: AutodiffBackend>(
+        &self,
+        tape: &mut Tape<'_, AB>,
+        memory: &Tensor<AB, 3>,
+        tokens: Tensor<AB, 2, Int>,
+    ) -> Tensor<AB, 3> {
+        let [b, s] = tokens.dims();
+        let inputs = tokens.slice([0..b, 0..s - 1]);
         let mut x = tape.embedding(self.token_embed, inputs);
         x = tape.add_free(self.positions, x);
         for block in &self.blocks {
-            x = block.forward(tape, x, Some(&memory));
+            x = block.forward(tape, x, Some(memory));
         }
         let x = self.norm.forward(tape, x);
         self.head.forward(tape, x)

@@ -1,0 +1,110 @@
+//! The demo's training jobs: the DP job and its NOT PRIVATE baseline, identical but for σ
+//! (same steps, batch, schedule, clipping and seed), run through the embedded cluster one
+//! after the other; and their trained weights, loaded back from each job's last checkpoint.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use dpcap_coordinator::SpecFile;
+use dpcap_proto::v1::{GetSpendRequest, Job, JobSpend, JobState, SubmitJobRequest};
+use dpcap_worker::CpuBackend;
+use dpcap_worker::checkpoint::load_weights;
+use dpcap_worker::clip::ClipEngine;
+use dpcap_worker::data::tokenizer::CaptionTokenizer;
+use dpcap_worker::optim::Schedule;
+use dpcap_worker::runtime::ckpt::{CheckpointStore, Manifest};
+use dpcap_worker::runtime::trainer::Trainer;
+
+use super::DemoArgs;
+use crate::jobs::{self, Server};
+
+/// The DP job's spec; `not_private` turns it into its baseline (σ = 0, no ε).
+pub fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool) -> SpecFile {
+    SpecFile {
+        name: if not_private { "demo-nonprivate".into() } else { "demo".into() },
+        dataset: train_dir.to_string_lossy().into_owned(),
+        model: "micro".into(),
+        objective: Some(args.objective.clone()),
+        epsilon: (!not_private).then_some(args.epsilon),
+        not_private: not_private.then_some(true),
+        batch_size: Some(args.batch_size),
+        steps: Some(args.steps),
+        clipping_norm: Some(1.0),
+        learning_rate: Some(args.learning_rate),
+        micro_batch: Some(128),
+        workers: Some(args.workers),
+        checkpoint_interval: Some(20),
+        // A caption names both shapes of a scene: a random crop that cut one away would make
+        // the caption false. LAION-scale jobs keep the default random_resized_crop.
+        augment: Some("center_crop".into()),
+        ..Default::default()
+    }
+}
+
+/// A finished job and what the accountant says it spent.
+pub struct Finished {
+    pub job: Job,
+    pub spend: JobSpend,
+}
+
+/// Submits `spec`, follows it with a progress bar to its end, and reads its spend.
+pub async fn run(server: &Server, accountant: &str, spec: SpecFile) -> Result<Finished> {
+    let mut client = server.connect().await?;
+    let request = SubmitJobRequest { spec: Some(spec.into_proto()?), idempotency_key: String::new() };
+    let job = client.submit_job(request).await.map_err(jobs::status)?.into_inner();
+    let plan = job.plan.clone().unwrap_or_default();
+    match dpcap_coordinator::mode::notice(&plan) {
+        Some(notice) => eprintln!("job {}: {notice}; {} steps", job.job_id, plan.steps),
+        None => eprintln!(
+            "job {}: N = {}, q = {:.4}, L = {:.0}, sigma = {:.4} (calibrated for epsilon {} at delta {:.2e}), {} steps",
+            job.job_id,
+            plan.examples,
+            plan.sample_rate,
+            plan.expected_batch_size,
+            plan.noise_multiplier,
+            plan.epsilon_target,
+            plan.delta,
+            plan.steps
+        ),
+    }
+    let job = jobs::follow(&mut client, &job.job_id, true).await?;
+    if job.state != JobState::Succeeded as i32 {
+        bail!("the demo job {} ended {}", job.job_id, jobs::state_name(job.state));
+    }
+    let mut accountant = dpcap_accountant::client::AccountantClient::connect(accountant.to_owned()).await?;
+    let spend = accountant
+        .raw()
+        .get_spend(GetSpendRequest { job_id: job.job_id.clone() })
+        .await
+        .map_err(jobs::status)?
+        .into_inner();
+    Ok(Finished { job, spend })
+}
+
+/// A `micro` model of the demo's objective with fresh weights (seed 0, the jobs' own init).
+pub fn fresh(args: &DemoArgs, tokenizer: &CaptionTokenizer) -> Result<Trainer<CpuBackend>> {
+    let engine = ClipEngine { clipping_norm: 1.0, micro_batch: 1, precision: Default::default() };
+    let schedule = Schedule { peak: 0.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
+    Ok(Trainer::<CpuBackend>::new(
+        "micro",
+        args.objective == "mae",
+        Some(tokenizer.clone()),
+        0,
+        (engine, 1.0, schedule),
+        &Default::default(),
+    )?)
+}
+
+/// The model `job` trained: its last checkpoint's weights and manifest.
+pub async fn trained(
+    args: &DemoArgs,
+    tokenizer: &CaptionTokenizer,
+    job: &Job,
+) -> Result<(Trainer<CpuBackend>, Manifest)> {
+    let mut trainer = fresh(args, tokenizer)?;
+    let checkpoints = CheckpointStore::open(&job.checkpoint_root)?;
+    let last = checkpoints.latest().await?.with_context(|| format!("job {} left no checkpoint", job.job_id))?;
+    let (manifest, weights, _) = checkpoints.load(last).await?;
+    load_weights(&mut trainer.params, &weights)?;
+    Ok((trainer, manifest))
+}

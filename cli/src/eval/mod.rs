@@ -1,0 +1,145 @@
+//! `dpctl eval`: scores a job's checkpoint on held-out synthetic scenes the training never saw
+//! (see [`suite`]): caption-likelihood tests in the style of DP-Cap's zero-shot and ARO
+//! evaluations, caption slot accuracy, and linear and few-shot probes. `--random-init` scores
+//! a freshly initialised model of the same configuration instead: the baseline every number
+//! should be read against.
+
+pub mod probe;
+pub mod report;
+pub mod suite;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use dpcap_worker::CpuBackend;
+use dpcap_worker::checkpoint::load_weights;
+use dpcap_worker::data::tokenizer::CaptionTokenizer;
+use dpcap_worker::model::{Captioner, CaptionerConfig, Mae, MaeConfig};
+use dpcap_worker::params::ParamSet;
+use dpcap_worker::runtime::ckpt::{CheckpointStore, Manifest};
+use dpcap_worker::runtime::dataset::Dataset;
+use dpcap_worker::runtime::trainer::Model;
+use serde_json::{Value, json};
+
+use suite::{SuiteOptions, run_suite};
+
+type Inner = <CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+
+/// Seed of the `--random-init` weights (the demo's random baseline uses the same).
+const RANDOM_INIT_SEED: u64 = 0;
+
+/// Options of `dpctl eval`.
+#[derive(Debug, Clone, Args)]
+pub struct EvalArgs {
+    /// The job's checkpoint root: a directory or URL holding STEP/… and `latest`
+    /// (`dpctl get JOB` shows it).
+    #[arg(long)]
+    pub checkpoint: String,
+    /// The checkpoint's step (default: the latest).
+    #[arg(long)]
+    pub step: Option<u64>,
+    /// The job's training dataset: its tokenizer.json is the model's.
+    #[arg(long)]
+    pub dataset: String,
+    /// Score a freshly initialised model of the checkpoint's configuration instead.
+    #[arg(long)]
+    pub random_init: bool,
+    /// Held-out images per likelihood test and for caption slots.
+    #[arg(long, default_value_t = SuiteOptions::default().images)]
+    pub images: usize,
+    /// Held-out single-shape images for the linear and few-shot probes.
+    #[arg(long, default_value_t = SuiteOptions::default().probe_images)]
+    pub probe_images: usize,
+    /// Seed of the synthetic generator the training dataset was written with.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A model of the manifest's configuration with fresh weights from `seed`.
+fn build(manifest: &Manifest, tokenizer: Option<CaptionTokenizer>, seed: u64) -> Result<(Model, ParamSet<Inner>)> {
+    let mut params = ParamSet::seeded(&Default::default(), seed);
+    let unknown = || anyhow!("model {:?} is not a known configuration", manifest.model);
+    let model = match tokenizer {
+        None => Model::Mae(Mae::new(&mut params, MaeConfig::named(&manifest.model).ok_or_else(unknown)?)),
+        Some(tokenizer) => {
+            let config = CaptionerConfig::named(&manifest.model).ok_or_else(unknown)?;
+            if tokenizer.vocab_size() > config.vocab {
+                bail!(
+                    "the --dataset tokenizer's vocabulary of {} exceeds model {}'s {}",
+                    tokenizer.vocab_size(),
+                    manifest.model,
+                    config.vocab
+                );
+            }
+            Model::Caption(Captioner::new(&mut params, config), Box::new(tokenizer))
+        }
+    };
+    Ok((model, params))
+}
+
+/// Loads the checkpoint (or its configuration only, with `--random-init`), runs the suite and
+/// prints it.
+pub async fn run(args: EvalArgs) -> Result<()> {
+    let root = &args.checkpoint;
+    let options =
+        SuiteOptions { images: args.images, probe_images: args.probe_images, seed: args.seed, ..Default::default() };
+    options.check(["--images", "--probe-images"])?;
+    // Reading must not create the directory a mistyped path names.
+    dpcap_serve::open_existing_store(root).map_err(|e| anyhow!("--checkpoint {root}: {e}"))?;
+    let store = CheckpointStore::open(root).map_err(|e| anyhow!("--checkpoint {root}: {e}"))?;
+    let step = match args.step {
+        Some(step) => step,
+        None => store
+            .latest()
+            .await
+            .map_err(|e| anyhow!("--checkpoint {root}: {e}"))?
+            .ok_or_else(|| anyhow!("--checkpoint {root}: no checkpoint there (no `latest` pointer)"))?,
+    };
+    let (manifest, weights, _) = store
+        .load(step)
+        .await
+        .map_err(|e| anyhow!("--step {step}: no readable checkpoint {step} under {root}: {e}"))?;
+    let tokenizer = match manifest.objective.as_str() {
+        "caption" => {
+            let dataset = Dataset::open(&args.dataset).await.map_err(|e| anyhow!("--dataset {}: {e}", args.dataset))?;
+            Some(dataset.tokenizer("").await.map_err(|e| anyhow!("--dataset {}: {e}", args.dataset))?)
+        }
+        "mae" => None,
+        other => bail!("--checkpoint {root}: checkpoint {step} has objective {other:?}, not caption or mae"),
+    };
+    let (model, mut params) = build(&manifest, tokenizer, RANDOM_INIT_SEED)
+        .map_err(|e| anyhow!("--checkpoint {root}: checkpoint {step}: {e}"))?;
+    if !args.random_init {
+        load_weights(&mut params, &weights).map_err(|e| {
+            anyhow!("--checkpoint {root}: checkpoint {step} does not fit model {}: {e}", manifest.model)
+        })?;
+    }
+    let report = run_suite::<CpuBackend>(&model, &params, &options).context("running the evaluation suite")?;
+    let weights_from = if args.random_init { "random init" } else { "checkpoint" };
+    if args.json {
+        let mut out = json!({
+            "checkpoint": root,
+            "step": step,
+            "model": manifest.model,
+            "objective": manifest.objective,
+            "privacy": manifest.privacy,
+            "random_init": args.random_init,
+        });
+        if let (Some(out), Value::Object(fields)) = (out.as_object_mut(), serde_json::to_value(&report)?) {
+            out.extend(fields);
+        }
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        // Weights without the DP guarantee say so wherever they are shown.
+        let privacy =
+            if manifest.is_private() { "dp".to_owned() } else { format!("NOT PRIVATE: {}", manifest.privacy) };
+        println!(
+            "checkpoint {root} step {step}: model {} ({}, {privacy}), weights from {weights_from}",
+            manifest.model, manifest.objective
+        );
+        println!("{}", report::table(&report));
+    }
+    Ok(())
+}
