@@ -105,8 +105,8 @@ async fn a_restart_serves_stored_releases_again_and_discards_a_charge_whose_rele
     client.fetch_release("crash", 3).await.unwrap();
     assert_eq!(charged_steps(dir.path(), "crash"), vec![0, 1, 2, 3]);
     let metrics = server.scrape().await;
-    assert!(metrics.contains("dpcap_steps_charged_total{job_id=\"crash\"} 4"), "{metrics}");
-    assert!(metrics.contains("dpcap_steps_discarded_total{job_id=\"crash\"} 1"), "{metrics}");
+    assert!(metrics.contains("dpcap_steps_charged_total{job_id=\"crash\",privacy=\"dp\"} 4"), "{metrics}");
+    assert!(metrics.contains("dpcap_steps_discarded_total{job_id=\"crash\",privacy=\"dp\"} 1"), "{metrics}");
 
     // A checkpoint covering steps < 2 lets their stored releases go; step 3 stays fetchable.
     client.raw().trim_releases(TrimReleasesRequest { job_id: "crash".into(), before_step: 2 }).await.unwrap();
