@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use dpcap_coordinator::SpecFile;
-use dpcap_e2e::jobs::{get, is, spec, spend, step, submit, tempfile_dir, wait_until};
+use dpcap_e2e::jobs::{ended, get, is, spec, spend, step, submit, tempfile_dir, wait_until};
 use dpcap_e2e::{Process, Services, dpctl, synth_dataset};
 use dpcap_proto::v1::{CancelJobRequest, GetJobRequest, JobPhase, JobState, Reduction, SubmitJobRequest};
 
@@ -238,4 +238,39 @@ async fn invalid_specs_are_refused_naming_the_field_and_idempotency_keys_return_
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A TAN simulation through the real processes: NOT PRIVATE in its conditions, metrics,
+/// spend, checkpoint and export, with σ' = σ·B'/B added and the target recipe's ε reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tan_simulation_runs_not_private_and_reports_its_targets_epsilon_everywhere() {
+    let dir = tempfile_dir("simulation");
+    let dataset = synth_dataset(&dir, 240);
+    let services = Services::start(&dir).await;
+    let _workers = [
+        Process::worker(&services.coordinator.grpc, "w0", &dir),
+        Process::worker(&services.coordinator.grpc, "w1", &dir),
+    ];
+    let simulate = Some(dpcap_coordinator::spec::SimulateFile { batch_size: 120, noise_multiplier: Some(2.0) });
+    let job = submit(&services, SpecFile { epsilon: None, simulate, ..spec(&dataset, 3) }).await;
+    let plan = job.plan.clone().unwrap();
+    assert_eq!(plan.privacy(), dpcap_proto::v1::Privacy::Simulation);
+    assert!((plan.noise_multiplier - 2.0 * 24.0 / 120.0).abs() < 1e-12, "sigma' = sigma B'/B: {plan:?}");
+    let job = wait_until(&services, &job.job_id, Duration::from_secs(300), ended).await;
+    assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
+    assert!(job.conditions.iter().any(|c| c.reason == "NotPrivate" && c.message.starts_with("NOT PRIVATE")));
+
+    let spend = spend(&services, &job.job_id).await;
+    use dpcap_accountant::privacy::{AccountantKind, EpsilonCurve};
+    let target = EpsilonCurve::new(AccountantKind::Rdp, 0.5, 2.0, 1.0 / 240.0).unwrap();
+    assert_eq!(spend.privacy(), dpcap_proto::v1::Privacy::Simulation);
+    assert_eq!(spend.epsilon_spent, target.epsilon_after(3), "the target recipe's epsilon, by RDP");
+    let metrics = services.coordinator.scrape().await;
+    let state = format!("dpcap_job_state{{job_id=\"{}\",privacy=\"simulation\",state=\"succeeded\"}} 1", job.job_id);
+    assert!(metrics.contains(&state), "{metrics}");
+
+    let checkpoints = dpcap_worker::runtime::ckpt::CheckpointStore::open(&job.checkpoint_root).unwrap();
+    let (manifest, _, _) = checkpoints.load(checkpoints.latest().await.unwrap().unwrap()).await.unwrap();
+    assert_eq!(manifest.privacy, "simulation");
+    assert!(!manifest.is_private());
 }
