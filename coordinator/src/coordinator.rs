@@ -173,6 +173,7 @@ impl Coordinator {
     /// Validates, calibrates and queues a job; a repeated idempotency key returns the original.
     pub async fn submit(&self, spec: JobSpec, idempotency_key: &str) -> Result<Job, CoordinatorError> {
         crate::spec::check_fields(&spec)?;
+        let init = crate::init::check(&spec).await?;
         let layout = dataset::read_layout(&spec.dataset).await?;
         let (examples, counts) = (layout.layout.examples(), layout.counts);
         let for_plan = spec.clone();
@@ -209,6 +210,15 @@ impl Coordinator {
             ),
         );
         let how = if plan.calibrated { "calibrated" } else { "fixed" };
+        if let Some(source) = &init {
+            let from = format!("weights of job {} step {} ({})", source.job_id, source.step, source.privacy);
+            condition(&mut job, "Initialised", "InitFrom", from.clone());
+            if source.privacy != "dp" && crate::mode::is_private(plan.privacy()) {
+                let stated =
+                    format!("{from} are NOT PRIVATE; init_public states they saw public or synthetic data only");
+                condition(&mut job, "Warning", "InitNotPrivate", stated);
+            }
+        }
         if let Some(notice) = crate::mode::notice(&plan) {
             // First, and in every listing: the job's releases carry no guarantee.
             condition(&mut job, "Privacy", "NotPrivate", notice);

@@ -9,6 +9,7 @@
 pub mod coordinator;
 pub mod dataset;
 pub mod error;
+pub mod init;
 pub mod metrics;
 pub mod mode;
 pub mod rendezvous;

@@ -69,6 +69,10 @@ pub struct SpecFile {
     pub not_private: Option<bool>,
     /// TAN: simulate a target recipe at this job's smaller batch. NOT PRIVATE.
     pub simulate: Option<SimulateFile>,
+    /// Another job's checkpoint root to start from (weights only).
+    pub init_from: Option<String>,
+    /// The `init_from` weights, if NOT PRIVATE, were trained on public or synthetic data only.
+    pub init_public: Option<bool>,
 }
 
 /// The recipe a TAN job simulates (see `Simulation` in the proto).
@@ -139,6 +143,8 @@ impl SpecFile {
             dataset_epsilon_budget: self.dataset_epsilon_budget.unwrap_or(0.0),
             augment: augment as i32,
             not_private: self.not_private.unwrap_or(false),
+            init_from: self.init_from.unwrap_or_default(),
+            init_public: self.init_public.unwrap_or(false),
             simulate: self
                 .simulate
                 .map(|s| v1::Simulation { batch_size: s.batch_size, noise_multiplier: s.noise_multiplier }),

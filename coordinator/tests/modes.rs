@@ -67,3 +67,47 @@ fn simulations_that_contradict_themselves_are_refused_naming_the_field() {
         assert!(err.starts_with(&format!("invalid {field}:")), "{field}: {err}");
     }
 }
+
+/// A checkpoint root with one checkpoint of `model` written by a job of `privacy`.
+fn checkpoint(dir: &std::path::Path, model: &str, privacy: &str) -> String {
+    std::fs::create_dir_all(dir.join("4")).unwrap();
+    std::fs::write(dir.join("latest"), "4").unwrap();
+    let manifest = serde_json::json!({"job_id": "job-src", "step": 4, "ledger_position": 4, "model": model,
+        "objective": "caption", "parameters": 1, "generation": 1, "created_unix_ms": 0, "privacy": privacy});
+    std::fs::write(dir.join("4/manifest.json"), manifest.to_string()).unwrap();
+    dir.to_string_lossy().into_owned()
+}
+
+#[tokio::test]
+async fn a_dp_job_starts_from_not_private_weights_only_when_told_they_saw_public_data() {
+    use dpcap_coordinator::init::check;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = |init_from: String, init_public: bool, not_private: bool| {
+        let file = SpecFile {
+            epsilon: (!not_private).then_some(8.0),
+            not_private: Some(not_private),
+            init_from: Some(init_from),
+            init_public: Some(init_public),
+            ..base()
+        };
+        file.into_proto().unwrap()
+    };
+    let baseline = checkpoint(&dir.path().join("baseline"), "micro", "not_private");
+    let err = check(&spec(baseline.clone(), false, false)).await.unwrap_err().to_string();
+    assert!(err.starts_with("invalid init_from:") && err.contains("init_public"), "{err}");
+    let source = check(&spec(baseline.clone(), true, false)).await.unwrap().unwrap();
+    assert_eq!((source.job_id.as_str(), source.step, source.privacy.as_str()), ("job-src", 4, "not_private"));
+    assert!(check(&spec(baseline, false, true)).await.unwrap().is_some(), "a NOT PRIVATE job may start anywhere");
+    let private = checkpoint(&dir.path().join("dp"), "micro", "dp");
+    assert!(check(&spec(private, false, false)).await.unwrap().is_some(), "DP weights start a DP job");
+
+    let bench = checkpoint(&dir.path().join("bench"), "bench", "dp");
+    let err = check(&spec(bench, false, false)).await.unwrap_err().to_string();
+    assert!(err.contains("is a bench model, this job trains micro"), "{err}");
+    let nowhere = dir.path().join("nowhere").to_string_lossy().into_owned();
+    let err = check(&spec(nowhere, false, false)).await.unwrap_err().to_string();
+    assert!(err.starts_with("invalid init_from:"), "{err}");
+    assert!(!dir.path().join("nowhere").exists(), "naming a path never creates it");
+    let lone = SpecFile { epsilon: Some(8.0), init_public: Some(true), ..base() }.into_proto().unwrap();
+    assert!(check(&lone).await.unwrap_err().to_string().starts_with("invalid init_public:"));
+}

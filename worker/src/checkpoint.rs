@@ -117,10 +117,21 @@ pub fn export_encoder<B: Backend>(
 
 /// Loads weights into `params`; every parameter must be present with its shape.
 pub fn load_weights<B: Backend>(params: &mut ParamSet<B>, bytes: &[u8]) -> Result<(), CheckpointError> {
+    load_weights_with_prefix(params, bytes, "")
+}
+
+/// Loads the weights whose names start with `prefix` (e.g. "encoder." to start a captioner
+/// from a ViP encoder); each must be present with its shape, the others keep their values.
+pub fn load_weights_with_prefix<B: Backend>(
+    params: &mut ParamSet<B>,
+    bytes: &[u8],
+    prefix: &str,
+) -> Result<(), CheckpointError> {
     let file = SafeTensors::deserialize(bytes)?;
     let device = params.device().clone();
     let loaded: Vec<_> = params
         .ids()
+        .filter(|&id| params.spec(id).name.starts_with(prefix))
         .map(|id| read::<B>(&file, &params.spec(id).name, &params.spec(id).shape, &device).map(|t| (id, t)))
         .collect::<Result<_, _>>()?;
     for (id, t) in loaded {

@@ -137,3 +137,61 @@ fn an_exported_encoder_carries_its_privacy_and_a_not_private_one_says_so() {
     .unwrap();
     assert!(old.is_private(), "a checkpoint from before modes was DP");
 }
+
+#[tokio::test]
+async fn a_job_starts_from_another_jobs_weights_the_encoder_alone_across_objectives_and_never_another_model() {
+    use dpcap_worker::checkpoint::save_weights;
+    use dpcap_worker::runtime::ckpt::{CheckpointStore, Manifest};
+    use dpcap_worker::runtime::init::load_init;
+    let micro = || CaptionerConfig::named("micro").unwrap();
+    let mut source = ParamSet::<Inner>::seeded(&Default::default(), 7);
+    let _model = Captioner::new(&mut source, micro());
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, model: &str, objective: &str| {
+        let root = dir.path().join(name).to_string_lossy().into_owned();
+        let manifest = Manifest {
+            job_id: "job-src".into(),
+            step: 3,
+            ledger_position: 3,
+            model: model.into(),
+            objective: objective.into(),
+            parameters: source.numel() as u64,
+            generation: 1,
+            created_unix_ms: 0,
+            applied_steps: 3,
+            discarded_steps: vec![],
+            privacy: "not_private".into(),
+        };
+        let weights = save_weights(&source).unwrap();
+        async move {
+            CheckpointStore::open(&root).unwrap().save(&manifest, weights, Vec::new()).await.unwrap();
+            root
+        }
+    };
+    let fresh = || {
+        let mut params = ParamSet::<Inner>::seeded(&Default::default(), 0);
+        let _model = Captioner::new(&mut params, micro());
+        params
+    };
+    let same = write("caption", "micro", "caption").await;
+    let mut params = fresh();
+    let manifest = load_init(&mut params, &same, ("micro", "caption")).await.unwrap();
+    assert_eq!((manifest.job_id.as_str(), manifest.step), ("job-src", 3));
+    for id in params.ids() {
+        assert_eq!(values(params.value(id)), values(source.value(id)), "{}", params.spec(id).name);
+    }
+    let mae = write("mae", "micro", "mae").await;
+    let (mut params, untouched) = (fresh(), fresh());
+    load_init(&mut params, &mae, ("micro", "caption")).await.unwrap();
+    for id in params.ids() {
+        let name = &params.spec(id).name;
+        let want = if name.starts_with("encoder.") { &source } else { &untouched };
+        assert_eq!(values(params.value(id)), values(want.value(id)), "{name}: the encoder only");
+    }
+    let bench = write("bench", "bench", "caption").await;
+    let err = load_init(&mut fresh(), &bench, ("micro", "caption")).await.unwrap_err().to_string();
+    assert!(err.starts_with("invalid init_from:") && err.contains("bench"), "{err}");
+    let nowhere = dir.path().join("nowhere").to_string_lossy().into_owned();
+    assert!(load_init(&mut fresh(), &nowhere, ("micro", "caption")).await.is_err());
+    assert!(!dir.path().join("nowhere").exists(), "reading a path never creates it");
+}

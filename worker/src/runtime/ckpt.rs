@@ -73,6 +73,13 @@ impl CheckpointStore {
         Ok(Self { store, root })
     }
 
+    /// Another job's checkpoints, to read (`init_from`): a local directory must exist.
+    pub fn open_existing(root_url: &str) -> Result<Self, RuntimeError> {
+        let (store, root) =
+            dpcap_serve::open_existing_store(root_url).map_err(|e| RuntimeError::Checkpoint(e.to_string()))?;
+        Ok(Self { store, root })
+    }
+
     fn path(&self, rest: &str) -> Path {
         Path::from(format!("{}/{rest}", self.root).trim_start_matches('/'))
     }

@@ -4,6 +4,7 @@
 
 pub mod ckpt;
 pub mod dataset;
+pub mod init;
 pub mod reduce;
 pub mod session;
 pub mod stream;

@@ -123,6 +123,14 @@ impl<AB: AutodiffBackend> Session<AB> {
                 .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
             (position, applied, discarded) = (manifest.step, manifest.applied_steps, manifest.discarded_steps);
             tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, step, "resumed from checkpoint");
+        } else if !spec.init_from.is_empty() {
+            let source = crate::runtime::init::load_init(
+                &mut trainer.params,
+                &spec.init_from,
+                (&spec.model, &objective_name(&spec)),
+            )
+            .await?;
+            tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, from = %source.job_id, step = source.step, "initialised from another job's weights");
         }
         let reducer =
             reduce::form(&assignment, (&mut coordinator, &worker_id), (&config.device, config.collective_timeout))
@@ -358,11 +366,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             step,
             ledger_position: step,
             model: self.spec.model.clone(),
-            objective: Objective::try_from(self.spec.objective)
-                .unwrap_or(Objective::Caption)
-                .as_str_name()
-                .trim_start_matches("OBJECTIVE_")
-                .to_lowercase(),
+            objective: objective_name(&self.spec),
             parameters: self.trainer.dim() as u64,
             generation: self.assignment.generation,
             created_unix_ms: std::time::SystemTime::now()
@@ -404,4 +408,13 @@ pub fn lease_or(s: tonic::Status) -> RuntimeError {
         Some(ErrorCode::StaleGeneration) => RuntimeError::Superseded,
         _ => s.into(),
     }
+}
+
+/// "caption" or "mae", as checkpoint manifests name a job's objective.
+fn objective_name(spec: &JobSpec) -> String {
+    Objective::try_from(spec.objective)
+        .unwrap_or(Objective::Caption)
+        .as_str_name()
+        .trim_start_matches("OBJECTIVE_")
+        .to_lowercase()
 }

@@ -1,0 +1,71 @@
+//! `init_from`: where a job's initial weights come from, checked at submission. The source is
+//! another job's checkpoint root; its latest manifest must be of the job's model. Weights
+//! trained without DP (a NOT PRIVATE baseline or simulation) start a DP job only when the
+//! submitter states they saw public or synthetic data only (`init_public`): trained on private
+//! data, they would void the new job's guarantee, so that choice is explicit and recorded.
+
+use dpcap_proto::v1::JobSpec;
+use object_store::ObjectStoreExt;
+use serde::Deserialize;
+
+use crate::error::CoordinatorError;
+
+/// The checkpoint a job starts from.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct InitSource {
+    /// The job that wrote it.
+    pub job_id: String,
+    /// Its step.
+    pub step: u64,
+    /// Its model configuration.
+    pub model: String,
+    /// "dp", "not_private" or "simulation" (checkpoints from before modes were DP).
+    #[serde(default = "dp")]
+    pub privacy: String,
+}
+
+fn dp() -> String {
+    "dp".into()
+}
+
+fn invalid(reason: String) -> CoordinatorError {
+    CoordinatorError::invalid("init_from", reason)
+}
+
+/// The spec's init source, read and checked; None without `init_from`.
+pub async fn check(spec: &JobSpec) -> Result<Option<InitSource>, CoordinatorError> {
+    if spec.init_from.is_empty() {
+        if spec.init_public {
+            return Err(CoordinatorError::invalid("init_public", "is only meaningful with init_from"));
+        }
+        return Ok(None);
+    }
+    let location = spec.init_from.as_str();
+    let (store, root) =
+        dpcap_serve::open_existing_store(location).map_err(|e| invalid(format!("{location}: {}", e.reason)))?;
+    let read = |rest: String| {
+        let (store, path) =
+            (store.clone(), object_store::path::Path::from(format!("{root}/{rest}").trim_start_matches('/')));
+        async move { store.get(&path).await?.bytes().await }
+    };
+    let latest = read("latest".into()).await.map_err(|e| invalid(format!("{location} holds no checkpoint ({e})")))?;
+    let step: u64 = String::from_utf8_lossy(&latest)
+        .trim()
+        .parse()
+        .map_err(|_| invalid(format!("{location}/latest is not a step number")))?;
+    let manifest = read(format!("{step}/manifest.json")).await.map_err(|e| invalid(format!("{location}: {e}")))?;
+    let source: InitSource =
+        serde_json::from_slice(&manifest).map_err(|e| invalid(format!("{location}/{step}/manifest.json: {e}")))?;
+    if source.model != spec.model {
+        return Err(invalid(format!("{location} is a {} model, this job trains {}", source.model, spec.model)));
+    }
+    let job_is_private = !spec.not_private && spec.simulate.is_none();
+    if job_is_private && source.privacy != "dp" && !spec.init_public {
+        return Err(invalid(format!(
+            "{location} holds NOT PRIVATE weights (job {}, {}); a DP job starts from them only with init_public: \
+             true, stating they were trained on public or synthetic data only",
+            source.job_id, source.privacy
+        )));
+    }
+    Ok(Some(source))
+}
