@@ -269,7 +269,8 @@ impl Accountant {
         };
         let epsilon_after = job.spending.epsilon_after(progress.charged + 1).await?;
         let private = job.spending.mode().is_private();
-        if !matches!(job.spending.mode(), Mode::NotPrivate) && epsilon_after > r.epsilon_target {
+        // `!(a <= b)`: a NaN ε is refused, never charged.
+        if !matches!(job.spending.mode(), Mode::NotPrivate) && !(epsilon_after <= r.epsilon_target) {
             state.pending = None;
             return Err(self.refuse(
                 job,
@@ -289,7 +290,7 @@ impl Accountant {
         // Jobs without a guarantee were let onto the dataset by its owners and never spend it.
         if let Some(budget) = self.budget_of(&r.dataset_id).filter(|_| private) {
             let dataset_eps = self.dataset_epsilon(&budget, Some((job, 1))).await?;
-            if dataset_eps > budget.epsilon {
+            if !(dataset_eps <= budget.epsilon) {
                 state.pending = None;
                 let spent = self.dataset_epsilon(&budget, None).await?;
                 let scope = format!("dataset {}", r.dataset_id);
@@ -300,7 +301,7 @@ impl Accountant {
         let charge = Charge {
             job_id: r.job_id.clone(),
             step,
-            epsilon_after: epsilon_after.is_finite().then_some(epsilon_after),
+            epsilon_after: (job.spending.mode() != Mode::NotPrivate).then_some(epsilon_after),
             noise: job.noise.describe(),
             charged_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         };

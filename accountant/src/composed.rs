@@ -43,8 +43,10 @@ impl Composed {
         });
         let key = format!("{kind:?} {:x} {segments:?}", delta.to_bits());
         let mut latest = self.latest.lock().expect("composed lock");
+        // A composition that failed is computed again, never served from memory.
         if let Some((k, composing)) = latest.get(dataset_id)
             && *k == key
+            && !matches!(composing.peek(), Some(Err(_)))
         {
             return composing.clone();
         }

@@ -111,9 +111,23 @@ impl Accountant {
 
     /// Refuses a step of a job on a dataset without a budget (a job registered before the
     /// accountant stopped allowing that, or a ledger record from before budgets had owners).
+    /// A NOT PRIVATE job is refused as soon as its dataset's owners set a budget without
+    /// allowing such jobs, or revoke that permission: consent is checked at every step.
     pub(crate) fn check_step_dataset(&self, r: &Registration) -> Result<(), AccountantError> {
-        if self.budget_of(&r.dataset_id).is_none() && !self.allows_unbudgeted() {
+        let budget = self.budget_of(&r.dataset_id);
+        if budget.is_none() && !self.allows_unbudgeted() {
             return Err(AccountantError::UnbudgetedDataset { dataset_id: r.dataset_id.clone() });
+        }
+        if let Some(budget) = budget.filter(|b| !b.allow_not_private)
+            && !crate::spending::Mode::of(r)?.is_private()
+        {
+            return Err(AccountantError::invalid(
+                "privacy",
+                format!(
+                    "dataset {} no longer allows NOT PRIVATE jobs (its owners changed its budget)",
+                    budget.dataset_id
+                ),
+            ));
         }
         Ok(())
     }

@@ -44,6 +44,14 @@ impl Mode {
     /// The registration's mode, with its fields checked: a baseline adds no noise and has no
     /// ε target; a simulation names a valid target mechanism.
     pub fn of(r: &Registration) -> Result<Self, AccountantError> {
+        // Noise of std σ·C that rounds to 0 (or a subnormal) is no noise: only a baseline has it.
+        let noisy = r.noise_multiplier * r.clipping_norm >= f64::MIN_POSITIVE;
+        if r.privacy != "not_private" && !noisy {
+            return Err(AccountantError::invalid(
+                "noise_multiplier",
+                format!("{} times clipping_norm {} is no noise", r.noise_multiplier, r.clipping_norm),
+            ));
+        }
         match (r.privacy.as_str(), r.simulated) {
             ("dp", None) => {
                 privacy::check_noise_multiplier(r.noise_multiplier)?;
@@ -253,6 +261,7 @@ mod tests {
             registration("dp", 0.5, 8.0, Some(Simulated { sample_rate: 0.1, noise_multiplier: 1.0 })),
             registration("dp", 0.0, 8.0, None),
             registration("none", 0.5, 8.0, None),
+            registration("dp", 1e-320, 8.0, None),
         ];
         for r in bad {
             assert!(Mode::of(&r).is_err(), "{} sigma {} target {}", r.privacy, r.noise_multiplier, r.epsilon_target);

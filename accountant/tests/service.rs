@@ -531,6 +531,10 @@ async fn not_private_jobs_need_the_owners_consent_never_spend_the_budget_and_say
     ] {
         assert!(text.contains(series), "missing {series} in\n{text}");
     }
+    // Consent is checked at every step: once the owners revoke it, the baseline stops.
+    client.raw().set_dataset_budget(set(false)).await.unwrap();
+    let revoked = client.submit_part("baseline", 3, 0, &part(3, 4)).await.unwrap_err();
+    assert!(revoked.message().contains("no longer allows NOT PRIVATE"), "{revoked}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,8 +15,12 @@ use serde_json::json;
 
 #[derive(Debug, Subcommand)]
 pub enum DatasetCommand {
-    /// Write a synthetic captioning dataset: OUT/train/*.tar, OUT/eval/*.tar (labelled).
+    /// Write a synthetic dataset: OUT/train/*.tar, and for captions OUT/eval/*.tar (labelled).
     Synth {
+        /// captions (scenes of two shapes, described) or procedural (textures with no private
+        /// content and a placeholder caption, for a non-private warm start).
+        #[arg(long, default_value = "captions")]
+        kind: String,
         /// Output directory.
         #[arg(long)]
         out: PathBuf,
@@ -62,16 +66,27 @@ pub enum DatasetCommand {
 pub fn run(command: DatasetCommand, server: &crate::jobs::Server) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     match command {
-        DatasetCommand::Synth { out, examples, eval_examples, shard_size, seed } => {
+        DatasetCommand::Synth { kind, out, examples, eval_examples, shard_size, seed } => {
+            let scene = match kind.as_str() {
+                "captions" => synth::Scene::Pair,
+                "procedural" => synth::Scene::Procedural,
+                other => bail!("invalid --kind {other:?}: must be captions or procedural"),
+            };
             if examples == 0 {
                 bail!("invalid --examples 0: must be at least 1");
             }
             if shard_size == 0 {
                 bail!("invalid --shard-size 0: must be at least 1");
             }
-            let train =
-                synth::write_shards(&out.join("train"), (synth::Scene::Pair, seed), 0..examples, shard_size, 32)
-                    .context("writing train shards")?;
+            let train = synth::write_shards(&out.join("train"), (scene, seed), 0..examples, shard_size, 32)
+                .context("writing train shards")?;
+            if scene == synth::Scene::Procedural {
+                println!(
+                    "{}",
+                    json!({"out": out, "kind": kind, "train_examples": examples, "train_shards": train.len()})
+                );
+                return Ok(());
+            }
             // Held-out examples come from the same generator, indices after the training ones.
             let eval = synth::write_shards(
                 &out.join("eval"),

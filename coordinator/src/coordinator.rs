@@ -173,14 +173,17 @@ impl Coordinator {
     /// Validates, calibrates and queues a job; a repeated idempotency key returns the original.
     pub async fn submit(&self, spec: JobSpec, idempotency_key: &str) -> Result<Job, CoordinatorError> {
         crate::spec::check_fields(&spec)?;
-        let init = crate::init::check(&spec).await?;
         let layout = dataset::read_layout(&spec.dataset).await?;
+        let init = crate::init::check(&spec, &layout.digest).await?;
         let (examples, counts) = (layout.layout.examples(), layout.counts);
         let for_plan = spec.clone();
         let mut plan = tokio::task::spawn_blocking(move || crate::spec::plan(&for_plan, examples))
             .await
             .map_err(|e| CoordinatorError::Store(e.to_string()))??;
         plan.dataset_digest = layout.digest;
+        if let Some(source) = &init {
+            (plan.init_step, plan.init_privacy) = (source.step, source.privacy.clone());
+        }
         let job_id = format!("job-{}", hex(&random_bytes::<6>()));
         if !idempotency_key.is_empty()
             && let Some(existing) = self.store.claim_key(idempotency_key, &job_id).await?

@@ -22,6 +22,9 @@ pub struct InitSource {
     /// "dp", "not_private" or "simulation" (checkpoints from before modes were DP).
     #[serde(default = "dp")]
     pub privacy: String,
+    /// The digest of the dataset it trained on ("" in checkpoints from before it was recorded).
+    #[serde(default)]
+    pub dataset: String,
 }
 
 fn dp() -> String {
@@ -32,8 +35,9 @@ fn invalid(reason: String) -> CoordinatorError {
     CoordinatorError::invalid("init_from", reason)
 }
 
-/// The spec's init source, read and checked; None without `init_from`.
-pub async fn check(spec: &JobSpec) -> Result<Option<InitSource>, CoordinatorError> {
+/// The spec's init source for a job on the dataset with index digest `dataset`, read and
+/// checked; None without `init_from`.
+pub async fn check(spec: &JobSpec, dataset: &str) -> Result<Option<InitSource>, CoordinatorError> {
     if spec.init_from.is_empty() {
         if spec.init_public {
             return Err(CoordinatorError::invalid("init_public", "is only meaningful with init_from"));
@@ -60,6 +64,12 @@ pub async fn check(spec: &JobSpec) -> Result<Option<InitSource>, CoordinatorErro
         return Err(invalid(format!("{location} is a {} model, this job trains {}", source.model, spec.model)));
     }
     let job_is_private = !spec.not_private && spec.simulate.is_none();
+    if job_is_private && source.privacy != "dp" && !dataset.is_empty() && source.dataset == dataset {
+        return Err(invalid(format!(
+            "{location} holds NOT PRIVATE weights trained on this job's own dataset (job {}): they would void its guarantee",
+            source.job_id
+        )));
+    }
     if job_is_private && source.privacy != "dp" && !spec.init_public {
         return Err(invalid(format!(
             "{location} holds NOT PRIVATE weights (job {}, {}); a DP job starts from them only with init_public: \

@@ -296,7 +296,10 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
         privacy: mode.privacy as i32,
         simulated_batch_size: mode.simulated.0,
         simulated_noise_multiplier: mode.simulated.1,
-        // Set by the caller from the index it read (the digest pins that exact dataset).
+        // Set by the caller from the index it read (the digest pins that exact dataset) and
+        // from the init source it checked.
         dataset_digest: String::new(),
+        init_step: 0,
+        init_privacy: String::new(),
     })
 }

@@ -68,12 +68,17 @@ fn simulations_that_contradict_themselves_are_refused_naming_the_field() {
     }
 }
 
-/// A checkpoint root with one checkpoint of `model` written by a job of `privacy`.
+/// The dataset the test checkpoints were trained on, and another one.
+const SAME: &str = "sha256:5a";
+const OTHER: &str = "sha256:07";
+
+/// A checkpoint root with one checkpoint of `model` written by a job of `privacy` on `SAME`.
 fn checkpoint(dir: &std::path::Path, model: &str, privacy: &str) -> String {
     std::fs::create_dir_all(dir.join("4")).unwrap();
     std::fs::write(dir.join("latest"), "4").unwrap();
     let manifest = serde_json::json!({"job_id": "job-src", "step": 4, "ledger_position": 4, "model": model,
-        "objective": "caption", "parameters": 1, "generation": 1, "created_unix_ms": 0, "privacy": privacy});
+        "objective": "caption", "parameters": 1, "generation": 1, "created_unix_ms": 0, "privacy": privacy,
+        "dataset": SAME});
     std::fs::write(dir.join("4/manifest.json"), manifest.to_string()).unwrap();
     dir.to_string_lossy().into_owned()
 }
@@ -93,21 +98,26 @@ async fn a_dp_job_starts_from_not_private_weights_only_when_told_they_saw_public
         file.into_proto().unwrap()
     };
     let baseline = checkpoint(&dir.path().join("baseline"), "micro", "not_private");
-    let err = check(&spec(baseline.clone(), false, false)).await.unwrap_err().to_string();
+    let err = check(&spec(baseline.clone(), false, false), OTHER).await.unwrap_err().to_string();
     assert!(err.starts_with("invalid init_from:") && err.contains("init_public"), "{err}");
-    let source = check(&spec(baseline.clone(), true, false)).await.unwrap().unwrap();
+    let source = check(&spec(baseline.clone(), true, false), OTHER).await.unwrap().unwrap();
     assert_eq!((source.job_id.as_str(), source.step, source.privacy.as_str()), ("job-src", 4, "not_private"));
-    assert!(check(&spec(baseline, false, true)).await.unwrap().is_some(), "a NOT PRIVATE job may start anywhere");
+    let own = check(&spec(baseline.clone(), true, false), SAME).await.unwrap_err().to_string();
+    assert!(own.contains("own dataset"), "never from NOT PRIVATE weights of the same data: {own}");
+    assert!(
+        check(&spec(baseline, false, true), OTHER).await.unwrap().is_some(),
+        "a NOT PRIVATE job may start anywhere"
+    );
     let private = checkpoint(&dir.path().join("dp"), "micro", "dp");
-    assert!(check(&spec(private, false, false)).await.unwrap().is_some(), "DP weights start a DP job");
+    assert!(check(&spec(private, false, false), OTHER).await.unwrap().is_some(), "DP weights start a DP job");
 
     let bench = checkpoint(&dir.path().join("bench"), "bench", "dp");
-    let err = check(&spec(bench, false, false)).await.unwrap_err().to_string();
+    let err = check(&spec(bench, false, false), OTHER).await.unwrap_err().to_string();
     assert!(err.contains("is a bench model, this job trains micro"), "{err}");
     let nowhere = dir.path().join("nowhere").to_string_lossy().into_owned();
-    let err = check(&spec(nowhere, false, false)).await.unwrap_err().to_string();
+    let err = check(&spec(nowhere, false, false), OTHER).await.unwrap_err().to_string();
     assert!(err.starts_with("invalid init_from:"), "{err}");
     assert!(!dir.path().join("nowhere").exists(), "naming a path never creates it");
     let lone = SpecFile { epsilon: Some(8.0), init_public: Some(true), ..base() }.into_proto().unwrap();
-    assert!(check(&lone).await.unwrap_err().to_string().starts_with("invalid init_public:"));
+    assert!(check(&lone, OTHER).await.unwrap_err().to_string().starts_with("invalid init_public:"));
 }

@@ -108,6 +108,9 @@ pub fn export_encoder<B: Backend>(
         ("dpcap.step".to_owned(), manifest.step.to_string()),
         ("dpcap.privacy".to_owned(), manifest.privacy.clone()),
     ]);
+    if !manifest.init_from.is_empty() {
+        metadata.insert("dpcap.init_from".to_owned(), manifest.init_from.clone());
+    }
     if !manifest.is_private() {
         let notice = format!("NOT PRIVATE: trained as {}; these weights carry no privacy guarantee", manifest.privacy);
         metadata.insert("dpcap.notice".to_owned(), notice);

@@ -119,6 +119,8 @@ fn an_exported_encoder_carries_its_privacy_and_a_not_private_one_says_so() {
         applied_steps: 5,
         discarded_steps: vec![],
         privacy: privacy.into(),
+        dataset: String::new(),
+        init_from: String::new(),
     };
     for privacy in ["dp", "not_private", "simulation"] {
         let bytes = export_encoder(&params, &manifest(privacy)).unwrap();
@@ -161,6 +163,8 @@ async fn a_job_starts_from_another_jobs_weights_the_encoder_alone_across_objecti
             applied_steps: 3,
             discarded_steps: vec![],
             privacy: "not_private".into(),
+            dataset: String::new(),
+            init_from: String::new(),
         };
         let weights = save_weights(&source).unwrap();
         async move {
@@ -175,23 +179,25 @@ async fn a_job_starts_from_another_jobs_weights_the_encoder_alone_across_objecti
     };
     let same = write("caption", "micro", "caption").await;
     let mut params = fresh();
-    let manifest = load_init(&mut params, &same, ("micro", "caption")).await.unwrap();
+    let manifest = load_init(&mut params, &same, ("micro", "caption"), (3, "not_private")).await.unwrap();
     assert_eq!((manifest.job_id.as_str(), manifest.step), ("job-src", 3));
     for id in params.ids() {
         assert_eq!(values(params.value(id)), values(source.value(id)), "{}", params.spec(id).name);
     }
     let mae = write("mae", "micro", "mae").await;
     let (mut params, untouched) = (fresh(), fresh());
-    load_init(&mut params, &mae, ("micro", "caption")).await.unwrap();
+    load_init(&mut params, &mae, ("micro", "caption"), (3, "not_private")).await.unwrap();
     for id in params.ids() {
         let name = &params.spec(id).name;
         let want = if name.starts_with("encoder.") { &source } else { &untouched };
         assert_eq!(values(params.value(id)), values(want.value(id)), "{name}: the encoder only");
     }
     let bench = write("bench", "bench", "caption").await;
-    let err = load_init(&mut fresh(), &bench, ("micro", "caption")).await.unwrap_err().to_string();
+    let err = load_init(&mut fresh(), &bench, ("micro", "caption"), (3, "not_private")).await.unwrap_err().to_string();
     assert!(err.starts_with("invalid init_from:") && err.contains("bench"), "{err}");
     let nowhere = dir.path().join("nowhere").to_string_lossy().into_owned();
-    assert!(load_init(&mut fresh(), &nowhere, ("micro", "caption")).await.is_err());
+    assert!(load_init(&mut fresh(), &nowhere, ("micro", "caption"), (3, "not_private")).await.is_err());
+    let err = load_init(&mut fresh(), &same, ("micro", "caption"), (3, "dp")).await.unwrap_err().to_string();
+    assert!(err.contains("not the dp checked at submission"), "privacy re-checked where it is loaded: {err}");
     assert!(!dir.path().join("nowhere").exists(), "reading a path never creates it");
 }

@@ -5,6 +5,7 @@
 
 pub mod index;
 pub mod pipeline;
+pub mod procedural;
 pub mod shards;
 pub mod synth;
 pub mod tokenizer;

@@ -232,6 +232,9 @@ pub enum Scene {
     Pair,
     /// One shape anywhere ([`generate_single`]): the linear-probe split.
     Single,
+    /// Procedural textures with a placeholder caption ([`super::procedural`]): a warm start
+    /// with no private content.
+    Procedural,
 }
 
 /// Writes examples `indices` of `scene` as WebDataset tar shards of `shard_size` examples
@@ -246,6 +249,9 @@ pub fn write_shards(
     match scene {
         Scene::Pair => write_with(dir, indices, shard_size, |index| generate(seed, index, side)),
         Scene::Single => write_with(dir, indices, shard_size, |index| generate_single(seed, index, side)),
+        Scene::Procedural => {
+            write_with(dir, indices, shard_size, |index| super::procedural::generate(seed, index, side))
+        }
     }
 }
 

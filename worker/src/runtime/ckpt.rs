@@ -42,6 +42,14 @@ pub struct Manifest {
     /// PRIVATE), which every export of them says. Checkpoints from before read as "dp".
     #[serde(default = "dp")]
     pub privacy: String,
+    /// The digest of the dataset the job trains on ("" before it was recorded): `init_from`
+    /// refuses NOT PRIVATE weights of a DP job's own dataset.
+    #[serde(default)]
+    pub dataset: String,
+    /// Where the job's initial weights came from ("job J step S (privacy)"; "" for a fresh
+    /// init), carried into exports.
+    #[serde(default)]
+    pub init_from: String,
 }
 
 fn dp() -> String {

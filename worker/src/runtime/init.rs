@@ -12,17 +12,24 @@ use crate::params::ParamSet;
 use crate::runtime::RuntimeError;
 use crate::runtime::ckpt::{CheckpointStore, Manifest};
 
-/// Loads the latest checkpoint under `location` into `params` of a `model` trained for
-/// `objective`; returns the source's manifest.
+/// Loads checkpoint `step` under `location`, which the coordinator checked and found of
+/// `privacy`, into `params` of a `model` trained for `objective`; returns its manifest. A
+/// checkpoint whose privacy is not the one checked is refused.
 pub async fn load_init<B: Backend>(
     params: &mut ParamSet<B>,
     location: &str,
     (model, objective): (&str, &str),
+    (step, privacy): (u64, &str),
 ) -> Result<Manifest, RuntimeError> {
     let spec = |reason: String| RuntimeError::Spec { field: "init_from", reason };
     let source = CheckpointStore::open_existing(location).map_err(|e| spec(format!("{location}: {e}")))?;
-    let step = source.latest().await?.ok_or_else(|| spec(format!("{location} holds no checkpoint")))?;
-    let (manifest, weights, _) = source.load(step).await.map_err(|e| spec(format!("{location}: {e}")))?;
+    let (manifest, weights, _) = source.load(step).await.map_err(|e| spec(format!("{location} step {step}: {e}")))?;
+    if manifest.privacy != privacy {
+        return Err(spec(format!(
+            "{location} step {step} is {}, not the {privacy} checked at submission",
+            manifest.privacy
+        )));
+    }
     if manifest.model != model {
         return Err(spec(format!("{location} is a {} model, this job trains {model}", manifest.model)));
     }

@@ -57,6 +57,8 @@ pub struct Session<AB: AutodiffBackend> {
     position: u64,
     /// Releases applied to the replica since step 0.
     applied: u64,
+    /// Where the initial weights came from (`init_from` provenance for manifests).
+    init_from: String,
     /// Charged steps whose release was lost: skipped, still spent.
     discarded: Vec<u64>,
 }
@@ -114,7 +116,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             })?),
         };
         let checkpoints = CheckpointStore::open(&assignment.checkpoint_root)?;
-        let (mut position, mut applied, mut discarded) = (0, 0, Vec::new());
+        let (mut position, mut applied, mut discarded, mut init_from) = (0, 0, Vec::new(), String::new());
         if let Some(step) = checkpoints.latest().await? {
             let (manifest, weights, optimizer) = checkpoints.load(step).await?;
             load_weights(&mut trainer.params, &weights)
@@ -122,14 +124,15 @@ impl<AB: AutodiffBackend> Session<AB> {
             trainer.optimizer = load_optimizer(&trainer.params, &optimizer)
                 .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
             (position, applied, discarded) = (manifest.step, manifest.applied_steps, manifest.discarded_steps);
+            init_from = manifest.init_from;
             tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, step, "resumed from checkpoint");
         } else if !spec.init_from.is_empty() {
-            let source = crate::runtime::init::load_init(
-                &mut trainer.params,
-                &spec.init_from,
-                (&spec.model, &objective_name(&spec)),
-            )
-            .await?;
+            let (model, pinned) =
+                ((spec.model.as_str(), objective_name(&spec)), (plan.init_step, plan.init_privacy.as_str()));
+            let source =
+                crate::runtime::init::load_init(&mut trainer.params, &spec.init_from, (model.0, &model.1), pinned)
+                    .await?;
+            init_from = format!("job {} step {} ({})", source.job_id, source.step, source.privacy);
             tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, from = %source.job_id, step = source.step, "initialised from another job's weights");
         }
         let reducer =
@@ -165,6 +168,7 @@ impl<AB: AutodiffBackend> Session<AB> {
         })
         .await?;
         Ok(Self {
+            init_from,
             worker_id,
             assignment,
             spec,
@@ -375,12 +379,16 @@ impl<AB: AutodiffBackend> Session<AB> {
                 .unwrap_or(0),
             applied_steps: self.applied,
             discarded_steps: self.discarded.clone(),
+            // Fails closed: anything but a DP plan is not "dp" (and so not private).
             privacy: match self.assignment.plan.as_ref().map(|p| p.privacy()) {
+                Some(Privacy::Dp | Privacy::Unspecified) => "dp",
                 Some(Privacy::NotPrivate) => "not_private",
                 Some(Privacy::Simulation) => "simulation",
-                _ => "dp",
+                None => "unknown",
             }
             .to_owned(),
+            dataset: self.assignment.plan.as_ref().map(|p| p.dataset_digest.clone()).unwrap_or_default(),
+            init_from: self.init_from.clone(),
         };
         self.checkpoints.save(&manifest, weights, optimizer).await?;
         tracing::info!(job_id = %manifest.job_id, step, "checkpoint written");
