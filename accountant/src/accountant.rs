@@ -269,8 +269,7 @@ impl Accountant {
         };
         let epsilon_after = job.spending.epsilon_after(progress.charged + 1).await?;
         let private = job.spending.mode().is_private();
-        // `!(a <= b)`: a NaN ε is refused, never charged.
-        if !matches!(job.spending.mode(), Mode::NotPrivate) && !(epsilon_after <= r.epsilon_target) {
+        if !matches!(job.spending.mode(), Mode::NotPrivate) && exceeds(epsilon_after, r.epsilon_target) {
             state.pending = None;
             return Err(self.refuse(
                 job,
@@ -290,7 +289,7 @@ impl Accountant {
         // Jobs without a guarantee were let onto the dataset by its owners and never spend it.
         if let Some(budget) = self.budget_of(&r.dataset_id).filter(|_| private) {
             let dataset_eps = self.dataset_epsilon(&budget, Some((job, 1))).await?;
-            if !(dataset_eps <= budget.epsilon) {
+            if exceeds(dataset_eps, budget.epsilon) {
                 state.pending = None;
                 let spent = self.dataset_epsilon(&budget, None).await?;
                 let scope = format!("dataset {}", r.dataset_id);
@@ -645,6 +644,11 @@ async fn build_job_from_record(record: JobRecord, policy: Policy) -> Result<Job,
         ahead,
         progress: watch::channel(progress).0,
     })
+}
+
+/// Whether `epsilon` passes `target`; a NaN ε always does (refused, never charged).
+fn exceeds(epsilon: f64, target: f64) -> bool {
+    epsilon.is_nan() || epsilon > target
 }
 
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, AccountantError> {
