@@ -1,9 +1,10 @@
 //! The `micro` captioner against an independent PyTorch implementation of the same model
-//! (`shared/probe/captioner_reference.py`, fixture `data/captioner_reference.json`): with the
-//! same deterministic weights and inputs, per-example losses and gradient norms, and the
-//! per-parameter norms of the gradient sum unclipped and clipped, agree. The ClipEngine tests
-//! compare against burn's own autodiff of *our* forward; this one catches a forward that is
-//! not the model it claims to be (a causal mask off by one, a LayerNorm ε, patch order).
+//! (`reference/captioner_reference.py` at the repository root, fixture
+//! `data/captioner_reference.json`): with the same deterministic weights and inputs,
+//! per-example losses and gradient norms, and the per-parameter norms of the gradient sum
+//! unclipped and clipped, agree. The ClipEngine tests compare against burn's own autodiff of
+//! *our* forward; this one catches a forward that is not the model it claims to be (a causal
+//! mask off by one, a LayerNorm ε, patch order).
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};

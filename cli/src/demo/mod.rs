@@ -60,6 +60,11 @@ pub struct DemoArgs {
     /// Generated captions shown in the report.
     #[arg(long, default_value_t = 4)]
     pub captions: usize,
+    /// Steps of a NOT PRIVATE warm start before the DP phase (0: none): an MAE job on
+    /// procedural images with no private content, whose encoder the DP job and its baseline
+    /// start from (`init_from`), as ViP and DP-Cap start from Shaders21k.
+    #[arg(long, default_value_t = 0)]
+    pub warm_start: u64,
     /// Skip the NOT PRIVATE baseline (σ = 0, same steps, batch and schedule), which doubles
     /// the training time and shows the price of privacy beside the DP model.
     #[arg(long)]
@@ -87,6 +92,34 @@ async fn prepare_data(dir: &Path, args: &DemoArgs) -> Result<PathBuf> {
     crate::dataset::index_dataset(&train.to_string_lossy(), &options).await?;
     std::fs::write(&marker, wanted.to_string())?;
     Ok(train)
+}
+
+/// Writes, indexes and budgets the procedural warm-start set (its owner allows NOT PRIVATE
+/// jobs: it holds no private content), then runs the warm start to its end.
+async fn warm_start(
+    args: &DemoArgs,
+    dir: &Path,
+    (server, accountant): (&Server, &str),
+    steps: u64,
+) -> Result<train::Finished> {
+    let procedural = dir.join("data/procedural");
+    if !procedural.join("index/manifest.json").exists() {
+        eprintln!("synthesising {} procedural warm-start images under {}", args.examples, procedural.display());
+        synth::write_shards(&procedural, (synth::Scene::Procedural, 0), 0..args.examples, 1000, 32)
+            .context("writing procedural shards")?;
+        let options = crate::dataset::IndexOptions::quiet(256);
+        crate::dataset::index_dataset(&procedural.to_string_lossy(), &options).await?;
+    }
+    let mut client = dpcap_accountant::client::AccountantClient::connect(accountant.to_owned()).await?;
+    let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
+        dataset_id: crate::budget::dataset_digest(&procedural.to_string_lossy()).await?,
+        epsilon: args.epsilon,
+        delta: 1.0 / args.examples as f64,
+        reason: "dpctl demo: procedural images, no private content".into(),
+        allow_not_private: true,
+    };
+    client.raw().set_dataset_budget(budget).await.map_err(jobs::status)?;
+    train::run(server, accountant, train::warm_start_spec(args, &procedural, steps)).await
 }
 
 /// How much the demo evaluates.
@@ -149,10 +182,15 @@ async fn train_and_report(
         allow_not_private: !args.no_baseline,
     };
     accountant.raw().set_dataset_budget(budget).await.map_err(jobs::status)?;
-    let dp_job = train::run(&server, &cluster.accountant, train::spec(args, train_dir, false)).await?;
+    let warm = match args.warm_start {
+        0 => None,
+        steps => Some(warm_start(args, dir, (&server, &cluster.accountant), steps).await?),
+    };
+    let init = warm.as_ref().map(|w| w.job.checkpoint_root.as_str());
+    let dp_job = train::run(&server, &cluster.accountant, train::spec(args, train_dir, false, init)).await?;
     let baseline = match args.no_baseline {
         true => None,
-        false => Some(train::run(&server, &cluster.accountant, train::spec(args, train_dir, true)).await?),
+        false => Some(train::run(&server, &cluster.accountant, train::spec(args, train_dir, true, init)).await?),
     };
 
     let options = suite_options(args);
@@ -189,6 +227,8 @@ async fn train_and_report(
         "loss_end": progress.loss,
         "captions": captions,
         "nonprivate_job_id": baseline.as_ref().map(|b| b.job.job_id.clone()),
+        "warm_start_job_id": warm.as_ref().map(|w| w.job.job_id.clone()),
+        "warm_start_steps": args.warm_start,
         "nonprivate_privacy": baseline.as_ref().map(|_| "NOT PRIVATE: sigma = 0, same steps, batch and schedule"),
         "loss_end_nonprivate": baseline.as_ref().and_then(|b| b.job.progress.as_ref().and_then(|p| p.loss)),
         "wall_s": started.elapsed().as_secs_f64(),

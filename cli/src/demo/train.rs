@@ -18,9 +18,13 @@ use dpcap_worker::runtime::trainer::Trainer;
 use super::DemoArgs;
 use crate::jobs::{self, Server};
 
-/// The DP job's spec; `not_private` turns it into its baseline (σ = 0, no ε).
-pub fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool) -> SpecFile {
+/// The DP job's spec; `not_private` turns it into its baseline (σ = 0, no ε); `init` is the
+/// checkpoint root of the warm start both begin from.
+pub fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool, init: Option<&str>) -> SpecFile {
     SpecFile {
+        init_from: init.map(str::to_owned),
+        // The warm start saw procedural images only (`dataset synth --kind procedural`).
+        init_public: init.map(|_| true),
         name: if not_private { "demo-nonprivate".into() } else { "demo".into() },
         dataset: train_dir.to_string_lossy().into_owned(),
         model: "micro".into(),
@@ -36,6 +40,26 @@ pub fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool) -> SpecFile {
         checkpoint_interval: Some(20),
         // A caption names both shapes of a scene: a random crop that cut one away would make
         // the caption false. LAION-scale jobs keep the default random_resized_crop.
+        augment: Some("center_crop".into()),
+        ..Default::default()
+    }
+}
+
+/// The NOT PRIVATE warm start: an MAE (ViP) job on procedural images with no private content,
+/// at the demo's batch, for `steps` steps. Its encoder starts the DP job and its baseline.
+pub fn warm_start_spec(args: &DemoArgs, procedural_dir: &Path, steps: u64) -> SpecFile {
+    SpecFile {
+        name: "demo-warm-start".into(),
+        dataset: procedural_dir.to_string_lossy().into_owned(),
+        model: "micro".into(),
+        objective: Some("mae".into()),
+        not_private: Some(true),
+        batch_size: Some(args.batch_size.min(args.examples)),
+        steps: Some(steps),
+        learning_rate: Some(args.learning_rate),
+        micro_batch: Some(128),
+        workers: Some(args.workers),
+        checkpoint_interval: Some(steps),
         augment: Some("center_crop".into()),
         ..Default::default()
     }
