@@ -2,13 +2,14 @@
 //! (`scripts/chaos.sh RUNS`).
 
 use dpcap_e2e::chaos::campaign;
-use dpcap_e2e::jobs::tempfile_dir;
 use dpcap_e2e::synth_dataset;
 use dpcap_e2e::testdir::TestDir;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_kills_and_restarts_of_every_component_never_break_the_ledgers_invariants() {
-    let dir = tempfile_dir("chaos-short");
+    // Kills land at random moments, and a killed accountant costs retries with backoff: this
+    // took 55 to 450 s depending on the machine's load, so it gets a longer watchdog.
+    let dir = TestDir::with_deadline("chaos-short", std::time::Duration::from_secs(1500));
     let dataset = synth_dataset(&dir, 240);
     let report = campaign(&dir, &dataset, 1, 3, 0x5eed).await;
     assert!(report.kills >= 1, "{report:?}");
