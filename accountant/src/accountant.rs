@@ -191,14 +191,14 @@ impl Accountant {
         let job = jobs
             .entry(registration.job_id.clone())
             .or_insert_with(|| {
-                if job.max_steps > 0 {
+                if job.spending.max_steps() > 0 {
                     job.ahead.prepare(0);
                     job.spending.prepare(1);
                 }
                 job
             })
             .clone();
-        tracing::info!(job_id = %registration.job_id, max_steps = job.max_steps, created, "registered job");
+        tracing::info!(job_id = %registration.job_id, max_steps = job.spending.max_steps(), created, "registered job");
         Ok((job, created))
     }
 
@@ -356,7 +356,7 @@ impl Accountant {
         state.stored.insert(step);
         stored.send_replace(Stored::Done);
         // The next step's noise is drawn while the ranks apply this release and compute.
-        if step + 1 < job.max_steps {
+        if step + 1 < job.spending.max_steps() {
             job.ahead.prepare(step + 1);
             job.spending.prepare(progress.charged + 2);
             self.prepare_dataset(job);
@@ -613,12 +613,11 @@ async fn build_job_from_record(record: JobRecord, policy: Policy) -> Result<Job,
     };
     let charged = record.charged.len() as u64;
     let (spending, epsilon_spent) = Spending::build(&r, charged).await?;
-    let max_steps = spending.max_steps();
     let next_step = record.charged.last().map_or(0, |s| s + 1);
     let discarded = record.discarded;
     let phase = if record.closed.is_some() {
         Phase::Closed
-    } else if charged >= max_steps {
+    } else if charged >= spending.max_steps() {
         Phase::BudgetExhausted
     } else {
         Phase::Open
@@ -637,7 +636,6 @@ async fn build_job_from_record(record: JobRecord, policy: Policy) -> Result<Job,
     Ok(Job {
         registration: r,
         spending,
-        max_steps,
         noise,
         state: Mutex::new(state),
         releases: std::sync::Mutex::new(BTreeMap::new()),

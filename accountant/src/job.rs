@@ -130,8 +130,6 @@ pub struct Job {
     pub registration: Registration,
     /// ε per step for this job's privacy mode.
     pub spending: Spending,
-    /// The most steps the job can be charged within its target.
-    pub max_steps: u64,
     /// How this job's noise is keyed.
     pub noise: NoiseMode,
     /// Step state; the lock serialises the release of each step.

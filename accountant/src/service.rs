@@ -103,7 +103,7 @@ pub fn spend(job: &Job) -> JobSpend {
         steps_charged: p.charged,
         steps_discarded: p.discarded,
         next_step: p.next_step,
-        max_steps: job.max_steps,
+        max_steps: job.spending.max_steps(),
         phase: match p.phase {
             Phase::Open => pb::JobPhase::Open,
             Phase::BudgetExhausted => pb::JobPhase::BudgetExhausted,
