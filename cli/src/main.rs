@@ -8,9 +8,11 @@ mod bench_images;
 mod bench_scale;
 mod bench_share;
 mod budget;
+mod checkpoint;
 mod dataset;
 mod demo;
 mod eval;
+mod export;
 mod jobs;
 mod model;
 mod privacy;
@@ -66,6 +68,8 @@ enum Command {
     /// Score a job's checkpoint on held-out synthetic scenes: zero-shot, ARO, layout, caption
     /// slots, linear and few-shot probes.
     Eval(eval::EvalArgs),
+    /// Write a checkpoint's image encoder for other tools (our layout, or a timm ViT state dict).
+    Export(export::ExportArgs),
     /// Offline privacy accounting: epsilon, noise multiplier or steps for a DP-SGD run.
     #[command(subcommand)]
     Privacy(privacy::PrivacyCommand),
@@ -101,6 +105,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Watch { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, true)),
         Command::Wait { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, false)),
         Command::Eval(args) => runtime()?.block_on(eval::run(args))?,
+        Command::Export(args) => runtime()?.block_on(export::run(args))?,
         Command::Demo(args) => {
             dpcap_serve::process::init_tracing_at(false, "warn");
             runtime()?.block_on(demo::run(args))?;

@@ -1,6 +1,6 @@
-//! `dpctl eval` on a checkpoint written with the job's checkpoint store: every metric in the
-//! table and in --json, the checkpoint's weights (not a fresh init) unless --random-init, and
-//! errors that name the flag.
+//! `dpctl eval` and `dpctl export` on a checkpoint written with the job's checkpoint store:
+//! every metric in the table and in --json, the checkpoint's weights (not a fresh init) unless
+//! --random-init, both export formats with their provenance, and errors that name the flag.
 
 use std::path::Path;
 use std::process::Command;
@@ -147,4 +147,39 @@ fn eval_errors_name_the_flag_and_the_value() {
         assert!(err.contains(&needle), "{needle:?} not in {err}");
     }
     assert!(!Path::new(missing).exists(), "a mistyped --checkpoint must not be created");
+}
+
+#[test]
+fn export_writes_the_encoder_in_either_format_with_its_check_vectors() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ckpt");
+    checkpoint(&root, 4, 9);
+    let (root, out, check) = (root.to_str().unwrap(), dir.path().join("vit.safetensors"), dir.path().join("check.safetensors"));
+    let args = ["export", root, "--format", "timm", "--out", out.to_str().unwrap(), "--check-vectors", check.to_str().unwrap()];
+    let (code, stdout, err) = dpctl(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("VisionTransformer(") && stdout.contains("class_token=False"), "{stdout}");
+    let bytes = std::fs::read(&out).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(file.tensor("blocks.1.attn.qkv.weight").unwrap().shape(), [192, 64]);
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let metadata = header.metadata().clone().unwrap_or_default();
+    assert_eq!((metadata["dpcap.step"].as_str(), metadata["dpcap.privacy"].as_str()), ("4", "dp"));
+    let vectors = std::fs::read(&check).unwrap();
+    let vectors = safetensors::SafeTensors::deserialize(&vectors).unwrap();
+    assert_eq!(vectors.tensor("features").unwrap().shape(), [4, 64]);
+    assert_eq!(vectors.tensor("tokens").unwrap().shape(), [4, 16, 64]);
+
+    let ours = dir.path().join("ours.safetensors");
+    let (code, _, err) = dpctl(&["export", root, "--out", ours.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let bytes = std::fs::read(&ours).unwrap();
+    let names = safetensors::SafeTensors::deserialize(&bytes).unwrap().names().into_iter().map(str::to_owned).collect::<Vec<_>>();
+    assert!(names.iter().all(|n| n.starts_with("encoder.")) && names.len() == 37, "{names:?}");
+
+    let missing = dir.path().join("nothing");
+    let (code, _, err) = dpctl(&["export", missing.to_str().unwrap(), "--out", ours.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--checkpoint") && err.contains("nothing"), "{err}");
+    assert!(!missing.exists(), "reading must not create the directory");
 }

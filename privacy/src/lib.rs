@@ -6,6 +6,7 @@
 //! accountant service, the coordinator's calibration and `dpctl` share one implementation. Two accountants: [`pld`] (tight, the default) and
 //! [`rdp`]; [`calibrate`] inverts them for σ or for the number of steps.
 
+pub mod audit;
 pub mod calibrate;
 pub mod pld;
 pub mod rdp;

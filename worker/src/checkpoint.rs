@@ -42,12 +42,12 @@ pub enum CheckpointError {
     },
 }
 
-fn to_bytes<B: Backend>(t: Tensor<B, 1>) -> Vec<u8> {
+pub(crate) fn to_bytes<B: Backend>(t: Tensor<B, 1>) -> Vec<u8> {
     let values: Vec<f32> = t.into_data().convert::<f32>().to_vec().expect("f32 tensor data");
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-fn serialize(
+pub(crate) fn serialize(
     named: Vec<(String, Vec<usize>, Vec<u8>)>,
     metadata: Option<HashMap<String, String>>,
 ) -> Result<Vec<u8>, CheckpointError> {
@@ -103,6 +103,11 @@ pub fn export_encoder<B: Backend>(
     params: &ParamSet<B>,
     manifest: &crate::runtime::ckpt::Manifest,
 ) -> Result<Vec<u8>, CheckpointError> {
+    serialize(named(params, "encoder."), Some(provenance(manifest)))
+}
+
+/// The `dpcap.*` metadata of every export (see [`export_encoder`]).
+pub(crate) fn provenance(manifest: &crate::runtime::ckpt::Manifest) -> HashMap<String, String> {
     let mut metadata = HashMap::from([
         ("dpcap.job_id".to_owned(), manifest.job_id.clone()),
         ("dpcap.step".to_owned(), manifest.step.to_string()),
@@ -115,7 +120,7 @@ pub fn export_encoder<B: Backend>(
         let notice = format!("NOT PRIVATE: trained as {}; these weights carry no privacy guarantee", manifest.privacy);
         metadata.insert("dpcap.notice".to_owned(), notice);
     }
-    serialize(named(params, "encoder."), Some(metadata))
+    metadata
 }
 
 /// Loads weights into `params`; every parameter must be present with its shape.

@@ -17,6 +17,7 @@ pub mod model;
 pub mod optim;
 pub mod params;
 pub mod runtime;
+pub mod timm;
 
 /// The default CPU training backend.
 pub type CpuBackend = burn::backend::Autodiff<burn::backend::Flex>;

@@ -130,7 +130,7 @@ impl<B: Backend> ParamSet<B> {
 }
 
 /// `n` draws of N(0, std²) from the ChaCha20 stream `stream` of `seed` (Box–Muller).
-fn normal_values(seed: u64, stream: u64, n: usize, std: f64) -> Vec<f32> {
+pub(crate) fn normal_values(seed: u64, stream: u64, n: usize, std: f64) -> Vec<f32> {
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     rng.set_stream(stream);
     let mut unit = || ((rng.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64;

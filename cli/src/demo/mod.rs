@@ -234,6 +234,8 @@ async fn train_and_report(
         "wall_s": started.elapsed().as_secs_f64(),
         "non_dp_telemetry": ["loss_start", "loss_end", "loss_end_nonprivate", "captions.reference"],
         "encoder": dir.join("encoder.safetensors"),
+        "checkpoint": dp_job.job.checkpoint_root,
+        "checkpoint_nonprivate": baseline.as_ref().map(|b| b.job.checkpoint_root.clone()),
     });
     if let Some(fields) = report.as_object_mut() {
         let named: Vec<(&str, &SuiteReport)> = reports.iter().map(|(name, r)| (*name, r)).collect();

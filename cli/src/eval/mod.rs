@@ -15,7 +15,7 @@ use dpcap_worker::checkpoint::load_weights;
 use dpcap_worker::data::tokenizer::CaptionTokenizer;
 use dpcap_worker::model::{Captioner, CaptionerConfig, Mae, MaeConfig};
 use dpcap_worker::params::ParamSet;
-use dpcap_worker::runtime::ckpt::{CheckpointStore, Manifest};
+use dpcap_worker::runtime::ckpt::Manifest;
 use dpcap_worker::runtime::dataset::Dataset;
 use dpcap_worker::runtime::trainer::Model;
 use serde_json::{Value, json};
@@ -86,21 +86,7 @@ pub async fn run(args: EvalArgs) -> Result<()> {
     let options =
         SuiteOptions { images: args.images, probe_images: args.probe_images, seed: args.seed, ..Default::default() };
     options.check(["--images", "--probe-images"])?;
-    // Reading must not create the directory a mistyped path names.
-    dpcap_serve::open_existing_store(root).map_err(|e| anyhow!("--checkpoint {root}: {e}"))?;
-    let store = CheckpointStore::open(root).map_err(|e| anyhow!("--checkpoint {root}: {e}"))?;
-    let step = match args.step {
-        Some(step) => step,
-        None => store
-            .latest()
-            .await
-            .map_err(|e| anyhow!("--checkpoint {root}: {e}"))?
-            .ok_or_else(|| anyhow!("--checkpoint {root}: no checkpoint there (no `latest` pointer)"))?,
-    };
-    let (manifest, weights, _) = store
-        .load(step)
-        .await
-        .map_err(|e| anyhow!("--step {step}: no readable checkpoint {step} under {root}: {e}"))?;
+    let crate::checkpoint::Loaded { step, manifest, weights } = crate::checkpoint::load(root, args.step).await?;
     let tokenizer = match manifest.objective.as_str() {
         "caption" => {
             let dataset = Dataset::open(&args.dataset).await.map_err(|e| anyhow!("--dataset {}: {e}", args.dataset))?;

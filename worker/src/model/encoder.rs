@@ -93,8 +93,17 @@ impl Encoder {
         params: &ParamSet<AB::InnerBackend>,
         images: Tensor<AB, 4>,
     ) -> Tensor<AB::InnerBackend, 2> {
+        self.tokens(params, images).mean_dim(1).squeeze_dim::<2>(1)
+    }
+
+    /// Encoded tokens [B, N, d] (after the final norm), no gradients.
+    pub fn tokens<AB: AutodiffBackend>(
+        &self,
+        params: &ParamSet<AB::InnerBackend>,
+        images: Tensor<AB, 4>,
+    ) -> Tensor<AB::InnerBackend, 3> {
         let mut tape = Tape::new(Mode::Frozen, params);
-        self.forward(&mut tape, images).mean_dim(1).squeeze_dim::<2>(1).inner()
+        self.forward(&mut tape, images).inner()
     }
 
     /// Images [B, 3, H, W] → encoded tokens [B, N, d].
