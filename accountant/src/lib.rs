@@ -11,6 +11,7 @@ pub use dpcap_privacy as privacy;
 
 pub mod accountant;
 pub mod ahead;
+pub mod audit;
 pub mod client;
 pub mod composed;
 pub mod datasets;

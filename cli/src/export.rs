@@ -104,7 +104,10 @@ pub async fn run(args: ExportArgs) -> Result<()> {
             "  model = timm.models.VisionTransformer({}, norm_layer=partial(torch.nn.LayerNorm, eps=1e-5))",
             python_kwargs(&timm::model_args(config))
         );
-        println!("  model.load_state_dict(safetensors.torch.load_file({:?}), strict=True)", args.out.display().to_string());
+        println!(
+            "  model.load_state_dict(safetensors.torch.load_file({:?}), strict=True)",
+            args.out.display().to_string()
+        );
     }
     Ok(())
 }

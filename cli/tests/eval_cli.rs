@@ -154,8 +154,18 @@ fn export_writes_the_encoder_in_either_format_with_its_check_vectors() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ckpt");
     checkpoint(&root, 4, 9);
-    let (root, out, check) = (root.to_str().unwrap(), dir.path().join("vit.safetensors"), dir.path().join("check.safetensors"));
-    let args = ["export", root, "--format", "timm", "--out", out.to_str().unwrap(), "--check-vectors", check.to_str().unwrap()];
+    let (root, out, check) =
+        (root.to_str().unwrap(), dir.path().join("vit.safetensors"), dir.path().join("check.safetensors"));
+    let args = [
+        "export",
+        root,
+        "--format",
+        "timm",
+        "--out",
+        out.to_str().unwrap(),
+        "--check-vectors",
+        check.to_str().unwrap(),
+    ];
     let (code, stdout, err) = dpctl(&args);
     assert_eq!(code, 0, "{err}");
     assert!(stdout.contains("VisionTransformer(") && stdout.contains("class_token=False"), "{stdout}");
@@ -174,7 +184,12 @@ fn export_writes_the_encoder_in_either_format_with_its_check_vectors() {
     let (code, _, err) = dpctl(&["export", root, "--out", ours.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     let bytes = std::fs::read(&ours).unwrap();
-    let names = safetensors::SafeTensors::deserialize(&bytes).unwrap().names().into_iter().map(str::to_owned).collect::<Vec<_>>();
+    let names = safetensors::SafeTensors::deserialize(&bytes)
+        .unwrap()
+        .names()
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
     assert!(names.iter().all(|n| n.starts_with("encoder.")) && names.len() == 37, "{names:?}");
 
     let missing = dir.path().join("nothing");

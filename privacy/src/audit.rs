@@ -36,7 +36,11 @@ pub fn guess(scores: &[f64], included: &[bool], k_in: usize, k_out: usize) -> Au
     let k_out = k_out.min(n - k_in);
     let right_in = order[..k_in].iter().filter(|&&i| included[i]).count();
     let right_out = order[n - k_out..].iter().filter(|&&i| !included[i]).count();
-    AuditCounts { canaries: scores.len() as u64, guesses: (k_in + k_out) as u64, correct: (right_in + right_out) as u64 }
+    AuditCounts {
+        canaries: scores.len() as u64,
+        guesses: (k_in + k_out) as u64,
+        correct: (right_in + right_out) as u64,
+    }
 }
 
 /// ln P[Binomial(n, p) = k] for k = 0..=n, with ln p and ln(1 − p) given.

@@ -17,7 +17,8 @@ fn counts(case: &serde_json::Value) -> AuditCounts {
 #[test]
 fn the_p_values_and_bounds_match_jax_privacy_on_the_same_counts() {
     for case in cases() {
-        let (c, significance, delta) = (counts(&case), case["significance"].as_f64().unwrap(), case["delta"].as_f64().unwrap());
+        let (c, significance, delta) =
+            (counts(&case), case["significance"].as_f64().unwrap(), case["delta"].as_f64().unwrap());
         let p = one_run_p_value(c, 1.0, delta);
         let p_ref = case["p_value_at_eps_1"].as_f64().unwrap();
         assert!((p - p_ref).abs() <= 1e-9 * p_ref.max(1e-300) + 1e-15, "{c:?}: p-value {p} vs {p_ref}");

@@ -146,10 +146,8 @@ pub fn check_vectors<AB: burn::tensor::backend::AutodiffBackend>(
     let config = encoder.config();
     let shape = [n, 3, config.image, config.image];
     let pixels = crate::params::normal_values(seed, 0, shape.iter().product(), 1.0);
-    let images = burn::tensor::Tensor::<AB, 4>::from_data(
-        burn::tensor::TensorData::new(pixels.clone(), shape),
-        params.device(),
-    );
+    let images =
+        burn::tensor::Tensor::<AB, 4>::from_data(burn::tensor::TensorData::new(pixels.clone(), shape), params.device());
     let tokens = encoder.tokens(params, images);
     let features = tokens.clone().mean_dim(1).reshape([n, config.width]);
     let flat = |t: Vec<f32>| t.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();

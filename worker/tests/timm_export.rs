@@ -32,8 +32,7 @@ fn encoder() -> (Encoder, ParamSet<Inner>, EncoderConfig) {
     for (k, id) in params.ids().enumerate() {
         let n = params.spec(id).numel();
         let base = if params.spec(id).name.ends_with("gamma") { 1.0 } else { 0.0 };
-        let values: Vec<f32> =
-            (0..n).map(|i| base + 0.15 * (0.37 * i as f32 + 1.3 * k as f32 + 0.1).sin()).collect();
+        let values: Vec<f32> = (0..n).map(|i| base + 0.15 * (0.37 * i as f32 + 1.3 * k as f32 + 0.1).sin()).collect();
         params.set(id, Tensor::from_data(TensorData::new(values, [n]), &Default::default()));
     }
     (encoder, params, config)
@@ -46,7 +45,10 @@ fn tensor(file: &SafeTensors<'_>, name: &str) -> Vec<f64> {
 
 /// y = W x + b with W [out, in] (PyTorch's nn.Linear).
 fn linear(w: &[f64], b: &[f64], x: &[f64]) -> Vec<f64> {
-    b.iter().enumerate().map(|(o, bo)| bo + x.iter().enumerate().map(|(i, xi)| w[o * x.len() + i] * xi).sum::<f64>()).collect()
+    b.iter()
+        .enumerate()
+        .map(|(o, bo)| bo + x.iter().enumerate().map(|(i, xi)| w[o * x.len() + i] * xi).sum::<f64>())
+        .collect()
 }
 
 fn layer_norm(w: &[f64], b: &[f64], x: &[f64]) -> Vec<f64> {
@@ -66,7 +68,8 @@ fn erf(x: f64) -> f64 {
 /// timm's VisionTransformer forward_features on one image [3, H, W], from the state dict.
 fn timm_tokens(file: &SafeTensors<'_>, config: EncoderConfig, image: &[f64]) -> Vec<Vec<f64>> {
     let (p, d, side, grid) = (config.patch, config.width, config.image, config.image / config.patch);
-    let (conv, conv_b, pos) = (tensor(file, "patch_embed.proj.weight"), tensor(file, "patch_embed.proj.bias"), tensor(file, "pos_embed"));
+    let (conv, conv_b, pos) =
+        (tensor(file, "patch_embed.proj.weight"), tensor(file, "patch_embed.proj.bias"), tensor(file, "pos_embed"));
     let mut x: Vec<Vec<f64>> = (0..grid * grid)
         .map(|n| {
             let (gy, gx) = (n / grid, n % grid);
@@ -89,8 +92,14 @@ fn timm_tokens(file: &SafeTensors<'_>, config: EncoderConfig, image: &[f64]) -> 
     let hd = d / config.heads;
     for i in 0..config.depth {
         let t = |name: &str| tensor(file, &format!("blocks.{i}.{name}"));
-        let (n1w, n1b, qkv_w, qkv_b, proj_w, proj_b) =
-            (t("norm1.weight"), t("norm1.bias"), t("attn.qkv.weight"), t("attn.qkv.bias"), t("attn.proj.weight"), t("attn.proj.bias"));
+        let (n1w, n1b, qkv_w, qkv_b, proj_w, proj_b) = (
+            t("norm1.weight"),
+            t("norm1.bias"),
+            t("attn.qkv.weight"),
+            t("attn.qkv.bias"),
+            t("attn.proj.weight"),
+            t("attn.proj.bias"),
+        );
         let qkv: Vec<Vec<f64>> = x.iter().map(|row| linear(&qkv_w, &qkv_b, &layer_norm(&n1w, &n1b, row))).collect();
         let attended: Vec<Vec<f64>> = (0..x.len())
             .map(|q| {
@@ -111,8 +120,14 @@ fn timm_tokens(file: &SafeTensors<'_>, config: EncoderConfig, image: &[f64]) -> 
                 out
             })
             .collect();
-        let (n2w, n2b, fc1_w, fc1_b, fc2_w, fc2_b) =
-            (t("norm2.weight"), t("norm2.bias"), t("mlp.fc1.weight"), t("mlp.fc1.bias"), t("mlp.fc2.weight"), t("mlp.fc2.bias"));
+        let (n2w, n2b, fc1_w, fc1_b, fc2_w, fc2_b) = (
+            t("norm2.weight"),
+            t("norm2.bias"),
+            t("mlp.fc1.weight"),
+            t("mlp.fc1.bias"),
+            t("mlp.fc2.weight"),
+            t("mlp.fc2.bias"),
+        );
         for (row, att) in x.iter_mut().zip(&attended) {
             let a = linear(&proj_w, &proj_b, att);
             row.iter_mut().zip(&a).for_each(|(r, a)| *r += a);
@@ -150,12 +165,14 @@ fn timms_forward_on_the_exported_tensors_gives_our_encoders_tokens() {
     let file = SafeTensors::deserialize(&bytes).unwrap();
     let side = config.image;
     let pixels: Vec<f32> = (0..2 * 3 * side * side).map(|i| (0.61 * i as f32).sin() * 1.7).collect();
-    let images = Tensor::<CpuBackend, 4>::from_data(TensorData::new(pixels.clone(), [2, 3, side, side]), &Default::default());
+    let images =
+        Tensor::<CpuBackend, 4>::from_data(TensorData::new(pixels.clone(), [2, 3, side, side]), &Default::default());
     let ours: Vec<f32> = encoder.tokens(&params, images).into_data().to_vec().unwrap();
     let (n, d) = (config.patches(), config.width);
     let mut worst = 0.0f64;
     for b in 0..2 {
-        let image: Vec<f64> = pixels[b * 3 * side * side..(b + 1) * 3 * side * side].iter().map(|&v| v as f64).collect();
+        let image: Vec<f64> =
+            pixels[b * 3 * side * side..(b + 1) * 3 * side * side].iter().map(|&v| v as f64).collect();
         for (t, row) in timm_tokens(&file, config, &image).iter().enumerate() {
             for (j, v) in row.iter().enumerate() {
                 worst = worst.max((v - ours[(b * n + t) * d + j] as f64).abs());
