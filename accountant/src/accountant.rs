@@ -13,6 +13,7 @@ use tokio::sync::{Mutex, watch};
 use dpcap_proto::ErrorCode;
 
 use crate::ahead::NoiseAhead;
+use crate::audit::{AuditOutcome, Canaries};
 use crate::datasets::DatasetBudget;
 use crate::error::AccountantError;
 use crate::job::{Job, Part, Pending, Phase, Progress, Release, StepState, Stored};
@@ -114,7 +115,7 @@ impl Accountant {
             }
             // No noise is drawn ahead at replay (every open job at once would take 8·P bytes
             // each): the first step after a restart draws its own, and ahead resumes after it.
-            let job = build_job_from_record(record, self.policy).await?;
+            let job = build_job_from_record(record, self.policy, &self.ledger).await?;
             tracing::info!(job_id = %job.registration.job_id, charged = job.progress().charged,
                 discarded = job.progress().discarded, "replayed job from ledger");
             self.jobs.write().expect("jobs lock").insert(job.registration.job_id.clone(), Arc::new(job));
@@ -185,7 +186,7 @@ impl Accountant {
             trimmed_before: 0,
             closed: None,
         };
-        let job = Arc::new(build_job_from_record(record, self.policy).await?);
+        let job = Arc::new(build_job_from_record(record, self.policy, &self.ledger).await?);
         let created = self.ledger.register(&registration).await?;
         let mut jobs = self.jobs.write().expect("jobs lock");
         let job = jobs
@@ -323,9 +324,17 @@ impl Accountant {
         // never re-noised.
         let noising = Instant::now();
         let sum = std::mem::take(&mut pending.sum);
+        let canaries = job.audit.clone();
         let noised = async move {
-            let noise = job.ahead.take(step).await?;
-            blocking(move || Bytes::from(noise::apply(&sum, &noise))).await
+            let mut noise = job.ahead.take(step).await?;
+            blocking(move || {
+                // An audit's canaries are gradients like any example's: in the sum, under the noise.
+                if let Some(canaries) = canaries {
+                    canaries.inject(step, &mut noise, 1.0);
+                }
+                Bytes::from(noise::apply(&sum, &noise))
+            })
+            .await
         };
         let data = match noised.await {
             Ok(data) => data,
@@ -346,6 +355,7 @@ impl Accountant {
             p.charged += 1;
             p.epsilon_spent = epsilon_after;
         });
+        let readings = job.audit.as_ref().map(|canaries| canaries.readings(&data));
         if let Err(e) = self.ledger.put_release(&r.job_id, step, data).await {
             stored.send_replace(Stored::Failed);
             job.releases.lock().expect("releases lock").remove(&step);
@@ -355,6 +365,12 @@ impl Accountant {
         }
         state.stored.insert(step);
         stored.send_replace(Stored::Done);
+        if let Some(readings) = readings
+            && let Err(e) = self.ledger.put_audit_readings(&r.job_id, step, readings).await
+        {
+            // The audit then scores one release fewer: weaker, never wrong.
+            tracing::warn!(job_id = %r.job_id, step, error = %e, "audit readings not stored");
+        }
         // The next step's noise is drawn while the ranks apply this release and compute.
         if step + 1 < job.spending.max_steps() {
             job.ahead.prepare(step + 1);
@@ -365,6 +381,43 @@ impl Accountant {
         let store_s = storing.elapsed().as_secs_f64();
         tracing::info!(job_id = %r.job_id, step, epsilon_after, noise_s, store_s, "released step");
         Ok(())
+    }
+
+    /// The one-run audit of an ended job registered with canaries: every stored step's
+    /// readings scored, guesses on the top and bottom 1 %, the ε lower bounds at δ. Returns
+    /// the outcome and the number of steps scored.
+    pub async fn audit(&self, job: &Job) -> Result<(AuditOutcome, u64), AccountantError> {
+        let r = &job.registration;
+        let not_auditable =
+            |reason: &str| AccountantError::NotAuditable { job_id: r.job_id.clone(), reason: reason.into() };
+        let canaries = job.audit.clone().ok_or_else(|| not_auditable("it was registered without audit_canaries"))?;
+        let progress = job.progress();
+        if progress.phase == Phase::Open {
+            return Err(not_auditable("it is still open; its canaries stay secret until it ends"));
+        }
+        let mut scores = vec![0.0; canaries.len()];
+        let mut steps = 0;
+        for step in 0..progress.next_step {
+            let Some(readings) = self.ledger.get_audit_readings(&r.job_id, step).await? else { continue };
+            if readings.len() != 4 * canaries.len() {
+                return Err(AccountantError::CorruptLedger {
+                    path: format!("jobs/{}/audit/readings/{step:020}.f32", r.job_id),
+                    reason: format!(
+                        "{} bytes, expected {} ({} canaries)",
+                        readings.len(),
+                        4 * canaries.len(),
+                        canaries.len()
+                    ),
+                });
+            }
+            canaries.score(&readings, &mut scores);
+            steps += 1;
+        }
+        let delta = r.delta;
+        let outcome = blocking(move || canaries.conclude(&scores, delta, canaries.default_guesses())).await?;
+        metrics::record_audit(&r.job_id, outcome.bound(), outcome.bound() > progress.epsilon_spent);
+        tracing::info!(job_id = %r.job_id, steps, bound = outcome.bound(), claimed = progress.epsilon_spent, "audited job");
+        Ok((outcome, steps))
     }
 
     /// A charged step's release was lost before it was stored: the ledger must say so too, or
@@ -594,11 +647,31 @@ fn validate_registration(r: &Registration) -> Result<(), AccountantError> {
     if r.dataset_epsilon_budget > 0.0 && r.dataset_id.is_empty() {
         return Err(AccountantError::invalid("dataset_id", "must be set when dataset_epsilon_budget is"));
     }
+    if r.audit_canaries > 0 {
+        if r.privacy != "dp" {
+            return Err(AccountantError::invalid(
+                "audit_canaries",
+                format!("a {} job claims no guarantee to audit; only DP jobs can be audited", r.privacy),
+            ));
+        }
+        if u64::from(r.audit_canaries) > r.gradient_dim.min(MAX_AUDIT_CANARIES) {
+            return Err(AccountantError::invalid(
+                "audit_canaries",
+                format!(
+                    "{} must be at most gradient_dim ({}) and {MAX_AUDIT_CANARIES}: each canary has its own coordinate",
+                    r.audit_canaries, r.gradient_dim
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 
+/// Most canaries one job may carry (their readings cost 4 bytes each per step).
+const MAX_AUDIT_CANARIES: u64 = 10_000_000;
+
 /// Builds a job's live state from its ledger record (a new job is a record with no charges).
-async fn build_job_from_record(record: JobRecord, policy: Policy) -> Result<Job, AccountantError> {
+async fn build_job_from_record(record: JobRecord, policy: Policy, ledger: &Ledger) -> Result<Job, AccountantError> {
     let r = record.registration;
     validate_registration(&r)?;
     let noise = match r.insecure_noise_seed {
@@ -633,6 +706,13 @@ async fn build_job_from_record(record: JobRecord, policy: Policy) -> Result<Job,
     let dim = usize::try_from(r.gradient_dim)
         .map_err(|_| AccountantError::invalid("gradient_dim", "too large for this host"))?;
     let ahead = NoiseAhead::new(dim, r.noise_multiplier * r.clipping_norm, noise, !policy.lazy_noise);
+    let audit = match r.audit_canaries {
+        0 => None,
+        m => {
+            let secret = ledger.audit_secret(&r.job_id).await?;
+            Some(Arc::new(Canaries::new(secret, m as usize, dim, r.sample_rate, r.clipping_norm)))
+        }
+    };
     Ok(Job {
         registration: r,
         spending,
@@ -641,6 +721,7 @@ async fn build_job_from_record(record: JobRecord, policy: Policy) -> Result<Job,
         releases: std::sync::Mutex::new(BTreeMap::new()),
         ahead,
         progress: watch::channel(progress).0,
+        audit,
     })
 }
 

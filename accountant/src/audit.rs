@@ -137,14 +137,27 @@ impl Canaries {
         }
     }
 
-    /// Adds a release (little-endian f32) to the scores: s·release[c] for every canary, sampled
-    /// or not (see the module's note on why the samples stay out of the score).
-    pub fn score(&self, release: &[u8], scores: &mut [f64]) {
-        for (j, &(coordinate, sign)) in self.directions.iter().enumerate() {
-            if let Some(bytes) = release.get(coordinate * 4..coordinate * 4 + 4) {
-                scores[j] += sign * f64::from(f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]));
-            }
+    /// The release's value at each canary's coordinate (little-endian f32, canary order): all
+    /// the audit needs of a release, stored beside it and kept when the release is trimmed.
+    pub fn readings(&self, release: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(4 * self.len());
+        for &(coordinate, _) in &self.directions {
+            out.extend_from_slice(release.get(coordinate * 4..coordinate * 4 + 4).unwrap_or(&[0; 4]));
         }
+        out
+    }
+
+    /// Adds one release's readings to the scores: s·release[c] for every canary, sampled or
+    /// not (see the module's note on why the samples stay out of the score).
+    pub fn score(&self, readings: &[u8], scores: &mut [f64]) {
+        for ((value, &(_, sign)), score) in readings.chunks_exact(4).zip(&self.directions).zip(scores) {
+            *score += sign * f64::from(f32::from_le_bytes([value[0], value[1], value[2], value[3]]));
+        }
+    }
+
+    /// Guesses per side for `m` canaries: the top and bottom 1 % (at least one).
+    pub fn default_guesses(&self) -> usize {
+        (self.len() / 100).max(1)
     }
 
     /// Guesses on the scores ("included" for the `k` highest, "excluded" for the `k` lowest,

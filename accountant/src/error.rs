@@ -110,6 +110,14 @@ pub enum AccountantError {
         /// The job.
         job_id: String,
     },
+    /// The job cannot be audited (yet): registered without canaries, or still open.
+    #[error("job {job_id} cannot be audited: {reason}")]
+    NotAuditable {
+        /// The job.
+        job_id: String,
+        /// Why.
+        reason: String,
+    },
     /// The ledger is still being replayed, or the server is draining.
     #[error("accountant unavailable: {0}")]
     Unavailable(String),
@@ -140,7 +148,7 @@ impl ServiceError for AccountantError {
             Privacy(PrivacyError::Invalid { .. }) => ErrorCode::InvalidArgument,
             Privacy(PrivacyError::Unreachable { .. }) => ErrorCode::FailedPrecondition,
             UnknownJob { .. } => ErrorCode::JobNotRegistered,
-            UnbudgetedDataset { .. } => ErrorCode::FailedPrecondition,
+            UnbudgetedDataset { .. } | NotAuditable { .. } => ErrorCode::FailedPrecondition,
             UnknownDataset { .. } => ErrorCode::NotFound,
             RegistrationConflict { .. } => ErrorCode::AlreadyExists,
             StepRefused { code, .. } => *code,

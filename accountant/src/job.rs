@@ -141,6 +141,8 @@ pub struct Job {
     pub ahead: NoiseAhead,
     /// Published progress.
     pub progress: watch::Sender<Progress>,
+    /// The job's audit canaries (secret; registered with `audit_canaries` > 0).
+    pub audit: Option<Arc<crate::audit::Canaries>>,
 }
 
 impl Job {

@@ -64,6 +64,13 @@ pub struct Registration {
     /// A simulation's target mechanism.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub simulated: Option<crate::spending::Simulated>,
+    /// Canaries of the job's one-run audit (0: none; see [`crate::audit`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub audit_canaries: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 fn dp() -> String {
@@ -222,6 +229,43 @@ impl Ledger {
             }
         }
         Ok(())
+    }
+
+    /// The job's audit secret: drawn from OS entropy and stored the first time (create-once),
+    /// read back ever after, so that a restarted accountant places and samples the same
+    /// canaries. It stays in the ledger: no API returns it.
+    pub async fn audit_secret(&self, job_id: &str) -> Result<[u8; 32], AccountantError> {
+        let path = self.job_path(job_id, "audit/secret");
+        let mut fresh = [0u8; 32];
+        getrandom::fill(&mut fresh).map_err(|e| AccountantError::Internal(format!("no OS entropy: {e}")))?;
+        match self.create(&path, fresh.to_vec()).await {
+            Ok(()) => return Ok(fresh),
+            Err(object_store::Error::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let stored = self.store.get(&path).await?.bytes().await?;
+        stored.as_ref().try_into().map_err(|_| AccountantError::CorruptLedger {
+            path: path.to_string(),
+            reason: format!("{} bytes, expected a 32-byte secret", stored.len()),
+        })
+    }
+
+    /// Stores the canaries' readings of release `step` (one f32 per canary): what the audit
+    /// scores, kept when the release itself is trimmed.
+    pub async fn put_audit_readings(&self, job_id: &str, step: u64, readings: Vec<u8>) -> Result<(), AccountantError> {
+        let path = self.job_path(job_id, &format!("audit/readings/{step:020}.f32"));
+        self.store.put(&path, PutPayload::from(readings)).await?;
+        Ok(())
+    }
+
+    /// The stored readings of `step`, or None (a discarded step, or one whose write failed).
+    pub async fn get_audit_readings(&self, job_id: &str, step: u64) -> Result<Option<bytes::Bytes>, AccountantError> {
+        let path = self.job_path(job_id, &format!("audit/readings/{step:020}.f32"));
+        match self.store.get(&path).await {
+            Ok(r) => Ok(Some(r.bytes().await?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Records that a job ended (idempotent; the first reason is kept).
@@ -410,6 +454,7 @@ mod tests {
                 privacy: ["dp", "not_private", "simulation"][i % 3].into(),
                 simulated: (i % 3 == 2)
                     .then(|| crate::spending::Simulated { sample_rate: any(), noise_multiplier: any() }),
+                audit_canaries: (i % 2) as u32 * 1000,
             };
             let bytes = serde_json::to_vec_pretty(&registration).unwrap();
             let back: Registration = serde_json::from_slice(&bytes).unwrap();

@@ -39,6 +39,14 @@ pub fn install() -> PrometheusHandle {
                 "Seconds from a step's first part to its release."
             );
             metrics::describe_gauge!("dpcap_build_info", "Build information; always 1.");
+            metrics::describe_gauge!(
+                "dpcap_audit_epsilon_lower_bound",
+                "A one-run audit's epsilon lower bound at the job's delta (95 % confidence), by job."
+            );
+            metrics::describe_counter!(
+                "dpcap_audit_violations_total",
+                "Audits whose epsilon lower bound passed the job's claimed epsilon: a mechanism bug."
+            );
             metrics::gauge!("dpcap_build_info", "version" => env!("CARGO_PKG_VERSION"), "component" => "accountant")
                 .set(1.0);
             handle
@@ -49,6 +57,14 @@ pub fn install() -> PrometheusHandle {
 /// Counts one refused step; `reason` is "job_target" or "dataset_budget".
 pub fn record_budget_rejection(reason: &'static str) {
     metrics::counter!("dpcap_budget_rejections_total", "reason" => reason).increment(1);
+}
+
+/// Records a job's audit: its ε lower bound, and a violation when it passes the claimed ε.
+pub fn record_audit(job_id: &str, bound: f64, violation: bool) {
+    metrics::gauge!("dpcap_audit_epsilon_lower_bound", "job_id" => job_id.to_owned()).set(bound);
+    if violation {
+        metrics::counter!("dpcap_audit_violations_total").increment(1);
+    }
 }
 
 /// Observes one release's duration.

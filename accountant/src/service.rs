@@ -7,9 +7,9 @@ use std::sync::Arc;
 use dpcap_proto::to_status;
 use dpcap_proto::v1::accountant_service_server::AccountantService;
 use dpcap_proto::v1::{
-    self as pb, CloseJobRequest, EstimateRequest, EstimateResponse, FetchReleaseRequest, GetDatasetBudgetRequest,
-    GetSpendRequest, GradientChunk, JobSpend, RegisterJobRequest, RegisterJobResponse, ReleaseChunk,
-    SetDatasetBudgetRequest, SubmitPartResponse, TrimReleasesRequest,
+    self as pb, AuditJobRequest, AuditReport, CloseJobRequest, EstimateRequest, EstimateResponse, FetchReleaseRequest,
+    GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, JobSpend, RegisterJobRequest, RegisterJobResponse,
+    ReleaseChunk, SetDatasetBudgetRequest, SubmitPartResponse, TrimReleasesRequest,
 };
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -82,6 +82,7 @@ fn registration_from_proto(request: RegisterJobRequest) -> Result<Registration, 
         simulated: request
             .simulated
             .map(|m| Simulated { sample_rate: m.sample_rate, noise_multiplier: m.noise_multiplier }),
+        audit_canaries: request.audit_canaries,
     })
 }
 
@@ -115,6 +116,7 @@ pub fn spend(job: &Job) -> JobSpend {
             Mode::NotPrivate => pb::Privacy::NotPrivate,
             Mode::Simulation(_) => pb::Privacy::Simulation,
         } as i32,
+        audit_canaries: r.audit_canaries,
     }
 }
 
@@ -225,6 +227,25 @@ impl AccountantService for AccountantGrpc {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx).boxed()))
+    }
+
+    async fn audit_job(&self, request: Request<AuditJobRequest>) -> Result<Response<AuditReport>, Status> {
+        let job = self.accountant.job(&request.into_inner().job_id).map_err(to_status)?;
+        let (outcome, steps) = self.accountant.audit(&job).await.map_err(to_status)?;
+        let claimed = job.progress().epsilon_spent;
+        Ok(Response::new(AuditReport {
+            job_id: job.registration.job_id.clone(),
+            epsilon_claimed: claimed,
+            delta: job.registration.delta,
+            epsilon_lower_bound: outcome.epsilon_lower_bound,
+            epsilon_lower_bound_fdp: outcome.epsilon_lower_bound_fdp,
+            canaries: outcome.counts.canaries as u32,
+            guesses: outcome.counts.guesses as u32,
+            correct: outcome.counts.correct as u32,
+            confidence: 1.0 - crate::audit::SIGNIFICANCE,
+            steps_scored: steps,
+            violation: outcome.bound() > claimed,
+        }))
     }
 
     async fn get_spend(&self, request: Request<GetSpendRequest>) -> Result<Response<JobSpend>, Status> {

@@ -224,6 +224,7 @@ mod tests {
             insecure_noise_seed: None,
             privacy: privacy.into(),
             simulated,
+            audit_canaries: 0,
         }
     }
 

@@ -638,3 +638,53 @@ async fn a_release_whose_store_fails_never_sends_its_last_chunk_and_is_discarded
     assert_eq!((spend.steps_charged, spend.steps_discarded, spend.next_step), (1, 1, 1));
     assert_eq!(charged_steps(dir.path(), "unstored"), vec![0]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audited_job_audits_below_its_claim_after_it_ends_and_the_same_after_a_restart() {
+    use dpcap_proto::v1::AuditJobRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let mut client = server.client().await;
+    let (dim, canaries, steps, q) = (20_000usize, 10_000u32, 20u64, 0.25);
+    let sigma = noise_multiplier(AccountantKind::Pld, q, steps, 2.0, 1e-5).unwrap();
+    let mut request = job("audited", q, sigma, 1.0, 2.0, dim as u64, 1, Some(3));
+    request.audit_canaries = canaries;
+    client.raw().register_job(request.clone()).await.unwrap();
+    let audit = |mut c: dpcap_accountant::client::AccountantClient| async move {
+        c.raw().audit_job(AuditJobRequest { job_id: "audited".into() }).await
+    };
+    let early = audit(client.clone()).await.unwrap_err();
+    assert_eq!(early.code(), Code::FailedPrecondition, "{early:?}");
+    assert!(early.message().contains("still open"), "{early:?}");
+    for step in 0..steps {
+        client.submit_part("audited", step, 0, &vec![0.0; dim]).await.unwrap();
+    }
+    client.raw().close_job(CloseJobRequest { job_id: "audited".into(), reason: "done".into() }).await.unwrap();
+    let report = audit(client.clone()).await.unwrap().into_inner();
+    assert_eq!((report.canaries, report.guesses, report.steps_scored), (canaries, 200, steps));
+    assert!((report.epsilon_claimed - 2.0).abs() < 1e-3 && report.confidence == 0.95, "{report:?}");
+    assert!(report.epsilon_lower_bound <= report.epsilon_claimed && !report.violation, "{report:?}");
+    assert!(report.correct > report.guesses / 2, "the canaries leave a trace in the releases: {report:?}");
+    let scraped = server.scrape().await;
+    assert!(scraped.contains("dpcap_audit_epsilon_lower_bound{job_id=\"audited\"}"), "{scraped}");
+
+    // The coins, places and samples come from the ledger: a restarted accountant agrees.
+    server.kill();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let client = server.client().await;
+    assert_eq!(audit(client.clone()).await.unwrap().into_inner(), report);
+
+    // Only DP jobs with canaries can be audited; the refusals name the field.
+    let mut not_private = job("np", q, 0.0, 1.0, 0.0, dim as u64, 1, None);
+    (not_private.privacy, not_private.audit_canaries) = (Privacy::NotPrivate as i32, 10);
+    let refused = client.clone().raw().register_job(not_private).await.unwrap_err();
+    assert!(refused.code() == Code::InvalidArgument && refused.message().contains("audit_canaries"), "{refused:?}");
+    let mut too_many = job("many", q, sigma, 1.0, 2.0, 100, 1, None);
+    too_many.audit_canaries = 101;
+    let refused = client.clone().raw().register_job(too_many).await.unwrap_err();
+    assert!(refused.code() == Code::InvalidArgument && refused.message().contains("audit_canaries"), "{refused:?}");
+    client.clone().raw().register_job(job("plain", q, sigma, 1.0, 2.0, 100, 1, None)).await.unwrap();
+    let c = client.clone();
+    let plain = async move { c.clone().raw().audit_job(AuditJobRequest { job_id: "plain".into() }).await };
+    assert_eq!(plain.await.unwrap_err().code(), Code::FailedPrecondition);
+}

@@ -2,6 +2,7 @@
 //! demo cluster, evaluation of checkpoints, offline privacy calculators, datasets, model
 //! configurations and benchmarks.
 
+mod audit;
 mod bench;
 mod bench_clip;
 mod bench_images;
@@ -68,6 +69,9 @@ enum Command {
     /// Score a job's checkpoint on held-out synthetic scenes: zero-shot, ARO, layout, caption
     /// slots, linear and few-shot probes.
     Eval(eval::EvalArgs),
+    /// The one-run privacy audit of an ended job submitted with canaries: the epsilon lower
+    /// bound they prove beside the claimed epsilon (exit 6 if it passes the claim).
+    Audit(audit::AuditArgs),
     /// Write a checkpoint's image encoder for other tools (our layout, or a timm ViT state dict).
     Export(export::ExportArgs),
     /// Offline privacy accounting: epsilon, noise multiplier or steps for a DP-SGD run.
@@ -106,6 +110,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Wait { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, false)),
         Command::Eval(args) => runtime()?.block_on(eval::run(args))?,
         Command::Export(args) => runtime()?.block_on(export::run(args))?,
+        Command::Audit(args) => return runtime()?.block_on(audit::run(args, &server)),
         Command::Demo(args) => {
             dpcap_serve::process::init_tracing_at(false, "warn");
             runtime()?.block_on(demo::run(args))?;

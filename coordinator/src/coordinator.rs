@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use dpcap_accountant::client::{AccountantClient, RawClient};
 use dpcap_proto::v1::{
-    Assignment, CloseJobRequest, GetSpendRequest, Job, JobSpec, JobState, Progress, Reduction, StepWork,
-    TrimReleasesRequest, step_work::Action,
+    Assignment, AuditJobRequest, CloseJobRequest, GetSpendRequest, Job, JobSpec, JobState, Progress, Reduction,
+    StepWork, TrimReleasesRequest, step_work::Action,
 };
 use dpcap_proto::{RetryPolicy, retry};
 
@@ -124,11 +124,56 @@ impl Coordinator {
         // Watchers are woken after the record is durable and ended jobs are closed at the
         // accountant, so a watcher that sees SUCCEEDED can rely on both.
         let result = self.persist_and_close(effects).await;
+        // An audited job's audit is in its conditions before any watcher sees it ended.
+        for job_id in result.as_deref().unwrap_or_default() {
+            self.record_audit(job_id).await;
+        }
         self.changed.send_modify(|v| *v += 1);
-        result
+        result.map(|_| ())
     }
 
-    async fn persist_and_close(&self, effects: Effects) -> Result<(), CoordinatorError> {
+    /// Asks the accountant for an ended job's one-run audit and records it as a condition:
+    /// `Audited`/`AuditPassed`, or `Warning`/`AuditViolation` when the lower bound passes the
+    /// claimed ε (the accountant also counts it in `dpcap_audit_violations_total`).
+    async fn record_audit(&self, job_id: &str) {
+        let request = AuditJobRequest { job_id: job_id.to_owned() };
+        let audited = retry(self.accountant_retry(), "audit_job", || {
+            let (mut client, request) = (self.accountant.clone(), request.clone());
+            async move { client.audit_job(request).await }
+        })
+        .await;
+        let (kind, reason, message) = match audited {
+            Ok(report) => {
+                let r = report.into_inner();
+                let (kind, reason) =
+                    if r.violation { ("Warning", "AuditViolation") } else { ("Audited", "AuditPassed") };
+                let message = format!(
+                    "epsilon lower bound {:.4} vs claimed {:.4} at delta {:.2e} (95 % confidence): {} of {} guesses \
+                     right on {} canaries over {} releases",
+                    r.epsilon_lower_bound, r.epsilon_claimed, r.delta, r.correct, r.guesses, r.canaries, r.steps_scored
+                );
+                (kind, reason, message)
+            }
+            Err(s) => ("Warning", "AuditFailed", format!("the accountant could not audit the job: {}", s.message())),
+        };
+        tracing::info!(job_id, reason, message, "audit");
+        let snapshot = {
+            let mut state = self.lock();
+            state.jobs.get_mut(job_id).map(|entry| {
+                condition(&mut entry.job, kind, reason, message);
+                entry.job.clone()
+            })
+        };
+        if let Some(job) = snapshot {
+            let _serial = self.writes.lock().await;
+            if let Err(e) = self.store.put_job(&job).await {
+                tracing::warn!(job_id, error = %e, "could not persist the audit condition");
+            }
+        }
+    }
+
+    /// Persists and closes; returns the closed jobs that were submitted with an audit.
+    async fn persist_and_close(&self, effects: Effects) -> Result<Vec<String>, CoordinatorError> {
         let _serial = self.writes.lock().await;
         for job_id in effects.persist {
             let snapshot = self.lock().jobs.get(&job_id).map(|e| e.job.clone());
@@ -136,6 +181,7 @@ impl Coordinator {
                 self.store.put_job(&job).await?;
             }
         }
+        let mut audits = Vec::new();
         for (job_id, reason) in effects.close {
             let request = CloseJobRequest { job_id: job_id.clone(), reason };
             let closed = retry(self.accountant_retry(), "close_job", || {
@@ -144,6 +190,7 @@ impl Coordinator {
             })
             .await;
             match closed {
+                Ok(_) if self.is_audited(&job_id) => audits.push(job_id),
                 Ok(_) => {}
                 Err(s) if s.code() == tonic::Code::NotFound => {}
                 Err(s) => tracing::warn!(job_id, error = %s, "could not close the job at the accountant"),
@@ -161,7 +208,11 @@ impl Coordinator {
                 tracing::warn!(job_id, before_step, error = %s, "could not trim releases at the accountant");
             }
         }
-        Ok(())
+        Ok(audits)
+    }
+
+    fn is_audited(&self, job_id: &str) -> bool {
+        self.lock().jobs.get(job_id).and_then(|e| e.job.spec.as_ref()).is_some_and(|spec| spec.audit.is_some())
     }
 
     /// Retries of accountant calls made while holding the write lock: bounded well below a

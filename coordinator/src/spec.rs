@@ -73,6 +73,18 @@ pub struct SpecFile {
     pub init_from: Option<String>,
     /// The `init_from` weights, if NOT PRIVATE, were trained on public or synthetic data only.
     pub init_public: Option<bool>,
+    /// A one-run privacy audit with gradient-space canaries.
+    pub audit: Option<AuditFile>,
+}
+
+/// A job's audit (see `Audit` in the proto).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditFile {
+    /// Number of canaries.
+    pub canaries: u32,
+    /// gradient (the default).
+    pub kind: Option<String>,
 }
 
 /// The recipe a TAN job simulates (see `Simulation` in the proto).
@@ -148,6 +160,7 @@ impl SpecFile {
             simulate: self
                 .simulate
                 .map(|s| v1::Simulation { batch_size: s.batch_size, noise_multiplier: s.noise_multiplier }),
+            audit: self.audit.map(|a| v1::Audit { canaries: a.canaries, kind: a.kind.unwrap_or_default() }),
         })
     }
 }
@@ -197,6 +210,7 @@ pub fn check_fields(spec: &JobSpec) -> Result<(), CoordinatorError> {
     positive("learning_rate", spec.learning_rate)?;
     positive("epochs", spec.epochs)?;
     crate::mode::check(spec)?;
+    check_audit(spec)?;
     if let Some(d) = spec.delta
         && !(d > 0.0 && d < 1.0)
     {
@@ -302,4 +316,26 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
         init_step: 0,
         init_privacy: String::new(),
     })
+}
+
+/// Most canaries a job may ask for (the accountant's limit).
+pub const MAX_AUDIT_CANARIES: u32 = 10_000_000;
+
+/// An audit needs a DP job (the others claim nothing to audit), a known kind, and a count the
+/// accountant accepts (it checks the model's parameter count itself).
+fn check_audit(spec: &JobSpec) -> Result<(), CoordinatorError> {
+    let Some(audit) = &spec.audit else { return Ok(()) };
+    if !matches!(audit.kind.as_str(), "" | "gradient") {
+        return Err(CoordinatorError::invalid("audit.kind", format!("{:?} is not gradient", audit.kind)));
+    }
+    if audit.canaries == 0 || audit.canaries > MAX_AUDIT_CANARIES {
+        return Err(CoordinatorError::invalid(
+            "audit.canaries",
+            format!("{} must be in [1, {MAX_AUDIT_CANARIES}]", audit.canaries),
+        ));
+    }
+    if spec.not_private || spec.simulate.is_some() {
+        return Err(CoordinatorError::invalid("audit", "a NOT PRIVATE job claims no guarantee to audit"));
+    }
+    Ok(())
 }

@@ -73,6 +73,7 @@ pub const POLICY: &[(&str, &[Role])] = &[
     ("/dpcap.v1.AccountantService/Estimate", &[Operator, Viewer, Coordinator, PrivacyAdmin]),
     ("/dpcap.v1.AccountantService/SetDatasetBudget", &[PrivacyAdmin]),
     ("/dpcap.v1.AccountantService/GetDatasetBudget", &[PrivacyAdmin, Operator, Viewer, Coordinator]),
+    ("/dpcap.v1.AccountantService/AuditJob", &[Operator, Viewer, PrivacyAdmin, Coordinator]),
     ("/dpcap.v1.JobService/SubmitJob", &[Operator]),
     ("/dpcap.v1.JobService/CancelJob", &[Operator]),
     ("/dpcap.v1.JobService/ResumeJob", &[Operator]),

@@ -17,7 +17,9 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
         Process::worker(&services.coordinator.grpc, "w0", &dir),
         Process::worker(&services.coordinator.grpc, "w1", &dir),
     ];
-    let job = submit(&services, spec(&dataset, 5)).await;
+    // Audited in one run: 1,000 canaries the accountant alone knows.
+    let audit = dpcap_coordinator::spec::AuditFile { canaries: 1000, kind: Some("gradient".into()) };
+    let job = submit(&services, SpecFile { audit: Some(audit), ..spec(&dataset, 5) }).await;
     let plan = job.plan.unwrap();
     assert!(plan.calibrated && plan.noise_multiplier > 0.0, "sigma calibrated before training: {plan:?}");
     assert!((plan.delta - 1.0 / 240.0).abs() < 1e-12, "delta defaults to 1/N");
@@ -41,6 +43,18 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
         assert!(Instant::now() < deadline, "the accountant never closed the finished job");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+
+    // The audit is among the job's conditions when it ends, and `dpctl audit` shows it.
+    let audited = job.conditions.iter().find(|c| c.r#type == "Audited").unwrap_or_else(|| panic!("{job:#?}"));
+    assert_eq!(audited.reason, "AuditPassed", "{audited:?}");
+    let out = dpctl(&["audit", "--accountant", &services.accountant.grpc, &job.job_id, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (report["canaries"].as_u64(), report["guesses"].as_u64(), report["steps_scored"].as_u64()),
+        (Some(1000), Some(20), Some(5))
+    );
+    assert!(report["epsilon_lower_bound"].as_f64().unwrap() <= report["epsilon_claimed"].as_f64().unwrap(), "{report}");
 
     // The checkpoint of the last step exists and loads into the model.
     let checkpoints = dpcap_worker::runtime::ckpt::CheckpointStore::open(&job.checkpoint_root).unwrap();

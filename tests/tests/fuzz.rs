@@ -182,6 +182,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     insecure_noise_seed: None,
                     privacy: g.u32() as i32,
                     simulated: g.pick(&[None, Some(mechanism)]),
+                    audit_canaries: g.pick(&[0, 1, 1000, u32::MAX]),
                 };
                 within(&what, accountant.register_job(request)).await
             }

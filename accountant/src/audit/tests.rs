@@ -65,9 +65,9 @@ fn audit_run(fault: Fault, seed: u8, epsilon: f64) -> AuditOutcome {
         };
         let mut noise = noise::draw(dim, std, NoiseMode::Seeded(seed as u64), step).unwrap();
         canaries.inject(step, &mut noise, if fault == Fault::Unclipped { 10.0 } else { 1.0 });
-        canaries.score(&noise::apply(&examples, &noise), &mut scores);
+        canaries.score(&canaries.readings(&noise::apply(&examples, &noise)), &mut scores);
     }
-    canaries.conclude(&scores, delta, m / 100)
+    canaries.conclude(&scores, delta, canaries.default_guesses())
 }
 
 #[test]

@@ -69,6 +69,10 @@ pub struct DemoArgs {
     /// the training time and shows the price of privacy beside the DP model.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Audit the DP job in one run with this many gradient-space canaries (0: no audit); the
+    /// report gains `audit_*` keys.
+    #[arg(long, default_value_t = 0)]
+    pub audit: u32,
 }
 
 /// Writes and indexes the synthetic training set unless it is already there. (Held-out
@@ -240,6 +244,18 @@ async fn train_and_report(
     if let Some(fields) = report.as_object_mut() {
         let named: Vec<(&str, &SuiteReport)> = reports.iter().map(|(name, r)| (*name, r)).collect();
         fields.extend(named_keys(&named));
+        if args.audit > 0 {
+            let request = dpcap_proto::v1::AuditJobRequest { job_id: dp_job.job.job_id.clone() };
+            let audit = accountant.raw().audit_job(request).await.map_err(jobs::status)?.into_inner();
+            fields.extend([
+                ("audit_canaries".to_owned(), json!(audit.canaries)),
+                ("audit_guesses".to_owned(), json!(audit.guesses)),
+                ("audit_correct".to_owned(), json!(audit.correct)),
+                ("audit_epsilon_lower_bound".to_owned(), json!(audit.epsilon_lower_bound)),
+                ("audit_epsilon_lower_bound_fdp".to_owned(), json!(audit.epsilon_lower_bound_fdp)),
+                ("audit_violation".to_owned(), json!(audit.violation)),
+            ]);
+        }
     }
     std::fs::write(dir.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
     println!("{}", serde_json::to_string_pretty(&report)?);

@@ -161,6 +161,8 @@ impl<AB: AutodiffBackend> Session<AB> {
             dataset_id: plan.dataset_digest.clone(),
             dataset_epsilon_budget: 0.0,
             insecure_noise_seed: None,
+            // The count only: the canaries' coins and places are drawn by the accountant.
+            audit_canaries: spec.audit.as_ref().map_or(0, |a| a.canaries),
         };
         retry(RetryPolicy::default(), "register_job", || {
             let (mut client, registration) = (accountant.clone(), registration.clone());

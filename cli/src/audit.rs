@@ -1,0 +1,76 @@
+//! `dpctl audit JOB`: the one-run privacy audit of an ended job that was submitted with
+//! `audit: {canaries: m}`. The accountant scores the job's canaries on every stored release and
+//! reports the ε lower bound at δ they prove (95 % confidence) beside the ε the job claims. A
+//! bound above the claim means the mechanism gives less privacy than it reports: exit code 6.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use dpcap_accountant::client::AccountantClient;
+use dpcap_proto::v1::{AuditJobRequest, AuditReport};
+use serde_json::json;
+
+use crate::budget::Accountant;
+use crate::jobs::{Server, status};
+
+/// Exit code of an audit whose lower bound passes the claimed ε.
+pub const VIOLATION_EXIT: i32 = 6;
+
+/// Options of `dpctl audit`.
+#[derive(Debug, Clone, Args)]
+pub struct AuditArgs {
+    /// The job (ended: succeeded, failed, cancelled or out of budget).
+    pub job_id: String,
+    #[command(flatten)]
+    pub to: Accountant,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn to_json(r: &AuditReport) -> serde_json::Value {
+    json!({
+        "job_id": r.job_id,
+        "epsilon_claimed": r.epsilon_claimed,
+        "delta": r.delta,
+        "epsilon_lower_bound": r.epsilon_lower_bound,
+        "epsilon_lower_bound_fdp": r.epsilon_lower_bound_fdp,
+        "canaries": r.canaries,
+        "guesses": r.guesses,
+        "correct": r.correct,
+        "confidence": r.confidence,
+        "steps_scored": r.steps_scored,
+        "violation": r.violation,
+    })
+}
+
+/// Runs the audit; returns the exit code (0, or [`VIOLATION_EXIT`]).
+pub async fn run(args: AuditArgs, server: &Server) -> Result<i32> {
+    let endpoint = server
+        .tls
+        .endpoint(&args.to.accountant)
+        .with_context(|| format!("invalid --accountant {}", args.to.accountant))?;
+    let mut client = AccountantClient::lazy(endpoint, server.token.clone());
+    let report =
+        client.raw().audit_job(AuditJobRequest { job_id: args.job_id.clone() }).await.map_err(status)?.into_inner();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&to_json(&report))?);
+    } else {
+        println!(
+            "job {}: epsilon claimed {:.4} at delta {:.2e}; audited lower bound {:.4} ({:.0} % confidence; f-DP variant {:.4})",
+            report.job_id,
+            report.epsilon_claimed,
+            report.delta,
+            report.epsilon_lower_bound,
+            100.0 * report.confidence,
+            report.epsilon_lower_bound_fdp
+        );
+        println!(
+            "{} canaries, {} guesses, {} right, over {} releases",
+            report.canaries, report.guesses, report.correct, report.steps_scored
+        );
+        if report.violation {
+            println!("VIOLATION: the job gives less privacy than it claims (a mechanism bug, or a 5 % chance)");
+        }
+    }
+    Ok(if report.violation { VIOLATION_EXIT } else { 0 })
+}
