@@ -42,7 +42,7 @@ pub fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool, init: Option<&
         // the caption false. LAION-scale jobs keep the default random_resized_crop.
         augment: Some("center_crop".into()),
         audit: (!not_private && args.audit > 0)
-            .then(|| dpcap_coordinator::spec::AuditFile { canaries: args.audit, kind: None }),
+            .then_some(dpcap_coordinator::spec::AuditFile { canaries: args.audit, kind: None }),
         ..Default::default()
     }
 }
