@@ -55,7 +55,7 @@ nccl_job() {
   [ "$device" = cpu ] && expect=accountant
   rm -rf "$work" && mkdir -p "$work"
   "$bin/dpctl" dataset synth --out "$work/data" --examples 480 --eval-examples 10 > /dev/null
-  "$bin/dpctl" dataset index "$work/data/train" > /dev/null
+  "$bin/dpctl" dataset index --train-tokenizer "$work/data/train" > /dev/null
   "$bin/dpcap-accountant" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --ledger "$work/ledger" \
     --addr-file "$work/accountant.addr" 2> "$work/accountant.log" & pids+=($!)
   local accountant; accountant="http://$(grpc_addr "$work/accountant.addr")"

@@ -43,7 +43,7 @@ pub fn run(opts: ShareBench) -> Result<()> {
     let url = dir.to_string_lossy().into_owned();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        crate::dataset::index_dataset(&url, &crate::dataset::IndexOptions::quiet(512)).await?;
+        crate::dataset::index_dataset(&url, &crate::dataset::IndexOptions::synthetic(512)).await?;
         let rss_before = crate::bench_clip::peak_rss_bytes();
         let dataset = Dataset::open(&url).await?;
         let tokenizer = dataset.tokenizer("").await?;

@@ -39,8 +39,8 @@ pub enum DatasetCommand {
     },
     /// Index the .tar shards under a directory or object-store URL (file://, s3://, gs://,
     /// az:// with the matching build feature): writes index/manifest.json, one table per shard
-    /// and index/report.json (examples skipped for a missing or corrupt member); trains
-    /// tokenizer.json on the captions unless one exists.
+    /// and index/report.json (examples skipped for a missing or corrupt member). With
+    /// --train-tokenizer, also trains tokenizer.json on the captions unless one exists.
     Index {
         /// Dataset directory or URL.
         url: String,
@@ -56,6 +56,12 @@ pub enum DatasetCommand {
         /// No progress bar.
         #[arg(long)]
         quiet: bool,
+        /// Train tokenizer.json on the captions (when the dataset has none). Its vocabulary is a
+        /// function of the captions, learned without DP: only for public or synthetic captions.
+        /// Private data takes a public tokenizer instead (the job's `tokenizer`, e.g.
+        /// bert-base-uncased's vocab.txt, as DP-Cap does).
+        #[arg(long)]
+        train_tokenizer: bool,
     },
     /// A dataset's lifetime privacy budget (privacy admins).
     #[command(subcommand)]
@@ -101,8 +107,9 @@ pub fn run(command: DatasetCommand, server: &crate::jobs::Server) -> Result<()> 
                 json!({"out": out, "train_examples": examples, "train_shards": train.len(), "eval_examples": eval_examples, "eval_shards": eval.len()})
             );
         }
-        DatasetCommand::Index { url, vocab_size, concurrency, tokenizer_captions, quiet } => {
-            let options = IndexOptions { vocab_size, concurrency, tokenizer_captions, progress: !quiet };
+        DatasetCommand::Index { url, vocab_size, concurrency, tokenizer_captions, quiet, train_tokenizer } => {
+            let options =
+                IndexOptions { vocab_size, concurrency, tokenizer_captions, progress: !quiet, train_tokenizer };
             let summary = runtime.block_on(index_dataset(&url, &options))?;
             println!("{summary}");
         }
@@ -122,17 +129,20 @@ pub struct IndexOptions {
     pub tokenizer_captions: u64,
     /// Show a progress bar.
     pub progress: bool,
+    /// Train a tokenizer on the captions when there is none (public or synthetic data only).
+    pub train_tokenizer: bool,
 }
 
 impl IndexOptions {
-    /// Quiet indexing with a tokenizer of `vocab_size` (the demo, tests).
-    pub fn quiet(vocab_size: usize) -> Self {
-        Self { vocab_size, concurrency: 4, tokenizer_captions: 200_000, progress: false }
+    /// Quiet indexing of synthetic data, with a tokenizer of `vocab_size` trained on its
+    /// captions (the demo, benchmarks: the captions are generated, not anyone's).
+    pub fn synthetic(vocab_size: usize) -> Self {
+        Self { vocab_size, concurrency: 4, tokenizer_captions: 200_000, progress: false, train_tokenizer: true }
     }
 }
 
-/// Indexes a dataset on any object store and trains its tokenizer if it has none; returns a
-/// summary.
+/// Indexes a dataset on any object store and, if asked, trains its tokenizer if it has none;
+/// returns a summary (`tokenizer`: "kept", "trained" or "none").
 pub async fn index_dataset(url: &str, options: &IndexOptions) -> Result<serde_json::Value> {
     let (store, root) = dpcap_serve::open_existing_store(url).with_context(|| format!("opening dataset {url}"))?;
     let bar = if options.progress { ProgressBar::new_spinner() } else { ProgressBar::hidden() };
@@ -150,6 +160,13 @@ pub async fn index_dataset(url: &str, options: &IndexOptions) -> Result<serde_js
     let tokenizer_path = join(&root, "tokenizer.json");
     let tokenizer = match store.head(&tokenizer_path).await {
         Ok(_) => "kept",
+        Err(object_store::Error::NotFound { .. }) if !options.train_tokenizer => {
+            eprintln!(
+                "no tokenizer.json: jobs on {url} need `tokenizer` (a public vocabulary), or index with \
+                 --train-tokenizer if the captions are public or synthetic"
+            );
+            "none"
+        }
         Err(object_store::Error::NotFound { .. }) => {
             let reader = ShardReader::open(store.clone(), root.clone()).await?;
             let wanted = built.manifest.examples.min(options.tokenizer_captions);

@@ -20,7 +20,14 @@ fn synth_then_index_counts_every_example() {
     let train = dir.path().join("train");
     let (code, stdout, err) = dpctl(&["dataset", "index", train.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&stdout).unwrap()["examples"], 230);
+    let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!((summary["examples"].as_u64(), summary["tokenizer"].as_str()), (Some(230), Some("none")));
+    assert!(!train.join("tokenizer.json").exists(), "captions train a tokenizer only when asked (not DP)");
+    assert!(err.contains("--train-tokenizer"), "{err}");
+    let (code, stdout, err) = dpctl(&["dataset", "index", "--quiet", "--train-tokenizer", train.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&stdout).unwrap()["tokenizer"], "trained");
+    assert!(train.join("tokenizer.json").exists());
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(train.join("index/manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["examples"], 230);

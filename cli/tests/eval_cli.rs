@@ -34,7 +34,7 @@ fn dataset(dir: &Path) -> String {
     ]);
     assert_eq!(code, 0, "{err}");
     let train = out.join("train");
-    let (code, _, err) = dpctl(&["dataset", "index", "--quiet", train.to_str().unwrap()]);
+    let (code, _, err) = dpctl(&["dataset", "index", "--quiet", "--train-tokenizer", train.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     train.to_str().unwrap().to_owned()
 }

@@ -237,7 +237,7 @@ pub fn synth_dataset(dir: &Path, examples: u64) -> PathBuf {
     ]);
     assert!(o.status.success(), "dataset synth: {}", String::from_utf8_lossy(&o.stderr));
     let train = out.join("train");
-    let o = dpctl(&["dataset", "index", train.to_str().unwrap()]);
+    let o = dpctl(&["dataset", "index", "--train-tokenizer", train.to_str().unwrap()]);
     assert!(o.status.success(), "dataset index: {}", String::from_utf8_lossy(&o.stderr));
     train
 }

@@ -92,7 +92,7 @@ async fn prepare_data(dir: &Path, args: &DemoArgs) -> Result<PathBuf> {
     eprintln!("synthesising {} training examples under {}", args.examples, dir.join("data").display());
     synth::write_shards(&train, (synth::Scene::Pair, 0), 0..args.examples, 1000, 32)
         .context("writing training shards")?;
-    let options = crate::dataset::IndexOptions::quiet(256);
+    let options = crate::dataset::IndexOptions::synthetic(256);
     crate::dataset::index_dataset(&train.to_string_lossy(), &options).await?;
     std::fs::write(&marker, wanted.to_string())?;
     Ok(train)
@@ -111,7 +111,7 @@ async fn warm_start(
         eprintln!("synthesising {} procedural warm-start images under {}", args.examples, procedural.display());
         synth::write_shards(&procedural, (synth::Scene::Procedural, 0), 0..args.examples, 1000, 32)
             .context("writing procedural shards")?;
-        let options = crate::dataset::IndexOptions::quiet(256);
+        let options = crate::dataset::IndexOptions::synthetic(256);
         crate::dataset::index_dataset(&procedural.to_string_lossy(), &options).await?;
     }
     let mut client = dpcap_accountant::client::AccountantClient::connect(accountant.to_owned()).await?;

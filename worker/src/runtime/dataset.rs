@@ -114,7 +114,8 @@ impl Dataset {
         let bytes = async { store.get(&path).await?.bytes().await }.await.map_err(|e| {
             spec(if location.is_empty() {
                 format!(
-                    "none given and the dataset has no tokenizer.json ({e}); run `dpctl dataset index` or set tokenizer"
+                    "none given and the dataset has no tokenizer.json ({e}); set tokenizer (a public vocabulary), or \
+                     for public or synthetic captions run `dpctl dataset index --train-tokenizer`"
                 )
             } else {
                 format!("{location}: {e}")
