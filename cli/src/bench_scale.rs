@@ -12,6 +12,7 @@ use clap::Args;
 use dpcap_accountant::accountant::Policy;
 use dpcap_accountant::client::AccountantClient;
 use dpcap_accountant::noise::{self, NoiseMode};
+use dpcap_coordinator::work::example_units;
 use dpcap_coordinator::{JobSecret, PoissonSampler, split_work, step_work};
 use dpcap_proto::index::ImageKind;
 use dpcap_proto::index::{Layout, MANIFEST_VERSION, Manifest, ShardRecord, ShardTable, Skipped, Span, TableEntry};
@@ -114,6 +115,7 @@ fn build_manifest(opts: &ScaleBench) -> Manifest {
         examples: opts.examples,
         shards: shards.into_iter().flatten().collect(),
         skipped: Skipped::default(),
+        users: None,
     }
 }
 
@@ -218,8 +220,8 @@ pub fn run(opts: ScaleBench) -> Result<()> {
     let started = Instant::now();
     let work = split_work(&sample, &layout, &vec![1.0; opts.ranks]);
     let split_s = started.elapsed().as_secs_f64();
-    let max_stepwork_bytes = work.into_iter().map(|units| step_work(0, units, false).encoded_len()).max().unwrap_or(0);
-    let single_rank_bytes = step_work(0, split_work(&sample, &layout, &[1.0]).remove(0), false).encoded_len();
+    let max_stepwork_bytes = work.into_iter().map(|units| step_work(0, example_units(units), false).encoded_len()).max().unwrap_or(0);
+    let single_rank_bytes = step_work(0, example_units(split_work(&sample, &layout, &[1.0]).remove(0)), false).encoded_len();
     drop((parsed, counts, layout));
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

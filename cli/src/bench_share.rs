@@ -52,7 +52,7 @@ pub fn run(opts: ShareBench) -> Result<()> {
         let device = Default::default();
         let trainer = Trainer::<dpcap_worker::CpuBackend>::new(
             &opts.model,
-            false,
+            dpcap_worker::runtime::trainer::Kind::Caption,
             Some(tokenizer),
             1,
             (engine, opts.examples as f64, schedule),

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use dpcap_worker::data::index::{REPORT_PATH, join};
 use dpcap_worker::data::tokenizer::CaptionTokenizer;
-use dpcap_worker::data::{ShardReader, build_index, synth};
+use dpcap_worker::data::{ShardReader, build_index, identities, synth};
 use futures::{StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use object_store::{ObjectStoreExt, PutPayload};
@@ -17,16 +17,20 @@ use serde_json::json;
 pub enum DatasetCommand {
     /// Write a synthetic dataset: OUT/train/*.tar, and for captions OUT/eval/*.tar (labelled).
     Synth {
-        /// captions (scenes of two shapes, described) or procedural (textures with no private
-        /// content and a placeholder caption, for a non-private warm start).
+        /// captions (scenes of two shapes, described), procedural (textures with no private
+        /// content and a placeholder caption, for a non-private warm start) or identities
+        /// (user-partitioned identity images for DP-FedEmb; sized by --users).
         #[arg(long, default_value = "captions")]
         kind: String,
         /// Output directory.
         #[arg(long)]
         out: PathBuf,
-        /// Training examples.
+        /// Training examples (captions, procedural).
         #[arg(long)]
-        examples: u64,
+        examples: Option<u64>,
+        /// identities: how many users, and what each owns.
+        #[command(flatten)]
+        identities: IdentityArgs,
         /// Held-out labelled examples for evaluation.
         #[arg(long, default_value_t = 1000)]
         eval_examples: u64,
@@ -72,12 +76,14 @@ pub enum DatasetCommand {
 pub fn run(command: DatasetCommand, server: &crate::jobs::Server) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     match command {
-        DatasetCommand::Synth { kind, out, examples, eval_examples, shard_size, seed } => {
+        DatasetCommand::Synth { kind, out, examples, eval_examples, shard_size, seed, identities } => {
             let scene = match kind.as_str() {
                 "captions" => synth::Scene::Pair,
                 "procedural" => synth::Scene::Procedural,
-                other => bail!("invalid --kind {other:?}: must be captions or procedural"),
+                "identities" => return synth_identities(&out, seed, &identities),
+                other => bail!("invalid --kind {other:?}: must be captions, procedural or identities"),
             };
+            let Some(examples) = examples else { bail!("--examples is required for --kind {kind}") };
             if examples == 0 {
                 bail!("invalid --examples 0: must be at least 1");
             }
@@ -115,6 +121,58 @@ pub fn run(command: DatasetCommand, server: &crate::jobs::Server) -> Result<()> 
         }
         DatasetCommand::Budget(command) => runtime.block_on(crate::budget::run(command, server))?,
     }
+    Ok(())
+}
+
+/// The shape of `--kind identities`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct IdentityArgs {
+    /// identities: users (each its own privacy unit).
+    #[arg(long, default_value_t = 1000)]
+    pub users: u64,
+    /// identities: identities each user owns.
+    #[arg(long, default_value_t = 2)]
+    pub identities_per_user: u64,
+    /// identities: images of each identity.
+    #[arg(long, default_value_t = 4)]
+    pub images_per_identity: u64,
+    /// identities: whole users per shard.
+    #[arg(long, default_value_t = 250)]
+    pub shard_users: u64,
+}
+
+impl IdentityArgs {
+    /// The layout, refusing empty sizes.
+    pub fn layout(&self) -> Result<identities::IdentityLayout> {
+        for (flag, value) in [
+            ("--users", self.users),
+            ("--identities-per-user", self.identities_per_user),
+            ("--images-per-identity", self.images_per_identity),
+            ("--shard-users", self.shard_users),
+        ] {
+            if value == 0 {
+                bail!("invalid {flag} 0: must be at least 1");
+            }
+        }
+        Ok(identities::IdentityLayout {
+            users: self.users,
+            identities_per_user: self.identities_per_user,
+            images_per_identity: self.images_per_identity,
+        })
+    }
+}
+
+/// `dataset synth --kind identities`: OUT/train/*.tar, each example's `KEY.json` naming its
+/// user and identity. Held-out identities (owned by no user) are rendered by the evaluation.
+fn synth_identities(out: &std::path::Path, seed: u64, args: &IdentityArgs) -> Result<()> {
+    let layout = args.layout()?;
+    let train = identities::write_shards(&out.join("train"), seed, &layout, args.shard_users, 32)
+        .context("writing identity shards")?;
+    println!(
+        "{}",
+        json!({"out": out, "kind": "identities", "users": layout.users, "identities": layout.identities(),
+               "train_examples": layout.examples(), "train_shards": train.len()})
+    );
     Ok(())
 }
 

@@ -58,6 +58,8 @@ fn encoder_config(model: &str, objective: &str) -> Result<EncoderConfig> {
     let config = match objective {
         "caption" => CaptionerConfig::named(model).map(|c| c.encoder),
         "mae" => MaeConfig::named(model).map(|c| c.encoder),
+        // DP-FedEmb's backbone: the encoder exports alone (its embedding projection stays).
+        "fedemb" => dpcap_worker::model::EmbedderConfig::named(model).map(|c| c.encoder),
         other => bail!("the checkpoint's objective {other:?} has no image encoder to export"),
     };
     config.ok_or_else(|| anyhow!("the checkpoint's model {model:?} is not a known configuration"))

@@ -81,6 +81,21 @@ impl Coordinator {
         let mut restored = store.load_all().await?;
         restored.sort_by_key(|(job, _)| (job.created_unix_ms, job.job_id.clone()));
         for (mut job, private) in restored {
+            let restored = match is_terminal(job.state) {
+                true => Ok(None),
+                false => restore_clients(&job).await,
+            };
+            let clients = match restored {
+                Ok(clients) => clients,
+                Err(e) => {
+                    // Never run a user-level job without its clients: it waits, FAILED and
+                    // resumable, until its dataset can be read again.
+                    let message = format!("its user table could not be read: {e}; resume the job once it can");
+                    condition(&mut job, "Failed", "DatasetUnreadable", message);
+                    job.state = JobState::Failed as i32;
+                    None
+                }
+            };
             let running = !is_terminal(job.state);
             if running {
                 if job.state == JobState::Running as i32 {
@@ -89,7 +104,7 @@ impl Coordinator {
                 job.state = JobState::Pending as i32;
                 state.queue.push_back(job.job_id.clone());
             }
-            let entry = entry_for(job, &private)?;
+            let entry = entry_for(job, &private, clients)?;
             state.jobs.insert(entry.job.job_id.clone(), entry);
         }
         tracing::info!(jobs = state.jobs.len(), queued = state.queue.len(), "job store restored");
@@ -227,10 +242,27 @@ impl Coordinator {
         let layout = dataset::read_layout(&spec.dataset).await?;
         let init = crate::init::check(&spec, &layout.digest).await?;
         let (examples, counts) = (layout.layout.examples(), layout.counts);
-        let for_plan = spec.clone();
-        let mut plan = tokio::task::spawn_blocking(move || crate::spec::plan(&for_plan, examples))
+        // User-level objectives sample and account clients, not examples.
+        let (users, clients) = match crate::spec::users_per_client(&spec) {
+            Some(k) => {
+                let (users, clients) = dataset::read_clients(&spec.dataset, &layout.digest, k).await?;
+                (users, Some(Arc::new(clients)))
+            }
+            None => (0, None),
+        };
+        let units = clients.as_ref().map_or(examples, |c| c.len() as u64);
+        let mut for_plan = spec.clone();
+        if clients.is_some() && for_plan.delta.is_none() {
+            // δ defaults to 1/N_users, the privacy unit's count (never the larger 1/N_clients
+            // of virtual clients).
+            for_plan.delta = Some(1.0 / users.max(1) as f64);
+        }
+        let mut plan = tokio::task::spawn_blocking(move || crate::spec::plan(&for_plan, units))
             .await
             .map_err(|e| CoordinatorError::Store(e.to_string()))??;
+        if let Some(clients) = &clients {
+            (plan.examples, plan.clients, plan.users) = (examples, clients.len() as u64, users);
+        }
         plan.dataset_digest = layout.digest;
         if let Some(source) = &init {
             (plan.init_step, plan.init_privacy) = (source.step, source.privacy.clone());
@@ -303,7 +335,7 @@ impl Coordinator {
         tracing::info!(job_id, sigma = plan.noise_multiplier, steps = plan.steps, "job submitted");
         let effects = {
             let mut state = self.lock();
-            state.jobs.insert(job_id.clone(), entry_for(job, &private)?);
+            state.jobs.insert(job_id.clone(), entry_for(job, &private, clients)?);
             state.queue.push_back(job_id.clone());
             state.schedule()
         };
@@ -356,6 +388,17 @@ impl Coordinator {
     /// Queues a FAILED or CANCELLED job again. It continues from its latest checkpoint at the
     /// ledger's next step, so no step number is reused and ε keeps counting from the ledger.
     pub async fn resume(&self, job_id: &str) -> Result<Job, CoordinatorError> {
+        let missing = {
+            let state = self.lock();
+            let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
+            entry.clients.is_none().then(|| entry.job.clone())
+        };
+        if let Some(job) = missing
+            && let Some(clients) = restore_clients(&job).await?
+            && let Some(entry) = self.lock().jobs.get_mut(job_id)
+        {
+            entry.clients = Some(clients);
+        }
         let effects = {
             let mut state = self.lock();
             let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
@@ -573,15 +616,36 @@ impl Coordinator {
     }
 }
 
-fn entry_for(job: Job, private: &Private) -> Result<JobEntry, CoordinatorError> {
+/// A user-level job's clients, read again from its pinned dataset; None for other jobs.
+async fn restore_clients(job: &Job) -> Result<Option<Arc<Vec<Vec<u64>>>>, CoordinatorError> {
+    let (Some(spec), Some(plan)) = (&job.spec, &job.plan) else { return Ok(None) };
+    let Some(k) = crate::spec::users_per_client(spec) else { return Ok(None) };
+    let (_, clients) = dataset::read_clients(&spec.dataset, &plan.dataset_digest, k).await?;
+    if clients.len() as u64 != plan.clients {
+        return Err(CoordinatorError::invalid(
+            "dataset",
+            format!("{} clients now, the job was planned on {}", clients.len(), plan.clients),
+        ));
+    }
+    Ok(Some(Arc::new(clients)))
+}
+
+fn entry_for(
+    job: Job,
+    private: &Private,
+    clients: Option<Arc<Vec<Vec<u64>>>>,
+) -> Result<JobEntry, CoordinatorError> {
     let plan = job.plan.clone().unwrap_or_default();
     let secret: JobSecret = private.job_secret()?;
-    let sampler = PoissonSampler::new(secret, plan.examples, plan.sample_rate)
+    // The sampler's N is the accounting N: clients for a user-level job, else examples.
+    let units = if clients.is_some() { plan.clients } else { plan.examples };
+    let sampler = PoissonSampler::new(secret, units, plan.sample_rate)
         .map_err(|e| CoordinatorError::invalid("sample_rate", e.to_string()))?;
     Ok(JobEntry {
         job,
         sampler,
         layout: dpcap_proto::index::Layout::from_counts(&private.shard_counts),
+        clients,
         group: None,
         phase_seconds: [0.0; 5],
         phase_reports: 0,

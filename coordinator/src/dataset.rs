@@ -3,7 +3,7 @@
 //! the manifest is read: O(shards) memory (about 4 MB at LAION's 23k shards), never the
 //! per-example tables.
 
-use dpcap_proto::index::{Layout, MANIFEST_PATH, Manifest};
+use dpcap_proto::index::{Layout, MANIFEST_PATH, Manifest, USERS_PATH};
 use dpcap_serve::open_existing_store;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
@@ -32,4 +32,37 @@ pub async fn read_layout(dataset: &str) -> Result<DatasetLayout, CoordinatorErro
     let manifest = Manifest::parse(&bytes).map_err(|e| invalid(format!("{MANIFEST_PATH} in {dataset:?}: {e}")))?;
     let counts: Vec<u64> = manifest.shards.iter().map(|s| s.examples).collect();
     Ok(DatasetLayout { layout: Layout::from_counts(&counts), counts, digest: Manifest::digest(&bytes) })
+}
+
+/// The clients of a user-level job: the dataset's user table (checked against the manifest,
+/// whose digest must be `digest`, the one the job pinned) grouped `per_client` users a client;
+/// with the number of users.
+pub async fn read_clients(
+    dataset: &str,
+    digest: &str,
+    per_client: u32,
+) -> Result<(u64, Vec<Vec<u64>>), CoordinatorError> {
+    let invalid = |reason: String| CoordinatorError::invalid("dataset", reason);
+    let (store, root) = open_existing_store(dataset).map_err(|e| invalid(e.to_string()))?;
+    let read = |rel: &'static str| {
+        let (store, path) = (store.clone(), Path::from(format!("{root}/{rel}").trim_start_matches('/')));
+        async move { store.get(&path).await?.bytes().await }
+    };
+    let manifest_bytes = read(MANIFEST_PATH).await.map_err(|e| invalid(format!("cannot read {MANIFEST_PATH}: {e}")))?;
+    if Manifest::digest(&manifest_bytes) != digest {
+        return Err(invalid(format!("the index of {dataset:?} is no longer the one the job pinned ({digest})")));
+    }
+    let manifest = Manifest::parse(&manifest_bytes).map_err(|e| invalid(format!("{MANIFEST_PATH}: {e}")))?;
+    if manifest.users.is_none() {
+        return Err(CoordinatorError::invalid(
+            "objective",
+            format!("fedemb needs users: no example of {dataset:?} names a `user` in its KEY.json"),
+        ));
+    }
+    let users = read(USERS_PATH).await.map_err(|e| invalid(format!("cannot read {USERS_PATH}: {e}")))?;
+    let table = tokio::task::spawn_blocking(move || manifest.check_users(&users))
+        .await
+        .map_err(|e| CoordinatorError::Store(e.to_string()))?
+        .map_err(|e| invalid(format!("{USERS_PATH}: {e}")))?;
+    Ok((table.users() as u64, table.clients(per_client)))
 }

@@ -25,7 +25,7 @@ pub struct SpecFile {
     pub dataset: String,
     /// Model configuration: micro, bench, tiny, small, base, large.
     pub model: String,
-    /// caption (default) | mae
+    /// caption (default) | mae | fedemb
     pub objective: Option<String>,
     /// ε target at δ (σ is calibrated from it unless `noise_multiplier` is fixed).
     pub epsilon: Option<f64>,
@@ -75,7 +75,34 @@ pub struct SpecFile {
     pub init_public: Option<bool>,
     /// A one-run privacy audit with gradient-space canaries.
     pub audit: Option<AuditFile>,
+    /// DP-FedEmb's local training and server update (objective fedemb).
+    pub fedemb: Option<FedEmbFile>,
 }
+
+/// DP-FedEmb's settings (see `FedEmb` in the proto).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FedEmbFile {
+    /// Local SGD steps per client (0: as many as `local_epochs` take).
+    pub local_steps: Option<u32>,
+    /// Passes over a client's examples; default 1.
+    pub local_epochs: Option<u32>,
+    /// Local SGD learning rate; default 0.05.
+    pub local_learning_rate: Option<f64>,
+    /// Examples per local step; default 8.
+    pub local_batch: Option<u32>,
+    /// Users per virtual client k; default 1 (the privacy unit is then exactly the user).
+    pub users_per_client: Option<u32>,
+    /// sgd (momentum, the default) | adam
+    pub server_optimizer: Option<String>,
+    /// Server SGD momentum; default 0.9.
+    pub server_momentum: Option<f64>,
+    /// Softmax scale of the local cosine head; default 10.
+    pub head_scale: Option<f64>,
+}
+
+/// Most users a virtual client may group.
+pub const MAX_USERS_PER_CLIENT: u32 = 1_000_000;
 
 /// A job's audit (see `Audit` in the proto).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -108,7 +135,10 @@ impl SpecFile {
         let objective = match self.objective.as_deref().unwrap_or("caption") {
             "caption" => Objective::Caption,
             "mae" => Objective::Mae,
-            other => return Err(CoordinatorError::invalid("objective", format!("{other:?} is not caption or mae"))),
+            "fedemb" => Objective::Fedemb,
+            other => {
+                return Err(CoordinatorError::invalid("objective", format!("{other:?} is not caption, mae or fedemb")));
+            }
         };
         let telemetry = match self.telemetry.as_deref().unwrap_or("full") {
             "full" => TelemetryMode::Full,
@@ -161,6 +191,16 @@ impl SpecFile {
                 .simulate
                 .map(|s| v1::Simulation { batch_size: s.batch_size, noise_multiplier: s.noise_multiplier }),
             audit: self.audit.map(|a| v1::Audit { canaries: a.canaries, kind: a.kind.unwrap_or_default() }),
+            fedemb: self.fedemb.map(|f| v1::FedEmb {
+                local_steps: f.local_steps.unwrap_or(0),
+                local_epochs: f.local_epochs.unwrap_or(0),
+                local_learning_rate: f.local_learning_rate,
+                local_batch: f.local_batch.unwrap_or(0),
+                users_per_client: f.users_per_client.unwrap_or(0),
+                server_optimizer: f.server_optimizer.unwrap_or_default(),
+                server_momentum: f.server_momentum,
+                head_scale: f.head_scale,
+            }),
         })
     }
 }
@@ -211,6 +251,7 @@ pub fn check_fields(spec: &JobSpec) -> Result<(), CoordinatorError> {
     positive("epochs", spec.epochs)?;
     crate::mode::check(spec)?;
     check_audit(spec)?;
+    check_fedemb(spec)?;
     if let Some(d) = spec.delta
         && !(d > 0.0 && d < 1.0)
     {
@@ -300,7 +341,7 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
         epsilon_target: mode.epsilon_target,
         accountant: spec.accountant,
         clipping_norm: spec.clipping_norm.unwrap_or(1.0),
-        learning_rate: spec.learning_rate.unwrap_or(1e-3),
+        learning_rate: spec.learning_rate.unwrap_or(default_learning_rate(spec)),
         warmup_steps,
         micro_batch: spec.micro_batch.unwrap_or(64),
         workers: spec.workers.unwrap_or(1),
@@ -315,7 +356,74 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
         dataset_digest: String::new(),
         init_step: 0,
         init_privacy: String::new(),
+        // Set by the caller for user-level objectives, from the user table it read.
+        users: 0,
+        clients: 0,
     })
+}
+
+/// The peak learning rate when the spec gives none: AdamW's 1e-3, or 1 for fedemb's server
+/// SGD (FedAvg applies the average client delta as it is).
+fn default_learning_rate(spec: &JobSpec) -> f64 {
+    match users_per_client(spec) {
+        Some(_) if !server_adam(spec) => 1.0,
+        _ => 1e-3,
+    }
+}
+
+/// True when a fedemb job's server optimizer is Adam.
+pub fn server_adam(spec: &JobSpec) -> bool {
+    spec.fedemb.as_ref().is_some_and(|f| f.server_optimizer == "adam")
+}
+
+/// Users per client of a user-level (fedemb) job; None for example-level objectives.
+pub fn users_per_client(spec: &JobSpec) -> Option<u32> {
+    (spec.objective == Objective::Fedemb as i32).then(|| spec.fedemb.as_ref().map_or(1, |f| f.users_per_client.max(1)))
+}
+
+/// fedemb settings belong to a fedemb job and must be in range; a simulation of a user-level
+/// recipe is not offered.
+fn check_fedemb(spec: &JobSpec) -> Result<(), CoordinatorError> {
+    let fedemb = spec.objective == Objective::Fedemb as i32;
+    if fedemb && spec.simulate.is_some() {
+        return Err(CoordinatorError::invalid("simulate", "a TAN simulation of a user-level recipe is not offered"));
+    }
+    let Some(f) = &spec.fedemb else { return Ok(()) };
+    if !fedemb {
+        return Err(CoordinatorError::invalid("fedemb", "settings for objective fedemb on another objective"));
+    }
+    positive("fedemb.local_learning_rate", f.local_learning_rate)?;
+    positive("fedemb.head_scale", f.head_scale)?;
+    if !matches!(f.server_optimizer.as_str(), "" | "sgd" | "adam") {
+        return Err(CoordinatorError::invalid(
+            "fedemb.server_optimizer",
+            format!("{:?} is not sgd or adam", f.server_optimizer),
+        ));
+    }
+    if let Some(m) = f.server_momentum
+        && !(0.0..1.0).contains(&m)
+    {
+        return Err(CoordinatorError::invalid("fedemb.server_momentum", format!("{m} must be in [0, 1)")));
+    }
+    if f.users_per_client > MAX_USERS_PER_CLIENT {
+        return Err(CoordinatorError::invalid(
+            "fedemb.users_per_client",
+            format!("{} must be at most {MAX_USERS_PER_CLIENT}", f.users_per_client),
+        ));
+    }
+    if f.local_batch > MAX_MICRO_BATCH {
+        return Err(CoordinatorError::invalid(
+            "fedemb.local_batch",
+            format!("{} must be at most {MAX_MICRO_BATCH}", f.local_batch),
+        ));
+    }
+    if f.local_steps > 100_000 || f.local_epochs > 1_000 {
+        return Err(CoordinatorError::invalid(
+            "fedemb.local_steps",
+            format!("{} steps or {} epochs per client is a typo, not a plan", f.local_steps, f.local_epochs),
+        ));
+    }
+    Ok(())
 }
 
 /// Most canaries a job may ask for (the accountant's limit).

@@ -9,7 +9,7 @@ use dpcap_proto::v1::{Condition, Job, JobState, Reduction, StepOutcome};
 
 use crate::error::CoordinatorError;
 use crate::sampler::PoissonSampler;
-use crate::work::{WorkUnit, split_work};
+use crate::work::{ClientUnit, example_units, split_clients, split_work};
 use dpcap_proto::index::Layout;
 
 /// Milliseconds since the Unix epoch.
@@ -58,7 +58,7 @@ pub struct Group {
     /// Ranks that reported the current step.
     pub reported: Vec<bool>,
     /// The current step's work units by rank.
-    pub work: Option<Vec<Vec<WorkUnit>>>,
+    pub work: Option<Vec<Vec<ClientUnit>>>,
     /// When the current step's work was handed out.
     pub step_started: Instant,
     /// Examples and loss·examples reported for the current step.
@@ -78,6 +78,9 @@ pub struct JobEntry {
     pub sampler: PoissonSampler,
     /// Its shards.
     pub layout: Layout,
+    /// User-level objectives: each client's examples (global, ascending); the sampler draws
+    /// client numbers. None for example-level objectives.
+    pub clients: Option<std::sync::Arc<Vec<Vec<u64>>>>,
     /// The running group, if any.
     pub group: Option<Group>,
     /// Seconds by phase summed over reports, and the number of reports.
@@ -306,7 +309,7 @@ impl State {
     }
 
     /// The work units of `rank` for the group's current step, computing them once per step.
-    pub fn work_for(&mut self, job_id: &str, rank: usize) -> Option<(u64, Vec<WorkUnit>)> {
+    pub fn work_for(&mut self, job_id: &str, rank: usize) -> Option<(u64, Vec<ClientUnit>)> {
         let weights: Vec<f64> = {
             let group = self.jobs.get(job_id)?.group.as_ref()?;
             group.members.iter().map(|id| self.workers.get(id).map_or(1.0, |w| w.throughput)).collect()
@@ -316,7 +319,16 @@ impl State {
         let step = group.step?;
         if group.work.is_none() {
             let sample = entry.sampler.sample(step);
-            group.work = Some(split_work(&sample, &entry.layout, &weights));
+            group.work = Some(match &entry.clients {
+                // The sampler's numbers are clients; a number past the table cannot happen
+                // (the sampler's N is the table's length) and is dropped, never remapped.
+                Some(clients) => {
+                    let sampled: Vec<&[u64]> =
+                        sample.iter().filter_map(|&c| clients.get(c as usize).map(Vec::as_slice)).collect();
+                    split_clients(&sampled, &entry.layout, &weights)
+                }
+                None => split_work(&sample, &entry.layout, &weights).into_iter().map(example_units).collect(),
+            });
             group.step_started = Instant::now();
         }
         Some((step, group.work.as_ref()?.get(rank)?.clone()))
@@ -389,7 +401,7 @@ impl State {
             .work
             .as_ref()
             .and_then(|w| w.get(rank))
-            .map_or(0, |units| units.iter().map(|u| u.indices.len()).sum());
+            .map_or(0, |units| units.iter().map(|u| u.unit.indices.len()).sum());
         let member = group.members.get(rank).cloned();
         group.step_examples += report.examples;
         group.step_loss += report.loss.unwrap_or(0.0) * report.examples as f64;

@@ -53,8 +53,54 @@ pub fn split_work(sample: &[u64], layout: &Layout, weights: &[f64]) -> Vec<Vec<W
     ranks
 }
 
+/// Examples of one shard of one client, for one rank (user-level objectives).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientUnit {
+    /// The client's ordinal within its rank's list.
+    pub client: u32,
+    /// The client's examples in this shard.
+    pub unit: WorkUnit,
+}
+
+/// Splits sampled clients (each a list of global examples, ascending) across ranks with
+/// throughputs `weights`: whole clients only (a client's local training needs all its
+/// examples on one rank), rank r taking clients until its share of the examples reaches
+/// about Σ|client|·w_r/Σw. Each client becomes one unit per shard it spans.
+pub fn split_clients(clients: &[&[u64]], layout: &Layout, weights: &[f64]) -> Vec<Vec<ClientUnit>> {
+    let total_weight: f64 = weights.iter().sum();
+    let total: usize = clients.iter().map(|c| c.len()).sum();
+    let mut ranks: Vec<Vec<ClientUnit>> = vec![Vec::new(); weights.len()];
+    let (mut rank, mut acc_weight, mut taken, mut ordinal) = (0, weights.first().copied().unwrap_or(1.0), 0, 0u32);
+    for examples in clients {
+        // Move to the next rank once this one holds its cumulative quota.
+        while rank + 1 < weights.len() && taken as f64 >= acc_weight / total_weight * total as f64 {
+            rank += 1;
+            acc_weight += weights[rank];
+            ordinal = 0;
+        }
+        for &global in *examples {
+            let Some((shard, local)) = layout.locate(global) else { continue };
+            match ranks[rank].last_mut() {
+                Some(u) if u.client == ordinal && u.unit.shard == shard => u.unit.indices.push(local),
+                _ => ranks[rank].push(ClientUnit { client: ordinal, unit: WorkUnit { shard, indices: vec![local] } }),
+            }
+        }
+        taken += examples.len();
+        ordinal += 1;
+    }
+    ranks
+}
+
 /// The message that tells a rank to run `step` on `units`.
-pub fn step_work(step: u64, units: Vec<WorkUnit>, checkpoint: bool) -> StepWork {
-    let units = units.into_iter().map(|u| ExampleRange { shard: u.shard as u32, indices: u.indices }).collect();
+pub fn step_work(step: u64, units: Vec<ClientUnit>, checkpoint: bool) -> StepWork {
+    let units = units
+        .into_iter()
+        .map(|u| ExampleRange { shard: u.unit.shard as u32, indices: u.unit.indices, client: u.client })
+        .collect();
     StepWork { action: Action::Run as i32, step, units, checkpoint }
+}
+
+/// Example-level units as client units (every example its own unit; `client` is unused).
+pub fn example_units(units: Vec<WorkUnit>) -> Vec<ClientUnit> {
+    units.into_iter().map(|unit| ClientUnit { client: 0, unit }).collect()
 }

@@ -105,7 +105,7 @@ fn the_papers_step_for_a_single_rank_fits_in_one_message() {
         let unit = units.iter().find(|u| u.shard == shard).expect("the shard has a unit");
         assert!(unit.indices.contains(&local), "example {i} ({global})");
     }
-    let message = dpcap_coordinator::step_work(3, units, false);
+    let message = dpcap_coordinator::step_work(3, dpcap_coordinator::work::example_units(units), false);
     let bytes = message.encoded_len();
     assert!(bytes < dpcap_proto::MAX_WORK_MESSAGE_BYTES, "{bytes} bytes");
     assert!(bytes < 3 << 20, "about 2 bytes per example: {bytes} bytes for {}", batch.len());

@@ -85,7 +85,7 @@ fn a_step_completes_when_every_rank_reports_and_the_job_succeeds_after_its_last_
     let (_, units1) = state.work_for("a", 1).unwrap();
     assert_eq!(step, 0);
     let mut sampled: Vec<(usize, u64)> =
-        units0.iter().chain(&units1).flat_map(|u| u.indices.iter().map(move |&i| (u.shard, i))).collect();
+        units0.iter().chain(&units1).flat_map(|u| u.unit.indices.iter().map(move |&i| (u.unit.shard, i))).collect();
     sampled.sort_unstable();
     let expected: Vec<(usize, u64)> =
         state.jobs["a"].sampler.sample(0).iter().map(|&g| Layout::from_counts(&[50, 50]).locate(g).unwrap()).collect();
@@ -197,7 +197,7 @@ fn work_follows_measured_throughput_after_a_step() {
     worker(&mut state, "w2");
     state.schedule();
     state.jobs.get_mut("a").unwrap().group.as_mut().unwrap().step = Some(0);
-    let count = |units: Vec<dpcap_coordinator::WorkUnit>| units.iter().map(|u| u.indices.len()).sum::<usize>();
+    let count = |units: Vec<dpcap_coordinator::ClientUnit>| units.iter().map(|u| u.unit.indices.len()).sum::<usize>();
     let (n0, n1) = (count(state.work_for("a", 0).unwrap().1), count(state.work_for("a", 1).unwrap().1));
     assert!(n0.abs_diff(n1) <= 1, "equal split before any measurement: {n0} vs {n1}");
     // Rank 0 is three times faster than rank 1.

@@ -242,6 +242,29 @@ pub fn synth_dataset(dir: &Path, examples: u64) -> PathBuf {
     train
 }
 
+/// Writes a user-partitioned identity dataset of `users` users (two identities, four images
+/// each: 8 examples a user) under `dir` and indexes it (its user table included).
+pub fn identities_dataset(dir: &Path, users: u64) -> PathBuf {
+    let out = dir.join("identities");
+    let o = dpctl(&[
+        "dataset",
+        "synth",
+        "--kind",
+        "identities",
+        "--out",
+        out.to_str().unwrap(),
+        "--users",
+        &users.to_string(),
+        "--shard-users",
+        "7",
+    ]);
+    assert!(o.status.success(), "dataset synth --kind identities: {}", String::from_utf8_lossy(&o.stderr));
+    let train = out.join("train");
+    let o = dpctl(&["dataset", "index", train.to_str().unwrap()]);
+    assert!(o.status.success(), "dataset index: {}", String::from_utf8_lossy(&o.stderr));
+    train
+}
+
 /// The accountant and coordinator of a test cluster (workers are started separately).
 pub struct Services {
     /// The accountant process.

@@ -163,6 +163,7 @@ pub fn save_optimizer<B: Backend>(opt: &AdamW<B>, params: &ParamSet<B>) -> Resul
         ("beta2".to_owned(), c.beta2.to_string()),
         ("epsilon".to_owned(), c.epsilon.to_string()),
         ("weight_decay".to_owned(), c.weight_decay.to_string()),
+        ("rule".to_owned(), c.rule.name().to_owned()),
     ]);
     serialize(named, Some(metadata))
 }
@@ -176,7 +177,13 @@ pub fn load_optimizer<B: Backend>(params: &ParamSet<B>, bytes: &[u8]) -> Result<
         let raw = metadata.get(key).ok_or(CheckpointError::Metadata { key, reason: "missing".into() })?;
         raw.parse().map_err(|e| CheckpointError::Metadata { key, reason: format!("{raw:?}: {e}") })
     };
+    let rule = match metadata.get("rule").map(String::as_str) {
+        None | Some("adam") => crate::optim::Rule::Adam,
+        Some("momentum") => crate::optim::Rule::Momentum,
+        Some(other) => return Err(CheckpointError::Metadata { key: "rule", reason: format!("{other:?} is not adam or momentum") }),
+    };
     let config = AdamWConfig {
+        rule,
         beta1: number("beta1")?,
         beta2: number("beta2")?,
         epsilon: number("epsilon")?,

@@ -1,6 +1,6 @@
 //! dpcap's worker: models with per-example losses, the ClipEngine that turns a logical batch
 //! into Σ_i clip_C(g_i), the optimizer, checkpoints, data, and the step runtime (register,
-//! clip, submit the part, fetch the release, update, report).
+//! clip, submit the part, fetch the release, update, report); and DP-FedEmb's client updates.
 //!
 //! It is generic over burn autodiff backends (`Autodiff<Flex>` on CPU, `Autodiff<Cuda>` with
 //! the `cuda` feature). It must never add noise or divide by a realised batch size: noise is the
@@ -13,6 +13,7 @@ pub mod collective;
 pub mod cuda;
 pub mod data;
 pub mod eval;
+pub mod fed;
 pub mod model;
 pub mod optim;
 pub mod params;

@@ -34,9 +34,32 @@ impl Schedule {
     }
 }
 
+/// How the averaged release moves the weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Rule {
+    /// AdamW (DP-Cap, ViP; fedemb's `server_optimizer: adam`).
+    #[default]
+    Adam,
+    /// Heavy-ball SGD, m = β1·m + g, w −= lr·m (fedemb's server SGD; FedAvg with β1 = 0 and
+    /// lr = 1). Second moments stay zero.
+    Momentum,
+}
+
+impl Rule {
+    /// The name checkpoints record.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Rule::Adam => "adam",
+            Rule::Momentum => "momentum",
+        }
+    }
+}
+
 /// AdamW hyper-parameters (DP-Cap: β = 0.9/0.95, decoupled weight decay 0.005).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {
+    /// Adam, or SGD with momentum β1.
+    pub rule: Rule,
     /// First-moment decay.
     pub beta1: f64,
     /// Second-moment decay.
@@ -49,7 +72,7 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        Self { beta1: 0.9, beta2: 0.95, epsilon: 1e-8, weight_decay: 0.005 }
+        Self { rule: Rule::Adam, beta1: 0.9, beta2: 0.95, epsilon: 1e-8, weight_decay: 0.005 }
     }
 }
 
@@ -95,6 +118,12 @@ impl<B: Backend> AdamW<B> {
             let g = release.clone().slice(offset..offset + n).div_scalar(expected_batch_size);
             offset += n;
             let i = id.0;
+            if c.rule == Rule::Momentum {
+                self.m[i] = self.m[i].clone().mul_scalar(c.beta1) + g;
+                let w = params.value(id);
+                params.set(id, w.clone() - w.mul_scalar(lr * c.weight_decay) - self.m[i].clone().mul_scalar(lr));
+                continue;
+            }
             self.m[i] = self.m[i].clone().mul_scalar(c.beta1) + g.clone().mul_scalar(1.0 - c.beta1);
             self.v[i] = self.v[i].clone().mul_scalar(c.beta2) + g.powi_scalar(2).mul_scalar(1.0 - c.beta2);
             let step = self.m[i].clone().div_scalar(bias1) / (self.v[i].clone().div_scalar(bias2).sqrt() + c.epsilon);

@@ -6,7 +6,7 @@ use burn::tensor::{Tensor, TensorData};
 use dpcap_worker::CpuBackend;
 use dpcap_worker::checkpoint::{CheckpointError, load_optimizer, load_weights, save_optimizer, save_weights};
 use dpcap_worker::model::{Captioner, CaptionerConfig};
-use dpcap_worker::optim::{AdamW, AdamWConfig, Schedule};
+use dpcap_worker::optim::{AdamW, AdamWConfig, Rule, Schedule};
 use dpcap_worker::params::{Init, ParamSet};
 
 type Inner = <CpuBackend as AutodiffBackend>::InnerBackend;
@@ -46,6 +46,25 @@ fn first_adamw_step_uses_release_over_expected_batch_size() {
         assert!((f64::from(m[i]) - want_m).abs() < 1e-6 * want_m.abs().max(1e-3), "m[{i}]: {} vs {want_m}", m[i]);
         assert!((f64::from(v[i]) - want_v).abs() < 1e-6 * want_v.abs().max(1e-3), "v[{i}]: {} vs {want_v}", v[i]);
     }
+}
+
+#[test]
+fn server_sgd_with_momentum_applies_the_average_delta_and_remembers_it() {
+    // fedemb's server: m = β·m + R/L, w −= lr·m; two steps of the same release.
+    let device = Default::default();
+    let mut ps = ParamSet::<Inner>::new(&device);
+    let a = ps.add("a", &[2], Init::Ones);
+    let c = AdamWConfig { rule: Rule::Momentum, beta1: 0.9, weight_decay: 0.0, ..AdamWConfig::default() };
+    let mut opt = AdamW::new(c, &ps);
+    let release = || Tensor::from_data(TensorData::new(vec![2.0f32, -4.0], [2]), &device);
+    opt.apply_release(&mut ps, release(), 2.0, 1.0);
+    assert_eq!(values(ps.value(a)), vec![0.0, 3.0], "FedAvg's first step: w − R/L");
+    opt.apply_release(&mut ps, release(), 2.0, 0.5);
+    // m = 0.9·[1, −2] + [1, −2] = [1.9, −3.8]; w = [0, 3] − 0.5·m.
+    let got = values(ps.value(a));
+    assert!((got[0] + 0.95).abs() < 1e-6 && (got[1] - 4.9).abs() < 1e-6, "{got:?}");
+    let saved = save_optimizer(&opt, &ps).unwrap();
+    assert_eq!(load_optimizer(&ps, &saved).unwrap().config.rule, Rule::Momentum, "the rule survives a checkpoint");
 }
 
 #[test]

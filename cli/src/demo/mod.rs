@@ -5,6 +5,7 @@
 //! against a randomly initialised one, with a few generated captions.
 
 mod cluster;
+mod fedemb;
 mod train;
 
 use std::path::{Path, PathBuf};
@@ -54,9 +55,28 @@ pub struct DemoArgs {
     /// CPU workers.
     #[arg(long, default_value_t = 2)]
     pub workers: u32,
-    /// Objective: caption (DP-Cap, the default) or mae (ViP; no captions in the report).
+    /// Objective: caption (DP-Cap, the default), mae (ViP; no captions in the report) or
+    /// fedemb (DP-FedEmb: user-level DP embeddings, retrieval recall in the report).
     #[arg(long, default_value = "caption")]
     pub objective: String,
+    /// fedemb: users in the identity dataset (the accounting N; δ = 1/users).
+    #[arg(long, default_value_t = 4_000)]
+    pub users: u64,
+    /// fedemb: expected users sampled per step (q = clients-per-step / users).
+    #[arg(long, default_value_t = 400)]
+    pub clients_per_step: u64,
+    /// fedemb: clipping norm C of each user's backbone delta (L2).
+    #[arg(long, default_value_t = 0.5)]
+    pub client_clipping_norm: f64,
+    /// fedemb: server learning rate on the averaged delta (server SGD, momentum 0.9).
+    #[arg(long, default_value_t = 1.0)]
+    pub server_learning_rate: f64,
+    /// fedemb: local SGD learning rate on each user's examples.
+    #[arg(long, default_value_t = 0.1)]
+    pub local_learning_rate: f64,
+    /// fedemb: held-out identities (owned by no user, four images each) for retrieval.
+    #[arg(long, default_value_t = 150)]
+    pub heldout_identities: u64,
     /// Generated captions shown in the report.
     #[arg(long, default_value_t = 4)]
     pub captions: usize,
@@ -150,9 +170,15 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let started = Instant::now();
     // Refuse bad evaluation sizes before training, not after.
     suite_options(&args).check(["--eval-images", "--eval-examples"])?;
+    if !matches!(args.objective.as_str(), "caption" | "mae" | "fedemb") {
+        anyhow::bail!("invalid --objective {:?}: must be caption, mae or fedemb", args.objective);
+    }
     std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = std::fs::canonicalize(&args.dir)?;
-    let train_dir = prepare_data(&dir, &args).await?;
+    let train_dir = match args.objective.as_str() {
+        "fedemb" => fedemb::prepare_data(&dir, &args).await?,
+        _ => prepare_data(&dir, &args).await?,
+    };
     for stale in ["ledger", "store"] {
         let _ = std::fs::remove_dir_all(dir.join(stale));
     }
@@ -181,7 +207,8 @@ async fn train_and_report(
     let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
         dataset_id,
         epsilon: args.epsilon,
-        delta: 1.0 / args.examples as f64,
+        // The privacy unit's count: users for fedemb, examples otherwise.
+        delta: 1.0 / if args.objective == "fedemb" { args.users } else { args.examples } as f64,
         reason: "dpctl demo: synthetic data; one DP job and its non-private baseline".into(),
         allow_not_private: !args.no_baseline,
     };
@@ -190,6 +217,10 @@ async fn train_and_report(
         0 => None,
         steps => Some(warm_start(args, dir, (&server, &cluster.accountant), steps).await?),
     };
+    if args.objective == "fedemb" {
+        return fedemb::train_and_report(args, dir, train_dir, (&server, &cluster.accountant), warm.as_ref(), started)
+            .await;
+    }
     let init = warm.as_ref().map(|w| w.job.checkpoint_root.as_str());
     let dp_job = train::run(&server, &cluster.accountant, train::spec(args, train_dir, false, init)).await?;
     let baseline = match args.no_baseline {

@@ -13,7 +13,7 @@ use dpcap_worker::clip::ClipEngine;
 use dpcap_worker::data::tokenizer::CaptionTokenizer;
 use dpcap_worker::optim::Schedule;
 use dpcap_worker::runtime::ckpt::{CheckpointStore, Manifest};
-use dpcap_worker::runtime::trainer::Trainer;
+use dpcap_worker::runtime::trainer::{Kind, Trainer};
 
 use super::DemoArgs;
 use crate::jobs::{self, Server};
@@ -113,7 +113,7 @@ pub fn fresh(args: &DemoArgs, tokenizer: &CaptionTokenizer) -> Result<Trainer<Cp
     let schedule = Schedule { peak: 0.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
     Ok(Trainer::<CpuBackend>::new(
         "micro",
-        args.objective == "mae",
+        if args.objective == "mae" { Kind::Mae } else { Kind::Caption },
         Some(tokenizer.clone()),
         0,
         (engine, 1.0, schedule),

@@ -192,7 +192,7 @@ pub fn run_suite<AB: AutodiffBackend>(
         Model::Caption(captioner, tokenizer) => {
             Some(caption_metrics::<AB>(captioner, params, tokenizer, &pipeline, options, &sizes)?)
         }
-        Model::Mae(_) => None,
+        Model::Mae(_) | Model::Embed(..) => None,
     };
     Ok(SuiteReport {
         zero_shot: captions.as_ref().map(|c| c.zero_shot),

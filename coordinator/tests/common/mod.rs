@@ -26,6 +26,7 @@ pub fn job(id: &str, workers: u32, steps: u64) -> JobEntry {
         },
         sampler: PoissonSampler::new(JobSecret([7; 32]), 100, 0.2).unwrap(),
         layout: Layout::from_counts(&[50, 50]),
+        clients: None,
         group: None,
         phase_seconds: [0.0; 5],
         phase_reports: 0,

@@ -64,6 +64,23 @@ pub struct Manifest {
     pub shards: Vec<ShardRecord>,
     /// Why examples were left out, dataset-wide.
     pub skipped: Skipped,
+    /// The user table, when examples carry a `user` in their `KEY.json` (user-level DP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub users: Option<UsersRecord>,
+}
+
+/// The user table as the manifest pins it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsersRecord {
+    /// Distinct users.
+    pub users: u64,
+    /// Examples whose metadata names no user: a user-level job refuses the dataset while any
+    /// remain (their owner is unknown, so no user-level bound covers them).
+    pub without_user: u64,
+    /// Length of `index/users.bin`.
+    pub table_bytes: u64,
+    /// [`crate::digest::sha256`] of `index/users.bin`.
+    pub table_sha256: String,
 }
 
 impl Manifest {
@@ -114,6 +131,32 @@ impl Manifest {
     /// Where global example numbers fall, in O(shards) memory.
     pub fn layout(&self) -> Layout {
         Layout::from_counts(&self.shards.iter().map(|s| s.examples).collect::<Vec<_>>())
+    }
+
+    /// Decodes the user table after checking it is exactly the one this manifest pinned.
+    pub fn check_users(&self, bytes: &[u8]) -> Result<super::UserTable, IndexError> {
+        let record = self
+            .users
+            .as_ref()
+            .ok_or_else(|| field("users", "the index has no user table (no example names a `user`)".into()))?;
+        let actual = crate::digest::sha256(bytes);
+        if bytes.len() as u64 != record.table_bytes || actual != record.table_sha256 {
+            return Err(field(
+                "users",
+                format!("users.bin is {} bytes with digest {actual}, the manifest pins {}", bytes.len(), record.table_sha256),
+            ));
+        }
+        if record.without_user > 0 {
+            return Err(field(
+                "users",
+                format!("{} examples name no user in their KEY.json: no user-level bound covers them", record.without_user),
+            ));
+        }
+        let table = super::UserTable::decode(bytes, self.examples)?;
+        if table.users() as u64 != record.users {
+            return Err(field("users", format!("users.bin has {} users, the manifest says {}", table.users(), record.users)));
+        }
+        Ok(table)
     }
 
     /// Decodes shard `shard`'s table after checking it is exactly the one this manifest pinned.

@@ -140,7 +140,7 @@ fn manifest() -> (Manifest, Vec<Vec<u8>>) {
         })
         .collect();
     let skipped = Skipped { missing_image: 1, missing_caption: 1, corrupt_image: 0, corrupt_caption: 1 };
-    (Manifest { version: MANIFEST_VERSION, examples: 5, shards, skipped }, tables.to_vec())
+    (Manifest { version: MANIFEST_VERSION, examples: 5, shards, skipped, users: None }, tables.to_vec())
 }
 
 fn rejected_field(m: &Manifest) -> &'static str {

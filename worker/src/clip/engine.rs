@@ -27,7 +27,8 @@ impl<B: Backend> GradSum<B> {
         Self { grads }
     }
 
-    fn add(&mut self, id: ParamId, g: Tensor<B, 1>) {
+    /// Adds `g` to parameter `id`'s sum.
+    pub fn add(&mut self, id: ParamId, g: Tensor<B, 1>) {
         self.grads[id.0] = self.grads[id.0].clone() + g;
     }
 
@@ -208,7 +209,7 @@ fn to_vec<B: Backend>(t: Tensor<B, 1>) -> Vec<f32> {
 
 /// Plain-mode forward and backward of Σ losses over `batch`: gradients per parameter and the
 /// per-example losses.
-fn plain_grads<AB: AutodiffBackend, M: Objective<AB>>(
+pub fn plain_grads<AB: AutodiffBackend, M: Objective<AB>>(
     model: &M,
     params: &ParamSet<Inner<AB>>,
     batch: &M::Batch,

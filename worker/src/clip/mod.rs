@@ -8,7 +8,7 @@ mod engine;
 pub mod norms;
 mod tape;
 
-pub use engine::{ClipEngine, ClippedSum, GradSum, Telemetry, naive_clipped_sum, nonprivate_sum};
+pub use engine::{ClipEngine, ClippedSum, GradSum, NORM_EPSILON, Telemetry, naive_clipped_sum, nonprivate_sum, plain_grads};
 pub use tape::{Mode, Precision, Record, Tape};
 
 use std::ops::Range;

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use dpcap_proto::index::{ImageKind, MANIFEST_PATH, MANIFEST_VERSION, Manifest, ShardRecord, ShardTable, Skipped};
-use dpcap_proto::index::{Span, TableEntry, table_path};
+use dpcap_proto::index::{Span, TableEntry, USERS_PATH, UserTable, UsersRecord, table_path};
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -81,9 +81,23 @@ fn slice(bytes: &[u8], span: Span) -> &[u8] {
     bytes.get(span.offset as usize..span.end() as usize).unwrap_or_default()
 }
 
-/// One shard's table, its skipped counts and the skipped examples.
-fn index_shard(shard: &str, bytes: &[u8]) -> Result<(ShardTable, Skipped, Vec<SkippedExample>), DataError> {
+/// A shard's indexing: its table, skipped counts, skipped examples, and each indexed
+/// example's user (from `KEY.json`'s `user`, a string or a number).
+type IndexedShard = (ShardTable, Skipped, Vec<SkippedExample>, Vec<Option<String>>);
+
+/// The `user` field of an example's metadata, if there is one.
+fn user_of(meta: &serde_json::Value) -> Option<String> {
+    match meta.get("user")? {
+        serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// One shard's table, its skipped counts, the skipped examples and the examples' users.
+fn index_shard(shard: &str, bytes: &[u8]) -> Result<IndexedShard, DataError> {
     let (mut table, mut skipped, mut report) = (ShardTable::default(), Skipped::default(), Vec::new());
+    let mut users = Vec::new();
     for (key, members) in members(shard, bytes)? {
         let mut skip = |reason: &'static str, detail: String| {
             report.push(SkippedExample { shard: shard.to_owned(), key: key.clone(), reason, detail });
@@ -110,10 +124,11 @@ fn index_shard(shard: &str, bytes: &[u8]) -> Result<(ShardTable, Skipped, Vec<Sk
                     (Ok(_), Ok(_)) => {
                         // Metadata that is not JSON is dropped here, not the example: only
                         // evaluation labels come from it.
-                        let meta = members
-                            .get("json")
-                            .copied()
-                            .filter(|m| serde_json::from_slice::<serde_json::Value>(slice(bytes, *m)).is_ok());
+                        let parsed = members.get("json").and_then(|m| {
+                            serde_json::from_slice::<serde_json::Value>(slice(bytes, *m)).ok().map(|v| (*m, v))
+                        });
+                        users.push(parsed.as_ref().and_then(|(_, v)| user_of(v)));
+                        let meta = parsed.map(|(m, _)| m);
                         table.entries.push(TableEntry { image_kind, image, caption, meta });
                         continue;
                     }
@@ -127,7 +142,7 @@ fn index_shard(shard: &str, bytes: &[u8]) -> Result<(ShardTable, Skipped, Vec<Sk
             _ => skipped.corrupt_caption += 1,
         }
     }
-    Ok((table, skipped, report))
+    Ok((table, skipped, report, users))
 }
 
 /// `root/relative` as a store path.
@@ -159,7 +174,7 @@ pub async fn build_index(
                 .unwrap_or_else(|| object.location.to_string());
             let bytes = store.get(&object.location).await?.bytes().await?;
             let name = relative.clone();
-            let (table, skipped, report) =
+            let (table, skipped, report, users) =
                 tokio::task::spawn_blocking(move || index_shard(&name, &bytes)).await.map_err(|e| {
                     DataError::Tar { shard: relative.clone(), reason: format!("indexing task failed: {e}") }
                 })??;
@@ -172,16 +187,22 @@ pub async fn build_index(
                 table_sha256: dpcap_proto::digest::sha256(&encoded),
             };
             store.put(&join(root, &table_path(n)), PutPayload::from(encoded)).await?;
-            Ok::<_, DataError>((record, skipped, report))
+            Ok::<_, DataError>((record, skipped, report, users))
         })
         .buffered(concurrency.max(1));
     futures::pin_mut!(shards);
     let mut manifest =
-        Manifest { version: MANIFEST_VERSION, examples: 0, shards: Vec::new(), skipped: Skipped::default() };
-    let mut report = Vec::new();
+        Manifest { version: MANIFEST_VERSION, examples: 0, shards: Vec::new(), skipped: Skipped::default(), users: None };
+    let (mut report, mut pairs, mut without_user) = (Vec::new(), Vec::new(), 0u64);
     while let Some(shard) = shards.next().await {
-        let (record, skipped, skipped_examples) = shard?;
+        let (record, skipped, skipped_examples, users) = shard?;
         progress(&record);
+        for (local, user) in users.into_iter().enumerate() {
+            match user {
+                Some(user) => pairs.push((user, manifest.examples + local as u64)),
+                None => without_user += 1,
+            }
+        }
         manifest.examples += record.examples;
         manifest.skipped.add(&skipped);
         manifest.shards.push(record);
@@ -191,6 +212,18 @@ pub async fn build_index(
     store
         .put(&join(root, REPORT_PATH), PutPayload::from(serde_json::to_vec_pretty(&report_body).expect("json")))
         .await?;
+    if !pairs.is_empty() {
+        let table = UserTable::from_pairs(pairs);
+        let users = table.users() as u64;
+        let table = table.encode();
+        manifest.users = Some(UsersRecord {
+            users,
+            without_user,
+            table_bytes: table.len() as u64,
+            table_sha256: dpcap_proto::digest::sha256(&table),
+        });
+        store.put(&join(root, USERS_PATH), PutPayload::from(table)).await?;
+    }
     let body = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
     let digest = Manifest::digest(&body);
     store.put(&join(root, MANIFEST_PATH), PutPayload::from(body)).await?;

@@ -3,6 +3,7 @@
 //! (decode, crop, resize, normalise), caption tokenisation, and a synthetic captioning dataset
 //! for the demo, tests and benchmarks.
 
+pub mod identities;
 pub mod index;
 pub mod pipeline;
 pub mod procedural;

@@ -246,20 +246,25 @@ pub fn write_shards(
     shard_size: u64,
     side: u32,
 ) -> io::Result<Vec<PathBuf>> {
+    let labelled = |example: SynthExample| {
+        let meta = format!("{{\"label\":{},\"class\":\"{}\"}}", example.label, class_name(example.label));
+        (example, meta)
+    };
     match scene {
-        Scene::Pair => write_with(dir, indices, shard_size, |index| generate(seed, index, side)),
-        Scene::Single => write_with(dir, indices, shard_size, |index| generate_single(seed, index, side)),
+        Scene::Pair => write_with(dir, indices, shard_size, |index| labelled(generate(seed, index, side))),
+        Scene::Single => write_with(dir, indices, shard_size, |index| labelled(generate_single(seed, index, side))),
         Scene::Procedural => {
-            write_with(dir, indices, shard_size, |index| super::procedural::generate(seed, index, side))
+            write_with(dir, indices, shard_size, |index| labelled(super::procedural::generate(seed, index, side)))
         }
     }
 }
 
-fn write_with(
+/// Writes examples `indices` (each with its `KEY.json` text) as tar shards of `shard_size`.
+pub(crate) fn write_with(
     dir: &Path,
     indices: std::ops::Range<u64>,
     shard_size: u64,
-    generate: impl Fn(u64) -> SynthExample,
+    generate: impl Fn(u64) -> (SynthExample, String),
 ) -> io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut paths = Vec::new();
@@ -269,13 +274,12 @@ fn write_with(
         let path = dir.join(format!("shard-{:05}.tar", paths.len()));
         let mut builder = tar::Builder::new(BufWriter::new(File::create(&path)?));
         for index in start..end {
-            let example = generate(index);
+            let (example, label) = generate(index);
             let mut png = Vec::new();
             example
                 .image
                 .write_to(&mut io::Cursor::new(&mut png), image::ImageFormat::Png)
                 .map_err(io::Error::other)?;
-            let label = format!("{{\"label\":{},\"class\":\"{}\"}}", example.label, class_name(example.label));
             for (ext, bytes) in
                 [("png", png.as_slice()), ("txt", example.caption.as_bytes()), ("json", label.as_bytes())]
             {

@@ -1,7 +1,7 @@
 //! Evaluation from weights alone (post-processing of releases): mean-pooled encoder features
 //! for probes, greedy captions, and DP-Cap-style caption-likelihood tests on held-out synthetic
 //! scenes (zero-shot classification and ARO-style contrasts) that an image-blind model scores
-//! at exactly chance.
+//! at exactly chance; and retrieval recall on held-out identities for embedding models.
 //!
 //! The likelihood tests see the model only through [`CaptionScorer`], so that their chance
 //! and oracle guarantees are checked with test doubles as well as with the real captioner.
@@ -9,6 +9,7 @@
 pub mod contrast;
 pub mod heldout;
 pub mod likelihood;
+pub mod retrieval;
 pub mod slots;
 mod tally;
 #[cfg(test)]

@@ -19,13 +19,15 @@ use crate::checkpoint::{load_optimizer, load_weights, save_optimizer, save_weigh
 use crate::clip::ClipEngine;
 use crate::collective::Reducer;
 use crate::data::pipeline::Pipeline;
+use crate::fed::LocalConfig;
+use crate::optim::{AdamWConfig, Rule};
 use crate::optim::Schedule;
 use crate::runtime::RuntimeError;
 use crate::runtime::ckpt::{CheckpointStore, Manifest};
 use crate::runtime::dataset::{CropPlan, Dataset, View};
 use crate::runtime::reduce::{self, Outcome};
 use crate::runtime::stream::{DEFAULT_PREFETCH, ExampleStream};
-use crate::runtime::trainer::Trainer;
+use crate::runtime::trainer::{Kind, Trainer};
 use crate::runtime::worker::{CoordinatorClient, WorkerConfig};
 
 /// Seconds of each phase of one step.
@@ -88,8 +90,11 @@ impl<AB: AutodiffBackend> Session<AB> {
         let plan = assignment.plan.clone().ok_or_else(|| RuntimeError::Protocol("assignment without a plan".into()))?;
         let dataset = Dataset::open(&spec.dataset).await?;
         dataset.check_pinned(&plan.dataset_digest, plan.examples)?;
-        let mae = spec.objective == Objective::Mae as i32;
-        let tokenizer = if mae { None } else { Some(dataset.tokenizer(&spec.tokenizer).await?) };
+        let kind = trainer_kind(&spec);
+        let tokenizer = match kind {
+            Kind::Caption => Some(dataset.tokenizer(&spec.tokenizer).await?),
+            _ => None,
+        };
         let schedule =
             Schedule { peak: plan.learning_rate, warmup_steps: plan.warmup_steps, total_steps: plan.steps, floor: 0.0 };
         let engine = ClipEngine {
@@ -100,7 +105,7 @@ impl<AB: AutodiffBackend> Session<AB> {
         let mut trainer = tokio::task::block_in_place(|| {
             Trainer::<AB>::new(
                 &spec.model,
-                mae,
+                kind,
                 tokenizer,
                 spec.seed,
                 (engine, plan.expected_batch_size, schedule),
@@ -287,9 +292,12 @@ impl<AB: AutodiffBackend> Session<AB> {
 
         let t = Instant::now();
         let mut indices = Vec::with_capacity(units.iter().map(|u| u.indices.len()).sum());
+        // fedemb: each example's client (a client's ranges are adjacent in `units`).
+        let mut clients = Vec::with_capacity(indices.capacity());
         for unit in units {
             for &local in &unit.indices {
                 indices.push(self.dataset.global(unit.shard as usize, local)?);
+                clients.push(unit.client);
             }
         }
         let examples = indices.len();
@@ -305,9 +313,25 @@ impl<AB: AutodiffBackend> Session<AB> {
             DEFAULT_PREFETCH,
         );
         let mut part = self.trainer.begin_part();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
-            tokio::task::block_in_place(|| self.trainer.accumulate(&mut part, &chunk))?;
+        if matches!(self.trainer.model, crate::runtime::trainer::Model::Embed(..)) {
+            // One client at a time: its examples are buffered until the next client begins.
+            let (mut client, mut seen) = (Vec::new(), 0usize);
+            while let Some(chunk) = stream.next().await {
+                for example in chunk? {
+                    if seen > 0 && clients.get(seen) != clients.get(seen - 1) {
+                        let done = std::mem::take(&mut client);
+                        tokio::task::block_in_place(|| self.trainer.accumulate_client(&mut part, &done))?;
+                    }
+                    client.push(example);
+                    seen += 1;
+                }
+            }
+            tokio::task::block_in_place(|| self.trainer.accumulate_client(&mut part, &client))?;
+        } else {
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                tokio::task::block_in_place(|| self.trainer.accumulate(&mut part, &chunk))?;
+            }
         }
         let (part, telemetry) = tokio::task::block_in_place(|| self.trainer.finish_part(part))?;
         phases.compute = since(t);
@@ -420,7 +444,35 @@ pub fn lease_or(s: tonic::Status) -> RuntimeError {
     }
 }
 
-/// "caption" or "mae", as checkpoint manifests name a job's objective.
+/// How a spec's objective trains, with fedemb's defaults filled in.
+pub fn trainer_kind(spec: &JobSpec) -> Kind {
+    match Objective::try_from(spec.objective) {
+        Ok(Objective::Mae) => Kind::Mae,
+        Ok(Objective::Fedemb) => {
+            let f = spec.fedemb.clone().unwrap_or_default();
+            let defaults = LocalConfig::default();
+            let local = LocalConfig {
+                steps: f.local_steps,
+                epochs: if f.local_epochs == 0 { defaults.epochs } else { f.local_epochs },
+                learning_rate: f.local_learning_rate.unwrap_or(defaults.learning_rate),
+                batch: if f.local_batch == 0 { defaults.batch } else { f.local_batch as usize },
+            };
+            let server = match f.server_optimizer.as_str() {
+                "adam" => AdamWConfig { weight_decay: 0.0, ..AdamWConfig::default() },
+                _ => AdamWConfig {
+                    rule: Rule::Momentum,
+                    beta1: f.server_momentum.unwrap_or(0.9),
+                    weight_decay: 0.0,
+                    ..AdamWConfig::default()
+                },
+            };
+            Kind::FedEmb { local, head_scale: f.head_scale.unwrap_or(10.0), server }
+        }
+        _ => Kind::Caption,
+    }
+}
+
+/// "caption", "mae" or "fedemb", as checkpoint manifests name a job's objective.
 fn objective_name(spec: &JobSpec) -> String {
     Objective::try_from(spec.objective)
         .unwrap_or(Objective::Caption)

@@ -7,12 +7,33 @@ use burn::tensor::{Int, Tensor, TensorData};
 use crate::clip::{ClipEngine, ClippedSum, GradSum, Telemetry};
 use crate::data::Example;
 use crate::data::tokenizer::CaptionTokenizer;
-use crate::model::{CaptionBatch, Captioner, CaptionerConfig, Encoder, Mae, MaeBatch, MaeConfig};
+use crate::fed::{LocalConfig, add_clipped, batch_ranges, local_delta};
+use crate::model::embedder::prototypes;
+use crate::model::{CaptionBatch, Captioner, CaptionerConfig, EmbedBatch, Embedder, EmbedderConfig, Encoder, Mae};
+use crate::model::{MaeBatch, MaeConfig};
 use crate::optim::{AdamW, AdamWConfig, Schedule};
 use crate::params::ParamSet;
 use crate::runtime::RuntimeError;
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
+
+/// Which objective a replica trains, as the job spec chose it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kind {
+    /// DP-Cap.
+    Caption,
+    /// ViP.
+    Mae,
+    /// DP-FedEmb: local training per client; `head_scale` is the cosine head's softmax scale.
+    FedEmb {
+        /// Each client's local SGD.
+        local: LocalConfig,
+        /// s in s·cos(e, p_c).
+        head_scale: f64,
+        /// The server optimizer (SGD with momentum, or Adam) applying the averaged deltas.
+        server: AdamWConfig,
+    },
+}
 
 /// Which objective a job trains.
 #[derive(Debug, Clone)]
@@ -21,6 +42,8 @@ pub enum Model {
     Caption(Captioner, Box<CaptionTokenizer>),
     /// ViP.
     Mae(Mae),
+    /// DP-FedEmb, with its local training.
+    Embed(Embedder, LocalConfig, f64),
 }
 
 impl Model {
@@ -29,6 +52,7 @@ impl Model {
         match self {
             Model::Caption(m, _) => m.encoder(),
             Model::Mae(m) => m.encoder(),
+            Model::Embed(m, ..) => m.encoder(),
         }
     }
 }
@@ -70,7 +94,7 @@ impl<AB: AutodiffBackend> Trainer<AB> {
     /// A fresh replica for `model_name`/`objective` with weights from `seed`.
     pub fn new(
         model_name: &str,
-        mae: bool,
+        kind: Kind,
         tokenizer: Option<CaptionTokenizer>,
         seed: u64,
         (engine, expected_batch_size, schedule): (ClipEngine, f64, Schedule),
@@ -78,8 +102,10 @@ impl<AB: AutodiffBackend> Trainer<AB> {
     ) -> Result<Self, RuntimeError> {
         let unknown = || RuntimeError::Spec { field: "model", reason: format!("unknown configuration {model_name:?}") };
         let mut params = ParamSet::seeded(device, seed);
-        let model = if mae {
+        let model = if kind == Kind::Mae {
             Model::Mae(Mae::new(&mut params, MaeConfig::named(model_name).ok_or_else(unknown)?))
+        } else if let Kind::FedEmb { local, head_scale, .. } = kind {
+            Model::Embed(Embedder::new(&mut params, EmbedderConfig::named(model_name).ok_or_else(unknown)?), local, head_scale)
         } else {
             let config = CaptionerConfig::named(model_name).ok_or_else(unknown)?;
             let tokenizer = tokenizer.ok_or(RuntimeError::Spec {
@@ -98,7 +124,11 @@ impl<AB: AutodiffBackend> Trainer<AB> {
             }
             Model::Caption(Captioner::new(&mut params, config), Box::new(tokenizer))
         };
-        let optimizer = AdamW::new(AdamWConfig::default(), &params);
+        let config = match kind {
+            Kind::FedEmb { server, .. } => server,
+            _ => AdamWConfig::default(),
+        };
+        let optimizer = AdamW::new(config, &params);
         Ok(Self { model, params, optimizer, schedule, engine, expected_batch_size })
     }
 
@@ -145,8 +175,55 @@ impl<AB: AutodiffBackend> Trainer<AB> {
                 let batch = MaeBatch::new(images, model.encoder().config().patches());
                 self.engine.accumulate(model, &self.params, &batch, part);
             }
+            Model::Embed(..) => {
+                return Err(RuntimeError::Protocol("fedemb trains clients, not examples (accumulate_client)".into()));
+            }
         }
         Ok(())
+    }
+
+    /// DP-FedEmb: trains one client (all its examples, labelled with their identity) from the
+    /// current weights and adds its clipped delta to `part`. Returns ‖u‖ before clipping.
+    pub fn accumulate_client(
+        &self,
+        part: &mut ClippedSum<Inner<AB>>,
+        examples: &[Example],
+    ) -> Result<f64, RuntimeError> {
+        let Model::Embed(model, local, scale) = &self.model else {
+            return Err(RuntimeError::Protocol("only fedemb trains clients".into()));
+        };
+        if examples.is_empty() {
+            return Ok(0.0);
+        }
+        // The client's own classes, numbered in order of first appearance.
+        let mut classes: Vec<u32> = Vec::new();
+        let mut labels = Vec::with_capacity(examples.len());
+        for e in examples {
+            let label = e.label.ok_or_else(|| {
+                RuntimeError::Data(format!("example {} has no identity label (KEY.json `label`)", e.key))
+            })?;
+            let class = classes.iter().position(|&c| c == label).unwrap_or_else(|| {
+                classes.push(label);
+                classes.len() - 1
+            });
+            labels.push(class);
+        }
+        let device = self.params.device().clone();
+        let side = model.encoder().config().image;
+        let images = images_tensor::<AB>(examples, side, &device);
+        let label_tensor = Tensor::<AB, 1, Int>::from_data(
+            TensorData::new(labels.iter().map(|&c| c as i64).collect::<Vec<_>>(), [labels.len()]),
+            &device,
+        );
+        let ranges = batch_ranges(examples.len(), local.batch);
+        let client = local_delta::<AB, _>(model, &self.params, local, |weights| {
+            // The head is rebuilt from the current local backbone at every pass; it stays here.
+            let embeddings = model.embeddings::<AB>(weights, images.clone());
+            let head = Tensor::from_inner(prototypes(embeddings, &labels, classes.len()));
+            let whole = EmbedBatch { images: images.clone(), labels: label_tensor.clone(), prototypes: head, scale: *scale };
+            ranges.iter().map(|r| crate::clip::Objective::<AB>::slice(model, &whole, r.clone())).collect()
+        });
+        Ok(add_clipped(part, client, self.engine.clipping_norm))
     }
 
     /// The part as P values (the one device-to-host copy of the step) and its telemetry.

@@ -1,0 +1,78 @@
+//! DP-FedEmb end to end with real processes: a user-level job samples users (N = users, δ =
+//! 1/N_users), trains each sampled user locally on two CPU workers, charges one step per
+//! round at the accountant, and leaves an embedder checkpoint; virtual clients change the
+//! sampled unit but not δ; a dataset without users is refused naming the objective.
+
+use std::time::Duration;
+
+use dpcap_coordinator::SpecFile;
+use dpcap_coordinator::spec::FedEmbFile;
+use dpcap_e2e::jobs::{ended, spend, submit, tempfile_dir, wait_until};
+use dpcap_e2e::{Process, Services, identities_dataset, synth_dataset};
+use dpcap_proto::v1::{JobState, SubmitJobRequest};
+
+fn fedemb_spec(dataset: &std::path::Path, users_per_client: u32) -> SpecFile {
+    SpecFile {
+        name: "e2e-fedemb".into(),
+        dataset: dataset.to_string_lossy().into_owned(),
+        model: "micro".into(),
+        objective: Some("fedemb".into()),
+        epsilon: Some(8.0),
+        batch_size: Some(6),
+        steps: Some(3),
+        workers: Some(2),
+        checkpoint_interval: Some(3),
+        augment: Some("center_crop".into()),
+        fedemb: Some(FedEmbFile { users_per_client: Some(users_per_client), local_batch: Some(4), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_level_job_samples_users_charges_each_round_once_and_leaves_an_embedder() {
+    let dir = tempfile_dir("fedemb");
+    let dataset = identities_dataset(&dir, 30);
+    let services = Services::start(&dir).await;
+    let _workers = [
+        Process::worker(&services.coordinator.grpc, "w0", &dir),
+        Process::worker(&services.coordinator.grpc, "w1", &dir),
+    ];
+    let job = submit(&services, fedemb_spec(&dataset, 1)).await;
+    let plan = job.plan.clone().unwrap();
+    assert_eq!((plan.users, plan.clients, plan.examples), (30, 30, 240), "{plan:?}");
+    assert!((plan.sample_rate - 6.0 / 30.0).abs() < 1e-12, "q is over users: {plan:?}");
+    assert!((plan.delta - 1.0 / 30.0).abs() < 1e-12, "delta defaults to 1/N_users: {plan:?}");
+    assert!(plan.noise_multiplier > 0.0);
+
+    let job = wait_until(&services, &job.job_id, Duration::from_secs(400), ended).await;
+    assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
+    assert_eq!(services.charged_steps(&job.job_id), vec![0, 1, 2], "one charge per round");
+    let spend = spend(&services, &job.job_id).await;
+    assert!(spend.epsilon_spent > 0.0 && spend.epsilon_spent <= plan.epsilon_target + 1e-9, "{spend:?}");
+
+    // The checkpoint is an embedder's (encoder and projection), with server momentum state.
+    let checkpoints = dpcap_worker::runtime::ckpt::CheckpointStore::open(&job.checkpoint_root).unwrap();
+    let (manifest, weights, optimizer) = checkpoints.load(3).await.unwrap();
+    assert_eq!((manifest.objective.as_str(), manifest.step), ("fedemb", 3));
+    let mut params = dpcap_worker::params::ParamSet::<Inner>::new(&Default::default());
+    let config = dpcap_worker::model::EmbedderConfig::named("micro").unwrap();
+    let _model = dpcap_worker::model::Embedder::new(&mut params, config);
+    dpcap_worker::checkpoint::load_weights(&mut params, &weights).expect("embedder weights load");
+    let state = dpcap_worker::checkpoint::load_optimizer(&params, &optimizer).expect("server optimizer loads");
+    assert_eq!(state.config.rule, dpcap_worker::optim::Rule::Momentum);
+
+    // Virtual clients of 3 users: 10 clients are the sampled unit; delta stays 1/N_users.
+    let grouped = submit(&services, SpecFile { steps: Some(1), ..fedemb_spec(&dataset, 3) }).await;
+    let plan = grouped.plan.unwrap();
+    assert_eq!((plan.users, plan.clients), (30, 10), "{plan:?}");
+    assert!((plan.sample_rate - 0.6).abs() < 1e-12 && (plan.delta - 1.0 / 30.0).abs() < 1e-12, "{plan:?}");
+
+    // A dataset whose examples name no user cannot train at user level.
+    let captions = synth_dataset(&dir, 100);
+    let request = SubmitJobRequest { spec: Some(fedemb_spec(&captions, 1).into_proto().unwrap()), idempotency_key: String::new() };
+    let err = services.jobs().await.submit_job(request).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("objective") && err.message().contains("user"), "{}", err.message());
+}
+
+type Inner = <dpcap_worker::CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
