@@ -630,11 +630,7 @@ async fn restore_clients(job: &Job) -> Result<Option<Arc<Vec<Vec<u64>>>>, Coordi
     Ok(Some(Arc::new(clients)))
 }
 
-fn entry_for(
-    job: Job,
-    private: &Private,
-    clients: Option<Arc<Vec<Vec<u64>>>>,
-) -> Result<JobEntry, CoordinatorError> {
+fn entry_for(job: Job, private: &Private, clients: Option<Arc<Vec<Vec<u64>>>>) -> Result<JobEntry, CoordinatorError> {
     let plan = job.plan.clone().unwrap_or_default();
     let secret: JobSecret = private.job_secret()?;
     // The sampler's N is the accounting N: clients for a user-level job, else examples.

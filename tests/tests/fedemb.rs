@@ -23,7 +23,11 @@ fn fedemb_spec(dataset: &std::path::Path, users_per_client: u32) -> SpecFile {
         workers: Some(2),
         checkpoint_interval: Some(3),
         augment: Some("center_crop".into()),
-        fedemb: Some(FedEmbFile { users_per_client: Some(users_per_client), local_batch: Some(4), ..Default::default() }),
+        fedemb: Some(FedEmbFile {
+            users_per_client: Some(users_per_client),
+            local_batch: Some(4),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -69,7 +73,10 @@ async fn a_user_level_job_samples_users_charges_each_round_once_and_leaves_an_em
 
     // A dataset whose examples name no user cannot train at user level.
     let captions = synth_dataset(&dir, 100);
-    let request = SubmitJobRequest { spec: Some(fedemb_spec(&captions, 1).into_proto().unwrap()), idempotency_key: String::new() };
+    let request = SubmitJobRequest {
+        spec: Some(fedemb_spec(&captions, 1).into_proto().unwrap()),
+        idempotency_key: String::new(),
+    };
     let err = services.jobs().await.submit_job(request).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("objective") && err.message().contains("user"), "{}", err.message());

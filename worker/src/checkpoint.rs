@@ -180,7 +180,9 @@ pub fn load_optimizer<B: Backend>(params: &ParamSet<B>, bytes: &[u8]) -> Result<
     let rule = match metadata.get("rule").map(String::as_str) {
         None | Some("adam") => crate::optim::Rule::Adam,
         Some("momentum") => crate::optim::Rule::Momentum,
-        Some(other) => return Err(CheckpointError::Metadata { key: "rule", reason: format!("{other:?} is not adam or momentum") }),
+        Some(other) => {
+            return Err(CheckpointError::Metadata { key: "rule", reason: format!("{other:?} is not adam or momentum") });
+        }
     };
     let config = AdamWConfig {
         rule,

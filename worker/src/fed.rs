@@ -9,8 +9,8 @@
 //! This module must never send anything but the clipped delta: the local head and every
 //! per-example quantity stay on the rank.
 
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ElementConversion;
+use burn::tensor::backend::AutodiffBackend;
 
 use crate::clip::{ClippedSum, GradSum, NORM_EPSILON, Objective, plain_grads};
 use crate::params::ParamSet;

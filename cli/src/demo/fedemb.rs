@@ -29,14 +29,15 @@ type Inner = <CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBacken
 
 /// The demo's identity set: `--users` users, two identities each, four images of each.
 fn layout(args: &DemoArgs) -> IdentityLayout {
-    IdentityLayout { users: args.users, identities_per_user: 2, images_per_identity: 4 }
+    IdentityLayout { users: args.users, identities_per_user: 4, images_per_identity: 3 }
 }
 
 /// Writes and indexes the identity set unless it is already there.
 pub async fn prepare_data(dir: &Path, args: &DemoArgs) -> Result<PathBuf> {
     let root = dir.join("data/identities");
     let marker = root.join("dataset.json");
-    let wanted = json!({"users": args.users, "seed": 0, "index": dpcap_proto::index::MANIFEST_VERSION});
+    let wanted =
+        json!({"users": args.users, "layout": [4, 3], "seed": 0, "index": dpcap_proto::index::MANIFEST_VERSION});
     if std::fs::read(&marker).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         == Some(wanted.clone())
     {
@@ -66,16 +67,16 @@ fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool, init: Option<&str>
         epsilon: (!not_private).then_some(args.epsilon),
         not_private: not_private.then_some(true),
         batch_size: Some(args.clients_per_step),
-        steps: Some(args.steps),
+        steps: Some(args.steps()),
         clipping_norm: Some(args.client_clipping_norm),
         learning_rate: Some(args.server_learning_rate),
         warmup_steps: Some(0),
         workers: Some(args.workers),
-        checkpoint_interval: Some(args.steps),
+        checkpoint_interval: Some(args.steps()),
         augment: Some("center_crop".into()),
         fedemb: Some(FedEmbFile {
             local_epochs: Some(1),
-            local_batch: Some(4),
+            local_batch: Some(6),
             local_learning_rate: Some(args.local_learning_rate),
             ..Default::default()
         }),
@@ -110,9 +111,14 @@ async fn trained(job: &Finished) -> Result<(Embedder, ParamSet<Inner>)> {
 }
 
 /// Recall of one model on the held-out identities.
-fn evaluate(name: &str, (model, params): &(Embedder, ParamSet<Inner>), heldout: &[dpcap_worker::data::Example]) -> Result<Recall> {
+fn evaluate(
+    name: &str,
+    (model, params): &(Embedder, ParamSet<Inner>),
+    heldout: &[dpcap_worker::data::Example],
+) -> Result<Recall> {
     let started = Instant::now();
-    let recall = retrieval::recall::<CpuBackend>(model, params, heldout).with_context(|| format!("evaluating {name}"))?;
+    let recall =
+        retrieval::recall::<CpuBackend>(model, params, heldout).with_context(|| format!("evaluating {name}"))?;
     eprintln!(
         "{name}: recall@1 {:.1} %, recall@5 {:.1} % over {} held-out images ({:.1} s)",
         100.0 * recall.at_1,
@@ -164,6 +170,10 @@ pub async fn train_and_report(
         "noise_multiplier": plan.noise_multiplier,
         "clipping_norm": plan.clipping_norm,
         "steps": dp.spend.steps_charged,
+        "loss_start": dp.job.progress.as_ref().and_then(|p| p.loss_first),
+        "loss_end": dp.job.progress.as_ref().and_then(|p| p.loss),
+        "loss_end_nonprivate": baseline.as_ref().and_then(|b| b.job.progress.as_ref().and_then(|p| p.loss)),
+        "non_dp_telemetry": ["loss_start", "loss_end", "loss_end_nonprivate"],
         "heldout_identities": args.heldout_identities,
         "heldout_images": heldout.len(),
         "nonprivate_job_id": baseline.as_ref().map(|b| b.job.job_id.clone()),

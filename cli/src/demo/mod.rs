@@ -46,9 +46,9 @@ pub struct DemoArgs {
     /// Expected batch size L = qN.
     #[arg(long, default_value_t = 1_500)]
     pub batch_size: u64,
-    /// Steps.
-    #[arg(long, default_value_t = 150)]
-    pub steps: u64,
+    /// Steps (default: 150 for caption and mae, 100 for fedemb).
+    #[arg(long)]
+    pub steps: Option<u64>,
     /// Peak learning rate.
     #[arg(long, default_value_t = 3e-3)]
     pub learning_rate: f64,
@@ -60,10 +60,10 @@ pub struct DemoArgs {
     #[arg(long, default_value = "caption")]
     pub objective: String,
     /// fedemb: users in the identity dataset (the accounting N; δ = 1/users).
-    #[arg(long, default_value_t = 4_000)]
+    #[arg(long, default_value_t = 2_000)]
     pub users: u64,
     /// fedemb: expected users sampled per step (q = clients-per-step / users).
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 200)]
     pub clients_per_step: u64,
     /// fedemb: clipping norm C of each user's backbone delta (L2).
     #[arg(long, default_value_t = 0.5)]
@@ -72,10 +72,10 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 1.0)]
     pub server_learning_rate: f64,
     /// fedemb: local SGD learning rate on each user's examples.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.5)]
     pub local_learning_rate: f64,
     /// fedemb: held-out identities (owned by no user, four images each) for retrieval.
-    #[arg(long, default_value_t = 150)]
+    #[arg(long, default_value_t = 100)]
     pub heldout_identities: u64,
     /// Generated captions shown in the report.
     #[arg(long, default_value_t = 4)]
@@ -93,6 +93,13 @@ pub struct DemoArgs {
     /// report gains `audit_*` keys.
     #[arg(long, default_value_t = 0)]
     pub audit: u32,
+}
+
+impl DemoArgs {
+    /// The steps of each job: `--steps`, or the objective's default.
+    pub fn steps(&self) -> u64 {
+        self.steps.unwrap_or(if self.objective == "fedemb" { 100 } else { 150 })
+    }
 }
 
 /// Writes and indexes the synthetic training set unless it is already there. (Held-out

@@ -32,7 +32,7 @@ pub fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool, init: Option<&
         epsilon: (!not_private).then_some(args.epsilon),
         not_private: not_private.then_some(true),
         batch_size: Some(args.batch_size),
-        steps: Some(args.steps),
+        steps: Some(args.steps()),
         clipping_norm: Some(1.0),
         learning_rate: Some(args.learning_rate),
         micro_batch: Some(128),
@@ -82,9 +82,14 @@ pub async fn run(server: &Server, accountant: &str, spec: SpecFile) -> Result<Fi
     match dpcap_coordinator::mode::notice(&plan) {
         Some(notice) => eprintln!("job {}: {notice}; {} steps", job.job_id, plan.steps),
         None => eprintln!(
-            "job {}: N = {}, q = {:.4}, L = {:.0}, sigma = {:.4} (calibrated for epsilon {} at delta {:.2e}), {} steps",
+            "job {}: N = {}{}, q = {:.4}, L = {:.0}, sigma = {:.4} (calibrated for epsilon {} at delta {:.2e}), {} steps",
             job.job_id,
-            plan.examples,
+            if plan.clients > 0 { plan.clients } else { plan.examples },
+            match plan.clients {
+                0 => String::new(),
+                c if c == plan.users => " users".to_owned(),
+                _ => format!(" virtual clients of {} users", plan.users),
+            },
             plan.sample_rate,
             plan.expected_batch_size,
             plan.noise_multiplier,

@@ -143,18 +143,28 @@ impl Manifest {
         if bytes.len() as u64 != record.table_bytes || actual != record.table_sha256 {
             return Err(field(
                 "users",
-                format!("users.bin is {} bytes with digest {actual}, the manifest pins {}", bytes.len(), record.table_sha256),
+                format!(
+                    "users.bin is {} bytes with digest {actual}, the manifest pins {}",
+                    bytes.len(),
+                    record.table_sha256
+                ),
             ));
         }
         if record.without_user > 0 {
             return Err(field(
                 "users",
-                format!("{} examples name no user in their KEY.json: no user-level bound covers them", record.without_user),
+                format!(
+                    "{} examples name no user in their KEY.json: no user-level bound covers them",
+                    record.without_user
+                ),
             ));
         }
         let table = super::UserTable::decode(bytes, self.examples)?;
         if table.users() as u64 != record.users {
-            return Err(field("users", format!("users.bin has {} users, the manifest says {}", table.users(), record.users)));
+            return Err(field(
+                "users",
+                format!("users.bin has {} users, the manifest says {}", table.users(), record.users),
+            ));
         }
         Ok(table)
     }

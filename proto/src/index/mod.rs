@@ -8,15 +8,15 @@
 mod layout;
 mod manifest;
 mod table;
-mod users;
 #[cfg(test)]
 mod tests;
+mod users;
 
 pub use layout::Layout;
+pub use manifest::UsersRecord;
 pub use manifest::{Manifest, ShardRecord, Skipped};
 pub use table::{ImageKind, ShardTable, Span, TableEntry};
 pub use users::{USERS_PATH, UserTable, user_tag};
-pub use manifest::UsersRecord;
 
 /// Where the manifest lies under the dataset root; it is the one file a job's digest names.
 pub const MANIFEST_PATH: &str = "index/manifest.json";

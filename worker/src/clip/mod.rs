@@ -8,7 +8,9 @@ mod engine;
 pub mod norms;
 mod tape;
 
-pub use engine::{ClipEngine, ClippedSum, GradSum, NORM_EPSILON, Telemetry, naive_clipped_sum, nonprivate_sum, plain_grads};
+pub use engine::{
+    ClipEngine, ClippedSum, GradSum, NORM_EPSILON, Telemetry, naive_clipped_sum, nonprivate_sum, plain_grads,
+};
 pub use tape::{Mode, Precision, Record, Tape};
 
 use std::ops::Range;

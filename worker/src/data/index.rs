@@ -191,8 +191,13 @@ pub async fn build_index(
         })
         .buffered(concurrency.max(1));
     futures::pin_mut!(shards);
-    let mut manifest =
-        Manifest { version: MANIFEST_VERSION, examples: 0, shards: Vec::new(), skipped: Skipped::default(), users: None };
+    let mut manifest = Manifest {
+        version: MANIFEST_VERSION,
+        examples: 0,
+        shards: Vec::new(),
+        skipped: Skipped::default(),
+        users: None,
+    };
     let (mut report, mut pairs, mut without_user) = (Vec::new(), Vec::new(), 0u64);
     while let Some(shard) = shards.next().await {
         let (record, skipped, skipped_examples, users) = shard?;

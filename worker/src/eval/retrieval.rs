@@ -49,7 +49,11 @@ pub fn embeddings<AB: AutodiffBackend>(
 /// ordering gives and nothing more. Every identity needs at least two images.
 pub fn recall_at(rows: &[Vec<f32>], labels: &[u32], ks: &[usize]) -> Result<Vec<f64>, EvalError> {
     if rows.len() != labels.len() || rows.len() < 2 {
-        return Err(EvalError::Input(format!("{} embeddings for {} labels; retrieval needs 2 or more", rows.len(), labels.len())));
+        return Err(EvalError::Input(format!(
+            "{} embeddings for {} labels; retrieval needs 2 or more",
+            rows.len(),
+            labels.len()
+        )));
     }
     if let Some(lonely) = labels.iter().find(|&&l| labels.iter().filter(|&&m| m == l).count() < 2) {
         return Err(EvalError::Input(format!("identity {lonely} has one image: nothing can retrieve it")));
@@ -115,5 +119,58 @@ mod tests {
         let rows = vec![vec![1.0], vec![1.0], vec![1.0]];
         let err = recall_at(&rows, &[0, 0, 1], &[1]).unwrap_err();
         assert!(err.to_string().contains("identity 1 has one image"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+    use crate::data::identities::{IdentityLayout, heldout};
+    use crate::data::pipeline::Pipeline;
+    use crate::model::EmbedderConfig;
+
+    type AB = crate::CpuBackend;
+
+    #[test]
+    #[ignore]
+    fn print_random_init_retrieval() {
+        let layout = IdentityLayout { users: 1000, identities_per_user: 2, images_per_identity: 4 };
+        let images = heldout(0, &layout, 100, 4, 32);
+        let examples = crate::eval::heldout::prepare(&images, &Pipeline::clip(32).unwrap()).unwrap();
+        let mut params = ParamSet::seeded(&Default::default(), 0);
+        let model = Embedder::new(&mut params, EmbedderConfig::named("micro").unwrap());
+        let rows = embeddings::<AB>(&model, &params, &examples).unwrap();
+        let labels: Vec<u32> = examples.iter().map(|e| e.label.unwrap()).collect();
+        let mut cos = Vec::new();
+        for i in 0..20 {
+            for j in 0..20 {
+                if i != j {
+                    cos.push(rows[i].iter().zip(&rows[j]).map(|(a, b)| a * b).sum::<f32>());
+                }
+            }
+        }
+        eprintln!(
+            "cos mean {} min {}",
+            cos.iter().sum::<f32>() / cos.len() as f32,
+            cos.iter().cloned().fold(1.0, f32::min)
+        );
+        eprintln!("embedding recall {:?}", recall_at(&rows, &labels, &[1, 5]).unwrap());
+        let feats = crate::eval::features::<AB>(model.encoder(), &params, &examples);
+        let feats: Vec<Vec<f32>> = feats
+            .into_iter()
+            .map(|f| {
+                let n = f.iter().map(|x| x * x).sum::<f32>().sqrt();
+                f.iter().map(|x| x / n).collect()
+            })
+            .collect();
+        eprintln!("feature recall {:?}", recall_at(&feats, &labels, &[1, 5]).unwrap());
+        let px: Vec<Vec<f32>> = examples
+            .iter()
+            .map(|e| {
+                let n = e.pixels.iter().map(|x| x * x).sum::<f32>().sqrt();
+                e.pixels.iter().map(|x| x / n).collect()
+            })
+            .collect();
+        eprintln!("pipeline pixel recall {:?}", recall_at(&px, &labels, &[1, 5]).unwrap());
     }
 }

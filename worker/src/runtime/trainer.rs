@@ -105,7 +105,11 @@ impl<AB: AutodiffBackend> Trainer<AB> {
         let model = if kind == Kind::Mae {
             Model::Mae(Mae::new(&mut params, MaeConfig::named(model_name).ok_or_else(unknown)?))
         } else if let Kind::FedEmb { local, head_scale, .. } = kind {
-            Model::Embed(Embedder::new(&mut params, EmbedderConfig::named(model_name).ok_or_else(unknown)?), local, head_scale)
+            Model::Embed(
+                Embedder::new(&mut params, EmbedderConfig::named(model_name).ok_or_else(unknown)?),
+                local,
+                head_scale,
+            )
         } else {
             let config = CaptionerConfig::named(model_name).ok_or_else(unknown)?;
             let tokenizer = tokenizer.ok_or(RuntimeError::Spec {
@@ -220,7 +224,8 @@ impl<AB: AutodiffBackend> Trainer<AB> {
             // The head is rebuilt from the current local backbone at every pass; it stays here.
             let embeddings = model.embeddings::<AB>(weights, images.clone());
             let head = Tensor::from_inner(prototypes(embeddings, &labels, classes.len()));
-            let whole = EmbedBatch { images: images.clone(), labels: label_tensor.clone(), prototypes: head, scale: *scale };
+            let whole =
+                EmbedBatch { images: images.clone(), labels: label_tensor.clone(), prototypes: head, scale: *scale };
             ranges.iter().map(|r| crate::clip::Objective::<AB>::slice(model, &whole, r.clone())).collect()
         });
         Ok(add_clipped(part, client, self.engine.clipping_norm))
