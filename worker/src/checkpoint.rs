@@ -181,7 +181,10 @@ pub fn load_optimizer<B: Backend>(params: &ParamSet<B>, bytes: &[u8]) -> Result<
         None | Some("adam") => crate::optim::Rule::Adam,
         Some("momentum") => crate::optim::Rule::Momentum,
         Some(other) => {
-            return Err(CheckpointError::Metadata { key: "rule", reason: format!("{other:?} is not adam or momentum") });
+            return Err(CheckpointError::Metadata {
+                key: "rule",
+                reason: format!("{other:?} is not adam or momentum"),
+            });
         }
     };
     let config = AdamWConfig {

@@ -69,7 +69,7 @@ pub fn render(seed: u64, identity: u64, variant: u64, side: u32) -> RgbImage {
         })
         .collect();
     // The image's nuisance: pose, light, background, noise.
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5641_5249_414e_54);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0056_4152_4941_4e54);
     rng.set_stream(identity.wrapping_mul(1 << 20) ^ variant);
     let s = side as f32;
     let (cx, cy) = (s / 2.0 + (uniform(&mut rng) - 0.5) * s * 0.15, s / 2.0 + (uniform(&mut rng) - 0.5) * s * 0.15);
