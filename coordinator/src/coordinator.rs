@@ -633,8 +633,9 @@ async fn restore_clients(job: &Job) -> Result<Option<Arc<Vec<Vec<u64>>>>, Coordi
 fn entry_for(job: Job, private: &Private, clients: Option<Arc<Vec<Vec<u64>>>>) -> Result<JobEntry, CoordinatorError> {
     let plan = job.plan.clone().unwrap_or_default();
     let secret: JobSecret = private.job_secret()?;
-    // The sampler's N is the accounting N: clients for a user-level job, else examples.
-    let units = if clients.is_some() { plan.clients } else { plan.examples };
+    // The sampler's N is the accounting N: clients for a user-level job (the plan says so even
+    // while its user table is unreadable), else examples.
+    let units = if plan.clients > 0 { plan.clients } else { plan.examples };
     let sampler = PoissonSampler::new(secret, units, plan.sample_rate)
         .map_err(|e| CoordinatorError::invalid("sample_rate", e.to_string()))?;
     Ok(JobEntry {

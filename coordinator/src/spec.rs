@@ -405,6 +405,18 @@ fn check_fedemb(spec: &JobSpec) -> Result<(), CoordinatorError> {
     {
         return Err(CoordinatorError::invalid("fedemb.server_momentum", format!("{m} must be in [0, 1)")));
     }
+    if f.users_per_client > 1 {
+        // Grouping users into ⌈users/k⌉ clients makes the grouping depend on the number of
+        // users: adding one can change the count and reshuffle every client, which voids the
+        // per-client bound. A fixed client count, set apart from the data, is needed first.
+        return Err(CoordinatorError::invalid(
+            "fedemb.users_per_client",
+            format!(
+                "{} is not offered yet: virtual clients need a client count fixed apart from the data; use 1 (each user its own client)",
+                f.users_per_client
+            ),
+        ));
+    }
     if f.users_per_client > MAX_USERS_PER_CLIENT {
         return Err(CoordinatorError::invalid(
             "fedemb.users_per_client",

@@ -318,6 +318,11 @@ impl State {
         let group = entry.group.as_mut()?;
         let step = group.step?;
         if group.work.is_none() {
+            // A user-level job never runs without its clients: its sample numbers clients.
+            let plan_clients = entry.job.plan.as_ref().map_or(0, |p| p.clients);
+            if plan_clients > 0 && entry.clients.is_none() {
+                return None;
+            }
             let sample = entry.sampler.sample(step);
             group.work = Some(match &entry.clients {
                 // The sampler's numbers are clients; a number past the table cannot happen

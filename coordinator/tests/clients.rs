@@ -129,3 +129,16 @@ fn clients_are_sampled_independently_with_probability_q_and_their_examples_come_
     // Clients 0 and 1 together: q² of the steps, independently of each other.
     assert!((both as f64 - 10.0).abs() < 5.0 * 10f64.sqrt(), "clients 0 and 1 both sampled {both} times, expected 10");
 }
+
+#[test]
+fn a_user_level_job_whose_clients_are_not_loaded_gets_no_work() {
+    let mut state = State::default();
+    let mut entry = job("fed", 1, 3);
+    entry.job.plan.as_mut().unwrap().clients = 100;
+    submit(&mut state, entry);
+    worker(&mut state, "w0");
+    state.schedule();
+    let group = state.jobs.get_mut("fed").unwrap().group.as_mut().unwrap();
+    group.step = Some(0);
+    assert!(state.work_for("fed", 0).is_none(), "client numbers must never be read as examples");
+}

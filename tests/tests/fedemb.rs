@@ -1,7 +1,7 @@
 //! DP-FedEmb end to end with real processes: a user-level job samples users (N = users, δ =
 //! 1/N_users), trains each sampled user locally on two CPU workers, charges one step per
-//! round at the accountant, and leaves an embedder checkpoint; virtual clients change the
-//! sampled unit but not δ; a dataset without users is refused naming the objective.
+//! round at the accountant, and leaves an embedder checkpoint; virtual clients are refused
+//! (not yet data-independent); a dataset without users is refused naming the objective.
 
 use std::time::Duration;
 
@@ -65,11 +65,12 @@ async fn a_user_level_job_samples_users_charges_each_round_once_and_leaves_an_em
     let state = dpcap_worker::checkpoint::load_optimizer(&params, &optimizer).expect("server optimizer loads");
     assert_eq!(state.config.rule, dpcap_worker::optim::Rule::Momentum);
 
-    // Virtual clients of 3 users: 10 clients are the sampled unit; delta stays 1/N_users.
-    let grouped = submit(&services, SpecFile { steps: Some(1), ..fedemb_spec(&dataset, 3) }).await;
-    let plan = grouped.plan.unwrap();
-    assert_eq!((plan.users, plan.clients), (30, 10), "{plan:?}");
-    assert!((plan.sample_rate - 0.6).abs() < 1e-12 && (plan.delta - 1.0 / 30.0).abs() < 1e-12, "{plan:?}");
+    // Virtual clients (k > 1) are refused: ⌈users/k⌉ would make the grouping data-dependent.
+    let request =
+        SubmitJobRequest { spec: Some(fedemb_spec(&dataset, 3).into_proto().unwrap()), idempotency_key: String::new() };
+    let err = services.jobs().await.submit_job(request).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("fedemb.users_per_client"), "{}", err.message());
 
     // A dataset whose examples name no user cannot train at user level.
     let captions = synth_dataset(&dir, 100);

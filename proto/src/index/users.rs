@@ -53,8 +53,8 @@ impl UserTable {
     }
 
     /// Virtual clients of `per_client` users: with 1, client u is user u; otherwise there are
-    /// ⌈users / per_client⌉ clients and user u joins client tag_u mod clients — a fixed
-    /// function of the user's id, so adding or removing a user changes one client only.
+    /// ⌈users / per_client⌉ clients and user u joins client tag_u mod clients. The count
+    /// depends on the number of users, so jobs accept only 1 for now (see `docs/fedemb.md`).
     /// Returns each client's examples, ascending.
     pub fn clients(&self, per_client: u32) -> Vec<Vec<u64>> {
         let per_client = per_client.max(1) as usize;
@@ -119,6 +119,9 @@ impl UserTable {
         let mut seen = vec![false; listed];
         for u in 0..users {
             let (start, end) = (table.offsets[u], table.offsets[u + 1]);
+            if end > listed as u64 {
+                return Err(malformed(format!("user {u}'s offsets {start}..{end} run past the {listed} examples")));
+            }
             if end <= start {
                 return Err(malformed(format!("user {u} has no examples (offsets {start}..{end})")));
             }
@@ -169,6 +172,14 @@ mod tests {
         let err = UserTable::decode(&bytes[..bytes.len() - 1], 4).unwrap_err();
         assert!(err.to_string().contains("bytes"), "{err}");
         assert!(UserTable::decode(b"nope", 4).is_err());
+    }
+
+    #[test]
+    fn offsets_past_the_end_are_refused_not_sliced() {
+        let mut wild = table();
+        wild.offsets[1] = 100; // user a: 0..100 of 4 examples
+        let err = UserTable::decode(&wild.encode(), 4).unwrap_err();
+        assert!(err.to_string().contains("run past the 4 examples"), "{err}");
     }
 
     #[test]

@@ -306,28 +306,25 @@ impl<AB: AutodiffBackend> Session<AB> {
             None => CropPlan::Eval,
         };
         let view = View { pipeline: self.pipeline.clone(), crop };
-        let mut stream = ExampleStream::start(
-            self.dataset.clone(),
-            (indices, view),
-            self.trainer.engine.micro_batch,
-            DEFAULT_PREFETCH,
-        );
         let mut part = self.trainer.begin_part();
         if matches!(self.trainer.model, crate::runtime::trainer::Model::Embed(..)) {
-            // One client at a time: its examples are buffered until the next client begins.
-            let (mut client, mut seen) = (Vec::new(), 0usize);
-            while let Some(chunk) = stream.next().await {
-                for example in chunk? {
-                    if seen > 0 && clients.get(seen) != clients.get(seen - 1) {
-                        let done = std::mem::take(&mut client);
-                        tokio::task::block_in_place(|| self.trainer.accumulate_client(&mut part, &done))?;
-                    }
-                    client.push(example);
-                    seen += 1;
-                }
+            // One client at a time, each read on its own: an image that fails to decode is then
+            // left out of its own client only, never shifting examples into the next client
+            // (which would let one user move two clipped deltas).
+            let mut start = 0;
+            while start < indices.len() {
+                let end = (start..indices.len()).find(|&i| clients[i] != clients[start]).unwrap_or(indices.len());
+                let client = self.dataset.read(indices[start..end].to_vec(), &view).await?;
+                tokio::task::block_in_place(|| self.trainer.accumulate_client(&mut part, &client))?;
+                start = end;
             }
-            tokio::task::block_in_place(|| self.trainer.accumulate_client(&mut part, &client))?;
         } else {
+            let mut stream = ExampleStream::start(
+                self.dataset.clone(),
+                (indices, view),
+                self.trainer.engine.micro_batch,
+                DEFAULT_PREFETCH,
+            );
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk?;
                 tokio::task::block_in_place(|| self.trainer.accumulate(&mut part, &chunk))?;
