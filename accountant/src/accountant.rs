@@ -13,14 +13,15 @@ use tokio::sync::{Mutex, watch};
 use dpcap_proto::ErrorCode;
 
 use crate::ahead::NoiseAhead;
-use crate::audit::{AuditOutcome, Canaries};
+use crate::audit::{AuditOutcome, Canaries, Placement};
 use crate::datasets::DatasetBudget;
 use crate::error::AccountantError;
-use crate::job::{Job, Part, Pending, Phase, Progress, Release, StepState, Stored};
+use crate::job::{Job, Part, Pending, Phase, Progress, StepState};
 use crate::ledger::{Charge, JobRecord, Ledger, Registration};
 use crate::metrics;
 use crate::noise::{self, NoiseMode};
 use crate::privacy::{self, AccountantKind};
+use crate::release::{Release, Stored};
 use crate::spending::{Mode, Spending};
 use crate::sum::Sum;
 
@@ -158,8 +159,17 @@ impl Accountant {
 
     /// Registers a job (idempotent for an identical contract). Returns the job and whether it
     /// was created by this call.
-    pub async fn register(&self, registration: Registration) -> Result<(Arc<Job>, bool), AccountantError> {
+    pub async fn register(&self, mut registration: Registration) -> Result<(Arc<Job>, bool), AccountantError> {
         self.check_ready()?;
+        if registration.audit_canaries > 0 && registration.audit_coordinates.is_empty() {
+            // Unsaid: a repeated registration keeps the job's placement ("" from a ledger
+            // older than placements, which reads as model); a new job gets reserved ones.
+            let existing = self.jobs.read().expect("jobs lock").get(&registration.job_id).cloned();
+            registration.audit_coordinates = match existing {
+                Some(job) => job.registration.audit_coordinates.clone(),
+                None => Placement::Reserved.as_str().to_owned(),
+            };
+        }
         validate_registration(&registration)?;
         if registration.insecure_noise_seed.is_some() && !self.policy.allow_seeded_noise {
             return Err(AccountantError::invalid(
@@ -262,7 +272,18 @@ impl Accountant {
     /// every part in.
     async fn release(&self, job: &Job, state: &mut StepState) -> Result<(), AccountantError> {
         let r = &job.registration;
-        let step = state.pending.as_ref().expect("release needs a pending step").step;
+        let pending = state.pending.as_ref().expect("release needs a pending step");
+        let step = pending.step;
+        // Parts are exactly P values (PartAssembler): anything else would reach the audit's
+        // reserved coordinates. Checked before the charge, so nothing is spent on it.
+        if pending.sum.len() as u64 != r.gradient_dim {
+            let got = pending.sum.len();
+            state.pending = None;
+            return Err(AccountantError::Internal(format!(
+                "step {step}'s sum has {got} values, not {}",
+                r.gradient_dim
+            )));
+        }
         let progress = job.progress();
         let _dataset_guard = match self.dataset_lock(r) {
             Some(lock) => Some(lock.lock_owned().await),
@@ -323,40 +344,51 @@ impl Accountant {
         // step's (taken once); if it cannot be had, the step stays spent and is discarded,
         // never re-noised.
         let noising = Instant::now();
-        let sum = std::mem::take(&mut pending.sum);
-        let canaries = job.audit.clone();
-        let noised = async move {
-            let mut noise = job.ahead.take(step).await?;
-            blocking(move || {
-                // An audit's canaries are gradients like any example's: in the sum, under the noise.
-                if let Some(canaries) = canaries {
-                    canaries.inject(step, &mut noise, 1.0);
-                }
-                Bytes::from(noise::apply(&sum, &noise))
-            })
-            .await
-        };
-        let data = match noised.await {
-            Ok(data) => data,
+        let noise = match job.ahead.take(step).await {
+            Ok(noise) => noise,
             Err(e) => {
                 discard_charged(job, state, step, epsilon_after);
                 return Err(self.record_discard(job, step, e).await);
             }
         };
-        let (noise_s, storing) = (noising.elapsed().as_secs_f64(), Instant::now());
+        // Ranks get the model's P coordinates; an audit's reserved ones stay here.
         let (stored, stored_rx) = watch::channel(Stored::Writing);
-        let release = Arc::new(Release { step, data: data.clone(), epsilon_after, stored: stored_rx });
-        job.keep_release(release);
+        let visible = 4 * r.gradient_dim as usize;
+        let release =
+            Arc::new(Release::filling(step, epsilon_after, visible, 4 * noise.len(), noise::BLOCK_BYTES, stored_rx));
+        let pass = {
+            let (release, canaries, sum) = (release.clone(), job.audit.clone(), std::mem::take(&mut pending.sum));
+            let mut noise = noise;
+            tokio::task::spawn_blocking(move || {
+                // An audit's canaries are gradients like any example's: in the sum, under the noise.
+                if let Some(canaries) = canaries {
+                    canaries.inject(step, &mut noise, 1.0);
+                }
+                noise::apply_each(&sum, &noise, |index, block| release.fill(index, Bytes::from(block)));
+            })
+        };
+        job.keep_release(release.clone());
         state.last_released = Some((step, pending.digests.clone()));
-        // Fetches start streaming now, while the release is written; their last chunk waits
-        // until it is durable, and ranks apply only a release with its last chunk.
+        // Fetches start streaming the blocks the pass has filled, while the release is written;
+        // their last chunk waits until it is durable, and ranks apply only a release with its
+        // last chunk.
         job.progress.send_modify(|p| {
             p.next_step = step + 1;
             p.charged += 1;
             p.epsilon_spent = epsilon_after;
         });
-        let readings = job.audit.as_ref().map(|canaries| canaries.readings(&data));
-        if let Err(e) = self.ledger.put_release(&r.job_id, step, data).await {
+        let passed = async {
+            let passed = pass.await.is_ok();
+            if !passed {
+                release.fail(); // wakes the store and the fetches waiting for its blocks
+            }
+            (passed, noising.elapsed().as_secs_f64())
+        };
+        let ((passed, noise_s), put) = tokio::join!(passed, self.ledger.put_release(&r.job_id, step, &release));
+        let put =
+            if passed { put } else { Err(AccountantError::Internal(format!("noise pass of step {step} failed"))) };
+        if let Err(e) = put {
+            release.fail();
             stored.send_replace(Stored::Failed);
             job.releases.lock().expect("releases lock").remove(&step);
             state.discarded.insert(step);
@@ -365,8 +397,9 @@ impl Accountant {
         }
         state.stored.insert(step);
         stored.send_replace(Stored::Done);
-        if let Some(readings) = readings
-            && let Err(e) = self.ledger.put_audit_readings(&r.job_id, step, readings).await
+        if let Some(canaries) = &job.audit
+            && let Err(e) =
+                self.ledger.put_audit_readings(&r.job_id, step, canaries.readings(|c| release.value(c))).await
         {
             // The audit then scores one release fewer: weaker, never wrong.
             tracing::warn!(job_id = %r.job_id, step, error = %e, "audit readings not stored");
@@ -378,8 +411,9 @@ impl Accountant {
             self.prepare_dataset(job);
         }
         metrics::record_release(pending.started.elapsed());
-        let store_s = storing.elapsed().as_secs_f64();
-        tracing::info!(job_id = %r.job_id, step, epsilon_after, noise_s, store_s, "released step");
+        // The pass and the store run side by side, both from the charge.
+        let stored_s = noising.elapsed().as_secs_f64();
+        tracing::info!(job_id = %r.job_id, step, epsilon_after, noise_s, stored_s, "released step");
         Ok(())
     }
 
@@ -531,7 +565,7 @@ impl Accountant {
             })?;
         // A PLD evaluation can take tens of milliseconds: off the async threads, like every other.
         let epsilon_after = job.spending.epsilon_after(step + 1).await?;
-        let release = Arc::new(Release::from_store(step, data, epsilon_after));
+        let release = Arc::new(Release::from_store(step, data, epsilon_after, noise::BLOCK_BYTES));
         job.keep_release(release.clone());
         Ok(release)
     }
@@ -654,17 +688,32 @@ fn validate_registration(r: &Registration) -> Result<(), AccountantError> {
                 format!("a {} job claims no guarantee to audit; only DP jobs can be audited", r.privacy),
             ));
         }
-        if u64::from(r.audit_canaries) > r.gradient_dim.min(MAX_AUDIT_CANARIES) {
+        let placement = placement(r)?;
+        let most =
+            if placement == Placement::Model { r.gradient_dim.min(MAX_AUDIT_CANARIES) } else { MAX_AUDIT_CANARIES };
+        if u64::from(r.audit_canaries) > most {
             return Err(AccountantError::invalid(
                 "audit_canaries",
                 format!(
-                    "{} must be at most gradient_dim ({}) and {MAX_AUDIT_CANARIES}: each canary has its own coordinate",
-                    r.audit_canaries, r.gradient_dim
+                    "{} must be at most {most}: each canary has its own coordinate (gradient_dim {}, coordinates {})",
+                    r.audit_canaries,
+                    r.gradient_dim,
+                    placement.as_str()
                 ),
             ));
         }
+    } else if !r.audit_coordinates.is_empty() {
+        return Err(AccountantError::invalid("audit_coordinates", "must be empty without audit_canaries"));
     }
     Ok(())
+}
+
+/// Where an audited job's canaries live; "" is a ledger from before placements (model).
+fn placement(r: &Registration) -> Result<Placement, AccountantError> {
+    match r.audit_coordinates.as_str() {
+        "" => Ok(Placement::Model),
+        other => other.parse().map_err(|e: String| AccountantError::invalid("audit_coordinates", e)),
+    }
 }
 
 /// Most canaries one job may carry (their readings cost 4 bytes each per step).
@@ -705,14 +754,17 @@ async fn build_job_from_record(record: JobRecord, policy: Policy, ledger: &Ledge
     };
     let dim = usize::try_from(r.gradient_dim)
         .map_err(|_| AccountantError::invalid("gradient_dim", "too large for this host"))?;
-    let ahead = NoiseAhead::new(dim, r.noise_multiplier * r.clipping_norm, noise, !policy.lazy_noise);
     let audit = match r.audit_canaries {
         0 => None,
         m => {
             let secret = ledger.audit_secret(&r.job_id).await?;
-            Some(Arc::new(Canaries::new(secret, m as usize, dim, r.sample_rate, r.clipping_norm)))
+            let placement = placement(&r)?;
+            Some(Arc::new(Canaries::new(secret, m as usize, dim, r.sample_rate, r.clipping_norm, placement)))
         }
     };
+    // Noise covers the model and the audit's reserved coordinates, in one draw and one pass.
+    let noised_dim = dim + audit.as_ref().map_or(0, |a| a.reserved());
+    let ahead = NoiseAhead::new(noised_dim, r.noise_multiplier * r.clipping_norm, noise, !policy.lazy_noise);
     Ok(Job {
         registration: r,
         spending,
@@ -733,3 +785,6 @@ fn exceeds(epsilon: f64, target: f64) -> bool {
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, AccountantError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| AccountantError::Internal(format!("blocking task failed: {e}")))
 }
+
+#[cfg(test)]
+mod tests;

@@ -13,6 +13,15 @@
 //! "excluded" for the bottom ones gives counts whose one-run ε lower bound
 //! (`dpcap_privacy::audit`) a correct mechanism never exceeds (beyond the test's 5 %).
 //!
+//! Canaries live on one of two [`Placement`]s. *Reserved* (the default): m coordinates
+//! appended to the model's P for the audit alone. They are noised in the same pass, with the
+//! same noise, as the release; no example's gradient ever moves them and no rank receives
+//! them, so a canary's score is its own gradient plus the mechanism's noise, and nothing else:
+//! the audit then measures the noise the mechanism really adds, as tightly as one run can.
+//! *Model*: coordinates of the model itself, as a canary inserted among the data would be;
+//! the examples' gradients at those coordinates then blur the scores (on the demo, a bound of
+//! 0.63 at a claimed ε of 100), and the canaries train with the model.
+//!
 //! Everything is a pure function of a 256-bit secret the accountant draws at registration and
 //! keeps in its ledger: coins, coordinates, signs and per-step samples are reproducible from
 //! the ledger and unknown to every worker. The secret never leaves the accountant.
@@ -31,6 +40,38 @@ const STEP_STREAM_BASE: u64 = 2;
 /// The audit's significance level: bounds hold at 95 % confidence.
 pub const SIGNIFICANCE: f64 = 0.05;
 
+/// Where a job's canaries live (see the module's note).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// m coordinates after the model's P, noised with the release and kept by the accountant.
+    #[default]
+    Reserved,
+    /// m distinct coordinates of the model, chosen by the secret.
+    Model,
+}
+
+impl Placement {
+    /// How the ledger records it ("reserved" or "model").
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Placement::Reserved => "reserved",
+            Placement::Model => "model",
+        }
+    }
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "reserved" => Ok(Placement::Reserved),
+            "model" => Ok(Placement::Model),
+            other => Err(format!("{other:?} is not reserved or model")),
+        }
+    }
+}
+
 /// A job's canaries.
 #[derive(Debug, Clone)]
 pub struct Canaries {
@@ -41,8 +82,10 @@ pub struct Canaries {
     clip: f64,
     /// Per canary: whether it is included (the secret coin).
     included: Vec<bool>,
-    /// Per canary: its coordinate and sign.
+    /// Per canary: its coordinate and sign. Reserved coordinates are P..P+m.
     directions: Vec<(usize, f64)>,
+    /// Coordinates appended to the model's for the audit (m when reserved, else 0).
+    reserved: usize,
 }
 
 /// What an audit concluded.
@@ -85,22 +128,35 @@ fn below(rng: &mut ChaCha20Rng, n: u64) -> u64 {
 }
 
 impl Canaries {
-    /// `count` canaries on distinct coordinates of a `dim`-parameter model (count ≤ dim).
-    pub fn new(secret: [u8; 32], count: usize, dim: usize, sample_rate: f64, clip: f64) -> Self {
-        assert!(count <= dim, "{count} canaries need as many coordinates, the model has {dim}");
+    /// `count` canaries for a `dim`-parameter model: on `count` coordinates after the model's
+    /// (reserved), or on distinct coordinates of the model (count ≤ dim).
+    pub fn new(secret: [u8; 32], count: usize, dim: usize, sample_rate: f64, clip: f64, placement: Placement) -> Self {
         let mut coins = stream(&secret, COIN_STREAM);
         let included = (0..count).map(|_| coins.next_u64() & 1 == 1).collect();
-        // Floyd's algorithm: `count` distinct coordinates in O(count) memory, whatever dim is.
         let mut place = stream(&secret, PLACE_STREAM);
-        let mut taken = HashSet::with_capacity(count);
-        let mut directions = Vec::with_capacity(count);
-        for j in (dim - count)..dim {
-            let t = below(&mut place, j as u64 + 1) as usize;
-            let coordinate = if taken.insert(t) { t } else { taken.insert(j).then_some(j).expect("j is new") };
-            let sign = if place.next_u64() & 1 == 1 { 1.0 } else { -1.0 };
-            directions.push((coordinate, sign));
-        }
-        Self { secret, sample_rate, clip, included, directions }
+        let sign = |rng: &mut ChaCha20Rng| if rng.next_u64() & 1 == 1 { 1.0 } else { -1.0 };
+        let (directions, reserved) = match placement {
+            Placement::Reserved => ((0..count).map(|j| (dim + j, sign(&mut place))).collect(), count),
+            Placement::Model => {
+                assert!(count <= dim, "{count} canaries need as many coordinates, the model has {dim}");
+                // Floyd's algorithm: `count` distinct coordinates in O(count) memory, whatever dim is.
+                let mut taken = HashSet::with_capacity(count);
+                let mut directions = Vec::with_capacity(count);
+                for j in (dim - count)..dim {
+                    let t = below(&mut place, j as u64 + 1) as usize;
+                    let coordinate = if taken.insert(t) { t } else { taken.insert(j).then_some(j).expect("j is new") };
+                    directions.push((coordinate, sign(&mut place)));
+                }
+                (directions, 0)
+            }
+        };
+        Self { secret, sample_rate, clip, included, directions, reserved }
+    }
+
+    /// Coordinates the audit appends to the model's: the release is noised over P + this many,
+    /// and only the first P reach the ranks.
+    pub fn reserved(&self) -> usize {
+        self.reserved
     }
 
     /// Number of canaries.
@@ -137,12 +193,13 @@ impl Canaries {
         }
     }
 
-    /// The release's value at each canary's coordinate (little-endian f32, canary order): all
-    /// the audit needs of a release, stored beside it and kept when the release is trimmed.
-    pub fn readings(&self, release: &[u8]) -> Vec<u8> {
+    /// The noised vector's value at each canary's coordinate (little-endian f32, canary order;
+    /// `value` reads a coordinate's 4 bytes, reserved coordinates included): all the audit needs of a release, stored
+    /// beside it and kept when the release is trimmed.
+    pub fn readings(&self, value: impl Fn(usize) -> Option<[u8; 4]>) -> Vec<u8> {
         let mut out = Vec::with_capacity(4 * self.len());
         for &(coordinate, _) in &self.directions {
-            out.extend_from_slice(release.get(coordinate * 4..coordinate * 4 + 4).unwrap_or(&[0; 4]));
+            out.extend_from_slice(&value(coordinate).unwrap_or([0; 4]));
         }
         out
     }

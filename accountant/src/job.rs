@@ -4,7 +4,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use dpcap_proto::floats;
 use tokio::sync::{Mutex, watch};
 use xxhash_rust::xxh3::Xxh3;
@@ -13,6 +12,7 @@ use crate::ahead::NoiseAhead;
 use crate::error::AccountantError;
 use crate::ledger::Registration;
 use crate::noise::NoiseMode;
+use crate::release::Release;
 use crate::spending::Spending;
 use crate::sum::Sum;
 
@@ -47,48 +47,6 @@ pub enum Phase {
     BudgetExhausted,
     /// The job was closed by its owner.
     Closed,
-}
-
-/// A released step: the noised sum, identical bytes for every fetch.
-#[derive(Debug)]
-pub struct Release {
-    /// The step.
-    pub step: u64,
-    /// R_t = Σ parts + N(0, σ²C²): P values as little-endian f32 bytes, sliced (not copied)
-    /// into the chunks of every fetch.
-    pub data: Bytes,
-    /// ε spent after this step.
-    pub epsilon_after: f64,
-    /// Whether the release is in the ledger's store yet: chunks stream out while it is being
-    /// written, and the last chunk waits for [`Stored::Done`].
-    pub stored: watch::Receiver<Stored>,
-}
-
-/// Where a release stands in the ledger's store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stored {
-    /// Being written.
-    Writing,
-    /// Durable: a restart serves the same bytes.
-    Done,
-    /// The write failed: the step is discarded and no rank may apply it.
-    Failed,
-}
-
-impl Release {
-    /// A release read back from the store (durable already).
-    pub fn from_store(step: u64, data: Bytes, epsilon_after: f64) -> Self {
-        Self { step, data, epsilon_after, stored: watch::channel(Stored::Done).1 }
-    }
-
-    /// Waits until the release is durable (true) or known lost (false).
-    pub async fn durable(&self) -> bool {
-        let mut stored = self.stored.clone();
-        match stored.wait_for(|s| *s != Stored::Writing).await {
-            Ok(state) => *state == Stored::Done,
-            Err(_) => false, // the writer went away without saying: treat as lost
-        }
-    }
 }
 
 /// The step whose parts are being collected.

@@ -7,14 +7,16 @@
 //!   conditional create, so a step can be charged at most once even by two accountant
 //!   processes sharing the store;
 //! - `jobs/{job}/releases/{step:020}.f32`: the released vector (little-endian f32), stored
-//!   after the charge and before any byte of it leaves, so that every rank (a restarted one, a
-//!   replacement, a survivor of an accountant crash) fetches the same bytes until a checkpoint
-//!   covers the step;
+//!   after the charge while it streams to the ranks, and before any rank may apply it (the
+//!   last chunk of a fetch waits for it), so that every rank (a restarted one, a replacement,
+//!   a survivor of an accountant crash) fetches the same bytes until a checkpoint covers it;
 //! - `jobs/{job}/trimmed.json`: `{"before": S}`: releases of steps < S are covered by a
 //!   checkpoint and may have been deleted; it only ever grows;
 //! - `jobs/{job}/discarded/{step:020}`: a charged step whose release was lost (a crash between
 //!   the charge and the stored release): spent, never released, recorded at replay;
 //! - `jobs/{job}/closed.json`: the job ended; no further parts are accepted;
+//! - `jobs/{job}/audit/secret` (an audited job's 256-bit canary secret, created once) and
+//!   `jobs/{job}/audit/readings/{step:020}.f32` (the release at the canaries' coordinates);
 //! - `datasets/{dataset}/budget.json`: a dataset's current lifetime budget, and
 //!   `datasets/{dataset}/audit/{version:020}.json`: every setting of it, created once and never
 //!   rewritten (the audit log of budgets; charges are audited by their own create-once objects).
@@ -22,13 +24,24 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use futures::TryStreamExt;
+use futures::stream::FuturesUnordered;
+use futures::{StreamExt, TryStreamExt};
+use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::datasets::{DatasetBudget, path_component};
 use crate::error::AccountantError;
+use crate::release::Release;
+use crate::synced::SyncedFile;
+
+/// Bytes per part of a stored release: above S3's 5 MiB minimum, small enough that the first
+/// part is written while the noise pass is still filling the release.
+const RELEASE_PART_BYTES: usize = 16 << 20;
+
+/// Parts of a release written at once: one being written while the next is handed over.
+const RELEASE_PARTS_IN_FLIGHT: usize = 2;
 
 /// A job's privacy contract as recorded in the ledger.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,6 +80,10 @@ pub struct Registration {
     /// Canaries of the job's one-run audit (0: none; see [`crate::audit`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub audit_canaries: u32,
+    /// Where the canaries live: "reserved" or "model" ([`crate::audit::Placement`]); "" without
+    /// canaries. Ledgers from before placements have "" with canaries, which reads as "model".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub audit_coordinates: String,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -114,12 +131,46 @@ pub struct JobRecord {
 pub struct Ledger {
     store: Arc<dyn ObjectStore>,
     root: Path,
+    /// The same store when it is a local directory: releases are then written and synced
+    /// part by part ([`SyncedFile`]).
+    local: Option<Arc<LocalFileSystem>>,
+}
+
+/// A release's visible blocks in store parts of at least [`RELEASE_PART_BYTES`], each
+/// returned as soon as the noise pass has filled its blocks.
+struct ReleaseParts<'a> {
+    release: &'a Release,
+    step: u64,
+    next: usize,
+}
+
+impl ReleaseParts<'_> {
+    async fn next(&mut self) -> Result<Option<Vec<bytes::Bytes>>, AccountantError> {
+        let (mut part, mut bytes) = (Vec::new(), 0);
+        while self.next < self.release.visible_blocks() && bytes < RELEASE_PART_BYTES {
+            let block = self
+                .release
+                .block(self.next)
+                .await
+                .ok_or_else(|| AccountantError::Internal(format!("the noise pass of step {} failed", self.step)))?;
+            bytes += block.len();
+            part.push(block);
+            self.next += 1;
+        }
+        Ok((!part.is_empty()).then_some(part))
+    }
 }
 
 impl Ledger {
     /// A ledger rooted at `root` inside `store`.
     pub fn new(store: Arc<dyn ObjectStore>, root: Path) -> Self {
-        Self { store, root }
+        Self { store, root, local: None }
+    }
+
+    /// A ledger in a local directory (`LocalFileSystem` with fsync), whose releases are synced
+    /// part by part while they are written.
+    pub fn local(store: Arc<LocalFileSystem>) -> Self {
+        Self { store: store.clone(), root: Path::default(), local: Some(store) }
     }
 
     fn job_path(&self, job_id: &str, rest: &str) -> Path {
@@ -155,13 +206,43 @@ impl Ledger {
         }
     }
 
-    /// Stores the release of a charged step. Its chunks may stream while it is written, but no
-    /// fetch's last chunk (the one that lets a rank apply it) leaves before this returns.
-    /// `data` is the release's little-endian f32 bytes (shared, not copied).
-    pub async fn put_release(&self, job_id: &str, step: u64, data: bytes::Bytes) -> Result<(), AccountantError> {
+    /// Stores the release of a charged step (the bytes ranks receive), part by part as its
+    /// noise pass fills the blocks, published only whole: on a local directory a file synced
+    /// part by part ([`SyncedFile`]), elsewhere a multipart upload whose parts go out while the
+    /// pass and the fetches run. Its chunks may stream while it is written, but no fetch's last
+    /// chunk (the one that lets a rank apply it) leaves before this returns. A failed write
+    /// leaves no object.
+    pub async fn put_release(&self, job_id: &str, step: u64, release: &Release) -> Result<(), AccountantError> {
         let path = self.job_path(job_id, &format!("releases/{step:020}.f32"));
-        self.store.put(&path, PutPayload::from(data)).await?;
-        Ok(())
+        let mut parts = ReleaseParts { release, step, next: 0 };
+        if let Some(local) = &self.local {
+            let mut file = SyncedFile::create(local.path_to_filesystem(&path)?).await?;
+            while let Some(part) = parts.next().await? {
+                file.append(part).await?;
+            }
+            return file.publish().await;
+        }
+        let mut upload = self.store.put_multipart(&path).await?;
+        let written = async {
+            let mut writing = FuturesUnordered::new();
+            while let Some(part) = parts.next().await? {
+                writing.push(upload.put_part(part.into_iter().collect()));
+                while writing.len() >= RELEASE_PARTS_IN_FLIGHT {
+                    writing.next().await.expect("a part is in flight")?;
+                }
+            }
+            while let Some(written) = writing.next().await {
+                written?;
+            }
+            upload.complete().await?;
+            Ok::<_, AccountantError>(())
+        }
+        .await;
+        if written.is_err() {
+            // Best effort: the caller deletes the object and records the discard either way.
+            let _ = upload.abort().await;
+        }
+        written
     }
 
     /// The stored release of `step`, or None when there is none (trimmed, or never stored).
@@ -373,6 +454,8 @@ impl Ledger {
                     entry.released.extend(name.strip_suffix(".f32").and_then(|n| n.parse::<u64>().ok()))
                 }
                 [dir, name] if dir == "discarded" => entry.discarded.extend(step_of(name)),
+                // The audit's secret and readings are read when the job is built or audited.
+                [dir, ..] if dir == "audit" => {}
                 _ => tracing::warn!(path = %object.location, "ignoring unknown ledger object"),
             }
         }
@@ -385,6 +468,7 @@ impl Ledger {
                 });
             }
             let registration: Registration = self.read_json(&self.job_path(&job_id, "registration.json")).await?;
+            self.remove_stale_staging(&job_id).await;
             let closed = if f.closed {
                 let v: serde_json::Value = self.read_json(&self.job_path(&job_id, "closed.json")).await?;
                 Some(v["reason"].as_str().unwrap_or_default().to_owned())
@@ -410,6 +494,25 @@ impl Ledger {
             });
         }
         Ok(jobs)
+    }
+
+    /// A local ledger's releases a crash left half written (their staging files, up to 4·P
+    /// bytes each), removed at replay. Files younger than 10 minutes are left alone: another
+    /// accountant sharing the ledger may be writing them.
+    async fn remove_stale_staging(&self, job_id: &str) {
+        let Some(dir) = self.local.as_ref().and_then(|l| l.path_to_filesystem(&self.job_path(job_id, "releases")).ok())
+        else {
+            return;
+        };
+        let removed = tokio::task::spawn_blocking(move || {
+            let stale = crate::synced::stale_staging(&dir, std::time::Duration::from_secs(600));
+            stale.into_iter().filter(|path| std::fs::remove_file(path).is_ok()).count()
+        })
+        .await
+        .unwrap_or(0);
+        if removed > 0 {
+            tracing::info!(job_id, removed, "removed releases left half written by a crash");
+        }
     }
 
     async fn create(&self, path: &Path, body: Vec<u8>) -> Result<(), object_store::Error> {
@@ -455,6 +558,7 @@ mod tests {
                 simulated: (i % 3 == 2)
                     .then(|| crate::spending::Simulated { sample_rate: any(), noise_multiplier: any() }),
                 audit_canaries: (i % 2) as u32 * 1000,
+                audit_coordinates: if i % 2 == 1 { ["reserved", "model", ""][i % 3].into() } else { String::new() },
             };
             let bytes = serde_json::to_vec_pretty(&registration).unwrap();
             let back: Registration = serde_json::from_slice(&bytes).unwrap();

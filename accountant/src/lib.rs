@@ -20,10 +20,12 @@ pub mod job;
 pub mod ledger;
 pub mod metrics;
 pub mod noise;
+pub mod release;
 pub mod server;
 pub mod service;
 pub mod spending;
 pub mod sum;
+pub mod synced;
 
 pub use accountant::Accountant;
 pub use error::AccountantError;

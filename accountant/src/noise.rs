@@ -45,19 +45,23 @@ impl NoiseMode {
     }
 }
 
-/// Runs `work(block_index, block)` over `block`-sized blocks of `out` on every core. Block
-/// `i` is always the same coordinates, so results never depend on the number of threads.
-fn par_blocks<T: Send>(out: &mut [T], block: usize, work: impl Fn(usize, &mut [T]) + Sync) {
+/// Runs `work` on every item on every core. Items are taken in order, one at a time, so
+/// the first results are ready first (a release streams its blocks in order); an item is
+/// always the same work, so results never depend on the number of threads.
+fn par_each<T: Send>(items: impl Iterator<Item = T> + Send, work: impl Fn(T) + Sync) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = cores.min(out.len().div_ceil(block)).max(1);
-    let mut shares: Vec<Vec<(usize, &mut [T])>> = (0..threads).map(|_| Vec::new()).collect();
-    for (index, chunk) in out.chunks_mut(block).enumerate() {
-        shares[index % threads].push((index, chunk));
-    }
-    let work = &work;
+    let items = std::sync::Mutex::new(items);
+    let (items, work) = (&items, &work);
     std::thread::scope(|scope| {
-        for share in shares {
-            scope.spawn(move || share.into_iter().for_each(|(index, chunk)| work(index, chunk)));
+        for _ in 0..cores {
+            scope.spawn(move || {
+                while let Some(item) = {
+                    let next = items.lock().expect("items lock").next();
+                    next
+                } {
+                    work(item);
+                }
+            });
         }
     });
 }
@@ -68,7 +72,7 @@ fn par_blocks<T: Send>(out: &mut [T], block: usize, work: impl Fn(usize, &mut [T
 pub fn draw(dim: usize, std: f64, mode: NoiseMode, step: u64) -> Result<Vec<f64>, getrandom::Error> {
     let key = mode.key(step)?;
     let mut out = vec![0.0f64; dim];
-    par_blocks(&mut out, BLOCK, |index, block| {
+    par_each(out.chunks_mut(BLOCK).enumerate(), |(index, block)| {
         let mut rng = ChaCha20Rng::from_seed(key);
         rng.set_stream(index as u64);
         fill_block(&mut rng, block, std);
@@ -76,26 +80,48 @@ pub fn draw(dim: usize, std: f64, mode: NoiseMode, step: u64) -> Result<Vec<f64>
     Ok(out)
 }
 
-/// The release bytes: `(sum + noise) as f32` per coordinate, little-endian, in one pass on
-/// every core (memory-bound). The f64 addition happens before the single rounding to f32.
-pub fn apply(sum: &Sum, noise: &[f64]) -> Vec<u8> {
-    assert_eq!(sum.len(), noise.len(), "noise drawn for another dimension");
+/// Bytes per release block: the unit the noise pass fills and a fetch or the store waits for.
+pub const BLOCK_BYTES: usize = 4 * BLOCK;
+
+/// The release bytes: `(sum + noise) as f32` per coordinate, little-endian, block by block
+/// ([`BLOCK_BYTES`]) on every core (memory-bound), each block handed to `sink` as soon as it
+/// is done, in about the order of the blocks. The f64 addition happens before the single
+/// rounding to f32. Noise may run past the sum: those coordinates (an audit's reserved ones)
+/// are noise alone.
+pub fn apply_each(sum: &Sum, noise: &[f64], sink: impl Fn(usize, Vec<u8>) + Sync) {
+    assert!(sum.len() <= noise.len(), "noise drawn for another dimension");
     match sum {
-        Sum::Empty => Vec::new(),
-        Sum::One(values) => apply_to(values, noise),
-        Sum::Many(values) => apply_to(values, noise),
+        Sum::Empty => apply_blocks::<f32>(&[], noise, sink),
+        Sum::One(values) => apply_blocks(values, noise, sink),
+        Sum::Many(values) => apply_blocks(values, noise, sink),
     }
 }
 
-fn apply_to<T: Copy + Into<f64> + Sync>(sum: &[T], noise: &[f64]) -> Vec<u8> {
-    let mut out = vec![0u8; noise.len() * 4];
-    par_blocks(&mut out, BLOCK * 4, |index, bytes| {
-        let range = index * BLOCK..index * BLOCK + bytes.len() / 4;
-        for ((y, n), x) in bytes.chunks_exact_mut(4).zip(&noise[range.clone()]).zip(&sum[range]) {
+/// [`apply_each`] into one buffer (tests; the release path streams blocks).
+#[cfg(test)]
+pub fn apply(sum: &Sum, noise: &[f64]) -> Vec<u8> {
+    let out = std::sync::Mutex::new(vec![0u8; noise.len() * 4]);
+    apply_each(sum, noise, |index, block| {
+        out.lock().expect("out lock")[index * BLOCK_BYTES..][..block.len()].copy_from_slice(&block);
+    });
+    out.into_inner().expect("out lock")
+}
+
+fn apply_blocks<T: Copy + Into<f64> + Sync>(sum: &[T], noise: &[f64], sink: impl Fn(usize, Vec<u8>) + Sync) {
+    par_each(0..noise.len().div_ceil(BLOCK), |index| {
+        let (start, end) = (index * BLOCK, ((index + 1) * BLOCK).min(noise.len()));
+        let summed = end.min(sum.len()).max(start); // this block's coordinates with a sum
+        let values = sum.get(start..summed).unwrap_or_default();
+        let mut bytes = vec![0u8; 4 * (end - start)];
+        let (head, tail) = bytes.split_at_mut(4 * (summed - start));
+        for ((y, n), x) in head.chunks_exact_mut(4).zip(&noise[start..summed]).zip(values) {
             y.copy_from_slice(&(((*x).into() + n) as f32).to_le_bytes());
         }
+        for (y, n) in tail.chunks_exact_mut(4).zip(&noise[summed..end]) {
+            y.copy_from_slice(&(*n as f32).to_le_bytes());
+        }
+        sink(index, bytes);
     });
-    out
 }
 
 fn fill_block(rng: &mut ChaCha20Rng, output: &mut [f64], std: f64) {
@@ -163,5 +189,21 @@ mod tests {
         let last = dim - 1;
         let value = f32::from_le_bytes(released[last * 4..].try_into().unwrap());
         assert_eq!(value, (1.0 + noise[last]) as f32);
+    }
+
+    #[test]
+    fn coordinates_past_the_sum_are_noise_alone_in_the_same_pass() {
+        // A sum ending inside the second block, noise running into a third.
+        let (dim, extra) = (BLOCK + 5, BLOCK + 7);
+        let noise = draw(dim + extra, 2.0, NoiseMode::Seeded(4), 1).unwrap();
+        let released = apply(&ones(dim), &noise);
+        assert_eq!(released.len(), 4 * (dim + extra));
+        let at = |i: usize| f32::from_le_bytes(released[4 * i..4 * i + 4].try_into().unwrap());
+        for i in [0, dim - 1] {
+            assert_eq!(at(i), (1.0 + noise[i]) as f32, "coordinate {i} of the sum");
+        }
+        for i in [dim, dim + 1, BLOCK * 2, dim + extra - 1] {
+            assert_eq!(at(i), noise[i] as f32, "reserved coordinate {i}");
+        }
     }
 }

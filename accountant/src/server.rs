@@ -38,6 +38,9 @@ pub enum ServeError {
 
 /// Opens the ledger at a directory or URL (see [`dpcap_serve::open_store`]).
 pub fn open_ledger(location: &str) -> Result<Ledger, ServeError> {
+    if let Some(local) = dpcap_serve::store::open_durable_local(location)? {
+        return Ok(Ledger::local(local));
+    }
     let (store, root) = dpcap_serve::open_durable_store(location)?;
     Ok(Ledger::new(store, root))
 }

@@ -82,6 +82,8 @@ fn registration_from_proto(request: RegisterJobRequest) -> Result<Registration, 
         simulated: request
             .simulated
             .map(|m| Simulated { sample_rate: m.sample_rate, noise_multiplier: m.noise_multiplier }),
+        // "" is decided by the accountant: reserved for a new job, the job's own for a repeat.
+        audit_coordinates: request.audit_coordinates,
         audit_canaries: request.audit_canaries,
     })
 }
@@ -195,35 +197,44 @@ impl AccountantService for AccountantGrpc {
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let mut first_spend = Some(JobSpend { epsilon_spent: release.epsilon_after, ..spend(&job) });
-            let chunk_bytes = chunk_values * 4;
-            let total = release.data.len();
-            let mut start = 0;
-            loop {
-                let end = (start + chunk_bytes).min(total);
-                let last = end == total;
-                // The last chunk says the release is durable: wait for the ledger's store.
-                if last && !release.durable().await {
-                    let lost = AccountantError::refused(
-                        &job.registration.job_id,
-                        release.step,
-                        dpcap_proto::ErrorCode::ReleaseDiscarded,
-                        "the release could not be stored; the step is discarded (stays spent)",
-                    );
-                    let _ = tx.send(Err(to_status(lost))).await;
+            let lost = || {
+                to_status(AccountantError::refused(
+                    &job.registration.job_id,
+                    release.step,
+                    dpcap_proto::ErrorCode::ReleaseDiscarded,
+                    "the release could not be stored; the step is discarded (stays spent)",
+                ))
+            };
+            let (chunk_bytes, total) = (chunk_values * 4, release.len());
+            let mut offset = 0;
+            // Blocks stream as the noise pass fills them.
+            for index in 0..release.visible_blocks() {
+                let Some(mut block) = release.block(index).await else {
+                    let _ = tx.send(Err(lost())).await;
                     return;
-                }
-                let chunk = ReleaseChunk {
-                    job_id: job.registration.job_id.clone(),
-                    step: release.step,
-                    offset: (start / 4) as u64,
-                    data: release.data.slice(start..end),
-                    spend: first_spend.take(),
-                    last,
                 };
-                if tx.send(Ok(chunk)).await.is_err() || last {
-                    return; // done, or the client went away (the release stays for its retry)
+                while !block.is_empty() {
+                    let data = block.split_to(chunk_bytes.min(block.len()));
+                    let end = offset + data.len();
+                    let last = end == total;
+                    // The last chunk says the release is durable: wait for the ledger's store.
+                    if last && !release.durable().await {
+                        let _ = tx.send(Err(lost())).await;
+                        return;
+                    }
+                    let chunk = ReleaseChunk {
+                        job_id: job.registration.job_id.clone(),
+                        step: release.step,
+                        offset: (offset / 4) as u64,
+                        data,
+                        spend: first_spend.take(),
+                        last,
+                    };
+                    if tx.send(Ok(chunk)).await.is_err() || last {
+                        return; // done, or the client went away (the release stays for its retry)
+                    }
+                    offset = end;
                 }
-                start = end;
             }
         });
         Ok(Response::new(ReceiverStream::new(rx).boxed()))

@@ -225,6 +225,7 @@ mod tests {
             privacy: privacy.into(),
             simulated,
             audit_canaries: 0,
+            audit_coordinates: String::new(),
         }
     }
 

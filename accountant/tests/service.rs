@@ -68,6 +68,45 @@ async fn concurrent_duplicate_parts_and_fetches_charge_once_and_return_identical
     assert_eq!(conflict.code(), Code::Aborted, "{conflict}");
 }
 
+/// A release of several noise blocks (and several parts of its stored upload) streams to a
+/// fetch that started before the part arrived, in chunks that straddle the blocks, and reads
+/// back byte for byte from the ledger after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_several_blocks_streams_while_stored_and_reads_back_identical_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let mut client = server.client().await;
+    // 4.5 noise blocks of 2^20 values: 18 MB, two parts of the stored upload.
+    let dim = (9 << 20) / 2;
+    client.raw().register_job(job("blocks", 0.01, 1.0, 1.0, 10.0, dim as u64, 1, Some(11))).await.unwrap();
+    let request = FetchReleaseRequest { job_id: "blocks".into(), step: 0, chunk_values: 300_000 };
+    let mut fetcher = client.clone();
+    let early = tokio::spawn(async move {
+        let mut stream = fetcher.raw().fetch_release(request).await?.into_inner();
+        let (mut values, mut lasts) = (Vec::new(), 0);
+        while let Some(chunk) = stream.message().await? {
+            assert_eq!(chunk.offset, values.len() as u64, "contiguous offsets across blocks");
+            values.extend(dpcap_proto::floats::to_vec(&chunk.data).unwrap());
+            lasts += u32::from(chunk.last);
+        }
+        Ok::<_, tonic::Status>((values, lasts))
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let sum: Vec<f32> = (0..dim).map(|i| (i % 7) as f32).collect();
+    assert!(client.submit_part("blocks", 0, 0, &sum).await.unwrap().released);
+    let (streamed, lasts) = early.await.unwrap().unwrap();
+    assert_eq!((streamed.len(), lasts), (dim, 1), "every value once, one last chunk");
+    let noise: Vec<f64> = streamed.iter().zip(&sum).map(|(r, s)| f64::from(r - s)).collect();
+    let std = (noise.iter().map(|n| n * n).sum::<f64>() / dim as f64).sqrt();
+    assert!((std - 1.0).abs() < 0.01, "noise std {std} on every block, sigma*C = 1");
+    let stored = dir.path().join("jobs/blocks/releases").join(format!("{:020}.f32", 0));
+    assert_eq!(std::fs::metadata(&stored).unwrap().len(), 4 * dim as u64);
+    server.kill();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let mut client = server.client().await;
+    assert!(client.fetch_release("blocks", 0).await.unwrap().0 == streamed, "the same bytes from the store");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_serves_stored_releases_again_and_discards_a_charge_whose_release_was_never_stored() {
     let dir = tempfile::tempdir().unwrap();
@@ -659,6 +698,10 @@ async fn an_audited_job_audits_below_its_claim_after_it_ends_and_the_same_after_
     for step in 0..steps {
         client.submit_part("audited", step, 0, &vec![0.0; dim]).await.unwrap();
     }
+    // The canaries sit on reserved coordinates (the default): ranks get the model's P values,
+    // and with no examples moving them the releases are noise alone.
+    let (release, _) = client.fetch_release("audited", steps - 1).await.unwrap();
+    assert_eq!(release.len(), dim, "reserved coordinates never reach a rank");
     client.raw().close_job(CloseJobRequest { job_id: "audited".into(), reason: "done".into() }).await.unwrap();
     let report = audit(client.clone()).await.unwrap().into_inner();
     assert_eq!((report.canaries, report.guesses, report.steps_scored), (canaries, 200, steps));
@@ -680,9 +723,14 @@ async fn an_audited_job_audits_below_its_claim_after_it_ends_and_the_same_after_
     let refused = client.clone().raw().register_job(not_private).await.unwrap_err();
     assert!(refused.code() == Code::InvalidArgument && refused.message().contains("audit_canaries"), "{refused:?}");
     let mut too_many = job("many", q, sigma, 1.0, 2.0, 100, 1, None);
-    too_many.audit_canaries = 101;
-    let refused = client.clone().raw().register_job(too_many).await.unwrap_err();
+    (too_many.audit_canaries, too_many.audit_coordinates) = (101, "model".into());
+    let refused = client.clone().raw().register_job(too_many.clone()).await.unwrap_err();
     assert!(refused.code() == Code::InvalidArgument && refused.message().contains("audit_canaries"), "{refused:?}");
+    too_many.audit_coordinates = "reserved".into(); // reserved coordinates are not the model's
+    client.clone().raw().register_job(too_many.clone()).await.unwrap();
+    (too_many.job_id, too_many.audit_coordinates) = ("elsewhere".into(), "elsewhere".into());
+    let refused = client.clone().raw().register_job(too_many).await.unwrap_err();
+    assert!(refused.code() == Code::InvalidArgument && refused.message().contains("audit_coordinates"), "{refused:?}");
     client.clone().raw().register_job(job("plain", q, sigma, 1.0, 2.0, 100, 1, None)).await.unwrap();
     let c = client.clone();
     let plain = async move { c.clone().raw().audit_job(AuditJobRequest { job_id: "plain".into() }).await };

@@ -16,7 +16,7 @@ use dpcap_coordinator::work::example_units;
 use dpcap_coordinator::{JobSecret, PoissonSampler, split_work, step_work};
 use dpcap_proto::index::ImageKind;
 use dpcap_proto::index::{Layout, MANIFEST_VERSION, Manifest, ShardRecord, ShardTable, Skipped, Span, TableEntry};
-use dpcap_proto::v1::{AccountantKind, Mechanism, RegisterJobRequest};
+use dpcap_proto::v1::{AccountantKind, FetchReleaseRequest, Mechanism, RegisterJobRequest};
 use dpcap_serve::ServerSecurity;
 use prost::Message;
 use rand_chacha::ChaCha8Rng;
@@ -56,6 +56,17 @@ pub struct ScaleBench {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+}
+
+/// CPU seconds this process has used (user + system, every thread), from /proc: what a
+/// release costs the machine, beside how long it takes.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime and stime are the 12th and
+    // 13th, in clock ticks (100 per second on Linux).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after.split_whitespace().skip(11).take(2).filter_map(|t| t.parse::<u64>().ok()).sum();
+    ticks as f64 / 100.0
 }
 
 /// Resident set size now (not the peak), from /proc.
@@ -119,13 +130,64 @@ fn build_manifest(opts: &ScaleBench) -> Manifest {
     }
 }
 
-/// What one release at size P costs through a real accountant on loopback.
+/// What one release at size P costs through a real accountant on loopback (medians).
 struct ReleaseTiming {
+    /// First byte of the part in → last byte of the release out.
     seconds: f64,
+    /// First byte of the part in → first byte of the release out (the part's transfer, the
+    /// charge and the first noised block).
+    first_chunk_s: f64,
+    /// First byte of the part in → the part's answer, which comes once the release is stored.
+    stored_s: f64,
+    /// CPU seconds the accountant and its client used together during the release.
+    cpu_s: f64,
     noise_coords_per_s_per_core: f64,
+    /// Bytes per second the ledger's disk takes with an fsync (256 MiB written, then synced).
+    disk_fsync_bytes_per_s: f64,
 }
 
-async fn time_release(opts: &ScaleBench) -> Result<ReleaseTiming> {
+/// The ledger disk's fsync'd write rate: what a durable release is bounded by.
+fn disk_fsync_rate(dir: &std::path::Path) -> Result<f64> {
+    use std::io::Write;
+    let path = dir.join("disk-probe");
+    let block = vec![0x5au8; 16 << 20];
+    let started = Instant::now();
+    let mut file = std::fs::File::create(&path)?;
+    for _ in 0..16 {
+        file.write_all(&block)?;
+    }
+    file.sync_all()?;
+    let rate = (16 * block.len()) as f64 / started.elapsed().as_secs_f64();
+    std::fs::remove_file(path)?;
+    Ok(rate)
+}
+
+/// Fetches `step`'s release whole, returning its values and when its first chunk came.
+async fn fetch_timed(client: &mut AccountantClient, step: u64) -> Result<(usize, Instant)> {
+    let request = FetchReleaseRequest { job_id: "scale".into(), step, chunk_values: 0 };
+    let mut stream = client.raw().fetch_release(request).await?.into_inner();
+    let (mut bytes, mut first) = (0, None);
+    while let Some(chunk) = stream.message().await? {
+        first.get_or_insert_with(Instant::now);
+        bytes += chunk.data.len();
+        if chunk.last {
+            return Ok((bytes / 4, first.expect("a chunk came")));
+        }
+    }
+    anyhow::bail!("the release of step {step} ended without its last chunk")
+}
+
+/// How the bench's accountant writes its stored releases.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Writer {
+    /// The production path for a local ledger: a file synced part by part while it is written.
+    Synced,
+    /// object_store's multipart upload over the same directory, synced once when it completes
+    /// (what the ledger does on any other object store): the side-by-side reference.
+    Multipart,
+}
+
+async fn time_release(opts: &ScaleBench, writer: Writer) -> Result<ReleaseTiming> {
     let dim = usize::try_from(opts.params)?;
     // Noise throughput first: it says how long a step must compute for noise to be ready.
     let sample = dim.min(1 << 24);
@@ -139,7 +201,14 @@ async fn time_release(opts: &ScaleBench) -> Result<ReleaseTiming> {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = grpc.local_addr()?;
-    let ledger = dpcap_accountant::server::open_ledger(&dir.path().to_string_lossy())?;
+    let location = dir.path().to_string_lossy().into_owned();
+    let ledger = match writer {
+        Writer::Synced => dpcap_accountant::server::open_ledger(&location)?,
+        Writer::Multipart => {
+            let (store, root) = dpcap_serve::open_durable_store(&location)?;
+            dpcap_accountant::ledger::Ledger::new(store, root)
+        }
+    };
     let server = ServerSecurity::default().server(addr)?;
     let policy = Policy { allow_unbudgeted_datasets: true, ..Default::default() };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -170,27 +239,43 @@ async fn time_release(opts: &ScaleBench) -> Result<ReleaseTiming> {
     .await
     .context("registering the bench job")?;
     let part = dpcap_proto::floats::into_bytes((0..dim).map(|i| (i % 1013) as f32 * 1e-4).collect());
-    let mut times = Vec::new();
+    let (mut times, mut firsts, mut stores, mut cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for step in 0..opts.release_steps.max(1) {
         // Between steps the ranks compute; the accountant draws the next step's noise meanwhile.
         tokio::time::sleep(noise_wait).await;
-        let started = Instant::now();
+        let (started, cpu) = (Instant::now(), cpu_seconds());
         let (mut submitter, mut fetcher) = (client.clone(), client.clone());
         // The rank fetches while it submits, as the worker does: the release streams while the
         // accountant stores it, and its last chunk comes once it is stored.
-        let (submitted, fetched) = tokio::join!(
-            submitter.submit_bytes("scale", (step, 0, 0), part.clone()),
-            fetcher.fetch_release("scale", step)
-        );
+        let submit = async {
+            let submitted = submitter.submit_bytes("scale", (step, 0, 0), part.clone()).await;
+            (submitted, started.elapsed().as_secs_f64())
+        };
+        let ((submitted, stored_s), fetched) = tokio::join!(submit, fetch_timed(&mut fetcher, step));
         submitted.context("submitting the part")?;
-        let (release, _) = fetched.context("fetching the release")?;
+        let (values, first) = fetched.context("fetching the release")?;
         times.push(started.elapsed().as_secs_f64());
-        anyhow::ensure!(release.len() == dim, "release of {} values", release.len());
+        cpus.push(cpu_seconds() - cpu);
+        firsts.push((first - started).as_secs_f64());
+        stores.push(stored_s);
+        anyhow::ensure!(values == dim, "release of {values} values");
     }
     let _ = stop.send(());
     accountant.await??;
-    times.sort_by(f64::total_cmp);
-    Ok(ReleaseTiming { seconds: times[times.len() / 2], noise_coords_per_s_per_core: noise_rate / cores as f64 })
+    let disk_fsync_bytes_per_s = disk_fsync_rate(dir.path())?;
+    Ok(ReleaseTiming {
+        seconds: median(times),
+        first_chunk_s: median(firsts),
+        stored_s: median(stores),
+        cpu_s: median(cpus),
+        noise_coords_per_s_per_core: noise_rate / cores as f64,
+        disk_fsync_bytes_per_s,
+    })
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 /// Runs the benchmark and prints its table (or JSON).
@@ -227,7 +312,8 @@ pub fn run(opts: ScaleBench) -> Result<()> {
     drop((parsed, counts, layout));
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let release = runtime.block_on(time_release(&opts))?;
+    let release = runtime.block_on(time_release(&opts, Writer::Synced))?;
+    let multipart = runtime.block_on(time_release(&opts, Writer::Multipart))?;
     let release_bytes_per_s = 2.0 * 4.0 * opts.params as f64 / release.seconds;
     let report = json!({
         "examples": opts.examples, "shards": opts.shards, "expected_batch": opts.batch, "sampled": sample.len(),
@@ -236,7 +322,9 @@ pub fn run(opts: ScaleBench) -> Result<()> {
         "manifest_bytes": body.len(), "layout_rss_bytes": layout_rss_bytes, "sample_s": sample_s, "split_s": split_s,
         "max_stepwork_bytes": max_stepwork_bytes, "single_rank_stepwork_bytes": single_rank_bytes,
         "stepwork_limit_bytes": dpcap_proto::MAX_WORK_MESSAGE_BYTES, "release_s": release.seconds,
-        "release_bytes_per_s": release_bytes_per_s,
+        "release_bytes_per_s": release_bytes_per_s, "release_first_chunk_s": release.first_chunk_s,
+        "release_stored_s": release.stored_s, "disk_fsync_bytes_per_s": release.disk_fsync_bytes_per_s,
+        "release_cpu_s": release.cpu_s, "release_multipart_s": multipart.seconds, "release_multipart_first_chunk_s": multipart.first_chunk_s,
         "noise_coords_per_s_per_core": release.noise_coords_per_s_per_core,
         "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
     });

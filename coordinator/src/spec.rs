@@ -112,6 +112,8 @@ pub struct AuditFile {
     pub canaries: u32,
     /// gradient (the default).
     pub kind: Option<String>,
+    /// reserved (the default: coordinates set aside for the audit) or model.
+    pub coordinates: Option<String>,
 }
 
 /// The recipe a TAN job simulates (see `Simulation` in the proto).
@@ -190,7 +192,11 @@ impl SpecFile {
             simulate: self
                 .simulate
                 .map(|s| v1::Simulation { batch_size: s.batch_size, noise_multiplier: s.noise_multiplier }),
-            audit: self.audit.map(|a| v1::Audit { canaries: a.canaries, kind: a.kind.unwrap_or_default() }),
+            audit: self.audit.map(|a| v1::Audit {
+                canaries: a.canaries,
+                kind: a.kind.unwrap_or_default(),
+                coordinates: a.coordinates.unwrap_or_default(),
+            }),
             fedemb: self.fedemb.map(|f| v1::FedEmb {
                 local_steps: f.local_steps.unwrap_or(0),
                 local_epochs: f.local_epochs.unwrap_or(0),
@@ -447,6 +453,12 @@ fn check_audit(spec: &JobSpec) -> Result<(), CoordinatorError> {
     let Some(audit) = &spec.audit else { return Ok(()) };
     if !matches!(audit.kind.as_str(), "" | "gradient") {
         return Err(CoordinatorError::invalid("audit.kind", format!("{:?} is not gradient", audit.kind)));
+    }
+    if !matches!(audit.coordinates.as_str(), "" | "reserved" | "model") {
+        return Err(CoordinatorError::invalid(
+            "audit.coordinates",
+            format!("{:?} is not reserved or model", audit.coordinates),
+        ));
     }
     if audit.canaries == 0 || audit.canaries > MAX_AUDIT_CANARIES {
         return Err(CoordinatorError::invalid(

@@ -121,3 +121,26 @@ async fn a_dp_job_starts_from_not_private_weights_only_when_told_they_saw_public
     let lone = SpecFile { epsilon: Some(8.0), init_public: Some(true), ..base() }.into_proto().unwrap();
     assert!(check(&lone, OTHER).await.unwrap_err().to_string().starts_with("invalid init_public:"));
 }
+
+#[test]
+fn audits_are_refused_naming_the_field_when_their_kind_placement_count_or_mode_is_wrong() {
+    use dpcap_coordinator::spec::AuditFile;
+    let audit = |canaries, kind: Option<&str>, coordinates: Option<&str>| {
+        Some(AuditFile { canaries, kind: kind.map(Into::into), coordinates: coordinates.map(Into::into) })
+    };
+    for coordinates in [None, Some("reserved"), Some("model")] {
+        let spec = SpecFile { audit: audit(1000, Some("gradient"), coordinates), ..base() }.into_proto().unwrap();
+        assert_eq!(spec.audit.as_ref().unwrap().coordinates, coordinates.unwrap_or(""));
+        check_fields(&spec).unwrap();
+    }
+    let cases = [
+        ("audit.coordinates", SpecFile { audit: audit(1000, None, Some("elsewhere")), ..base() }),
+        ("audit.kind", SpecFile { audit: audit(1000, Some("input"), None), ..base() }),
+        ("audit.canaries", SpecFile { audit: audit(0, None, None), ..base() }),
+        ("audit", SpecFile { audit: audit(1000, None, None), not_private: Some(true), ..base() }),
+    ];
+    for (field, spec) in cases {
+        let err = planned(spec).unwrap_err();
+        assert!(err.starts_with(&format!("invalid {field}:")), "{field}: {err}");
+    }
+}

@@ -38,20 +38,39 @@ pub fn open_durable_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path)
     open(location, true, true)
 }
 
+/// [`open_durable_store`] for a local directory, as the concrete store (the ledger writes its
+/// largest objects to the file system itself, to sync them while they are written); None for
+/// a cloud URL.
+pub fn open_durable_local(location: &str) -> Result<Option<Arc<LocalFileSystem>>, StoreError> {
+    local_directory(location).map(|dir| open_local(location, dir, true, true).map(Arc::new)).transpose()
+}
+
+/// The directory a location names, if it is local (a path or a `file://` URL).
+fn local_directory(location: &str) -> Option<&str> {
+    (!location.contains("://") || location.starts_with("file://"))
+        .then(|| location.strip_prefix("file://").unwrap_or(location))
+}
+
+fn open_local(location: &str, dir: &str, fsync: bool, create: bool) -> Result<LocalFileSystem, StoreError> {
+    let store_error = |reason: String| StoreError { url: location.to_owned(), reason };
+    if location.is_empty() {
+        return Err(store_error("empty location".into()));
+    }
+    if create {
+        std::fs::create_dir_all(dir).map_err(|e| store_error(e.to_string()))?;
+    } else if !std::path::Path::new(dir).is_dir() {
+        return Err(store_error("no such directory".into()));
+    }
+    Ok(LocalFileSystem::new_with_prefix(dir).map_err(|e| store_error(e.to_string()))?.with_fsync(fsync))
+}
+
 fn open(location: &str, fsync: bool, create: bool) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
     let store_error = |reason: String| StoreError { url: location.to_owned(), reason };
     if location.is_empty() {
         return Err(store_error("empty location".into()));
     }
-    if !location.contains("://") || location.starts_with("file://") {
-        let dir = location.strip_prefix("file://").unwrap_or(location);
-        if create {
-            std::fs::create_dir_all(dir).map_err(|e| store_error(e.to_string()))?;
-        } else if !std::path::Path::new(dir).is_dir() {
-            return Err(store_error("no such directory".into()));
-        }
-        let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| store_error(e.to_string()))?.with_fsync(fsync);
-        return Ok((Arc::new(store), Path::default()));
+    if let Some(dir) = local_directory(location) {
+        return Ok((Arc::new(open_local(location, dir, fsync, create)?), Path::default()));
     }
     let url = url::Url::parse(location).map_err(|e| store_error(e.to_string()))?;
     // Cloud stores read their configuration from the environment, as object_store names it

@@ -18,7 +18,7 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
         Process::worker(&services.coordinator.grpc, "w1", &dir),
     ];
     // Audited in one run: 1,000 canaries the accountant alone knows.
-    let audit = dpcap_coordinator::spec::AuditFile { canaries: 1000, kind: Some("gradient".into()) };
+    let audit = dpcap_coordinator::spec::AuditFile { canaries: 1000, kind: Some("gradient".into()), coordinates: None };
     let job = submit(&services, SpecFile { audit: Some(audit), ..spec(&dataset, 5) }).await;
     let plan = job.plan.unwrap();
     assert!(plan.calibrated && plan.noise_multiplier > 0.0, "sigma calibrated before training: {plan:?}");

@@ -183,6 +183,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     privacy: g.u32() as i32,
                     simulated: g.pick(&[None, Some(mechanism)]),
                     audit_canaries: g.pick(&[0, 1, 1000, u32::MAX]),
+                    audit_coordinates: g.pick(&["", "reserved", "model", "elsewhere"]).to_owned(),
                 };
                 within(&what, accountant.register_job(request)).await
             }

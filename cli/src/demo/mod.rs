@@ -93,6 +93,10 @@ pub struct DemoArgs {
     /// report gains `audit_*` keys.
     #[arg(long, default_value_t = 0)]
     pub audit: u32,
+    /// Where the audit's canaries live: reserved (coordinates set aside for the audit, which
+    /// no example moves) or model (the model's own coordinates, blurred by the examples).
+    #[arg(long, default_value = "reserved", value_parser = ["reserved", "model"])]
+    pub audit_coordinates: String,
 }
 
 impl DemoArgs {
@@ -287,6 +291,7 @@ async fn train_and_report(
             let audit = accountant.raw().audit_job(request).await.map_err(jobs::status)?.into_inner();
             fields.extend([
                 ("audit_canaries".to_owned(), json!(audit.canaries)),
+                ("audit_coordinates".to_owned(), json!(args.audit_coordinates)),
                 ("audit_guesses".to_owned(), json!(audit.guesses)),
                 ("audit_correct".to_owned(), json!(audit.correct)),
                 ("audit_epsilon_lower_bound".to_owned(), json!(audit.epsilon_lower_bound)),

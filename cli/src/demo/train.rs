@@ -41,8 +41,11 @@ pub fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool, init: Option<&
         // A caption names both shapes of a scene: a random crop that cut one away would make
         // the caption false. LAION-scale jobs keep the default random_resized_crop.
         augment: Some("center_crop".into()),
-        audit: (!not_private && args.audit > 0)
-            .then_some(dpcap_coordinator::spec::AuditFile { canaries: args.audit, kind: None }),
+        audit: (!not_private && args.audit > 0).then(|| dpcap_coordinator::spec::AuditFile {
+            canaries: args.audit,
+            kind: None,
+            coordinates: Some(args.audit_coordinates.clone()),
+        }),
         ..Default::default()
     }
 }

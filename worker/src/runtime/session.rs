@@ -168,6 +168,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             insecure_noise_seed: None,
             // The count only: the canaries' coins and places are drawn by the accountant.
             audit_canaries: spec.audit.as_ref().map_or(0, |a| a.canaries),
+            audit_coordinates: spec.audit.as_ref().map_or_else(String::new, |a| a.coordinates.clone()),
         };
         retry(RetryPolicy::default(), "register_job", || {
             let (mut client, registration) = (accountant.clone(), registration.clone());

@@ -1,0 +1,39 @@
+//! `dpctl bench scale --json` at a small size: every key the issue names and the release keys,
+//! releases of several blocks through both store writers (the bench fails if a release comes
+//! back short), StepWork under the gRPC limit.
+
+use std::process::Command;
+
+#[test]
+fn a_small_scale_bench_reports_every_key_and_releases_through_both_writers() {
+    let args = ["bench", "scale", "--examples", "20000", "--shards", "7", "--batch", "500", "--ranks", "4"];
+    let more = ["--params", "5000000", "--release-steps", "1", "--json"];
+    let out = Command::new(env!("CARGO_BIN_EXE_dpctl")).args(args).args(more).output().expect("dpctl runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    for key in [
+        "examples",
+        "expected_batch",
+        "ranks",
+        "params",
+        "index_bytes",
+        "layout_rss_bytes",
+        "sample_s",
+        "split_s",
+        "max_stepwork_bytes",
+        "release_s",
+        "release_bytes_per_s",
+        "noise_coords_per_s_per_core",
+        "release_first_chunk_s",
+        "release_stored_s",
+        "release_multipart_s",
+        "release_cpu_s",
+        "disk_fsync_bytes_per_s",
+    ] {
+        assert!(v.get(key).is_some_and(|x| !x.is_null()), "missing {key}: {v}");
+    }
+    let num = |key: &str| v[key].as_f64().unwrap();
+    assert!(num("max_stepwork_bytes") < num("stepwork_limit_bytes"), "{v}");
+    assert_eq!((num("examples"), num("params"), num("ranks")), (20000.0, 5e6, 4.0), "{v}");
+}
