@@ -51,14 +51,13 @@ impl NoiseMode {
 fn par_each<T: Send>(items: impl Iterator<Item = T> + Send, work: impl Fn(T) + Sync) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let items = std::sync::Mutex::new(items);
-    let (items, work) = (&items, &work);
+    // The lock is held only to take the next item, never while working on it.
+    let next = || items.lock().expect("items lock").next();
+    let (next, work) = (&next, &work);
     std::thread::scope(|scope| {
         for _ in 0..cores {
             scope.spawn(move || {
-                while let Some(item) = {
-                    let next = items.lock().expect("items lock").next();
-                    next
-                } {
+                while let Some(item) = next() {
                     work(item);
                 }
             });

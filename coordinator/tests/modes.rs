@@ -128,15 +128,16 @@ fn audits_are_refused_naming_the_field_when_their_kind_placement_count_or_mode_i
     let audit = |canaries, kind: Option<&str>, coordinates: Option<&str>| {
         Some(AuditFile { canaries, kind: kind.map(Into::into), coordinates: coordinates.map(Into::into) })
     };
+    let dp = || SpecFile { epsilon: Some(8.0), ..base() };
     for coordinates in [None, Some("reserved"), Some("model")] {
-        let spec = SpecFile { audit: audit(1000, Some("gradient"), coordinates), ..base() }.into_proto().unwrap();
+        let spec = SpecFile { audit: audit(1000, Some("gradient"), coordinates), ..dp() }.into_proto().unwrap();
         assert_eq!(spec.audit.as_ref().unwrap().coordinates, coordinates.unwrap_or(""));
         check_fields(&spec).unwrap();
     }
     let cases = [
-        ("audit.coordinates", SpecFile { audit: audit(1000, None, Some("elsewhere")), ..base() }),
-        ("audit.kind", SpecFile { audit: audit(1000, Some("input"), None), ..base() }),
-        ("audit.canaries", SpecFile { audit: audit(0, None, None), ..base() }),
+        ("audit.coordinates", SpecFile { audit: audit(1000, None, Some("elsewhere")), ..dp() }),
+        ("audit.kind", SpecFile { audit: audit(1000, Some("input"), None), ..dp() }),
+        ("audit.canaries", SpecFile { audit: audit(0, None, None), ..dp() }),
         ("audit", SpecFile { audit: audit(1000, None, None), not_private: Some(true), ..base() }),
     ];
     for (field, spec) in cases {
