@@ -18,6 +18,9 @@ use crate::sampler::{JobSecret, PoissonSampler};
 use crate::state::{Effects, JobEntry, Report, State, WorkerEntry, condition, is_terminal, now_ms};
 use crate::store::{JobStore, Private, hex};
 
+/// One attempt of an ended job's audit (scoring is milliseconds; a stalled call is retried).
+const AUDIT_ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// How the coordinator is set up.
 #[derive(Clone)]
 pub struct Config {
@@ -153,7 +156,10 @@ impl Coordinator {
     async fn record_audit(&self, job_id: &str) {
         let request = AuditJobRequest { job_id: job_id.to_owned() };
         let audited = retry(self.accountant_retry(), "audit_job", || {
-            let (mut client, request) = (self.accountant.clone(), request.clone());
+            let (mut client, mut request) = (self.accountant.clone(), tonic::Request::new(request.clone()));
+            // A stalled attempt ends DEADLINE_EXCEEDED and is retried: the job's watchers wake
+            // only after its audit, so one stuck call must never hold them.
+            request.set_timeout(AUDIT_ATTEMPT_TIMEOUT);
             async move { client.audit_job(request).await }
         })
         .await;
