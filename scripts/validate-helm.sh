@@ -50,6 +50,8 @@ TLS=(--set tls.existingSecret=dpcap-tls)
 grep -q '"--insecure"' "$OUT/insecure.yaml" || { echo "insecure render lacks --insecure"; exit 1; }
 grep -q 'https://dpcap-dpcap-accountant:7070' "$OUT/default.yaml" || { echo "TLS render must use https"; exit 1; }
 grep -q 'DPCAP_ACCOUNTANT_TOKEN' "$OUT/default.yaml" || { echo "the coordinator needs its accountant token"; exit 1; }
+[ "$(grep -c 'DPCAP_CAPABILITY_KEY_FILE' "$OUT/default.yaml")" = 2 ] || { echo "coordinator and accountant (only) need the capability key"; exit 1; }
+grep -q 'capability.keys:' "$OUT/default.yaml" || { echo "the capability key Secret is missing"; exit 1; }
 [ "$(grep -c 'kind: NetworkPolicy' "$OUT/default.yaml")" = 3 ] || { echo "NetworkPolicies missing"; exit 1; }
 grep -q 'name: dpcap-dpcap-secrets' "$OUT/default.yaml" || { echo "job secrets need the coordinator's own volume"; exit 1; }
 "$HELM" template dpcap "$CHART" "${TLS[@]}" --set tls.certManager.issuer=ca-issuer > "$OUT/cert-manager.yaml"

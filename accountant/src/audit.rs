@@ -40,37 +40,8 @@ const STEP_STREAM_BASE: u64 = 2;
 /// The audit's significance level: bounds hold at 95 % confidence.
 pub const SIGNIFICANCE: f64 = 0.05;
 
-/// Where a job's canaries live (see the module's note).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Placement {
-    /// m coordinates after the model's P, noised with the release and kept by the accountant.
-    #[default]
-    Reserved,
-    /// m distinct coordinates of the model, chosen by the secret.
-    Model,
-}
-
-impl Placement {
-    /// How the ledger records it ("reserved" or "model").
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Placement::Reserved => "reserved",
-            Placement::Model => "model",
-        }
-    }
-}
-
-impl std::str::FromStr for Placement {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "reserved" => Ok(Placement::Reserved),
-            "model" => Ok(Placement::Model),
-            other => Err(format!("{other:?} is not reserved or model")),
-        }
-    }
-}
+/// Where a job's canaries live (see the module's note): the contract's own type.
+pub use dpcap_privacy::contract::Placement;
 
 /// A job's canaries.
 #[derive(Debug, Clone)]

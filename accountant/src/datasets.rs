@@ -1,264 +1,241 @@
 //! Datasets' lifetime privacy budgets, owned by the data's owners (privacy admins), not by the
-//! jobs that spend them. A dataset is identified by the digest of its index (what a job's plan
-//! pins), never by a URL that could point at other data tomorrow. Every job registered on a
-//! dataset composes into its spend; a step that would pass the budget is refused.
+//! jobs that spend them: one component with its own locks. A budget is for a dataset (the
+//! digest of its index, never a URL that could point at other data tomorrow) and one privacy
+//! unit: example-level and user-level jobs on the same data spend different budgets, and a job
+//! whose unit has no budget is refused even when another unit's exists. Every private job of a
+//! budget's unit composes into its spend; a step that would pass it is refused.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-use tokio::sync::Mutex;
-
-use crate::accountant::Accountant;
-use crate::composed;
+use crate::composed::{self, Composed};
 use crate::error::AccountantError;
-use crate::job::Job;
-use crate::ledger::Registration;
-use crate::privacy::{self, Segment};
+use crate::ledger::Ledger;
+use crate::privacy::contract::PrivacyContract;
+use crate::privacy::{self, AccountantKind, Segment};
+use crate::records::{BudgetKey, DatasetBudget, check_dataset_id};
 
-/// A dataset's budget as recorded in the ledger.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DatasetBudget {
-    /// "sha256:" and 64 lowercase hex digits: the digest of the dataset's index.
-    pub dataset_id: String,
-    /// The lifetime ε at `delta`, over every job on the dataset.
+/// A privacy admin's setting of a budget.
+#[derive(Debug, Clone)]
+pub struct BudgetSetting {
+    /// Lifetime ε at `delta`.
     pub epsilon: f64,
-    /// δ at which the lifetime ε is composed and enforced.
+    /// δ of the lifetime budget.
     pub delta: f64,
-    /// 1 for the first setting, +1 for every change.
-    pub version: u64,
-    /// Why, as the privacy admin said.
+    /// Why, for the audit log.
     pub reason: String,
-    /// When, in milliseconds since the Unix epoch.
-    pub set_at_unix_ms: u64,
-    /// Whether the owners let NOT PRIVATE jobs (baselines, TAN simulations) train on the data.
-    /// Off unless said: their outputs carry no guarantee. Budgets from before read as off.
-    #[serde(default)]
+    /// Whether NOT PRIVATE jobs may train on the data.
     pub allow_not_private: bool,
 }
 
-/// Refuses an id that is not an index digest.
-pub fn check_dataset_id(id: &str) -> Result<(), AccountantError> {
-    let hex = id.strip_prefix("sha256:").unwrap_or_default();
-    if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-        Ok(())
-    } else {
-        Err(AccountantError::invalid(
-            "dataset_id",
-            format!(
-                "{id:?} is not an index digest (\"sha256:\" and 64 lowercase hex digits; `dpctl dataset index` prints it)"
-            ),
-        ))
-    }
+/// Every budget, what has been spent of each, and one lock per budget that serialises the
+/// checks of the steps that compose into it.
+#[derive(Debug)]
+pub struct Datasets {
+    budgets: RwLock<HashMap<BudgetKey, DatasetBudget>>,
+    spent: RwLock<HashMap<BudgetKey, f64>>,
+    locks: Mutex<HashMap<BudgetKey, Arc<tokio::sync::Mutex<()>>>>,
+    composed: Composed,
+    allow_unbudgeted: bool,
 }
 
-/// The ledger path component of a dataset id (no ':' in object paths).
-pub fn path_component(id: &str) -> String {
-    id.replace(':', "-")
-}
-
-/// Validates a requested budget.
-pub fn check_budget(epsilon: f64, delta: f64) -> Result<(), AccountantError> {
-    privacy::check_epsilon(epsilon)?;
-    privacy::check_delta(delta)?;
-    Ok(())
-}
-
-/// A dataset's budget with what has been spent of it.
-#[derive(Debug, Clone)]
-pub struct DatasetView {
-    /// The budget.
-    pub budget: DatasetBudget,
-    /// ε at the budget's δ, composed over every job on the dataset.
-    pub epsilon_spent: f64,
-    /// Jobs registered on the dataset.
-    pub jobs: Vec<String>,
-}
-
-impl Accountant {
-    /// Refuses a registration that would set its own dataset budget, or that trains on a
-    /// dataset without a budget (unless the accountant allows unbudgeted datasets).
-    pub(crate) fn check_dataset(&self, r: &Registration) -> Result<(), AccountantError> {
-        if r.dataset_epsilon_budget != 0.0 {
-            return Err(AccountantError::invalid(
-                "dataset_epsilon_budget",
-                format!(
-                    "{} must be 0: a job cannot set its dataset's budget; a privacy admin sets it (SetDatasetBudget)",
-                    r.dataset_epsilon_budget
-                ),
-            ));
-        }
-        if !r.dataset_id.is_empty() {
-            check_dataset_id(&r.dataset_id)?;
-        }
-        let budget = self.budget_of(&r.dataset_id);
-        if budget.is_none() && !self.allows_unbudgeted() {
-            return Err(AccountantError::UnbudgetedDataset { dataset_id: r.dataset_id.clone() });
-        }
-        if let Some(budget) = budget.filter(|b| !b.allow_not_private)
-            && !crate::spending::Mode::of(r)?.is_private()
-        {
-            return Err(AccountantError::invalid(
-                "privacy",
-                format!(
-                    "dataset {} has a privacy budget and its owners have not allowed NOT PRIVATE jobs on it",
-                    budget.dataset_id
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Refuses a step of a job on a dataset without a budget (a job registered before the
-    /// accountant stopped allowing that, or a ledger record from before budgets had owners).
-    /// A NOT PRIVATE job is refused as soon as its dataset's owners set a budget without
-    /// allowing such jobs, or revoke that permission: consent is checked at every step.
-    pub(crate) fn check_step_dataset(&self, r: &Registration) -> Result<(), AccountantError> {
-        let budget = self.budget_of(&r.dataset_id);
-        if budget.is_none() && !self.allows_unbudgeted() {
-            return Err(AccountantError::UnbudgetedDataset { dataset_id: r.dataset_id.clone() });
-        }
-        if let Some(budget) = budget.filter(|b| !b.allow_not_private)
-            && !crate::spending::Mode::of(r)?.is_private()
-        {
-            return Err(AccountantError::invalid(
-                "privacy",
-                format!(
-                    "dataset {} no longer allows NOT PRIVATE jobs (its owners changed its budget)",
-                    budget.dataset_id
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The budget of `dataset_id`, if a privacy admin set one.
-    pub(crate) fn budget_of(&self, dataset_id: &str) -> Option<DatasetBudget> {
-        self.budgets.read().expect("budgets lock").get(dataset_id).cloned()
-    }
-
-    /// Serialises the releases of every job on a budgeted dataset (their checks compose).
-    pub(crate) fn dataset_lock(&self, r: &Registration) -> Option<Arc<Mutex<()>>> {
-        self.budget_of(&r.dataset_id)?;
-        Some(self.dataset_locks.lock().expect("dataset locks").entry(r.dataset_id.clone()).or_default().clone())
-    }
-
-    /// ε at the budget's δ over every private job on the dataset, plus `extra` steps of one
-    /// of them (remembered and computed ahead: see [`crate::composed`]).
-    pub(crate) async fn dataset_epsilon(
-        &self,
-        budget: &DatasetBudget,
-        extra: Option<(&Job, u64)>,
-    ) -> Result<f64, AccountantError> {
-        composed::epsilon(self.composition(budget, extra)).await
-    }
-
-    /// Starts composing the dataset's ε for `job`'s next step while the step trains.
-    pub(crate) fn prepare_dataset(&self, job: &Job) {
-        if let Some(budget) = self.budget_of(&job.registration.dataset_id).filter(|_| job.spending.mode().is_private())
-        {
-            drop(self.composition(&budget, Some((job, 1))));
+impl Datasets {
+    /// No budgets yet; `allow_unbudgeted` lets jobs train on datasets that have none at all.
+    pub fn new(allow_unbudgeted: bool) -> Self {
+        Self {
+            budgets: RwLock::default(),
+            spent: RwLock::default(),
+            locks: Mutex::default(),
+            composed: Composed::default(),
+            allow_unbudgeted,
         }
     }
 
-    fn composition(&self, budget: &DatasetBudget, extra: Option<(&Job, u64)>) -> composed::Composing {
-        let mut segments: Vec<Segment> = self
-            .jobs
-            .read()
-            .expect("jobs lock")
-            .values()
-            .filter(|j| j.registration.dataset_id == budget.dataset_id && j.spending.mode().is_private())
-            .map(|j| Segment {
-                sample_rate: j.registration.sample_rate,
-                noise_multiplier: j.registration.noise_multiplier,
-                steps: j.progress().charged,
-            })
-            .collect();
-        let mut kind = privacy::AccountantKind::Pld;
-        if let Some((job, steps)) = extra {
-            let r = &job.registration;
-            segments.push(Segment { sample_rate: r.sample_rate, noise_multiplier: r.noise_multiplier, steps });
-            kind = job.spending.kind();
+    /// Takes a budget read back from the ledger, unless a newer version is already in force
+    /// (a privacy admin's change made while the ledger was being replayed).
+    pub fn load(&self, budget: DatasetBudget) {
+        let mut budgets = self.budgets.write().expect("budgets lock");
+        let key = budget.key();
+        if budgets.get(&key).is_none_or(|b| b.version < budget.version) {
+            budgets.insert(key, budget);
         }
-        self.composed.get(&budget.dataset_id, kind, segments, budget.delta)
     }
 
-    /// Sets a dataset's lifetime budget (a privacy admin's call): recorded in the audit log,
-    /// then in force for every later step of every job on the dataset.
-    pub async fn set_budget(
-        &self,
-        dataset_id: &str,
-        (epsilon, delta): (f64, f64),
-        (reason, allow_not_private): (&str, bool),
-    ) -> Result<DatasetView, AccountantError> {
-        check_dataset_id(dataset_id)?;
-        check_budget(epsilon, delta)?;
-        let lock = self.dataset_locks.lock().expect("dataset locks").entry(dataset_id.to_owned()).or_default().clone();
-        let _serial = lock.lock().await;
-        let recorded = self.ledger.budget_version(dataset_id).await?;
-        let version = self.budget_of(dataset_id).map_or(0, |b| b.version).max(recorded) + 1;
-        let budget = DatasetBudget {
-            dataset_id: dataset_id.to_owned(),
-            epsilon,
-            delta,
-            version,
-            reason: reason.to_owned(),
-            allow_not_private,
-            set_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
-        };
-        self.ledger.put_budget(&budget).await?;
-        self.budgets.write().expect("budgets lock").insert(dataset_id.to_owned(), budget);
-        tracing::info!(dataset_id, epsilon, delta, version, reason, "dataset budget set");
-        drop(_serial);
-        self.dataset(dataset_id).await
+    /// The budget of `key`, if a privacy admin set one.
+    pub fn budget_of(&self, key: &BudgetKey) -> Option<DatasetBudget> {
+        self.budgets.read().expect("budgets lock").get(key).cloned()
     }
 
-    /// A dataset's budget and spend, or NOT_FOUND.
-    pub async fn dataset(&self, dataset_id: &str) -> Result<DatasetView, AccountantError> {
-        let budget = self
-            .budget_of(dataset_id)
-            .ok_or_else(|| AccountantError::UnknownDataset { dataset_id: dataset_id.to_owned() })?;
-        let epsilon_spent = self.dataset_epsilon(&budget, None).await?;
-        let mut jobs: Vec<String> = self
-            .jobs
-            .read()
-            .expect("jobs lock")
-            .values()
-            .filter(|j| j.registration.dataset_id == dataset_id)
-            .map(|j| j.registration.job_id.clone())
-            .collect();
-        jobs.sort();
-        self.record_dataset_spent(dataset_id, epsilon_spent);
-        Ok(DatasetView { budget, epsilon_spent, jobs })
-    }
-
-    /// Every budgeted dataset, for metrics.
-    pub fn budgets(&self) -> Vec<DatasetBudget> {
+    /// Every budget, for metrics.
+    pub fn all(&self) -> Vec<DatasetBudget> {
         self.budgets.read().expect("budgets lock").values().cloned().collect()
     }
 
-    /// ε spent of a dataset as of its latest charge (0 before any), for metrics.
-    pub fn dataset_spent(&self, dataset_id: &str) -> f64 {
-        self.dataset_spent.read().expect("spent lock").get(dataset_id).copied().unwrap_or(0.0)
+    /// Refuses a contract whose unit has no budget on its dataset (see the module docs), or a
+    /// NOT PRIVATE job its owners did not allow. `registering` words the refusal for a new job.
+    pub fn check(&self, contract: &PrivacyContract, registering: bool) -> Result<(), AccountantError> {
+        if registering && !contract.dataset_id.is_empty() {
+            check_dataset_id(&contract.dataset_id)?;
+        }
+        let key = BudgetKey::of(contract);
+        let Some(budget) = self.budget_of(&key) else {
+            let others: Vec<String> = self
+                .budgets
+                .read()
+                .expect("budgets lock")
+                .keys()
+                .filter(|k| k.dataset_id == key.dataset_id && !key.dataset_id.is_empty())
+                .map(|k| k.unit.clone())
+                .collect();
+            if others.is_empty() && self.allow_unbudgeted {
+                return Ok(());
+            }
+            return Err(AccountantError::UnbudgetedDataset {
+                dataset_id: key.dataset_id,
+                unit: key.unit,
+                others: if others.is_empty() { String::new() } else { format!(", only {}-level", others.join("/")) },
+                hint: if others.is_empty() {
+                    ", or the accountant must run with --allow-unbudgeted-datasets"
+                } else {
+                    ""
+                },
+            });
+        };
+        if !budget.allow_not_private && !contract.mode.is_private() {
+            let why = if registering {
+                "has a privacy budget and its owners have not allowed NOT PRIVATE jobs on it"
+            } else {
+                "no longer allows NOT PRIVATE jobs (its owners changed its budget)"
+            };
+            return Err(AccountantError::invalid("privacy", format!("{} {why}", key.describe())));
+        }
+        Ok(())
     }
 
-    /// Records a dataset's spend after a charge or a recomputation.
-    pub(crate) fn record_dataset_spent(&self, dataset_id: &str, epsilon: f64) {
-        self.dataset_spent.write().expect("spent lock").insert(dataset_id.to_owned(), epsilon);
+    /// The lock that serialises the releases of every job spending `key` (their checks compose).
+    pub fn lock(&self, key: &BudgetKey) -> Option<Arc<tokio::sync::Mutex<()>>> {
+        self.budget_of(key)?;
+        Some(self.locks.lock().expect("dataset locks").entry(key.clone()).or_default().clone())
+    }
+
+    /// ε at the budget's δ of `segments` (every private job of its unit on the dataset), with
+    /// `kind` (remembered and computed ahead: see [`crate::composed`]).
+    pub async fn epsilon(
+        &self,
+        budget: &DatasetBudget,
+        kind: AccountantKind,
+        segments: Vec<Segment>,
+    ) -> Result<f64, AccountantError> {
+        composed::epsilon(self.composing(budget, kind, segments)).await
+    }
+
+    /// Starts composing without waiting (the next step's check, while the step trains).
+    pub fn prepare(&self, budget: &DatasetBudget, kind: AccountantKind, segments: Vec<Segment>) {
+        drop(self.composing(budget, kind, segments));
+    }
+
+    fn composing(&self, budget: &DatasetBudget, kind: AccountantKind, segments: Vec<Segment>) -> composed::Composing {
+        self.composed.get(&budget.key().path_component(), kind, segments, budget.delta)
+    }
+
+    /// Sets a budget (a privacy admin's call): recorded in the audit log, then in force for
+    /// every later step of every job of its unit on the dataset.
+    pub async fn set(
+        &self,
+        ledger: &Ledger,
+        key: &BudgetKey,
+        setting: BudgetSetting,
+    ) -> Result<DatasetBudget, AccountantError> {
+        check_dataset_id(&key.dataset_id)?;
+        privacy::check_epsilon(setting.epsilon)?;
+        privacy::check_delta(setting.delta)?;
+        let lock = self.locks.lock().expect("dataset locks").entry(key.clone()).or_default().clone();
+        let _serial = lock.lock().await;
+        let recorded = ledger.budget_version(key).await?;
+        let version = self.budget_of(key).map_or(0, |b| b.version).max(recorded) + 1;
+        let budget = DatasetBudget {
+            dataset_id: key.dataset_id.clone(),
+            unit: key.unit.clone(),
+            epsilon: setting.epsilon,
+            delta: setting.delta,
+            version,
+            reason: setting.reason,
+            allow_not_private: setting.allow_not_private,
+            set_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        };
+        ledger.put_budget(&budget).await?;
+        self.budgets.write().expect("budgets lock").insert(key.clone(), budget.clone());
+        tracing::info!(dataset_id = %key.dataset_id, unit = %key.unit, setting.epsilon, setting.delta, version, "dataset budget set");
+        Ok(budget)
+    }
+
+    /// ε spent of a budget as of its latest charge (0 before any), for metrics.
+    pub fn spent(&self, key: &BudgetKey) -> f64 {
+        self.spent.read().expect("spent lock").get(key).copied().unwrap_or(0.0)
+    }
+
+    /// Records a budget's spend after a charge or a recomputation.
+    pub fn record_spent(&self, key: &BudgetKey, epsilon: f64) {
+        self.spent.write().expect("spent lock").insert(key.clone(), epsilon);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::privacy::contract::{Mechanism, Mode, PrivacyUnit};
+
+    fn contract(unit: PrivacyUnit, mode: Mode) -> PrivacyContract {
+        PrivacyContract {
+            mechanism: Mechanism { sample_rate: 0.01, noise_multiplier: 1.0, clipping_norm: 1.0 },
+            accountant: AccountantKind::Pld,
+            delta: 1e-5,
+            epsilon_target: Some(8.0),
+            mode,
+            unit,
+            dataset_id: format!("sha256:{}", "ab".repeat(32)),
+            audit: None,
+            init_from_job: None,
+        }
+    }
+
+    fn budget(unit: &str, version: u64) -> DatasetBudget {
+        DatasetBudget {
+            dataset_id: format!("sha256:{}", "ab".repeat(32)),
+            unit: unit.into(),
+            epsilon: 8.0,
+            delta: 1e-5,
+            version,
+            reason: String::new(),
+            set_at_unix_ms: 0,
+            allow_not_private: false,
+        }
+    }
 
     #[test]
-    fn only_index_digests_name_datasets() {
-        let digest = format!("sha256:{}", "ab".repeat(32));
-        assert!(check_dataset_id(&digest).is_ok());
-        for bad in ["", "s3://bucket/laion", "sha256:xyz", &format!("sha256:{}", "AB".repeat(32))] {
-            assert!(check_dataset_id(bad).is_err(), "{bad}");
-        }
-        assert_eq!(path_component(&digest), format!("sha256-{}", "ab".repeat(32)));
+    fn a_job_of_another_unit_is_refused_naming_its_unit_even_where_unbudgeted_data_is_allowed() {
+        let datasets = Datasets::new(true);
+        let user = PrivacyUnit::User { users_digest: format!("sha256:{}", "cd".repeat(32)) };
+        assert!(datasets.check(&contract(user.clone(), Mode::Dp), true).is_ok(), "no budget at all: allowed");
+        datasets.load(budget("example", 1));
+        assert!(datasets.check(&contract(PrivacyUnit::Example, Mode::Dp), true).is_ok());
+        let refused = datasets.check(&contract(user.clone(), Mode::Dp), true).unwrap_err().to_string();
+        assert!(
+            refused.contains("no user-level privacy budget") && refused.contains("only example-level"),
+            "{refused}"
+        );
+        datasets.load(budget("user", 1));
+        assert!(datasets.check(&contract(user, Mode::Dp), true).is_ok());
+        let baseline = datasets.check(&contract(PrivacyUnit::Example, Mode::NotPrivate), true).unwrap_err();
+        assert!(baseline.to_string().contains("not allowed NOT PRIVATE"), "{baseline}");
+    }
+
+    #[test]
+    fn a_replayed_budget_never_replaces_a_newer_one() {
+        let datasets = Datasets::new(false);
+        datasets.load(budget("example", 3));
+        datasets.load(budget("example", 2));
+        assert_eq!(datasets.budget_of(&budget("example", 0).key()).unwrap().version, 3);
     }
 }

@@ -21,19 +21,27 @@ pub enum AccountantError {
         /// The job asked for.
         job_id: String,
     },
-    /// The job trains on a dataset no privacy admin gave a budget.
+    /// The job trains on a dataset no privacy admin gave a budget for its privacy unit.
     #[error(
-        "dataset {dataset_id:?} has no privacy budget: a privacy admin must set one (dpctl dataset budget set), or the accountant must run with --allow-unbudgeted-datasets"
+        "dataset {dataset_id:?} has no {unit}-level privacy budget{others}: a privacy admin must set one (dpctl dataset budget set --unit {unit}){hint}"
     )]
     UnbudgetedDataset {
         /// The dataset (index digest; empty when the job named none).
         dataset_id: String,
+        /// The job's privacy unit ("example" or "user").
+        unit: String,
+        /// ", only a USER-level one" when the dataset has budgets of other units; else "".
+        others: String,
+        /// How else to proceed, if anything (", or the accountant must run with ...").
+        hint: &'static str,
     },
-    /// No budget was ever set for this dataset.
-    #[error("dataset {dataset_id} has no budget")]
+    /// No budget was ever set for this dataset and unit.
+    #[error("dataset {dataset_id} has no {unit}-level budget")]
     UnknownDataset {
         /// The dataset asked for.
         dataset_id: String,
+        /// The unit asked for.
+        unit: String,
     },
     /// The job was registered before with a different contract.
     #[error("job {job_id} is already registered with a different mechanism or budget")]
@@ -135,6 +143,9 @@ pub enum AccountantError {
     /// A privacy parameter is out of its domain.
     #[error(transparent)]
     Privacy(#[from] PrivacyError),
+    /// A capability is missing, forged, expired, or for another job, rank or generation.
+    #[error(transparent)]
+    Capability(#[from] dpcap_serve::capability::CapabilityError),
     /// A bug: a task panicked or was cancelled.
     #[error("internal error: {0}")]
     Internal(String),
@@ -157,12 +168,26 @@ impl ServiceError for AccountantError {
             ConflictingPart { .. } | StalePart { .. } => ErrorCode::Aborted,
             ChargedElsewhere { .. } => ErrorCode::ReleaseDiscarded,
             Unavailable(_) => ErrorCode::Unavailable,
+            Capability(e) => e.error_code(),
             Storage(_) | CorruptLedger { .. } | Internal(_) => ErrorCode::Internal,
         }
     }
 }
 
+impl From<crate::privacy::ContractError> for AccountantError {
+    fn from(e: crate::privacy::ContractError) -> Self {
+        AccountantError::InvalidArgument { field: e.field, reason: e.reason }
+    }
+}
+
 impl AccountantError {
+    /// Runs `f` on a blocking thread (accounting math, noise passes): never on the async ones.
+    pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Self> {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| AccountantError::Internal(format!("blocking task failed: {e}")))
+    }
+
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         AccountantError::InvalidArgument { field, reason: reason.into() }
     }

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use dpcap_proto::floats;
 use tokio::sync::{Mutex, watch};
@@ -10,14 +11,17 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::ahead::NoiseAhead;
 use crate::error::AccountantError;
-use crate::ledger::Registration;
 use crate::noise::NoiseMode;
+use crate::records::Registration;
 use crate::release::Release;
 use crate::spending::Spending;
 use crate::sum::Sum;
 
 /// Largest accepted attempt (group generation): 2^32, far beyond any job's re-formations.
 pub const MAX_ATTEMPT: u64 = 1 << 32;
+
+/// Most parts W of one step (ranks on the CPU path).
+pub const MAX_PARTS: u32 = 4096;
 
 /// Releases kept in memory per job for ranks that have not fetched them yet (older ones are
 /// read back from the ledger's store).
@@ -56,7 +60,8 @@ pub struct Pending {
     pub step: u64,
     /// Running sum of the parts received.
     pub sum: Sum,
-    /// A digest of each part received, by part index.
+    /// A digest of each part received, by part index: W entries, W as the capabilities of
+    /// this attempt's ranks state it.
     pub digests: Vec<Option<u64>>,
     /// When the first part arrived.
     pub started: std::time::Instant,
@@ -99,8 +104,11 @@ pub struct Job {
     pub ahead: NoiseAhead,
     /// Published progress.
     pub progress: watch::Sender<Progress>,
-    /// The job's audit canaries (secret; registered with `audit_canaries` > 0).
+    /// The job's audit canaries (secret; registered with an audit).
     pub audit: Option<Arc<crate::audit::Canaries>>,
+    /// The newest group generation a verified capability has shown: capabilities of older
+    /// generations (a group since re-formed) are refused.
+    pub generation: AtomicU64,
 }
 
 impl Job {
@@ -116,6 +124,13 @@ impl Job {
     /// The current progress snapshot.
     pub fn progress(&self) -> Progress {
         *self.progress.borrow()
+    }
+
+    /// Refuses a capability of a generation older than the newest one seen, and remembers a
+    /// newer one.
+    pub fn admit_generation(&self, generation: u64) -> Result<(), u64> {
+        let newest = self.generation.fetch_max(generation, Ordering::SeqCst);
+        if generation < newest { Err(newest) } else { Ok(()) }
     }
 }
 
@@ -133,6 +148,17 @@ pub struct Part {
     pub digest: u64,
     /// The group generation that computed it (newer attempts replace pending older parts).
     pub attempt: u64,
+    /// Parts W of its step, as its capability states.
+    pub parts: u32,
+}
+
+/// Which group computed a part, as its rank's capability states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    /// The group generation (newer attempts replace pending parts of older ones).
+    pub generation: u64,
+    /// Parts W its steps sum.
+    pub parts: u32,
 }
 
 /// Collects one part's chunks, checking every chunk against the job's shape.
@@ -144,6 +170,7 @@ pub struct PartAssembler {
     hasher: Xxh3,
     dim: usize,
     attempt: u64,
+    parts: u32,
 }
 
 impl std::fmt::Debug for PartAssembler {
@@ -158,18 +185,19 @@ impl std::fmt::Debug for PartAssembler {
 }
 
 impl PartAssembler {
-    /// Starts a part of (job, step, part) computed by group generation `attempt`, for a job of dimension `dim` and `parts` parts.
-    pub fn new(job: &Job, step: u64, part: u32, attempt: u64) -> Result<Self, AccountantError> {
+    /// Starts part `part` of `step` of `job`, computed by the group of `attempt`.
+    pub fn new(job: &Job, step: u64, part: u32, attempt: Attempt) -> Result<Self, AccountantError> {
+        let Attempt { generation: attempt, parts } = attempt;
         let r = &job.registration;
         // Attempts are group generations: a huge one would make every legitimate part stale.
         if attempt > MAX_ATTEMPT {
             return Err(AccountantError::invalid("attempt", format!("{attempt} exceeds {MAX_ATTEMPT}")));
         }
-        if part >= r.parts {
-            return Err(AccountantError::invalid(
-                "part",
-                format!("part {part} is out of range for a job of {} parts", r.parts),
-            ));
+        if parts == 0 || parts > MAX_PARTS {
+            return Err(AccountantError::invalid("parts", format!("{parts} must be in [1, {MAX_PARTS}]")));
+        }
+        if part >= parts {
+            return Err(AccountantError::invalid("part", format!("part {part} is out of range for {parts} parts")));
         }
         let dim = usize::try_from(r.gradient_dim)
             .map_err(|_| AccountantError::invalid("gradient_dim", "too large for this host"))?;
@@ -181,6 +209,7 @@ impl PartAssembler {
             hasher: Xxh3::new(),
             dim,
             attempt,
+            parts,
         })
     }
 
@@ -236,6 +265,7 @@ impl PartAssembler {
             values: self.values,
             digest: self.hasher.digest(),
             attempt: self.attempt,
+            parts: self.parts,
         })
     }
 }

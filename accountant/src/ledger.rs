@@ -17,24 +17,23 @@
 //! - `jobs/{job}/closed.json`: the job ended; no further parts are accepted;
 //! - `jobs/{job}/audit/secret` (an audited job's 256-bit canary secret, created once) and
 //!   `jobs/{job}/audit/readings/{step:020}.f32` (the release at the canaries' coordinates);
-//! - `datasets/{dataset}/budget.json`: a dataset's current lifetime budget, and
+//! - `datasets/{dataset}/budget.json`: a dataset's current example-level lifetime budget, and
 //!   `datasets/{dataset}/audit/{version:020}.json`: every setting of it, created once and never
-//!   rewritten (the audit log of budgets; charges are audited by their own create-once objects).
+//!   rewritten (the audit log of budgets; charges are audited by their own create-once objects);
+//!   `datasets/{dataset}~user/...` the same for its user-level budget.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::error::AccountantError;
+use crate::records::{BudgetKey, Charge, DatasetBudget, JobRecord, Registration};
+use crate::release::Release;
+use crate::synced::SyncedFile;
 use futures::stream::FuturesUnordered;
 use futures::{StreamExt, TryStreamExt};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
-use serde::{Deserialize, Serialize};
-
-use crate::datasets::{DatasetBudget, path_component};
-use crate::error::AccountantError;
-use crate::release::Release;
-use crate::synced::SyncedFile;
 
 /// Bytes per part of a stored release: above S3's 5 MiB minimum, small enough that the first
 /// part is written while the noise pass is still filling the release.
@@ -42,89 +41,6 @@ const RELEASE_PART_BYTES: usize = 16 << 20;
 
 /// Parts of a release written at once: one being written while the next is handed over.
 const RELEASE_PARTS_IN_FLIGHT: usize = 2;
-
-/// A job's privacy contract as recorded in the ledger.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Registration {
-    /// The job id (validated: `[A-Za-z0-9._-]{1,128}`).
-    pub job_id: String,
-    /// Poisson sampling rate q.
-    pub sample_rate: f64,
-    /// Noise multiplier σ (noise std σ·C).
-    pub noise_multiplier: f64,
-    /// L2 clipping norm C.
-    pub clipping_norm: f64,
-    /// δ at which ε is enforced.
-    pub delta: f64,
-    /// The job's ε target at δ.
-    pub epsilon_target: f64,
-    /// "pld" or "rdp".
-    pub accountant: String,
-    /// Gradient dimension P.
-    pub gradient_dim: u64,
-    /// Parts per step W.
-    pub parts: u32,
-    /// Dataset id ("" for none).
-    pub dataset_id: String,
-    /// The dataset's lifetime ε budget at δ (0 for none).
-    pub dataset_epsilon_budget: f64,
-    /// The fixed test seed, when the job uses insecure seeded noise.
-    pub insecure_noise_seed: Option<u64>,
-    /// "dp", or "not_private" / "simulation" for jobs without a guarantee (see
-    /// [`crate::spending::Mode`]). Ledgers from before modes read as "dp".
-    #[serde(default = "dp")]
-    pub privacy: String,
-    /// A simulation's target mechanism.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub simulated: Option<crate::spending::Simulated>,
-    /// Canaries of the job's one-run audit (0: none; see [`crate::audit`]).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub audit_canaries: u32,
-    /// Where the canaries live: "reserved" or "model" ([`crate::audit::Placement`]); "" without
-    /// canaries. Ledgers from before placements have "" with canaries, which reads as "model".
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub audit_coordinates: String,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-fn dp() -> String {
-    "dp".into()
-}
-
-/// One charged step.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Charge {
-    /// The job.
-    pub job_id: String,
-    /// The step charged.
-    pub step: u64,
-    /// ε at δ after this step; none for a job without a guarantee (NOT PRIVATE).
-    pub epsilon_after: Option<f64>,
-    /// How the step's noise was keyed ("os-entropy" or "insecure-seeded:SEED").
-    pub noise: String,
-    /// Wall-clock time of the charge, milliseconds since the Unix epoch.
-    pub charged_at_unix_ms: u64,
-}
-
-/// Everything the ledger holds about one job, as read back at start-up.
-#[derive(Debug, Clone)]
-pub struct JobRecord {
-    /// The contract.
-    pub registration: Registration,
-    /// Charged step numbers.
-    pub charged: BTreeSet<u64>,
-    /// Step numbers whose release is stored.
-    pub released: BTreeSet<u64>,
-    /// Step numbers recorded as discarded.
-    pub discarded: BTreeSet<u64>,
-    /// Releases of steps below this may have been trimmed (a checkpoint covers them).
-    pub trimmed_before: u64,
-    /// The reason given when the job was closed, if it was.
-    pub closed: Option<String>,
-}
 
 /// The ledger over an object store.
 #[derive(Debug, Clone)]
@@ -362,7 +278,7 @@ impl Ledger {
     /// Records a dataset budget: the audit entry first (create-once: a concurrent change of the
     /// same version fails), then the current value.
     pub async fn put_budget(&self, budget: &DatasetBudget) -> Result<(), AccountantError> {
-        let dir = format!("{}/datasets/{}", self.root, path_component(&budget.dataset_id));
+        let dir = format!("{}/datasets/{}", self.root, budget.key().path_component());
         let body = serde_json::to_vec_pretty(budget).expect("budget serialises");
         let audit = Path::from(format!("{dir}/audit/{:020}.json", budget.version).trim_start_matches('/'));
         match self.create(&audit, body.clone()).await {
@@ -370,7 +286,11 @@ impl Ledger {
             Err(object_store::Error::AlreadyExists { .. }) => {
                 return Err(AccountantError::invalid(
                     "dataset_id",
-                    format!("budget of {} changed concurrently (version {}); retry", budget.dataset_id, budget.version),
+                    format!(
+                        "budget of {} changed concurrently (version {}); retry",
+                        budget.key().describe(),
+                        budget.version
+                    ),
                 ));
             }
             Err(e) => return Err(e.into()),
@@ -409,11 +329,11 @@ impl Ledger {
         Ok(budgets)
     }
 
-    /// The newest audit version of a dataset's budget (0 for none): a change is numbered after
-    /// it, so a change whose audit entry landed but whose copy did not is never reused.
-    pub async fn budget_version(&self, dataset_id: &str) -> Result<u64, AccountantError> {
+    /// The newest audit version of a budget (0 for none): a change is numbered after it, so a
+    /// change whose audit entry landed but whose copy did not is never reused.
+    pub async fn budget_version(&self, key: &BudgetKey) -> Result<u64, AccountantError> {
         let prefix =
-            Path::from(format!("{}/datasets/{}/audit", self.root, path_component(dataset_id)).trim_start_matches('/'));
+            Path::from(format!("{}/datasets/{}/audit", self.root, key.path_component()).trim_start_matches('/'));
         let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
         Ok(objects
             .iter()
@@ -524,45 +444,5 @@ impl Ledger {
         let bytes = self.store.get(path).await?.bytes().await?;
         serde_json::from_slice(&bytes)
             .map_err(|e| AccountantError::CorruptLedger { path: path.to_string(), reason: e.to_string() })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use rand_chacha::ChaCha20Rng;
-    use rand_chacha::rand_core::{Rng, SeedableRng};
-
-    use super::Registration;
-
-    #[test]
-    fn any_registration_reads_back_equal_after_the_ledgers_json_round_trip() {
-        // A re-registration (a second rank, a restart) is compared field by field with what the
-        // ledger stored: every f64 must survive JSON exactly.
-        let mut rng = ChaCha20Rng::seed_from_u64(3);
-        let mut any = || f64::from_bits(rng.next_u64() >> 2 | 0x3000_0000_0000_0000);
-        for i in 0..10_000 {
-            let registration = Registration {
-                job_id: format!("job-{i}"),
-                sample_rate: any(),
-                noise_multiplier: any(),
-                clipping_norm: any(),
-                delta: any(),
-                epsilon_target: any(),
-                accountant: "pld".into(),
-                gradient_dim: 1 << 20,
-                parts: 8,
-                dataset_id: String::new(),
-                dataset_epsilon_budget: any(),
-                insecure_noise_seed: None,
-                privacy: ["dp", "not_private", "simulation"][i % 3].into(),
-                simulated: (i % 3 == 2)
-                    .then(|| crate::spending::Simulated { sample_rate: any(), noise_multiplier: any() }),
-                audit_canaries: (i % 2) as u32 * 1000,
-                audit_coordinates: if i % 2 == 1 { ["reserved", "model", ""][i % 3].into() } else { String::new() },
-            };
-            let bytes = serde_json::to_vec_pretty(&registration).unwrap();
-            let back: Registration = serde_json::from_slice(&bytes).unwrap();
-            assert_eq!(back, registration, "{}", String::from_utf8_lossy(&bytes));
-        }
     }
 }

@@ -9,23 +9,26 @@
 /// The accounting math, re-exported: it is the `dpcap-privacy` crate (pure, no I/O).
 pub use dpcap_privacy as privacy;
 
-pub mod accountant;
 pub mod ahead;
 pub mod audit;
-pub mod client;
 pub mod composed;
+pub mod core;
 pub mod datasets;
 pub mod error;
+pub mod exposition;
 pub mod job;
 pub mod ledger;
 pub mod metrics;
 pub mod noise;
+pub mod records;
 pub mod release;
 pub mod server;
 pub mod service;
 pub mod spending;
+pub mod step;
 pub mod sum;
 pub mod synced;
 
-pub use accountant::Accountant;
+pub use crate::core::{Accountant, Policy};
 pub use error::AccountantError;
+pub use step::PartOutcome;

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use dpcap_serve::ServerSecurity;
 use dpcap_serve::process::{init_tracing, shutdown_signal, write_addr_file};
+use dpcap_serve::{CapabilityArgs, ServerSecurity};
 use tokio::net::TcpListener;
 
 /// dpcap's privacy accountant: adds the noise, enforces budgets, keeps the ledger.
@@ -41,6 +41,8 @@ struct Args {
     log_json: bool,
     #[command(flatten)]
     security: ServerSecurity,
+    #[command(flatten)]
+    capability: CapabilityArgs,
 }
 
 #[tokio::main]
@@ -48,6 +50,8 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_tracing(args.log_json);
     let server = args.security.server(args.listen)?;
+    let auth_on = !args.security.auth.credentials()?.is_empty();
+    let capabilities = args.capability.capabilities(auth_on)?;
 
     let grpc = TcpListener::bind(args.listen).await.with_context(|| format!("binding --listen {}", args.listen))?;
     let metrics = TcpListener::bind(args.metrics_listen)
@@ -60,11 +64,12 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("writing --addr-file {}", path.display()))?;
     }
     let ledger = dpcap_accountant::server::open_ledger(&args.ledger)?;
-    let policy = dpcap_accountant::accountant::Policy {
+    let policy = dpcap_accountant::Policy {
         allow_seeded_noise: args.allow_seeded_noise,
         allow_unbudgeted_datasets: args.allow_unbudgeted_datasets,
         lazy_noise: args.lazy_noise,
     };
-    dpcap_accountant::server::serve((grpc, metrics), server, ledger, policy, shutdown_signal()).await?;
+    let setup = dpcap_accountant::server::Setup { ledger, policy, capabilities };
+    dpcap_accountant::server::serve((grpc, metrics), server, setup, shutdown_signal()).await?;
     Ok(())
 }

@@ -10,14 +10,26 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
-use crate::accountant::Accountant;
+use crate::core::{Accountant, Policy};
 use crate::error::AccountantError;
 use crate::ledger::Ledger;
-use crate::metrics;
 use crate::service::AccountantGrpc;
+use crate::{exposition, metrics};
 
 /// Largest inbound gRPC message (a part chunk): 8 MiB.
-pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
+pub use dpcap_proto::client::MAX_MESSAGE_BYTES;
+
+/// What the accountant serves with: its ledger, what it accepts beyond the safe defaults, and
+/// the keys that check workers' capabilities.
+#[derive(Debug)]
+pub struct Setup {
+    /// The ledger.
+    pub ledger: Ledger,
+    /// The explicit unsafe choices.
+    pub policy: Policy,
+    /// Capability verification (signed whenever tokens are set).
+    pub capabilities: dpcap_serve::Capabilities,
+}
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -51,17 +63,17 @@ pub fn open_ledger(location: &str) -> Result<Ledger, ServeError> {
 pub async fn serve(
     (grpc, metrics_listener): (TcpListener, TcpListener),
     server: dpcap_serve::SecuredServer,
-    ledger: Ledger,
-    policy: crate::accountant::Policy,
+    setup: Setup,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let Setup { ledger, policy, capabilities } = setup;
     let accountant = Arc::new(Accountant::new(ledger, policy));
     let handle = metrics::install();
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_service_status("", ServingStatus::NotServing).await;
     health.set_not_serving::<AccountantServiceServer<AccountantGrpc>>().await;
     let (reflection_v1, reflection_v1alpha) = dpcap_proto::reflection::services(&["dpcap.v1.AccountantService"])?;
-    let service = AccountantServiceServer::new(AccountantGrpc::new(accountant.clone()))
+    let service = AccountantServiceServer::new(AccountantGrpc::new(accountant.clone(), capabilities))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
@@ -78,7 +90,7 @@ pub async fn serve(
         health_on_stop.set_not_serving::<AccountantServiceServer<AccountantGrpc>>().await;
         let _ = stop_tx.send(true);
     });
-    tokio::spawn(metrics::serve(metrics_listener, handle, accountant.clone(), stopped(stop_rx.clone())));
+    tokio::spawn(exposition::serve(metrics_listener, handle, accountant.clone(), stopped(stop_rx.clone())));
 
     let replay = {
         let (accountant, health) = (accountant.clone(), health.clone());

@@ -4,104 +4,103 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use dpcap_proto::client::CAPABILITY_HEADER;
+use dpcap_proto::contract::{contract_from_proto, contract_to_proto, kind_from_proto, kind_to_proto, unit_is_user};
 use dpcap_proto::to_status;
 use dpcap_proto::v1::accountant_service_server::AccountantService;
 use dpcap_proto::v1::{
-    self as pb, AuditJobRequest, AuditReport, CloseJobRequest, EstimateRequest, EstimateResponse, FetchReleaseRequest,
-    GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, JobSpend, RegisterJobRequest, RegisterJobResponse,
-    ReleaseChunk, SetDatasetBudgetRequest, SubmitPartResponse, TrimReleasesRequest,
+    self as pb, AttachJobRequest, AuditJobRequest, AuditReport, CloseJobRequest, EstimateRequest, EstimateResponse,
+    FetchReleaseRequest, GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, JobSpend, RegisterJobRequest,
+    RegisterJobResponse, ReleaseChunk, SetDatasetBudgetRequest, SubmitPartResponse, TrimReleasesRequest,
 };
+use dpcap_serve::capability::{Capabilities, Capability, CapabilityError, now_unix_ms};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::accountant::Accountant;
+use crate::core::{Accountant, DatasetView};
+use crate::datasets::BudgetSetting;
 use crate::error::AccountantError;
-use crate::job::{Job, PartAssembler, Phase};
-use crate::ledger::Registration;
+use crate::job::{Attempt, Job, MAX_ATTEMPT, PartAssembler, Phase};
 use crate::privacy::{self, AccountantKind, EpsilonCurve};
-use crate::spending::{Mode, Simulated};
+use crate::records::{BudgetKey, Registration};
 
 /// Default values per release chunk: 1048576 f32 = 4 MiB, half the 8 MiB message limit
-/// ([`crate::server::MAX_MESSAGE_BYTES`]): few messages, each a zero-copy slice.
+/// ([`dpcap_proto::client::MAX_MESSAGE_BYTES`]): few messages, each a zero-copy slice.
 pub const DEFAULT_CHUNK_VALUES: usize = 1 << 20;
 /// Largest chunk a client may ask for (6 MiB of values, under the message limit).
 pub const MAX_CHUNK_VALUES: usize = 3 << 19;
 
-/// The gRPC face of an [`Accountant`].
+/// The gRPC face of an [`Accountant`]: it also checks the capability a worker's calls carry.
 #[derive(Debug, Clone)]
 pub struct AccountantGrpc {
     accountant: Arc<Accountant>,
+    capabilities: Capabilities,
 }
 
 impl AccountantGrpc {
-    /// Serves `accountant`.
-    pub fn new(accountant: Arc<Accountant>) -> Self {
-        Self { accountant }
+    /// Serves `accountant`, accepting capabilities `capabilities` verifies.
+    pub fn new(accountant: Arc<Accountant>, capabilities: Capabilities) -> Self {
+        Self { accountant, capabilities }
     }
-}
 
-fn kind_from_proto(value: i32) -> Result<AccountantKind, AccountantError> {
-    match pb::AccountantKind::try_from(value) {
-        Ok(pb::AccountantKind::Unspecified | pb::AccountantKind::Pld) => Ok(AccountantKind::Pld),
-        Ok(pb::AccountantKind::Rdp) => Ok(AccountantKind::Rdp),
-        Err(_) => Err(AccountantError::invalid("accountant", format!("unknown accountant kind {value}"))),
-    }
-}
-
-fn kind_to_proto(kind: AccountantKind) -> i32 {
-    match kind {
-        AccountantKind::Pld => pb::AccountantKind::Pld as i32,
-        AccountantKind::Rdp => pb::AccountantKind::Rdp as i32,
+    /// The capability `request` carries, verified and scoped to `job` and its newest generation.
+    fn capability(&self, metadata: &MetadataMap, job: &Job) -> Result<Capability, AccountantError> {
+        let text = metadata.get(CAPABILITY_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let capability = self.capabilities.verify(text, now_unix_ms())?;
+        let out_of_scope = |reason: String| CapabilityError::OutOfScope {
+            job_id: capability.job_id.clone(),
+            rank: capability.rank,
+            generation: capability.generation,
+            reason,
+        };
+        if capability.job_id != job.registration.job_id {
+            return Err(out_of_scope(format!("the call is for job {}", job.registration.job_id)).into());
+        }
+        // Generations are attempts: a huge one would make every legitimate part stale.
+        if capability.generation > MAX_ATTEMPT {
+            return Err(AccountantError::invalid(
+                "attempt",
+                format!("{} exceeds {MAX_ATTEMPT}", capability.generation),
+            ));
+        }
+        if let Err(newest) = job.admit_generation(capability.generation) {
+            return Err(out_of_scope(format!("the group was re-formed: generation {newest} is current")).into());
+        }
+        Ok(capability)
     }
 }
 
 fn registration_from_proto(request: RegisterJobRequest) -> Result<Registration, AccountantError> {
-    let mechanism = request.mechanism.ok_or_else(|| AccountantError::invalid("mechanism", "is required"))?;
+    let contract = request.contract.ok_or_else(|| AccountantError::invalid("contract", "is required"))?;
     Ok(Registration {
         job_id: request.job_id,
-        sample_rate: mechanism.sample_rate,
-        noise_multiplier: mechanism.noise_multiplier,
-        clipping_norm: mechanism.clipping_norm,
-        delta: request.delta,
-        epsilon_target: request.epsilon_target,
-        accountant: kind_from_proto(request.accountant)?.to_string(),
+        contract: contract_from_proto(contract)?,
         gradient_dim: request.gradient_dim,
-        parts: request.parts,
-        dataset_id: request.dataset_id,
-        dataset_epsilon_budget: request.dataset_epsilon_budget,
         insecure_noise_seed: request.insecure_noise_seed,
-        privacy: match pb::Privacy::try_from(request.privacy) {
-            Ok(pb::Privacy::Unspecified | pb::Privacy::Dp) => "dp",
-            Ok(pb::Privacy::NotPrivate) => "not_private",
-            Ok(pb::Privacy::Simulation) => "simulation",
-            Err(_) => return Err(AccountantError::invalid("privacy", format!("unknown value {}", request.privacy))),
-        }
-        .to_owned(),
-        simulated: request
-            .simulated
-            .map(|m| Simulated { sample_rate: m.sample_rate, noise_multiplier: m.noise_multiplier }),
-        // "" is decided by the accountant: reserved for a new job, the job's own for a repeat.
-        audit_coordinates: request.audit_coordinates,
-        audit_canaries: request.audit_canaries,
     })
 }
 
-/// The job's spend as a message.
+/// The budget a request names: its dataset and unit.
+fn budget_key(dataset_id: String, unit: i32) -> Result<BudgetKey, AccountantError> {
+    let unit = if unit_is_user(unit)? { "user" } else { "example" };
+    Ok(BudgetKey { dataset_id, unit: unit.to_owned() })
+}
+
+/// The job's spend as a message (`epsilon_composed` is the job's own ε; GetSpend composes).
 pub fn spend(job: &Job) -> JobSpend {
     let r = &job.registration;
+    let c = &r.contract;
     let p = job.progress();
+    let wire = contract_to_proto(c);
     JobSpend {
         job_id: r.job_id.clone(),
-        mechanism: Some(pb::Mechanism {
-            sample_rate: r.sample_rate,
-            noise_multiplier: r.noise_multiplier,
-            clipping_norm: r.clipping_norm,
-        }),
-        accountant: kind_to_proto(job.spending.kind()),
-        delta: r.delta,
-        epsilon_target: r.epsilon_target,
+        mechanism: wire.mechanism,
+        accountant: kind_to_proto(job.spending.kind()) as i32,
+        delta: c.delta,
+        epsilon_target: c.epsilon_target.unwrap_or(0.0),
         epsilon_spent: p.epsilon_spent,
         steps_charged: p.charged,
         steps_discarded: p.discarded,
@@ -113,12 +112,11 @@ pub fn spend(job: &Job) -> JobSpend {
             Phase::Closed => pb::JobPhase::Closed,
         } as i32,
         seeded_noise: r.insecure_noise_seed.is_some(),
-        privacy: match job.spending.mode() {
-            Mode::Dp => pb::Privacy::Dp,
-            Mode::NotPrivate => pb::Privacy::NotPrivate,
-            Mode::Simulation(_) => pb::Privacy::Simulation,
-        } as i32,
-        audit_canaries: r.audit_canaries,
+        privacy: wire.privacy,
+        audit_canaries: wire.audit_canaries,
+        contract: Some(wire),
+        epsilon_composed: p.epsilon_spent,
+        gradient_dim: r.gradient_dim,
     }
 }
 
@@ -130,22 +128,53 @@ impl AccountantService for AccountantGrpc {
         &self,
         request: Request<RegisterJobRequest>,
     ) -> Result<Response<RegisterJobResponse>, Status> {
-        let registration = registration_from_proto(request.into_inner()).map_err(to_status)?;
-        let (job, created) = self.accountant.register(registration).await.map_err(to_status)?;
+        let request = request.into_inner();
+        let planned_steps = request.planned_steps;
+        let registration = registration_from_proto(request).map_err(to_status)?;
+        let (job, created) = self.accountant.register(registration, planned_steps).await.map_err(to_status)?;
         Ok(Response::new(RegisterJobResponse { spend: Some(spend(&job)), created }))
+    }
+
+    async fn attach_job(&self, request: Request<AttachJobRequest>) -> Result<Response<JobSpend>, Status> {
+        let job = self.accountant.job(&request.get_ref().job_id).map_err(to_status)?;
+        let capability = self.capability(request.metadata(), &job).map_err(to_status)?;
+        let r = request.into_inner();
+        if r.parts != capability.parts {
+            return Err(to_status(AccountantError::invalid(
+                "parts",
+                format!(
+                    "{} ranks' parts, but the capability of generation {} says {}",
+                    r.parts, capability.generation, capability.parts
+                ),
+            )));
+        }
+        self.accountant.attach(&job, r.gradient_dim, r.parts).map_err(to_status)?;
+        Ok(Response::new(spend(&job)))
     }
 
     async fn submit_part(
         &self,
         request: Request<Streaming<GradientChunk>>,
     ) -> Result<Response<SubmitPartResponse>, Status> {
+        let metadata = request.metadata().clone();
         let mut chunks = request.into_inner();
         let first = chunks
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("invalid values: the part stream is empty"))?;
         let job = self.accountant.job(&first.job_id).map_err(to_status)?;
-        let mut assembler = PartAssembler::new(&job, first.step, first.part, first.attempt).map_err(to_status)?;
+        // The capability decides before a byte of the part is kept: nothing is charged on it.
+        let capability = self.capability(&metadata, &job).map_err(to_status)?;
+        if capability.generation != first.attempt || capability.rank != first.part {
+            return Err(to_status(AccountantError::from(CapabilityError::OutOfScope {
+                job_id: capability.job_id,
+                rank: capability.rank,
+                generation: capability.generation,
+                reason: format!("the part is part {} of attempt {}", first.part, first.attempt),
+            })));
+        }
+        let attempt = Attempt { generation: first.attempt, parts: capability.parts };
+        let mut assembler = PartAssembler::new(&job, first.step, first.part, attempt).map_err(to_status)?;
         let mut next = Some(first);
         while let Some(chunk) = next {
             assembler.push(&chunk.job_id, chunk.step, chunk.part, chunk.offset, &chunk.data).map_err(to_status)?;
@@ -169,7 +198,7 @@ impl AccountantService for AccountantGrpc {
             job_id: job.registration.job_id.clone(),
             step,
             parts_received: outcome.received,
-            parts_expected: job.registration.parts,
+            parts_expected: outcome.expected,
             released: outcome.released,
             accepted_new: outcome.accepted_new,
         }))
@@ -181,6 +210,8 @@ impl AccountantService for AccountantGrpc {
         &self,
         request: Request<FetchReleaseRequest>,
     ) -> Result<Response<Self::FetchReleaseStream>, Status> {
+        let job = self.accountant.job(&request.get_ref().job_id).map_err(to_status)?;
+        self.capability(request.metadata(), &job).map_err(to_status)?;
         let request = request.into_inner();
         let chunk_values = match request.chunk_values as usize {
             0 => DEFAULT_CHUNK_VALUES,
@@ -192,7 +223,6 @@ impl AccountantService for AccountantGrpc {
                 )));
             }
         };
-        let job = self.accountant.job(&request.job_id).map_err(to_status)?;
         let release = self.accountant.wait_release(&job, request.step).await.map_err(to_status)?;
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
@@ -244,10 +274,12 @@ impl AccountantService for AccountantGrpc {
         let job = self.accountant.job(&request.into_inner().job_id).map_err(to_status)?;
         let (outcome, steps) = self.accountant.audit(&job).await.map_err(to_status)?;
         let claimed = job.progress().epsilon_spent;
+        let covers = job.registration.contract.audit.map(|a| a.placement.covers()).unwrap_or_default();
         Ok(Response::new(AuditReport {
             job_id: job.registration.job_id.clone(),
             epsilon_claimed: claimed,
-            delta: job.registration.delta,
+            delta: job.registration.contract.delta,
+            covers: covers.to_owned(),
             epsilon_lower_bound: outcome.epsilon_lower_bound,
             epsilon_lower_bound_fdp: outcome.epsilon_lower_bound_fdp,
             canaries: outcome.counts.canaries as u32,
@@ -261,12 +293,17 @@ impl AccountantService for AccountantGrpc {
 
     async fn get_spend(&self, request: Request<GetSpendRequest>) -> Result<Response<JobSpend>, Status> {
         let job = self.accountant.job(&request.into_inner().job_id).map_err(to_status)?;
-        Ok(Response::new(spend(&job)))
+        let epsilon_composed = self.accountant.epsilon_composed(&job).await.map_err(to_status)?;
+        Ok(Response::new(JobSpend { epsilon_composed, ..spend(&job) }))
     }
 
     async fn close_job(&self, request: Request<CloseJobRequest>) -> Result<Response<JobSpend>, Status> {
         let request = request.into_inner();
         let job = self.accountant.job(&request.job_id).map_err(to_status)?;
+        if request.resumable {
+            self.accountant.suspend(&job, &request.reason);
+            return Ok(Response::new(spend(&job)));
+        }
         let (accountant, closing) = (self.accountant.clone(), job.clone());
         // Run to the end whatever the client does: a half-done close would keep charging.
         tokio::spawn(async move { accountant.close(&closing, &request.reason).await })
@@ -293,14 +330,19 @@ impl AccountantService for AccountantGrpc {
         request: Request<SetDatasetBudgetRequest>,
     ) -> Result<Response<pb::DatasetBudget>, Status> {
         let r = request.into_inner();
+        let key = budget_key(r.dataset_id, r.unit).map_err(to_status)?;
+        let setting = BudgetSetting {
+            epsilon: r.epsilon,
+            delta: r.delta,
+            reason: r.reason,
+            allow_not_private: r.allow_not_private,
+        };
         let accountant = self.accountant.clone();
         // Audit entry and current value are written together, whatever the client does.
-        let view = tokio::spawn(async move {
-            accountant.set_budget(&r.dataset_id, (r.epsilon, r.delta), (&r.reason, r.allow_not_private)).await
-        })
-        .await
-        .map_err(|e| to_status(AccountantError::Internal(format!("budget task failed: {e}"))))?
-        .map_err(to_status)?;
+        let view = tokio::spawn(async move { accountant.set_budget(&key, setting).await })
+            .await
+            .map_err(|e| to_status(AccountantError::Internal(format!("budget task failed: {e}"))))?
+            .map_err(to_status)?;
         Ok(Response::new(dataset_to_proto(view)))
     }
 
@@ -308,13 +350,15 @@ impl AccountantService for AccountantGrpc {
         &self,
         request: Request<GetDatasetBudgetRequest>,
     ) -> Result<Response<pb::DatasetBudget>, Status> {
-        let view = self.accountant.dataset(&request.into_inner().dataset_id).await.map_err(to_status)?;
+        let r = request.into_inner();
+        let key = budget_key(r.dataset_id, r.unit).map_err(to_status)?;
+        let view = self.accountant.dataset(&key).await.map_err(to_status)?;
         Ok(Response::new(dataset_to_proto(view)))
     }
 
     async fn estimate(&self, request: Request<EstimateRequest>) -> Result<Response<EstimateResponse>, Status> {
         let r = request.into_inner();
-        let kind = kind_from_proto(r.accountant).map_err(to_status)?;
+        let kind = kind_from_proto(r.accountant).map_err(|e| to_status(AccountantError::from(e)))?;
         let result = tokio::task::spawn_blocking(move || estimate(kind, r))
             .await
             .map_err(|e| Status::internal(e.to_string()))?;
@@ -322,8 +366,10 @@ impl AccountantService for AccountantGrpc {
     }
 }
 
-fn dataset_to_proto(view: crate::datasets::DatasetView) -> pb::DatasetBudget {
+fn dataset_to_proto(view: DatasetView) -> pb::DatasetBudget {
+    let unit = if view.budget.unit == "user" { pb::PrivacyUnit::User } else { pb::PrivacyUnit::Example };
     pb::DatasetBudget {
+        unit: unit as i32,
         dataset_id: view.budget.dataset_id,
         epsilon_budget: view.budget.epsilon,
         delta: view.budget.delta,
@@ -352,7 +398,7 @@ fn estimate(kind: AccountantKind, r: EstimateRequest) -> Result<EstimateResponse
     Ok(EstimateResponse {
         sample_rate: q,
         delta,
-        accountant: kind_to_proto(kind),
+        accountant: kind_to_proto(kind) as i32,
         noise_multiplier: sigma,
         steps,
         epsilon,

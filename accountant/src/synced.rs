@@ -122,7 +122,7 @@ impl Drop for SyncedFile {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, AccountantError> + Send + 'static,
 ) -> Result<T, AccountantError> {
-    crate::accountant::blocking(f).await?
+    AccountantError::blocking(f).await?
 }
 
 #[cfg(test)]

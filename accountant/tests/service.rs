@@ -3,12 +3,12 @@
 
 mod common;
 
-use common::{AccountantProcess, charged_steps, job};
+use common::{AccountantProcess, charged_steps, contract, job};
 use dpcap_accountant::privacy::{AccountantKind, EpsilonCurve, max_steps, noise_multiplier};
 use dpcap_proto::ErrorCode;
 use dpcap_proto::floats::to_bytes;
 use dpcap_proto::v1::{
-    CloseJobRequest, FetchReleaseRequest, GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, Mechanism, Privacy,
+    AuditCoordinates, CloseJobRequest, GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, Mechanism, Privacy,
     RegisterJobRequest, SetDatasetBudgetRequest, TrimReleasesRequest,
 };
 use tonic::Code;
@@ -45,8 +45,7 @@ async fn concurrent_duplicate_parts_and_fetches_charge_once_and_return_identical
     let again = client.fetch_release("dup", 0).await.unwrap().0;
     assert_eq!(again, releases[0], "a later fetch never draws fresh noise");
     // In small chunks: contiguous offsets, only the final chunk marked last, the same bytes.
-    let request = FetchReleaseRequest { job_id: "dup".into(), step: 0, chunk_values: 1234 };
-    let mut stream = client.raw().fetch_release(request).await.unwrap().into_inner();
+    let mut stream = client.fetch_stream("dup", 0, 1234).await.unwrap();
     let (mut chunked, mut lasts) = (Vec::new(), Vec::new());
     while let Some(chunk) = stream.message().await.unwrap() {
         assert_eq!(chunk.offset, chunked.len() as u64);
@@ -79,10 +78,9 @@ async fn a_release_of_several_blocks_streams_while_stored_and_reads_back_identic
     // 4.5 noise blocks of 2^20 values: 18 MB, two parts of the stored upload.
     let dim = (9 << 20) / 2;
     client.raw().register_job(job("blocks", 0.01, 1.0, 1.0, 10.0, dim as u64, 1, Some(11))).await.unwrap();
-    let request = FetchReleaseRequest { job_id: "blocks".into(), step: 0, chunk_values: 300_000 };
     let mut fetcher = client.clone();
     let early = tokio::spawn(async move {
-        let mut stream = fetcher.raw().fetch_release(request).await?.into_inner();
+        let mut stream = fetcher.fetch_stream("blocks", 0, 300_000).await?;
         let (mut values, mut lasts) = (Vec::new(), 0);
         while let Some(chunk) = stream.message().await? {
             assert_eq!(chunk.offset, values.len() as u64, "contiguous offsets across blocks");
@@ -251,14 +249,14 @@ async fn bad_input_is_refused_with_a_clear_status_and_loses_nothing() {
         GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 5, data: to_bytes(&part(1, 6)), attempt: 0 },
     ];
     expect(
-        client.raw().submit_part(futures::stream::iter(gap)).await,
+        client.raw_for("bad", 1).submit_part(futures::stream::iter(gap)).await,
         Code::InvalidArgument,
         &["offset 5", "expected 4"],
     );
     let ragged =
         GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 0, data: vec![0u8; 7].into(), attempt: 0 };
     expect(
-        client.raw().submit_part(futures::stream::iter([ragged])).await,
+        client.raw_for("bad", 1).submit_part(futures::stream::iter([ragged])).await,
         Code::InvalidArgument,
         &["data", "7 bytes"],
     );
@@ -314,8 +312,11 @@ async fn metrics_expose_per_job_spend_until_the_job_is_closed() {
     ] {
         assert!(text.contains(series), "missing {series} in\n{text}");
     }
-    let closed =
-        client.raw().close_job(CloseJobRequest { job_id: "m1".into(), reason: "succeeded".into() }).await.unwrap();
+    let closed = client
+        .raw()
+        .close_job(CloseJobRequest { job_id: "m1".into(), reason: "succeeded".into(), ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(closed.into_inner().steps_charged, 1);
     assert!(!server.scrape().await.contains("job_id=\"m1\""), "per-job series removed on close");
     let refused = client.submit_part("m1", 1, 0, &part(0, 4)).await.unwrap_err();
@@ -406,18 +407,13 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     let dataset = format!("sha256:{}", "5e".repeat(32));
     let on_dataset = |id: &str| {
         let mut r = job(id, 0.05, 2.0, 1.0, 100.0, 4, 1, None);
-        r.dataset_id = dataset.clone();
+        contract(&mut r).dataset_id = dataset.clone();
         r
     };
     // Without a budget, the safe default refuses the job; a job can never bring its own.
     let unbudgeted = client.raw().register_job(on_dataset("early")).await.unwrap_err();
     assert_eq!(unbudgeted.code(), Code::FailedPrecondition, "{unbudgeted}");
     assert!(unbudgeted.message().contains("privacy admin"), "{unbudgeted}");
-    let mut raising = on_dataset("raiser");
-    raising.dataset_epsilon_budget = 1000.0;
-    let raised = client.raw().register_job(raising).await.unwrap_err();
-    assert_eq!(raised.code(), Code::InvalidArgument);
-    assert!(raised.message().starts_with("invalid dataset_epsilon_budget:"), "{raised}");
     let by_url = client
         .raw()
         .set_dataset_budget(SetDatasetBudgetRequest {
@@ -426,6 +422,7 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
             delta: 1e-5,
             reason: String::new(),
             allow_not_private: false,
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -437,6 +434,7 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
         delta: 1e-5,
         reason: reason.into(),
         allow_not_private: false,
+        ..Default::default()
     };
     let budget = client.raw().set_dataset_budget(set(1.0, "owner's lifetime budget")).await.unwrap().into_inner();
     assert_eq!((budget.epsilon_budget, budget.version), (1.0, 1));
@@ -460,7 +458,7 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     }
     let refused = refused.expect("the dataset budget must run out long before the job targets");
     assert_eq!(ErrorCode::of(&refused), Some(ErrorCode::BudgetExhausted), "{refused}");
-    assert!(refused.message().contains(&format!("dataset {dataset} target 1")), "{refused}");
+    assert!(refused.message().contains(&format!("dataset {dataset} (example-level) target 1")), "{refused}");
     let one_job = max_steps(&EpsilonCurve::new(AccountantKind::Pld, 0.05, 2.0, 1e-5).unwrap(), 1.0).unwrap();
     assert!(steps[0] + steps[1] <= one_job + 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
     assert!(steps[0] + steps[1] >= one_job - 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
@@ -470,7 +468,7 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     assert_eq!(ErrorCode::of(&third), Some(ErrorCode::BudgetExhausted), "{third}");
     let shown = client
         .raw()
-        .get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset.clone() })
+        .get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset.clone(), ..Default::default() })
         .await
         .unwrap()
         .into_inner();
@@ -478,7 +476,10 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     assert_eq!(shown.jobs, vec!["first", "second", "third"]);
     let metrics = server.scrape().await;
     assert!(metrics.contains("dpcap_budget_rejections_total{reason=\"dataset_budget\"} 2"), "{metrics}");
-    assert!(metrics.contains(&format!("dpcap_dataset_epsilon_budget{{dataset=\"{dataset}\"}} 1")), "{metrics}");
+    assert!(
+        metrics.contains(&format!("dpcap_dataset_epsilon_budget{{dataset=\"{dataset}\",unit=\"example\"}} 1")),
+        "{metrics}"
+    );
 
     // Every change is in the append-only audit log and survives a restart.
     client.raw().set_dataset_budget(set(2.0, "owner approved a second study")).await.unwrap();
@@ -494,7 +495,7 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     let mut client = server.client().await;
     let shown = client
         .raw()
-        .get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset.clone() })
+        .get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset.clone(), ..Default::default() })
         .await
         .unwrap()
         .into_inner();
@@ -518,10 +519,11 @@ async fn not_private_jobs_need_the_owners_consent_never_spend_the_budget_and_say
         delta: 1e-5,
         reason: "synthetic data".into(),
         allow_not_private,
+        ..Default::default()
     };
     let baseline = |id: &str| {
         let mut r = job(id, 0.05, 0.0, 1.0, 0.0, 4, 1, None);
-        (r.dataset_id, r.privacy) = (dataset.clone(), Privacy::NotPrivate as i32);
+        (contract(&mut r).dataset_id, contract(&mut r).privacy) = (dataset.clone(), Privacy::NotPrivate as i32);
         r
     };
     client.raw().set_dataset_budget(set(false)).await.unwrap();
@@ -541,9 +543,10 @@ async fn not_private_jobs_need_the_owners_consent_never_spend_the_budget_and_say
     }
 
     let mut simulation = job("tan", 0.001, 0.02, 1.0, 8.0, 4, 1, None);
-    simulation.dataset_id = dataset.clone();
-    simulation.privacy = Privacy::Simulation as i32;
-    simulation.simulated = Some(Mechanism { sample_rate: 0.05, noise_multiplier: 1.5, clipping_norm: 1.0 });
+    let c = contract(&mut simulation);
+    c.dataset_id = dataset.clone();
+    c.privacy = Privacy::Simulation as i32;
+    c.simulated = Some(Mechanism { sample_rate: 0.05, noise_multiplier: 1.5, clipping_norm: 1.0 });
     client.raw().register_job(simulation).await.unwrap();
     for step in 0..2 {
         client.submit_part("tan", step, 0, &part(9, 4)).await.unwrap();
@@ -555,13 +558,13 @@ async fn not_private_jobs_need_the_owners_consent_never_spend_the_budget_and_say
 
     let shown = client
         .raw()
-        .get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset.clone() })
+        .get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset.clone(), ..Default::default() })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(shown.epsilon_spent, 0.0, "NOT PRIVATE jobs never spend the dataset's budget");
     let ledger = std::fs::read_to_string(dir.path().join("jobs/baseline/registration.json")).unwrap();
-    assert!(ledger.contains("\"privacy\": \"not_private\""), "{ledger}");
+    assert!(ledger.contains("\"kind\": \"not_private\""), "the ledger stores the typed mode: {ledger}");
     let text = server.scrape().await;
     for series in [
         "dpcap_privacy_epsilon_spent{job_id=\"baseline\",privacy=\"not_private\"} +Inf",
@@ -589,9 +592,10 @@ async fn a_newer_attempt_replaces_pending_parts_and_an_older_one_is_refused() {
     // Generation 2 reruns the step with another split: its part 0 differs, and is not a conflict.
     let new0 = client.submit_attempt("regroup", (0, 0, 2), &part(1, dim)).await.unwrap();
     assert_eq!(new0.parts_received, 1, "older parts dropped: {new0:?}");
+    // A rank of the re-formed generation 1 holds a capability the newer one superseded.
     let stale = client.submit_attempt("regroup", (0, 1, 1), &part(9, dim)).await.unwrap_err();
-    assert_eq!(stale.code(), Code::Aborted, "{stale:?}");
-    assert!(stale.message().contains("stale"), "{stale:?}");
+    assert_eq!(stale.code(), Code::PermissionDenied, "{stale:?}");
+    assert!(stale.message().contains("re-formed"), "{stale:?}");
     assert!(client.submit_attempt("regroup", (0, 1, 2), &part(2, dim)).await.unwrap().released);
     let spend = client.raw().get_spend(GetSpendRequest { job_id: "regroup".into() }).await.unwrap().into_inner();
     assert_eq!(spend.steps_charged, 1);
@@ -614,7 +618,7 @@ async fn registration_is_idempotent_under_concurrency_and_across_restarts_for_an
         .map(|i| {
             let (q, sigma, c) = (0.005 + 0.05 * unit(&mut rng), 0.6 + 3.0 * unit(&mut rng), 0.1 + unit(&mut rng));
             let mut request = job(&format!("reg-{i}"), q, sigma, c, 4.0 + 4.0 * unit(&mut rng), 64, 2, None);
-            request.delta = 1e-6 + 1e-4 * unit(&mut rng);
+            contract(&mut request).delta = 1e-6 + 1e-4 * unit(&mut rng);
             request
         })
         .collect();
@@ -656,10 +660,9 @@ async fn a_release_whose_store_fails_never_sends_its_last_chunk_and_is_discarded
     // The charge can be written; the release cannot (its directory is a file).
     std::fs::create_dir_all(dir.path().join("jobs/unstored")).unwrap();
     std::fs::write(dir.path().join("jobs/unstored/releases"), b"not a directory").unwrap();
-    let request = FetchReleaseRequest { job_id: "unstored".into(), step: 0, chunk_values: 2 };
     let mut fetcher = client.clone();
     let fetch = tokio::spawn(async move {
-        let mut stream = fetcher.raw().fetch_release(request).await?.into_inner();
+        let mut stream = fetcher.fetch_stream("unstored", 0, 2).await?;
         let mut chunks = Vec::new();
         while let Some(chunk) = stream.message().await? {
             chunks.push(chunk);
@@ -687,11 +690,10 @@ async fn an_audited_job_audits_below_its_claim_after_it_ends_and_the_same_after_
     let (dim, canaries, steps, q) = (20_000usize, 10_000u32, 20u64, 0.25);
     let sigma = noise_multiplier(AccountantKind::Pld, q, steps, 2.0, 1e-5).unwrap();
     let mut request = job("audited", q, sigma, 1.0, 2.0, dim as u64, 1, Some(3));
-    request.audit_canaries = canaries;
+    contract(&mut request).audit_canaries = canaries;
     client.raw().register_job(request.clone()).await.unwrap();
-    let audit = |mut c: dpcap_accountant::client::AccountantClient| async move {
-        c.raw().audit_job(AuditJobRequest { job_id: "audited".into() }).await
-    };
+    let audit =
+        |mut c: common::Client| async move { c.raw().audit_job(AuditJobRequest { job_id: "audited".into() }).await };
     let early = audit(client.clone()).await.unwrap_err();
     assert_eq!(early.code(), Code::FailedPrecondition, "{early:?}");
     assert!(early.message().contains("still open"), "{early:?}");
@@ -702,7 +704,11 @@ async fn an_audited_job_audits_below_its_claim_after_it_ends_and_the_same_after_
     // and with no examples moving them the releases are noise alone.
     let (release, _) = client.fetch_release("audited", steps - 1).await.unwrap();
     assert_eq!(release.len(), dim, "reserved coordinates never reach a rank");
-    client.raw().close_job(CloseJobRequest { job_id: "audited".into(), reason: "done".into() }).await.unwrap();
+    client
+        .raw()
+        .close_job(CloseJobRequest { job_id: "audited".into(), reason: "done".into(), ..Default::default() })
+        .await
+        .unwrap();
     let report = audit(client.clone()).await.unwrap().into_inner();
     assert_eq!((report.canaries, report.guesses, report.steps_scored), (canaries, 200, steps));
     assert!((report.epsilon_claimed - 2.0).abs() < 1e-3 && report.confidence == 0.95, "{report:?}");
@@ -719,16 +725,17 @@ async fn an_audited_job_audits_below_its_claim_after_it_ends_and_the_same_after_
 
     // Only DP jobs with canaries can be audited; the refusals name the field.
     let mut not_private = job("np", q, 0.0, 1.0, 0.0, dim as u64, 1, None);
-    (not_private.privacy, not_private.audit_canaries) = (Privacy::NotPrivate as i32, 10);
+    contract(&mut not_private).audit_canaries = 10;
     let refused = client.clone().raw().register_job(not_private).await.unwrap_err();
-    assert!(refused.code() == Code::InvalidArgument && refused.message().contains("audit_canaries"), "{refused:?}");
+    assert!(refused.code() == Code::InvalidArgument && refused.message().starts_with("invalid audit:"), "{refused:?}");
     let mut too_many = job("many", q, sigma, 1.0, 2.0, 100, 1, None);
-    (too_many.audit_canaries, too_many.audit_coordinates) = (101, "model".into());
+    (contract(&mut too_many).audit_canaries, contract(&mut too_many).audit_coordinates) =
+        (101, AuditCoordinates::Model as i32);
     let refused = client.clone().raw().register_job(too_many.clone()).await.unwrap_err();
     assert!(refused.code() == Code::InvalidArgument && refused.message().contains("audit_canaries"), "{refused:?}");
-    too_many.audit_coordinates = "reserved".into(); // reserved coordinates are not the model's
+    contract(&mut too_many).audit_coordinates = AuditCoordinates::Reserved as i32; // not the model's
     client.clone().raw().register_job(too_many.clone()).await.unwrap();
-    (too_many.job_id, too_many.audit_coordinates) = ("elsewhere".into(), "elsewhere".into());
+    (too_many.job_id, contract(&mut too_many).audit_coordinates) = ("elsewhere".into(), 9);
     let refused = client.clone().raw().register_job(too_many).await.unwrap_err();
     assert!(refused.code() == Code::InvalidArgument && refused.message().contains("audit_coordinates"), "{refused:?}");
     client.clone().raw().register_job(job("plain", q, sigma, 1.0, 2.0, 100, 1, None)).await.unwrap();
@@ -736,3 +743,60 @@ async fn an_audited_job_audits_below_its_claim_after_it_ends_and_the_same_after_
     let plain = async move { c.clone().raw().audit_job(AuditJobRequest { job_id: "plain".into() }).await };
     assert_eq!(plain.await.unwrap_err().code(), Code::FailedPrecondition);
 }
+
+/// Whoever holds a worker's token can act at the accountant only with a capability the
+/// coordinator signed, and only for its job, its part and its group's generation: a forged,
+/// unsigned, expired or foreign capability, and one of a re-formed group, are refused as
+/// PERMISSION_DENIED before anything is kept, and nothing is charged for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capability_scopes_a_rank_to_its_job_part_and_generation_and_nothing_else() {
+    use dpcap_proto::v1::AttachJobRequest;
+    use dpcap_serve::capability::{Capabilities, KeyRing};
+    let dir = tempfile::tempdir().unwrap();
+    let ring = KeyRing::generate("k1");
+    let keys = dir.path().join("capability.keys");
+    std::fs::write(&keys, ring.to_file_text()).unwrap();
+    let ledger = dir.path().join("ledger");
+    let server = AccountantProcess::start(&ledger, &["--capability-key-file", keys.to_str().unwrap()]).await;
+    let mut coordinator = server.client_signed(Capabilities::new(Some(ring.clone())));
+    for id in ["job-a", "job-b"] {
+        coordinator.raw().register_job(job(id, 0.01, 1.0, 1.0, 10.0, 8, 1, None)).await.unwrap();
+    }
+    let denied = |r: Result<SubmitPartResponseAlias, tonic::Status>, why: &str| {
+        let e = r.expect_err(why);
+        assert_eq!(e.code(), Code::PermissionDenied, "{why}: {e}");
+        assert_eq!(ErrorCode::of(&e), Some(ErrorCode::PermissionDenied), "{why}: {e}");
+    };
+    let values = part(0, 8);
+    let mut forger = server.client_signed(Capabilities::new(Some(KeyRing::generate("k1"))));
+    denied(forger.submit_part("job-a", 0, 0, &values).await, "signed with another key");
+    denied(server.client().await.submit_part("job-a", 0, 0, &values).await, "unsigned while keys are set");
+    let for_b = coordinator.capability("job-b", 0, Some(0));
+    denied(coordinator.with(Some(for_b)).submit_part("job-a", 0, 0, &values).await, "a capability for job-b");
+    let mut expired = coordinator.capability("job-a", 0, Some(0));
+    expired.expires_unix_ms = 1;
+    denied(coordinator.with(Some(expired)).submit_part("job-a", 0, 0, &values).await, "expired");
+    denied(coordinator.with(None).submit_part("job-a", 0, 0, &values).await, "no capability at all");
+    let rank_1 = coordinator.capability("job-a", 1, Some(0));
+    denied(coordinator.with(Some(rank_1)).submit_part("job-a", 0, 0, &values).await, "rank 1 sending part 0");
+    assert!(charged_steps(&ledger, "job-a").is_empty(), "nothing was charged for a refused capability");
+
+    // Attaching checks P against the contract and W against the capability.
+    let attach = |gradient_dim, parts| AttachJobRequest { job_id: "job-a".into(), gradient_dim, parts };
+    let wrong_p = coordinator.raw_for("job-a", 0).attach_job(attach(9, 1)).await.unwrap_err();
+    assert!(wrong_p.message().starts_with("invalid gradient_dim:"), "{wrong_p}");
+    let wrong_w = coordinator.raw_for("job-a", 0).attach_job(attach(8, 2)).await.unwrap_err();
+    assert!(wrong_w.message().starts_with("invalid parts:"), "{wrong_w}");
+    coordinator.raw_for("job-a", 0).attach_job(attach(8, 1)).await.unwrap();
+
+    // Generation 2 releases step 0; generation 1 (a group since re-formed) can no longer fetch.
+    assert!(coordinator.submit_attempt("job-a", (0, 0, 2), &values).await.unwrap().released);
+    let old = coordinator.capability("job-a", 0, Some(1));
+    let stale = coordinator.with(Some(old)).fetch_release("job-a", 0).await.unwrap_err();
+    assert_eq!(stale.code(), Code::PermissionDenied, "{stale}");
+    assert!(stale.message().contains("re-formed"), "{stale}");
+    assert_eq!(coordinator.fetch_release("job-a", 0).await.unwrap().0.len(), 8);
+    assert_eq!(charged_steps(&ledger, "job-a"), vec![0]);
+}
+
+type SubmitPartResponseAlias = dpcap_proto::v1::SubmitPartResponse;

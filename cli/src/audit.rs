@@ -5,7 +5,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use dpcap_accountant::client::AccountantClient;
+use dpcap_proto::client::{AccountantClient, CallCredentials};
 use dpcap_proto::v1::{AuditJobRequest, AuditReport};
 use serde_json::json;
 
@@ -49,7 +49,7 @@ pub async fn run(args: AuditArgs, server: &Server) -> Result<i32> {
         .tls
         .endpoint(&args.to.accountant)
         .with_context(|| format!("invalid --accountant {}", args.to.accountant))?;
-    let mut client = AccountantClient::lazy(endpoint, server.token.clone());
+    let mut client = AccountantClient::lazy(endpoint, CallCredentials::token(server.token.clone()));
     let report =
         client.raw().audit_job(AuditJobRequest { job_id: args.job_id.clone() }).await.map_err(status)?.into_inner();
     if args.json {

@@ -142,7 +142,7 @@ fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<T
     match opts.objective.as_str() {
         "caption" => {
             let Some(config) = CaptionerConfig::named(&opts.model) else {
-                bail!("invalid --model {}: use one of {}", opts.model, CaptionerConfig::NAMES.join(", "))
+                bail!("invalid --model {}: use one of {}", opts.model, dpcap_registry::NAMES.join(", "))
             };
             let model = Captioner::new(&mut params, config);
             let batch = CaptionBatch::<AB>::random(config, opts.batch, &device);
@@ -158,7 +158,7 @@ fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<T
         }
         "mae" => {
             let Some(config) = MaeConfig::named(&opts.model) else {
-                bail!("invalid --model {}: use one of {}", opts.model, CaptionerConfig::NAMES.join(", "))
+                bail!("invalid --model {}: use one of {}", opts.model, dpcap_registry::NAMES.join(", "))
             };
             let model = Mae::new(&mut params, config);
             let image = config.encoder.image;

@@ -9,15 +9,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use dpcap_accountant::accountant::Policy;
-use dpcap_accountant::client::AccountantClient;
+use dpcap_accountant::Policy;
 use dpcap_accountant::noise::{self, NoiseMode};
 use dpcap_coordinator::work::example_units;
 use dpcap_coordinator::{JobSecret, PoissonSampler, split_work, step_work};
+use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell};
 use dpcap_proto::index::ImageKind;
 use dpcap_proto::index::{Layout, MANIFEST_VERSION, Manifest, ShardRecord, ShardTable, Skipped, Span, TableEntry};
-use dpcap_proto::v1::{AccountantKind, FetchReleaseRequest, Mechanism, RegisterJobRequest};
+use dpcap_proto::v1::{AccountantKind, FetchReleaseRequest, Mechanism, PrivacyContract, RegisterJobRequest};
 use dpcap_serve::ServerSecurity;
+use dpcap_serve::{Capabilities, Capability};
 use prost::Message;
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
@@ -216,18 +217,27 @@ async fn time_release(opts: &ScaleBench, writer: Writer) -> Result<ReleaseTiming
         let shutdown = async move {
             let _ = stopped.await;
         };
-        dpcap_accountant::server::serve((grpc, metrics), server, ledger, policy, shutdown).await
+        let setup = dpcap_accountant::server::Setup { ledger, policy, capabilities: Capabilities::new(None) };
+        dpcap_accountant::server::serve((grpc, metrics), server, setup, shutdown).await
     });
-    let client = AccountantClient::connect(format!("http://{addr}")).await?;
+    // One rank of one generation: its (unsigned: no keys here) capability, as a coordinator
+    // would issue it.
+    let rank = Capability { job_id: "scale".into(), rank: 0, generation: 0, parts: 1, expires_unix_ms: u64::MAX };
+    let credentials =
+        CallCredentials::default().with_capability(CapabilityCell::new(Capabilities::new(None).issue(&rank)));
+    let client =
+        AccountantClient::lazy(tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?, credentials);
     let q = opts.batch as f64 / opts.examples as f64;
     let register = RegisterJobRequest {
         job_id: "scale".into(),
-        mechanism: Some(Mechanism { sample_rate: q, noise_multiplier: 0.728, clipping_norm: 1.0 }),
-        delta: 1.0 / opts.examples as f64,
-        epsilon_target: 8.0,
-        accountant: AccountantKind::Rdp as i32,
+        contract: Some(PrivacyContract {
+            mechanism: Some(Mechanism { sample_rate: q, noise_multiplier: 0.728, clipping_norm: 1.0 }),
+            delta: 1.0 / opts.examples as f64,
+            epsilon_target: 8.0,
+            accountant: AccountantKind::Rdp as i32,
+            ..Default::default()
+        }),
         gradient_dim: opts.params,
-        parts: 1,
         ..Default::default()
     };
     // The accountant answers UNAVAILABLE until it has replayed its (empty) ledger.

@@ -4,8 +4,8 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use dpcap_accountant::client::AccountantClient;
-use dpcap_proto::v1::{DatasetBudget, GetDatasetBudgetRequest, SetDatasetBudgetRequest};
+use dpcap_proto::client::{AccountantClient, CallCredentials};
+use dpcap_proto::v1::{DatasetBudget, GetDatasetBudgetRequest, PrivacyUnit, SetDatasetBudgetRequest};
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use serde_json::json;
@@ -39,6 +39,10 @@ pub enum BudgetCommand {
         /// Their outputs carry no guarantee: only for data whose owners accept that.
         #[arg(long)]
         allow_not_private: bool,
+        /// The privacy unit the budget is for: example (the default), or user (user-level
+        /// jobs such as DP-FedEmb). Budgets of different units never compose.
+        #[arg(long, value_enum, default_value_t = Unit::Example)]
+        unit: Unit,
         #[command(flatten)]
         to: Accountant,
     },
@@ -46,9 +50,30 @@ pub enum BudgetCommand {
     Show {
         /// The dataset: its index digest, or its directory or URL.
         dataset: String,
+        /// The privacy unit whose budget to show.
+        #[arg(long, value_enum, default_value_t = Unit::Example)]
+        unit: Unit,
         #[command(flatten)]
         to: Accountant,
     },
+}
+
+/// Whose privacy a budget protects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unit {
+    /// One example (image-text pair).
+    Example,
+    /// One user and all their examples.
+    User,
+}
+
+impl Unit {
+    fn to_proto(self) -> i32 {
+        match self {
+            Unit::Example => PrivacyUnit::Example as i32,
+            Unit::User => PrivacyUnit::User as i32,
+        }
+    }
 }
 
 /// The digest naming `dataset`: given as is, or the digest of its index manifest.
@@ -72,7 +97,8 @@ pub async fn dataset_digest(dataset: &str) -> Result<String> {
 fn print(budget: &DatasetBudget) {
     println!(
         "{}",
-        json!({"dataset_id": budget.dataset_id, "epsilon_budget": budget.epsilon_budget, "delta": budget.delta,
+        json!({"dataset_id": budget.dataset_id, "unit": if budget.unit == PrivacyUnit::User as i32 { "user" } else { "example" },
+               "epsilon_budget": budget.epsilon_budget, "delta": budget.delta,
                "epsilon_spent": budget.epsilon_spent, "jobs": budget.jobs, "version": budget.version,
                "allow_not_private": budget.allow_not_private})
     );
@@ -81,18 +107,22 @@ fn print(budget: &DatasetBudget) {
 /// Runs one `dpctl dataset budget` command.
 pub async fn run(command: BudgetCommand, server: &Server) -> Result<()> {
     let (dataset, to) = match &command {
-        BudgetCommand::Set { dataset, to, .. } | BudgetCommand::Show { dataset, to } => (dataset, to),
+        BudgetCommand::Set { dataset, to, .. } | BudgetCommand::Show { dataset, to, .. } => (dataset, to),
     };
     let dataset_id = dataset_digest(dataset).await?;
     let endpoint =
         server.tls.endpoint(&to.accountant).with_context(|| format!("invalid --accountant {}", to.accountant))?;
-    let mut client = AccountantClient::lazy(endpoint, server.token.clone());
+    let mut client = AccountantClient::lazy(endpoint, CallCredentials::token(server.token.clone()));
     let budget = match command {
-        BudgetCommand::Set { epsilon, delta, reason, allow_not_private, .. } => {
-            let request = SetDatasetBudgetRequest { dataset_id, epsilon, delta, reason, allow_not_private };
+        BudgetCommand::Set { epsilon, delta, reason, allow_not_private, unit, .. } => {
+            let unit = unit.to_proto();
+            let request = SetDatasetBudgetRequest { dataset_id, epsilon, delta, reason, allow_not_private, unit };
             client.raw().set_dataset_budget(request).await
         }
-        BudgetCommand::Show { .. } => client.raw().get_dataset_budget(GetDatasetBudgetRequest { dataset_id }).await,
+        BudgetCommand::Show { unit, .. } => {
+            let request = GetDatasetBudgetRequest { dataset_id, unit: unit.to_proto() };
+            client.raw().get_dataset_budget(request).await
+        }
     };
     print(&budget.map_err(status)?.into_inner());
     Ok(())

@@ -29,7 +29,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
             "config", "image", "patch", "width", "enc/dec", "vocab/seq", "captioner", "mae"
         );
     }
-    for name in CaptionerConfig::NAMES {
+    for name in dpcap_registry::NAMES {
         let (cap, mae) = (CaptionerConfig::named(name).expect("listed"), MaeConfig::named(name).expect("listed"));
         let count = |build: &dyn Fn(&mut ParamSet<Inner>)| {
             let mut ps = ParamSet::<Inner>::specs_only(&Default::default());

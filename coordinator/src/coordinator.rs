@@ -1,25 +1,20 @@
 //! The coordinator's API, shared by the gRPC services: each call takes the state lock for a
 //! pure transition (never across an await), then persists the touched jobs, tells the
-//! accountant about ended jobs, and wakes watchers and waiting ranks.
+//! accountant about ended jobs, and wakes watchers and waiting ranks. Submitting is in
+//! [`crate::submit`], the calls to the accountant in [`crate::accounting`].
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use dpcap_accountant::client::{AccountantClient, RawClient};
-use dpcap_proto::v1::{
-    Assignment, AuditJobRequest, CloseJobRequest, GetSpendRequest, Job, JobSpec, JobState, Progress, Reduction,
-    StepWork, TrimReleasesRequest, step_work::Action,
-};
-use dpcap_proto::{RetryPolicy, retry};
+use dpcap_proto::client::{AccountantClient, CallCredentials, RawClient};
+use dpcap_proto::v1::{Assignment, Job, JobState, Reduction, StepWork, step_work::Action};
+use dpcap_serve::{Capabilities, Capability};
 
 use crate::dataset;
 use crate::error::CoordinatorError;
 use crate::sampler::{JobSecret, PoissonSampler};
-use crate::state::{Effects, JobEntry, Report, State, WorkerEntry, condition, is_terminal, now_ms};
+use crate::state::{Effects, JobEntry, Report, State, WorkerEntry, condition, is_terminal};
 use crate::store::{JobStore, Private, hex};
-
-/// One attempt of an ended job's audit (scoring is milliseconds; a stalled call is retried).
-const AUDIT_ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// How the coordinator is set up.
 #[derive(Clone)]
@@ -37,6 +32,10 @@ pub struct Config {
     pub accountant_token: Option<String>,
     /// A worker silent for this long is dropped and its job's group re-formed.
     pub lease: Duration,
+    /// Signs the capabilities workers carry to the accountant (the accountant's keys).
+    pub capabilities: Capabilities,
+    /// How long a capability stays valid; workers renew theirs with every heartbeat.
+    pub capability_ttl: Duration,
 }
 
 impl std::fmt::Debug for Config {
@@ -49,6 +48,8 @@ impl std::fmt::Debug for Config {
             .field("accountant_tls", &self.accountant_tls)
             .field("accountant_token", &self.accountant_token.as_ref().map(|_| "<set>"))
             .field("lease", &self.lease)
+            .field("capabilities", &self.capabilities)
+            .field("capability_ttl", &self.capability_ttl)
             .finish()
     }
 }
@@ -56,16 +57,17 @@ impl std::fmt::Debug for Config {
 /// The coordinator.
 #[derive(Debug)]
 pub struct Coordinator {
-    config: Config,
-    store: JobStore,
-    accountant: RawClient,
+    pub(crate) config: Config,
+    pub(crate) store: JobStore,
+    pub(crate) accountant: RawClient,
     state: Mutex<State>,
     pub(crate) changed: tokio::sync::watch::Sender<u64>,
-    writes: tokio::sync::Mutex<()>,
+    pub(crate) writes: tokio::sync::Mutex<()>,
     draining: tokio::sync::watch::Sender<bool>,
 }
 
-fn random_bytes<const N: usize>() -> [u8; N] {
+/// N random bytes from the OS.
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     let mut bytes = [0u8; N];
     getrandom::fill(&mut bytes).expect("OS entropy is available");
     bytes
@@ -79,11 +81,20 @@ impl Coordinator {
             .accountant_tls
             .endpoint(&config.accountant_endpoint)
             .map_err(|e| CoordinatorError::invalid("accountant", e.to_string()))?;
-        let accountant = AccountantClient::lazy(endpoint, config.accountant_token.clone()).into_raw();
+        let credentials = CallCredentials::token(config.accountant_token.clone());
+        let accountant = AccountantClient::lazy(endpoint, credentials).into_raw();
         let mut state = State::default();
         let mut restored = store.load_all().await?;
         restored.sort_by_key(|(job, _)| (job.created_unix_ms, job.job_id.clone()));
         for (mut job, private) in restored {
+            if !is_terminal(job.state)
+                && let Err(e) = revalidate(&job)
+            {
+                // A stored job is checked like a new spec: one a newer coordinator refuses
+                // never runs; the operator sees why.
+                condition(&mut job, "Failed", "InvalidSpec", format!("refused on restore: {e}"));
+                job.state = JobState::Failed as i32;
+            }
             let restored = match is_terminal(job.state) {
                 true => Ok(None),
                 false => restore_clients(&job).await,
@@ -137,216 +148,50 @@ impl Coordinator {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Persists, closes and notifies after a transition.
-    async fn apply(&self, effects: Effects) -> Result<(), CoordinatorError> {
+    /// Reads spends, persists, closes and notifies after a transition.
+    pub(crate) async fn apply(&self, effects: Effects) -> Result<(), CoordinatorError> {
+        // ε comes from the ledger, read before the record is written.
+        for job_id in &effects.spend {
+            self.refresh_spend(job_id).await;
+        }
         // Watchers are woken after the record is durable and ended jobs are closed at the
         // accountant, so a watcher that sees SUCCEEDED can rely on both.
-        let result = self.persist_and_close(effects).await;
+        let result = self.persist(&effects.persist).await;
+        let audits = self.settle(&effects).await;
         // An audited job's audit is in its conditions before any watcher sees it ended.
-        for job_id in result.as_deref().unwrap_or_default() {
+        for job_id in &audits {
             self.record_audit(job_id).await;
         }
         self.changed.send_modify(|v| *v += 1);
-        result.map(|_| ())
+        result
     }
 
-    /// Asks the accountant for an ended job's one-run audit and records it as a condition:
-    /// `Audited`/`AuditPassed`, or `Warning`/`AuditViolation` when the lower bound passes the
-    /// claimed ε (the accountant also counts it in `dpcap_audit_violations_total`).
-    async fn record_audit(&self, job_id: &str) {
-        let request = AuditJobRequest { job_id: job_id.to_owned() };
-        let audited = retry(self.accountant_retry(), "audit_job", || {
-            let (mut client, mut request) = (self.accountant.clone(), tonic::Request::new(request.clone()));
-            // A stalled attempt ends DEADLINE_EXCEEDED and is retried: the job's watchers wake
-            // only after its audit, so one stuck call must never hold them.
-            request.set_timeout(AUDIT_ATTEMPT_TIMEOUT);
-            async move { client.audit_job(request).await }
-        })
-        .await;
-        let (kind, reason, message) = match audited {
-            Ok(report) => {
-                let r = report.into_inner();
-                let (kind, reason) =
-                    if r.violation { ("Warning", "AuditViolation") } else { ("Audited", "AuditPassed") };
-                let message = format!(
-                    "epsilon lower bound {:.4} vs claimed {:.4} at delta {:.2e} (95 % confidence): {} of {} guesses \
-                     right on {} canaries over {} releases",
-                    r.epsilon_lower_bound, r.epsilon_claimed, r.delta, r.correct, r.guesses, r.canaries, r.steps_scored
-                );
-                (kind, reason, message)
-            }
-            Err(s) => ("Warning", "AuditFailed", format!("the accountant could not audit the job: {}", s.message())),
-        };
-        tracing::info!(job_id, reason, message, "audit");
-        let snapshot = {
-            let mut state = self.lock();
-            state.jobs.get_mut(job_id).map(|entry| {
-                condition(&mut entry.job, kind, reason, message);
-                entry.job.clone()
-            })
-        };
-        if let Some(job) = snapshot {
-            let _serial = self.writes.lock().await;
-            if let Err(e) = self.store.put_job(&job).await {
-                tracing::warn!(job_id, error = %e, "could not persist the audit condition");
-            }
-        }
-    }
-
-    /// Persists and closes; returns the closed jobs that were submitted with an audit.
-    async fn persist_and_close(&self, effects: Effects) -> Result<Vec<String>, CoordinatorError> {
+    async fn persist(&self, jobs: &[String]) -> Result<(), CoordinatorError> {
         let _serial = self.writes.lock().await;
-        for job_id in effects.persist {
-            let snapshot = self.lock().jobs.get(&job_id).map(|e| e.job.clone());
+        for job_id in jobs {
+            let snapshot = self.lock().jobs.get(job_id).map(|e| e.job.clone());
             if let Some(job) = snapshot {
                 self.store.put_job(&job).await?;
             }
         }
-        let mut audits = Vec::new();
-        for (job_id, reason) in effects.close {
-            let request = CloseJobRequest { job_id: job_id.clone(), reason };
-            let closed = retry(self.accountant_retry(), "close_job", || {
-                let (mut client, request) = (self.accountant.clone(), request.clone());
-                async move { client.close_job(request).await }
-            })
-            .await;
-            match closed {
-                Ok(_) if self.is_audited(&job_id) => audits.push(job_id),
-                Ok(_) => {}
-                Err(s) if s.code() == tonic::Code::NotFound => {}
-                Err(s) => tracing::warn!(job_id, error = %s, "could not close the job at the accountant"),
-            }
-        }
-        for (job_id, before_step) in effects.trim {
-            let request = TrimReleasesRequest { job_id: job_id.clone(), before_step };
-            let trimmed = retry(self.accountant_retry(), "trim_releases", || {
-                let (mut client, request) = (self.accountant.clone(), request.clone());
-                async move { client.trim_releases(request).await }
-            })
-            .await;
-            if let Err(s) = trimmed {
-                // Untrimmed releases only cost storage; the next checkpoint trims them.
-                tracing::warn!(job_id, before_step, error = %s, "could not trim releases at the accountant");
-            }
-        }
-        Ok(audits)
+        Ok(())
     }
 
-    fn is_audited(&self, job_id: &str) -> bool {
-        self.lock().jobs.get(job_id).and_then(|e| e.job.spec.as_ref()).is_some_and(|spec| spec.audit.is_some())
-    }
-
-    /// Retries of accountant calls made while holding the write lock: bounded well below a
-    /// lease so that a down accountant delays, but never wedges, the coordinator.
-    fn accountant_retry(&self) -> RetryPolicy {
-        RetryPolicy { deadline: self.config.lease.max(Duration::from_secs(5)), ..RetryPolicy::default() }
-    }
-
-    /// Validates, calibrates and queues a job; a repeated idempotency key returns the original.
-    pub async fn submit(&self, spec: JobSpec, idempotency_key: &str) -> Result<Job, CoordinatorError> {
-        crate::spec::check_fields(&spec)?;
-        let layout = dataset::read_layout(&spec.dataset).await?;
-        let init = crate::init::check(&spec, &layout.digest).await?;
-        let (examples, counts) = (layout.layout.examples(), layout.counts);
-        // User-level objectives sample and account clients, not examples.
-        let (users, clients) = match crate::spec::users_per_client(&spec) {
-            Some(k) => {
-                let (users, clients) = dataset::read_clients(&spec.dataset, &layout.digest, k).await?;
-                (users, Some(Arc::new(clients)))
-            }
-            None => (0, None),
-        };
-        let units = clients.as_ref().map_or(examples, |c| c.len() as u64);
-        let mut for_plan = spec.clone();
-        if clients.is_some() && for_plan.delta.is_none() {
-            // δ defaults to 1/N_users, the privacy unit's count (never the larger 1/N_clients
-            // of virtual clients).
-            for_plan.delta = Some(1.0 / users.max(1) as f64);
-        }
-        let mut plan = tokio::task::spawn_blocking(move || crate::spec::plan(&for_plan, units))
-            .await
-            .map_err(|e| CoordinatorError::Store(e.to_string()))??;
-        if let Some(clients) = &clients {
-            (plan.examples, plan.clients, plan.users) = (examples, clients.len() as u64, users);
-        }
-        plan.dataset_digest = layout.digest;
-        if let Some(source) = &init {
-            (plan.init_step, plan.init_privacy) = (source.step, source.privacy.clone());
-        }
-        let job_id = format!("job-{}", hex(&random_bytes::<6>()));
-        if !idempotency_key.is_empty()
-            && let Some(existing) = self.store.claim_key(idempotency_key, &job_id).await?
-        {
-            return self.get(&existing);
-        }
-        let secret = random_bytes::<32>();
-        let mut job = Job {
-            job_id: job_id.clone(),
-            state: JobState::Pending as i32,
-            created_unix_ms: now_ms(),
-            checkpoint_root: format!("{}/jobs/{job_id}/checkpoints", self.config.store_url.trim_end_matches('/')),
-            progress: Some(Progress { steps_total: plan.steps, ..Default::default() }),
-            spec: Some(spec),
-            plan: Some(plan),
-            conditions: vec![],
-            reduction: Reduction::Unspecified as i32,
-        };
-        let plan = job.plan.clone().unwrap_or_default();
-        condition(
-            &mut job,
-            "Submitted",
-            "Accepted",
-            format!(
-                "N = {examples}, q = {:.6}, L = {:.1}, {} steps",
-                plan.sample_rate, plan.expected_batch_size, plan.steps
-            ),
-        );
-        let how = if plan.calibrated { "calibrated" } else { "fixed" };
-        if let Some(source) = &init {
-            let from = format!("weights of job {} step {} ({})", source.job_id, source.step, source.privacy);
-            condition(&mut job, "Initialised", "InitFrom", from.clone());
-            if source.privacy != "dp" && crate::mode::is_private(plan.privacy()) {
-                let stated =
-                    format!("{from} are NOT PRIVATE; init_public states they saw public or synthetic data only");
-                condition(&mut job, "Warning", "InitNotPrivate", stated);
-            }
-        }
-        if let Some(notice) = crate::mode::notice(&plan) {
-            // First, and in every listing: the job's releases carry no guarantee.
-            condition(&mut job, "Privacy", "NotPrivate", notice);
-        }
-        condition(
-            &mut job,
-            "Calibrated",
-            if plan.calibrated { "Calibrated" } else { "Fixed" },
-            format!(
-                "sigma = {:.4} ({how}); epsilon {:.4} planned, target {:.4} at delta {:.3e}",
-                plan.noise_multiplier, plan.epsilon_planned, plan.epsilon_target, plan.delta
-            ),
-        );
-        if plan.epsilon_planned > plan.epsilon_target * (1.0 + 1e-9) {
-            condition(
-                &mut job,
-                "Warning",
-                "BudgetWillExhaust",
-                format!(
-                    "{} steps at sigma {:.4} spend epsilon {:.4} > target {:.4}: the job will end BUDGET_EXHAUSTED",
-                    plan.steps, plan.noise_multiplier, plan.epsilon_planned, plan.epsilon_target
-                ),
-            );
-        }
-        let private = Private { secret: hex(&secret), shard_counts: counts };
-        self.store.put_private(&job_id, &private).await?;
-        self.store.put_job(&job).await?;
-        tracing::info!(job_id, sigma = plan.noise_multiplier, steps = plan.steps, "job submitted");
+    /// Queues a new job and schedules.
+    pub(crate) async fn enqueue(
+        &self,
+        job: Job,
+        private: &Private,
+        clients: Option<Arc<Vec<Vec<u64>>>>,
+    ) -> Result<(), CoordinatorError> {
+        let job_id = job.job_id.clone();
         let effects = {
             let mut state = self.lock();
-            state.jobs.insert(job_id.clone(), entry_for(job, &private, clients)?);
-            state.queue.push_back(job_id.clone());
+            state.jobs.insert(job_id.clone(), entry_for(job, private, clients)?);
+            state.queue.push_back(job_id);
             state.schedule()
         };
-        self.apply(effects).await?;
-        self.get(&job_id)
+        self.apply(effects).await
     }
 
     /// One job.
@@ -393,10 +238,12 @@ impl Coordinator {
 
     /// Queues a FAILED or CANCELLED job again. It continues from its latest checkpoint at the
     /// ledger's next step, so no step number is reused and ε keeps counting from the ledger.
+    /// Its spec is checked again like a new one's.
     pub async fn resume(&self, job_id: &str) -> Result<Job, CoordinatorError> {
         let missing = {
             let state = self.lock();
             let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
+            revalidate(&entry.job)?;
             entry.clients.is_none().then(|| entry.job.clone())
         };
         if let Some(job) = missing
@@ -434,13 +281,14 @@ impl Coordinator {
         self.apply(effects).await
     }
 
-    /// Registers a worker and schedules queued jobs onto it.
+    /// Registers a worker and schedules queued jobs onto it. Returns its id and its key, the
+    /// secret its later calls carry.
     pub async fn register_worker(
         &self,
         name: String,
         device: String,
         throughput: f64,
-    ) -> Result<String, CoordinatorError> {
+    ) -> Result<(String, String), CoordinatorError> {
         if name.is_empty() {
             return Err(CoordinatorError::invalid("name", "a worker needs a name"));
         }
@@ -448,21 +296,54 @@ impl Coordinator {
             return Err(CoordinatorError::invalid("throughput", format!("{throughput} must be finite and >= 0")));
         }
         let worker_id = format!("w-{}", hex(&random_bytes::<4>()));
+        let key = hex(&random_bytes::<32>());
         let throughput = if throughput > 0.0 { throughput } else { 1.0 };
         tracing::info!(worker_id, name, device, throughput, "worker registered");
         let effects = {
             let mut state = self.lock();
             state.workers.insert(
                 worker_id.clone(),
-                WorkerEntry { name, device, throughput, last_seen: Instant::now(), job: None, measured: false },
+                WorkerEntry {
+                    name,
+                    device,
+                    throughput,
+                    last_seen: Instant::now(),
+                    job: None,
+                    measured: false,
+                    key: key.clone(),
+                },
             );
             state.schedule()
         };
         self.apply(effects).await?;
-        Ok(worker_id)
+        Ok((worker_id, key))
     }
 
-    /// Renews a lease and returns the worker's assignment, if it has one.
+    /// Refuses a WorkerService call whose key is not the one `worker_id` registered with.
+    pub fn authenticate(&self, worker_id: &str, key: &str) -> Result<(), CoordinatorError> {
+        let state = self.lock();
+        let worker = state.workers.get(worker_id).ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
+        let same = worker.key.len() == key.len()
+            && worker.key.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+        if same { Ok(()) } else { Err(CoordinatorError::WorkerKey(worker_id.into())) }
+    }
+
+    /// A capability for `rank` of `job_id`'s generation `generation`, valid for the TTL.
+    fn capability(&self, entry: &JobEntry, rank: usize) -> String {
+        let Some(group) = entry.group.as_ref() else { return String::new() };
+        let parts = if entry.job.reduction == Reduction::Nccl as i32 { 1 } else { group.members.len() as u32 };
+        let expires = std::time::SystemTime::now() + self.config.capability_ttl;
+        self.config.capabilities.issue(&Capability {
+            job_id: entry.job.job_id.clone(),
+            rank: rank as u32,
+            generation: group.generation,
+            parts,
+            expires_unix_ms: expires.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        })
+    }
+
+    /// Renews a lease and returns the worker's assignment, if it has one, with a fresh
+    /// capability.
     pub fn heartbeat(&self, worker_id: &str) -> Result<Option<Assignment>, CoordinatorError> {
         let mut state = self.lock();
         let worker =
@@ -473,6 +354,7 @@ impl Coordinator {
         let Some(group) = entry.group.as_ref() else { return Ok(None) };
         let rank = group.members.iter().position(|m| m == worker_id).unwrap_or(0);
         Ok(Some(Assignment {
+            capability: self.capability(entry, rank),
             job_id,
             spec: entry.job.spec.clone(),
             plan: entry.job.plan.clone(),
@@ -492,23 +374,6 @@ impl Coordinator {
             self.apply(effects).await?;
         }
         Ok(())
-    }
-
-    /// The accountant's next step and discarded count for a job ((0, 0) before registration).
-    async fn ledger_position(&self, job_id: &str) -> Result<(u64, u64), CoordinatorError> {
-        let spend = retry(self.accountant_retry(), "get_spend", || {
-            let mut client = self.accountant.clone();
-            async move { client.get_spend(GetSpendRequest { job_id: job_id.into() }).await }
-        })
-        .await;
-        match spend {
-            Ok(spend) => {
-                let spend = spend.into_inner();
-                Ok((spend.next_step, spend.steps_discarded))
-            }
-            Err(s) if s.code() == tonic::Code::NotFound => Ok((0, 0)),
-            Err(s) => Err(CoordinatorError::Accountant(s.message().to_owned())),
-        }
     }
 
     /// Waits until this rank has work: the current step's units, or STOP when the job ended or
@@ -550,12 +415,17 @@ impl Coordinator {
                             .work_for(job_id, rank)
                             .ok_or_else(|| CoordinatorError::Store("work units unavailable".into()))?;
                         let checkpoint = (step + 1) % plan.checkpoint_interval.max(1) == 0 || step + 1 >= plan.steps;
-                        return Ok(crate::work::step_work(step, units, checkpoint));
+                        let capability = state.jobs.get(job_id).map(|e| self.capability(e, rank)).unwrap_or_default();
+                        return Ok(StepWork { capability, ..crate::work::step_work(step, units, checkpoint) });
                     }
                 }
             };
             if need_position {
-                let (next, discarded) = self.ledger_position(job_id).await?;
+                // The ledger's position (registering a job restored from before registration
+                // at submit), never a worker's word.
+                let job = self.get(job_id)?;
+                let spend = self.spend(&job).await?;
+                let (next, discarded) = (spend.next_step, spend.steps_discarded);
                 let effects = {
                     let mut state = self.lock();
                     let mut done = false;
@@ -622,11 +492,21 @@ impl Coordinator {
     }
 }
 
+/// A stored job checked like a new one: its spec's fields and, where it has one, its contract.
+fn revalidate(job: &Job) -> Result<(), CoordinatorError> {
+    let spec = job.spec.as_ref().ok_or_else(|| CoordinatorError::invalid("spec", "missing"))?;
+    crate::spec::check_fields(spec)?;
+    if let Some(contract) = job.plan.as_ref().and_then(|p| p.contract.clone()) {
+        dpcap_proto::contract::contract_from_proto(contract)?;
+    }
+    Ok(())
+}
+
 /// A user-level job's clients, read again from its pinned dataset; None for other jobs.
 async fn restore_clients(job: &Job) -> Result<Option<Arc<Vec<Vec<u64>>>>, CoordinatorError> {
     let (Some(spec), Some(plan)) = (&job.spec, &job.plan) else { return Ok(None) };
     let Some(k) = crate::spec::users_per_client(spec) else { return Ok(None) };
-    let (_, clients) = dataset::read_clients(&spec.dataset, &plan.dataset_digest, k).await?;
+    let clients = dataset::read_clients(&spec.dataset, &plan.dataset_digest, k).await?.clients;
     if clients.len() as u64 != plan.clients {
         return Err(CoordinatorError::invalid(
             "dataset",

@@ -34,14 +34,20 @@ pub async fn read_layout(dataset: &str) -> Result<DatasetLayout, CoordinatorErro
     Ok(DatasetLayout { layout: Layout::from_counts(&counts), counts, digest: Manifest::digest(&bytes) })
 }
 
+/// A user-level job's privacy units.
+#[derive(Debug, Clone)]
+pub struct Users {
+    /// Distinct users.
+    pub users: u64,
+    /// Each client's examples (global, ascending).
+    pub clients: Vec<Vec<u64>>,
+    /// The user table's digest, as the manifest pins it (the contract names it).
+    pub users_digest: String,
+}
+
 /// The clients of a user-level job: the dataset's user table (checked against the manifest,
-/// whose digest must be `digest`, the one the job pinned) grouped `per_client` users a client;
-/// with the number of users.
-pub async fn read_clients(
-    dataset: &str,
-    digest: &str,
-    per_client: u32,
-) -> Result<(u64, Vec<Vec<u64>>), CoordinatorError> {
+/// whose digest must be `digest`, the one the job pinned) grouped `per_client` users a client.
+pub async fn read_clients(dataset: &str, digest: &str, per_client: u32) -> Result<Users, CoordinatorError> {
     let invalid = |reason: String| CoordinatorError::invalid("dataset", reason);
     let (store, root) = open_existing_store(dataset).map_err(|e| invalid(e.to_string()))?;
     let read = |rel: &'static str| {
@@ -53,16 +59,16 @@ pub async fn read_clients(
         return Err(invalid(format!("the index of {dataset:?} is no longer the one the job pinned ({digest})")));
     }
     let manifest = Manifest::parse(&manifest_bytes).map_err(|e| invalid(format!("{MANIFEST_PATH}: {e}")))?;
-    if manifest.users.is_none() {
+    let Some(users_digest) = manifest.users.as_ref().map(|u| u.table_sha256.clone()) else {
         return Err(CoordinatorError::invalid(
             "objective",
             format!("fedemb needs users: no example of {dataset:?} names a `user` in its KEY.json"),
         ));
-    }
+    };
     let users = read(USERS_PATH).await.map_err(|e| invalid(format!("cannot read {USERS_PATH}: {e}")))?;
     let table = tokio::task::spawn_blocking(move || manifest.check_users(&users))
         .await
         .map_err(|e| CoordinatorError::Store(e.to_string()))?
         .map_err(|e| invalid(format!("{USERS_PATH}: {e}")))?;
-    Ok((table.users() as u64, table.clients(per_client)))
+    Ok(Users { users: table.users() as u64, clients: table.clients(per_client), users_digest })
 }

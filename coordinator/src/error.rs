@@ -41,6 +41,19 @@ pub enum CoordinatorError {
     /// The coordinator is shutting down: long polls end so that the drain is not held open.
     #[error("the coordinator is shutting down; retry against its replacement")]
     Draining,
+    /// A WorkerService call without the key its worker registered with.
+    #[error(
+        "worker {0}: the call's x-dpcap-worker-key is not the key this worker registered with (a worker token alone cannot act as another worker)"
+    )]
+    WorkerKey(String),
+    /// The accountant refused a request for good (a contract, a budget): its code and words.
+    #[error("{message}")]
+    Refused {
+        /// The accountant's error code.
+        code: ErrorCode,
+        /// Its message.
+        message: String,
+    },
     /// The accountant could not be reached or failed.
     #[error("accountant unavailable: {0}")]
     Accountant(String),
@@ -64,6 +77,8 @@ impl ServiceError for CoordinatorError {
             Self::WorkerNotFound(_) => ErrorCode::WorkerNotRegistered,
             Self::Precondition { .. } => ErrorCode::FailedPrecondition,
             Self::StaleGeneration { .. } => ErrorCode::StaleGeneration,
+            Self::WorkerKey(_) => ErrorCode::PermissionDenied,
+            Self::Refused { code, .. } => *code,
             Self::Accountant(_) | Self::Draining => ErrorCode::Unavailable,
             Self::Store(_) => ErrorCode::Internal,
         }

@@ -25,6 +25,9 @@ pub struct InitSource {
     /// The digest of the dataset it trained on ("" in checkpoints from before it was recorded).
     #[serde(default)]
     pub dataset: String,
+    /// "caption", "mae" or "fedemb": its privacy unit is the user for fedemb.
+    #[serde(default)]
+    pub objective: String,
 }
 
 fn dp() -> String {

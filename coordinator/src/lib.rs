@@ -6,12 +6,14 @@
 //! rate q influence which examples a step samples (privacy invariant 3), and it never touches
 //! gradients: parts and releases flow between the workers and the accountant only.
 
+pub mod accounting;
 pub mod coordinator;
 pub mod dataset;
 pub mod error;
 pub mod init;
 pub mod metrics;
 pub mod mode;
+pub mod registration;
 pub mod rendezvous;
 pub mod sampler;
 pub mod server;
@@ -19,6 +21,7 @@ pub mod service;
 pub mod spec;
 pub mod state;
 pub mod store;
+pub mod submit;
 pub mod work;
 
 pub use coordinator::{Config, Coordinator};

@@ -8,7 +8,7 @@ use clap::Parser;
 use dpcap_coordinator::coordinator::Config;
 use dpcap_coordinator::server::serve;
 use dpcap_serve::process::{init_tracing, shutdown_signal, write_addr_file};
-use dpcap_serve::{ClientTlsArgs, ServerSecurity};
+use dpcap_serve::{CapabilityArgs, ClientTlsArgs, ServerSecurity};
 use tokio::net::TcpListener;
 
 /// dpcap's coordinator.
@@ -42,6 +42,12 @@ struct Args {
     security: ServerSecurity,
     #[command(flatten)]
     accountant_tls: ClientTlsArgs,
+    #[command(flatten)]
+    capability: CapabilityArgs,
+    /// Seconds a worker's capability stays valid; workers renew it with every heartbeat, so
+    /// it only needs to outlast a few missed ones.
+    #[arg(long, default_value_t = 600)]
+    capability_ttl_seconds: u64,
     /// Write {"grpc": ADDR, "metrics": ADDR} to this file once listening (for tests and scripts).
     #[arg(long)]
     addr_file: Option<PathBuf>,
@@ -56,6 +62,8 @@ async fn main() -> Result<()> {
     init_tracing(args.log_json);
     let grpc = TcpListener::bind(&args.listen).await.with_context(|| format!("binding --listen {}", args.listen))?;
     let server = args.security.server(grpc.local_addr()?)?;
+    let auth_on = !args.security.auth.credentials()?.is_empty();
+    let capabilities = args.capability.capabilities(auth_on)?;
     let metrics = TcpListener::bind(&args.metrics_listen)
         .await
         .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
@@ -71,6 +79,8 @@ async fn main() -> Result<()> {
         accountant_tls: args.accountant_tls,
         accountant_token: args.accountant_token,
         lease: Duration::from_secs(args.lease_seconds.max(1)),
+        capabilities,
+        capability_ttl: Duration::from_secs(args.capability_ttl_seconds.max(args.lease_seconds).max(1)),
     };
     serve((grpc, metrics), server, config, shutdown_signal()).await?;
     Ok(())

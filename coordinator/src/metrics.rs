@@ -45,7 +45,7 @@ pub fn render(state: &State) -> String {
         }
     }
     type Series = (&'static str, &'static str, &'static str, fn(&crate::state::JobEntry) -> f64);
-    let per_job: [Series; 6] = [
+    let per_job: [Series; 8] = [
         ("dpcap_job_steps_completed", "gauge", "Steps completed (charged and reported by every rank).", |e| {
             e.job.progress.as_ref().map_or(0.0, |p| p.step as f64)
         }),
@@ -60,6 +60,18 @@ pub fn render(state: &State) -> String {
             "counter",
             "Charged steps whose release never reached the model (they stay spent), from the ledger.",
             |e| e.job.progress.as_ref().map_or(0.0, |p| p.steps_discarded as f64),
+        ),
+        (
+            "dpcap_job_epsilon_composed",
+            "gauge",
+            "Epsilon at delta composed with the DP job this one started from (init_from), from the accountant.",
+            |e| e.job.progress.as_ref().map_or(0.0, |p| p.epsilon_composed),
+        ),
+        (
+            "dpcap_job_nonfinite_examples_total",
+            "counter",
+            "Examples left out of the clipped sum for a NaN or infinite loss or gradient (a count only).",
+            |e| e.job.progress.as_ref().map_or(0.0, |p| p.nonfinite_examples as f64),
         ),
         ("dpcap_job_epsilon_target", "gauge", "The job's epsilon target at delta.", |e| {
             e.job.plan.as_ref().map_or(0.0, |p| p.epsilon_target)

@@ -4,6 +4,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use dpcap_proto::client::WORKER_KEY_HEADER;
 use dpcap_proto::to_status;
 use dpcap_proto::v1::job_service_server::JobService;
 use dpcap_proto::v1::worker_service_server::WorkerService;
@@ -101,6 +102,14 @@ fn async_stream(coordinator: Arc<Coordinator>, job_id: String) -> impl Stream<It
     })
 }
 
+impl WorkerGrpc {
+    /// Refuses a call that does not carry `worker_id`'s registration key.
+    fn authenticate<T>(&self, request: &Request<T>, worker_id: &str) -> Result<(), Status> {
+        let key = request.metadata().get(WORKER_KEY_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        self.coordinator.authenticate(worker_id, key).map_err(to_status)
+    }
+}
+
 #[tonic::async_trait]
 impl WorkerService for WorkerGrpc {
     async fn register_worker(
@@ -108,25 +117,30 @@ impl WorkerService for WorkerGrpc {
         request: Request<RegisterWorkerRequest>,
     ) -> Result<Response<RegisterWorkerResponse>, Status> {
         let r = request.into_inner();
-        let worker_id = self.coordinator.register_worker(r.name, r.device, r.throughput).await.map_err(to_status)?;
+        let (worker_id, worker_key) =
+            self.coordinator.register_worker(r.name, r.device, r.throughput).await.map_err(to_status)?;
         Ok(Response::new(RegisterWorkerResponse {
             worker_id,
+            worker_key,
             lease_seconds: self.lease_seconds,
             accountant_endpoint: self.accountant_endpoint.clone(),
         }))
     }
 
     async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+        self.authenticate(&request, &request.get_ref().worker_id)?;
         let assignment = self.coordinator.heartbeat(&request.into_inner().worker_id).map_err(to_status)?;
         Ok(Response::new(HeartbeatResponse { assignment }))
     }
 
     async fn get_step(&self, request: Request<GetStepRequest>) -> Result<Response<StepWork>, Status> {
+        self.authenticate(&request, &request.get_ref().worker_id)?;
         let r = request.into_inner();
         Ok(Response::new(self.coordinator.next_step(&r.worker_id, &r.job_id, r.generation).await.map_err(to_status)?))
     }
 
     async fn report_step(&self, request: Request<ReportStepRequest>) -> Result<Response<ReportStepResponse>, Status> {
+        self.authenticate(&request, &request.get_ref().worker_id)?;
         let r = request.into_inner();
         let outcome = StepOutcome::try_from(r.outcome)
             .map_err(|_| to_status(CoordinatorError::invalid("outcome", format!("unknown value {}", r.outcome))))?;
@@ -137,19 +151,20 @@ impl WorkerService for WorkerGrpc {
             loss: r.loss,
             phases: [r.compute_seconds, r.reduce_seconds, r.release_seconds, r.update_seconds, r.checkpoint_seconds],
             checkpoint_step: r.checkpoint_step,
-            epsilon_spent: r.epsilon_spent,
-            steps_discarded: r.steps_discarded,
+            nonfinite_examples: r.nonfinite_examples,
         };
         self.coordinator.report(&r.worker_id, &r.job_id, r.generation, r.step, report).await.map_err(to_status)?;
         Ok(Response::new(ReportStepResponse {}))
     }
 
     async fn leave(&self, request: Request<LeaveRequest>) -> Result<Response<LeaveResponse>, Status> {
+        self.authenticate(&request, &request.get_ref().worker_id)?;
         self.coordinator.leave(&request.into_inner().worker_id).await.map_err(to_status)?;
         Ok(Response::new(LeaveResponse {}))
     }
 
     async fn rendezvous(&self, request: Request<RendezvousRequest>) -> Result<Response<RendezvousResponse>, Status> {
+        self.authenticate(&request, &request.get_ref().worker_id)?;
         let r = request.into_inner();
         let nccl_id = self
             .coordinator

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::CoordinatorError;
 
-/// Model configuration names every objective accepts (the worker's `CaptionerConfig::NAMES`).
-pub const MODEL_NAMES: [&str; 6] = ["micro", "bench", "tiny", "small", "base", "large"];
+/// Model configuration names every objective accepts: the model registry's.
+pub use dpcap_registry::NAMES as MODEL_NAMES;
 
 /// Largest micro-batch accepted: a bigger one is a typo, not a memory plan.
 pub const MAX_MICRO_BATCH: u32 = 65_536;
@@ -365,6 +365,8 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
         // Set by the caller for user-level objectives, from the user table it read.
         users: 0,
         clients: 0,
+        // Set by the caller: the registry's P, the pinned tokenizer and the contract.
+        ..Plan::default()
     })
 }
 

@@ -106,6 +106,9 @@ pub struct WorkerEntry {
     pub job: Option<String>,
     /// Whether `throughput` was measured (rather than registered or defaulted).
     pub measured: bool,
+    /// The registration's secret: its later calls carry it, so that a worker token alone
+    /// cannot act (or read assignments and capabilities) as this worker.
+    pub key: String,
 }
 
 impl WorkerEntry {
@@ -137,10 +140,24 @@ pub struct State {
 pub struct Effects {
     /// Jobs whose record must be persisted.
     pub persist: Vec<String>,
-    /// Jobs to close at the accountant, with the reason.
-    pub close: Vec<(String, String)>,
-    /// Jobs whose releases before a step a durable checkpoint now covers.
+    /// Jobs to close at the accountant.
+    pub close: Vec<Closing>,
+    /// Jobs whose releases before a step rank 0 reports a durable checkpoint covers (trimmed
+    /// once the stored `latest` confirms it).
     pub trim: Vec<(String, u64)>,
+    /// Jobs whose spend to read from the accountant (a step completed).
+    pub spend: Vec<String>,
+}
+
+/// A job ending at the accountant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Closing {
+    /// The job.
+    pub job_id: String,
+    /// Why, for the ledger.
+    pub reason: String,
+    /// FAILED or CANCELLED: it may resume, so it stays open and only releases what it holds.
+    pub resumable: bool,
 }
 
 impl Effects {
@@ -148,6 +165,7 @@ impl Effects {
         self.persist.extend(other.persist);
         self.close.extend(other.close);
         self.trim.extend(other.trim);
+        self.spend.extend(other.spend);
     }
 }
 
@@ -179,10 +197,9 @@ impl State {
         self.touch(job_id);
         let mut effects = Effects { persist: vec![job_id.to_owned()], ..Effects::default() };
         // FAILED and CANCELLED jobs can be resumed: only a job that can never run again is
-        // closed at the accountant.
-        if matches!(state, JobState::Succeeded | JobState::BudgetExhausted) {
-            effects.close.push((job_id.to_owned(), reason.to_owned()));
-        }
+        // closed at the accountant; the others release the noise it drew ahead for them.
+        let resumable = !matches!(state, JobState::Succeeded | JobState::BudgetExhausted);
+        effects.close.push(Closing { job_id: job_id.to_owned(), reason: reason.to_owned(), resumable });
         effects.merge(self.schedule());
         effects
     }
@@ -425,9 +442,10 @@ impl State {
         let entry = self.jobs.get_mut(job_id).expect("checked above");
         let Some(group) = entry.group.as_mut() else { return Effects::default() };
         let progress = entry.job.progress.get_or_insert_with(Default::default);
-        progress.epsilon_spent = progress.epsilon_spent.max(report.epsilon_spent);
-        progress.steps_discarded = progress.steps_discarded.max(report.steps_discarded);
-        if report.checkpoint_step > 0 {
+        // A count, under any telemetry (see `Progress.nonfinite_examples`).
+        progress.nonfinite_examples += report.nonfinite_examples;
+        // Only rank 0 writes checkpoints; another rank's word is no reason to trim.
+        if report.checkpoint_step > 0 && rank == 0 {
             progress.checkpoint_step = report.checkpoint_step;
         }
         if !group.reported.iter().all(|r| *r) {
@@ -462,12 +480,14 @@ impl State {
         group.step_examples = 0;
         group.step_loss = 0.0;
         entry.version += 1;
+        let spend = vec![job_id.to_owned()];
         if step + 1 >= plan_steps {
             let mut effects = self.finish(job_id, JobState::Succeeded, "Succeeded", format!("{plan_steps} steps done"));
             effects.trim.extend(trim);
+            effects.spend.extend(spend);
             return effects;
         }
-        Effects { persist: vec![job_id.to_owned()], trim, ..Effects::default() }
+        Effects { persist: vec![job_id.to_owned()], trim, spend, ..Effects::default() }
     }
 }
 
@@ -486,8 +506,6 @@ pub struct Report {
     pub phases: [f64; 5],
     /// A checkpoint rank 0 wrote covering steps below it (0: none).
     pub checkpoint_step: u64,
-    /// ε at δ after the step, as the accountant said.
-    pub epsilon_spent: f64,
-    /// The ledger's discarded steps, as the accountant said.
-    pub steps_discarded: u64,
+    /// Examples of this rank's part left out for a non-finite loss or gradient.
+    pub nonfinite_examples: u64,
 }

@@ -97,7 +97,7 @@ pub fn step_work(step: u64, units: Vec<ClientUnit>, checkpoint: bool) -> StepWor
         .into_iter()
         .map(|u| ExampleRange { shard: u.unit.shard as u32, indices: u.unit.indices, client: u.client })
         .collect();
-    StepWork { action: Action::Run as i32, step, units, checkpoint }
+    StepWork { action: Action::Run as i32, step, units, checkpoint, capability: String::new() }
 }
 
 /// Example-level units as client units (every example its own unit; `client` is unused).

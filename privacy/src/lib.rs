@@ -8,6 +8,7 @@
 
 pub mod audit;
 pub mod calibrate;
+pub mod contract;
 pub mod pld;
 pub mod rdp;
 pub mod special;
@@ -16,9 +17,11 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use calibrate::{max_steps, noise_multiplier};
+pub use contract::{ContractError, Mechanism, Mode, PrivacyContract, PrivacyUnit};
 
 /// Which accountant turns a mechanism's history into (ε, δ).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum AccountantKind {
     /// Privacy loss distributions ("connect the dots", grid 1e-4): tight, an upper bound.
     /// Where no grid can hold the losses (σ far below 0.005) it reports the RDP bound.

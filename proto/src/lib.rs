@@ -5,6 +5,8 @@
 //! This crate owns the contract between processes. It must never hold service logic or
 //! depend on a service crate: dependencies point from the services to it.
 
+pub mod client;
+pub mod contract;
 pub mod digest;
 pub mod error;
 pub mod floats;

@@ -13,8 +13,6 @@ use std::task::{Context, Poll};
 
 use dpcap_proto::{ErrorCode, ServiceError, to_status};
 use futures::future::BoxFuture;
-use tonic::service::Interceptor;
-use tonic::{Request, Status};
 
 /// A caller's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,7 +62,10 @@ use Role::{Coordinator, Operator, PrivacyAdmin, Viewer, Worker};
 
 /// The roles allowed on each RPC (full gRPC paths).
 pub const POLICY: &[(&str, &[Role])] = &[
-    ("/dpcap.v1.AccountantService/RegisterJob", &[Worker, Coordinator]),
+    // Only the coordinator writes a job's privacy contract; workers attach to it, and their
+    // parts and releases also need a capability for the job (see `crate::capability`).
+    ("/dpcap.v1.AccountantService/RegisterJob", &[Coordinator]),
+    ("/dpcap.v1.AccountantService/AttachJob", &[Worker]),
     ("/dpcap.v1.AccountantService/SubmitPart", &[Worker]),
     ("/dpcap.v1.AccountantService/FetchRelease", &[Worker]),
     ("/dpcap.v1.AccountantService/GetSpend", &[Coordinator, Operator, Viewer, PrivacyAdmin]),
@@ -235,7 +236,7 @@ impl Credentials {
         if self.is_empty() || OPEN.iter().any(|p| path.starts_with(p)) {
             return Ok(());
         }
-        let mut roles = match authorization.and_then(|v| v.strip_prefix(b"Bearer ")) {
+        let mut roles = match authorization.and_then(bearer) {
             Some(token) => self.roles_of(token),
             None => Vec::new(),
         };
@@ -256,6 +257,12 @@ impl Credentials {
             has: names(&roles),
         })
     }
+}
+
+/// The token of an `authorization` value: the scheme is case-insensitive (RFC 6750).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, token) = value.split_at_checked(7)?;
+    scheme.eq_ignore_ascii_case(b"bearer ").then_some(token)
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -322,27 +329,6 @@ where
     }
 }
 
-/// Adds `authorization: Bearer <token>` to a client's requests when a token is set.
-#[derive(Clone, Default)]
-pub struct AttachToken(pub Option<String>);
-
-impl fmt::Debug for AttachToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() { "AttachToken(set)" } else { "AttachToken(none)" })
-    }
-}
-
-impl Interceptor for AttachToken {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(token) = self.0.as_deref().filter(|t| !t.is_empty()) {
-            let value =
-                format!("Bearer {token}").parse().map_err(|_| Status::invalid_argument("invalid token: not ASCII"))?;
-            request.metadata_mut().insert("authorization", value);
-        }
-        Ok(request)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,6 +360,8 @@ mod tests {
             Err(AuthError::Unauthenticated)
         ));
         assert!(c.check("/grpc.health.v1.Health/Check", None, None).is_ok(), "health stays open");
+        let lower = b"bearer worker-token-0123456789";
+        assert!(c.check("/dpcap.v1.AccountantService/SubmitPart", Some(lower), None).is_ok(), "RFC 6750: any case");
         assert!(Credentials::default().check("/dpcap.v1.AccountantService/CloseJob", None, None).is_ok(), "auth off");
     }
 

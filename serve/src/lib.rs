@@ -1,11 +1,13 @@
 //! The plumbing every dpcap server and client shares, in one place: TLS ([`tls`]), bearer-token
 //! roles on every RPC ([`auth`]), the rule that an exposed port needs both ([`exposure`]), the
 //! server builder that applies them ([`security`]), object stores by URL ([`store`]), the
-//! metrics port ([`metrics_http`]), and logging, shutdown and address files ([`process`]).
+//! metrics port ([`metrics_http`]), logging, shutdown and address files ([`process`]), and the
+//! job-scoped capabilities workers carry to the accountant ([`capability`]).
 //!
 //! It owns no service logic and no privacy math, and it must never log a credential.
 
 pub mod auth;
+pub mod capability;
 pub mod exposure;
 pub mod metrics_http;
 pub mod process;
@@ -13,7 +15,9 @@ pub mod security;
 pub mod store;
 pub mod tls;
 
-pub use auth::{AttachToken, Credentials, Role};
+pub use auth::{Credentials, Role};
+pub use capability::{Capabilities, Capability, CapabilityArgs, KeyRing};
+pub use dpcap_proto::client::AttachToken;
 pub use metrics_http::{sample, serve_http};
 pub use security::{AuthArgs, SecuredServer, SecurityError, ServerSecurity};
 pub use store::{StoreError, open_durable_store, open_existing_store, open_store};

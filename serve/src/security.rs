@@ -109,7 +109,7 @@ pub type SecuredServer = Server<Stack<AuthLayer, Identity>>;
 
 /// HTTP/2 frame size that dpcap's servers and bulk clients accept (1 MiB; the protocol's default
 /// is 16 KiB).
-pub const MAX_FRAME_BYTES: u32 = 1 << 20;
+pub use dpcap_proto::client::MAX_FRAME_BYTES;
 
 impl ServerSecurity {
     /// Loads the flags, applies the exposure rule for `addr`, and returns the server builder.

@@ -30,6 +30,18 @@ pub fn open_existing_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path
     open(location, false, false)
 }
 
+/// The bytes of one existing object named by `location`: a file path or an object URL (its
+/// directory opens as a store, its last segment is the object). Tokenizers and other single
+/// files that a job names are read here, by the coordinator and the workers alike.
+pub async fn read_object(location: &str) -> Result<bytes::Bytes, StoreError> {
+    use object_store::ObjectStoreExt;
+    let (dir, file) = location.rsplit_once('/').unwrap_or((".", location));
+    let (store, root) = open_existing_store(if dir.is_empty() { "/" } else { dir })?;
+    let path = Path::from(format!("{root}/{file}").trim_start_matches('/'));
+    let read = async { store.get(&path).await?.bytes().await };
+    read.await.map_err(|e| StoreError { url: location.to_owned(), reason: e.to_string() })
+}
+
 /// Opens `location` for records that must survive a machine crash, not only a process crash:
 /// a local directory fsyncs every written file and its directory before a write returns (cloud
 /// object stores are durable once a put succeeds). The ledger's charges are such records: a

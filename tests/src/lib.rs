@@ -265,6 +265,15 @@ pub fn identities_dataset(dir: &Path, users: u64) -> PathBuf {
     train
 }
 
+/// The capability key file of a test cluster under `dir` (written once, kept across restarts).
+pub fn capability_keys(dir: &Path) -> PathBuf {
+    let path = dir.join("capability.keys");
+    if !path.exists() {
+        std::fs::write(&path, dpcap_serve::KeyRing::generate("e2e").to_file_text()).expect("writing the key file");
+    }
+    path
+}
+
 /// The accountant and coordinator of a test cluster (workers are started separately).
 pub struct Services {
     /// The accountant process.
@@ -304,7 +313,15 @@ impl Services {
         coordinator_extra: &[&str],
     ) -> Self {
         let ledger = dir.join("ledger");
-        let extra = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // Workers' capabilities are signed, as in production: one key file shared by the
+        // coordinator and the accountant only.
+        let keys = capability_keys(dir);
+        let extra = |a: &[&str]| {
+            ["--capability-key-file".to_owned(), keys.to_string_lossy().into_owned()]
+                .into_iter()
+                .chain(a.iter().map(|s| s.to_string()))
+                .collect::<Vec<_>>()
+        };
         let (accountant_extra, coordinator_extra) = (extra(accountant_extra), extra(coordinator_extra));
         let accountant = Self::accountant_on(dir, &ledger, "127.0.0.1:0", &accountant_extra).await;
         let store = dir.join("store");
@@ -359,7 +376,8 @@ impl Services {
 
     /// Starts a coordinator on `store` with a 3 s lease (also used to restart one).
     pub async fn coordinator(dir: &Path, store: &Path, accountant: &str) -> Process {
-        Self::coordinator_on(dir, store, accountant, 3, "127.0.0.1:0", &[]).await
+        let keys = ["--capability-key-file".to_owned(), capability_keys(dir).to_string_lossy().into_owned()];
+        Self::coordinator_on(dir, store, accountant, 3, "127.0.0.1:0", &keys).await
     }
 
     async fn coordinator_on(

@@ -159,7 +159,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
     let mut g = Gen(ChaCha20Rng::seed_from_u64(2));
     let dataset = dataset.to_string_lossy().into_owned();
     for case in 0..CASES {
-        let rpc = case % 19;
+        let rpc = case % 20;
         let what = format!("case {case} rpc {rpc}");
         let answer = match rpc {
             0 => {
@@ -169,21 +169,26 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     noise_multiplier: g.pick(&[f64::NAN, -1.0, 0.0, 1.0, 3.0]),
                     clipping_norm: g.f64(),
                 };
-                let request = RegisterJobRequest {
-                    job_id: g.string(),
+                let contract = PrivacyContract {
                     mechanism: g.pick(&[None, Some(mechanism)]),
                     delta: g.f64(),
                     epsilon_target: g.pick(&[f64::NAN, -1.0, 8.0, f64::INFINITY]),
                     accountant: g.u32() as i32,
-                    gradient_dim: g.u64(),
-                    parts: g.u32(),
                     dataset_id: g.string(),
-                    dataset_epsilon_budget: g.f64(),
-                    insecure_noise_seed: None,
                     privacy: g.u32() as i32,
                     simulated: g.pick(&[None, Some(mechanism)]),
                     audit_canaries: g.pick(&[0, 1, 1000, u32::MAX]),
-                    audit_coordinates: g.pick(&["", "reserved", "model", "elsewhere"]).to_owned(),
+                    audit_coordinates: g.u32() as i32,
+                    unit: g.u32() as i32,
+                    users_digest: g.string(),
+                    init_from_job: g.string(),
+                };
+                let request = RegisterJobRequest {
+                    job_id: g.string(),
+                    contract: g.pick(&[None, Some(contract)]),
+                    gradient_dim: g.u64(),
+                    insecure_noise_seed: None,
+                    planned_steps: g.u64(),
                 };
                 within(&what, accountant.register_job(request)).await
             }
@@ -205,7 +210,17 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                 within(&what, async { accountant.fetch_release(request).await?.into_inner().message().await }).await
             }
             3 => within(&what, accountant.get_spend(GetSpendRequest { job_id: g.string() })).await,
-            4 => within(&what, accountant.close_job(CloseJobRequest { job_id: g.string(), reason: g.string() })).await,
+            4 => {
+                within(
+                    &what,
+                    accountant.close_job(CloseJobRequest {
+                        job_id: g.string(),
+                        reason: g.string(),
+                        resumable: g.pick(&[false, true]),
+                    }),
+                )
+                .await
+            }
             5 => {
                 within(
                     &what,
@@ -231,10 +246,18 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     delta: g.f64(),
                     reason: g.string(),
                     allow_not_private: g.pick(&[false, true]),
+                    unit: g.u32() as i32,
                 };
                 within(&what, accountant.set_dataset_budget(request)).await
             }
-            8 => within(&what, accountant.get_dataset_budget(GetDatasetBudgetRequest { dataset_id: g.string() })).await,
+            8 => {
+                within(
+                    &what,
+                    accountant
+                        .get_dataset_budget(GetDatasetBudgetRequest { dataset_id: g.string(), unit: g.u32() as i32 }),
+                )
+                .await
+            }
             9 => {
                 let mut spec = SpecFile {
                     dataset: if case % 2 == 0 { dataset.clone() } else { g.string() },
@@ -296,6 +319,10 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     ..Default::default()
                 };
                 within(&what, workers.report_step(request)).await
+            }
+            19 => {
+                let request = AttachJobRequest { job_id: g.string(), gradient_dim: g.u64(), parts: g.u32() };
+                within(&what, accountant.attach_job(request)).await
             }
             _ => {
                 let request = RendezvousRequest {

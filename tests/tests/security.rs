@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use dpcap_e2e::jobs::{spec, tempfile_dir};
 use dpcap_e2e::{Process, Services, binary, synth_dataset};
 use dpcap_proto::ErrorCode;
+use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell};
 use dpcap_serve::ClientTlsArgs;
 use dpcap_serve::auth::{POLICY, ROLES, Role};
 use tonic::Code;
@@ -186,6 +187,8 @@ async fn tls_and_mtls_admit_only_clients_the_server_can_verify() {
         .args(["--coordinator-token", &token(Role::Coordinator)])
         .arg("--auth-tokens-file")
         .arg(&tokens_file)
+        .arg("--capability-key-file")
+        .arg(dpcap_e2e::capability_keys(&dir))
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -212,12 +215,12 @@ async fn tls_and_mtls_admit_only_clients_the_server_can_verify() {
     }
     // The role check still applies inside the tunnel.
     let endpoint = trusted.endpoint(&url).unwrap();
-    let mut client = dpcap_accountant::client::AccountantClient::lazy(endpoint, Some(token(Role::Coordinator)));
+    let mut client = AccountantClient::lazy(endpoint, CallCredentials::token(Some(token(Role::Coordinator))));
     let spend = client.raw().get_spend(dpcap_proto::v1::GetSpendRequest { job_id: "nope".into() }).await.unwrap_err();
     assert_eq!(ErrorCode::of(&spend), Some(ErrorCode::JobNotRegistered), "{spend:?}");
 
     let endpoint = trusted.endpoint(&url).unwrap();
-    let mut by_certificate = dpcap_accountant::client::AccountantClient::lazy(endpoint, None);
+    let mut by_certificate = AccountantClient::lazy(endpoint, CallCredentials::default());
     let spend =
         by_certificate.raw().get_spend(dpcap_proto::v1::GetSpendRequest { job_id: "nope".into() }).await.unwrap_err();
     assert_eq!(
@@ -327,4 +330,107 @@ async fn job_secrets_live_apart_from_artifacts_and_a_strict_job_exports_nothing_
     let shown = dpcap_worker::runtime::session::reported_error(&data_error, true);
     assert!(!shown.contains("000012") && shown.contains("withheld"), "{shown}");
     assert!(dpcap_worker::runtime::session::reported_error(&data_error, false).contains("000012"));
+}
+
+/// The attack that motivated job-scoped capabilities, tried against a secured cluster of real
+/// processes: a worker token registers a weak contract (refused: only the coordinator writes
+/// contracts), acts as another worker (refused: the worker key), and uses the capability of its
+/// own assignment on another job (refused: the capability names its job). Nothing is charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_token_writes_no_contract_and_its_capability_opens_only_its_own_job() {
+    use dpcap_proto::v1::worker_service_client::WorkerServiceClient;
+    use dpcap_proto::v1::{
+        AttachJobRequest, FetchReleaseRequest, GetSpendRequest, HeartbeatRequest, Mechanism, PrivacyContract,
+        RegisterJobRequest, RegisterWorkerRequest,
+    };
+    let dir = tempfile_dir("capability");
+    let dataset = synth_dataset(&dir, 120);
+    let roles = role_flags();
+    let roles: Vec<&str> = roles.iter().map(String::as_str).collect();
+    let flags: Vec<&str> = roles.iter().copied().chain(["--allow-unbudgeted-datasets"]).collect();
+    let coordinator_token = token(Role::Coordinator);
+    let coordinator_flags: Vec<&str> =
+        roles.iter().copied().chain(["--accountant-token", &coordinator_token]).collect();
+    // A long lease: the hand-driven worker below heartbeats only when the test does.
+    let services = Services::with_args(&dir, 60, &flags, &coordinator_flags).await;
+    let accountant = |credentials: CallCredentials| {
+        let endpoint = tonic::transport::Endpoint::from_shared(services.accountant.grpc.clone()).unwrap();
+        AccountantClient::lazy(endpoint, credentials)
+    };
+    let as_worker = || CallCredentials::token(Some(token(Role::Worker)));
+    let as_coordinator = || CallCredentials::token(Some(token(Role::Coordinator)));
+
+    // A worker token registering σ = 0.01 at a target of 1e9.
+    let weak = RegisterJobRequest {
+        job_id: "job-weak".into(),
+        contract: Some(PrivacyContract {
+            mechanism: Some(Mechanism { sample_rate: 0.01, noise_multiplier: 0.01, clipping_norm: 1.0 }),
+            delta: 1e-5,
+            epsilon_target: 1e9,
+            ..Default::default()
+        }),
+        gradient_dim: 10,
+        ..Default::default()
+    };
+    let refused = accountant(as_worker()).raw().register_job(weak).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused}");
+    let missing = accountant(as_coordinator()).raw().get_spend(GetSpendRequest { job_id: "job-weak".into() }).await;
+    assert_eq!(missing.unwrap_err().code(), Code::NotFound, "no contract was written");
+
+    // Job A runs on one worker; job B waits for five.
+    let submit = |steps: u64, workers: u32| {
+        let mut spec = spec(&dataset, steps);
+        spec.workers = Some(workers);
+        let coordinator = services.coordinator.grpc.clone();
+        async move {
+            let channel = tonic::transport::Endpoint::from_shared(coordinator).unwrap().connect().await.unwrap();
+            let mut jobs = dpcap_proto::v1::job_service_client::JobServiceClient::with_interceptor(
+                channel,
+                dpcap_serve::AttachToken(Some(token(Role::Operator))),
+            );
+            let request =
+                dpcap_proto::v1::SubmitJobRequest { spec: Some(spec.into_proto().unwrap()), ..Default::default() };
+            jobs.submit_job(request).await.unwrap().into_inner()
+        }
+    };
+    let (job_a, job_b) = (submit(3, 1).await, submit(3, 5).await);
+
+    // A hand-driven worker takes A. Without its key, nobody can heartbeat as it.
+    let channel =
+        tonic::transport::Endpoint::from_shared(services.coordinator.grpc.clone()).unwrap().connect().await.unwrap();
+    let mut registrar = WorkerServiceClient::with_interceptor(channel.clone(), as_worker());
+    let registration = registrar
+        .register_worker(RegisterWorkerRequest { name: "hand".into(), device: "cpu".into(), throughput: 0.0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let beat = HeartbeatRequest { worker_id: registration.worker_id.clone() };
+    let impostor = registrar.heartbeat(beat.clone()).await.unwrap_err();
+    assert_eq!(impostor.code(), Code::PermissionDenied, "{impostor}");
+    let mut worker =
+        WorkerServiceClient::with_interceptor(channel, as_worker().with_worker_key(registration.worker_key));
+    let assignment = worker.heartbeat(beat).await.unwrap().into_inner().assignment.expect("assigned to job A");
+    assert_eq!(assignment.job_id, job_a.job_id);
+    assert!(!assignment.capability.is_empty());
+
+    // A's capability opens A, and nothing of B.
+    let cell = CapabilityCell::new(assignment.capability.clone());
+    let mut rank = accountant(as_worker().with_capability(cell));
+    let attach = |job: &dpcap_proto::v1::Job| AttachJobRequest {
+        job_id: job.job_id.clone(),
+        gradient_dim: job.plan.as_ref().unwrap().gradient_dim,
+        parts: 1,
+    };
+    rank.raw().attach_job(attach(&job_a)).await.expect("the rank attaches to its own job");
+    let denied = |r: Result<(), tonic::Status>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.code(), Code::PermissionDenied, "{what}: {e}");
+    };
+    denied(rank.raw().attach_job(attach(&job_b)).await.map(drop), "attach to B");
+    let fetch = FetchReleaseRequest { job_id: job_b.job_id.clone(), step: 0, chunk_values: 0 };
+    denied(rank.raw().fetch_release(fetch).await.map(drop), "fetch B's release");
+    let part = rank.submit_attempt(&job_b.job_id, (0, 0, assignment.generation), &[0.0; 8]).await;
+    assert_eq!(part.unwrap_err().code(), Code::PermissionDenied, "a part for B");
+    let spend = accountant(as_coordinator()).raw().get_spend(GetSpendRequest { job_id: job_b.job_id.clone() }).await;
+    assert_eq!(spend.unwrap().into_inner().steps_charged, 0, "nothing charged to B");
 }

@@ -12,7 +12,7 @@
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::clip::{ClippedSum, GradSum, NORM_EPSILON, Objective, plain_grads};
+use crate::clip::{ClippedSum, GradSum, Objective, plain_grads};
 use crate::params::ParamSet;
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
@@ -101,14 +101,16 @@ pub fn add_clipped<B: burn::tensor::backend::Backend>(
     clipping_norm: f64,
 ) -> f64 {
     let norm = delta_norm(&client.delta);
-    if norm.is_finite() {
-        let factor = (clipping_norm / (norm + NORM_EPSILON)).min(1.0);
+    if norm.is_finite() && client.first_loss.is_finite() {
+        let factor = crate::clip::clip_factor(norm, clipping_norm);
         for (id, g) in client.delta.grads.into_iter().enumerate() {
             part.sum.add(crate::params::ParamId(id), g.mul_scalar(factor));
         }
+        part.telemetry.losses.push(client.first_loss);
+        part.telemetry.norms.push(norm as f32);
+    } else {
+        part.telemetry.nonfinite += 1;
     }
-    part.telemetry.losses.push(client.first_loss);
-    part.telemetry.norms.push(norm as f32);
     norm
 }
 

@@ -2,12 +2,16 @@
 //! local-directory ledger, and talks to them over gRPC and HTTP.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use dpcap_accountant::client::AccountantClient;
-use dpcap_proto::v1::{self as pb, Mechanism, RegisterJobRequest};
+use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell, RawClient};
+use dpcap_proto::v1::{self as pb, FetchReleaseRequest, JobSpend, Mechanism, RegisterJobRequest, SubmitPartResponse};
+use dpcap_serve::capability::{Capabilities, Capability, now_unix_ms};
+use tonic::Status;
 
 /// A running accountant process; killed (SIGKILL) on drop.
 pub struct AccountantProcess {
@@ -74,8 +78,13 @@ impl AccountantProcess {
         }
     }
 
-    pub async fn client(&self) -> AccountantClient {
-        AccountantClient::connect(self.grpc.clone()).await.expect("connects")
+    pub async fn client(&self) -> Client {
+        self.client_signed(Capabilities::new(None))
+    }
+
+    /// A client whose capabilities `issuer` signs (a coordinator's key, or a forger's).
+    pub fn client_signed(&self, issuer: Capabilities) -> Client {
+        Client { endpoint: self.grpc.clone(), generations: Arc::default(), issuer }
     }
 
     /// SIGKILL: no drain, no cleanup — a crash.
@@ -128,8 +137,12 @@ fn rand_suffix() -> u64 {
     NEXT.fetch_add(1, Ordering::SeqCst)
 }
 
+/// Parts W of each job registered through [`job`]: the capabilities a coordinator would issue
+/// to its ranks state it.
+static PARTS: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
+
 #[allow(clippy::too_many_arguments)]
-/// A registration with seeded noise, PLD accounting and no dataset budget.
+/// A registration with PLD accounting and no dataset, whose steps sum `parts` parts.
 pub fn job(
     job_id: &str,
     q: f64,
@@ -140,18 +153,108 @@ pub fn job(
     parts: u32,
     seed: Option<u64>,
 ) -> RegisterJobRequest {
+    PARTS.lock().unwrap().insert(job_id.to_owned(), parts);
     RegisterJobRequest {
         job_id: job_id.into(),
-        mechanism: Some(Mechanism { sample_rate: q, noise_multiplier: sigma, clipping_norm: clip }),
-        delta: 1e-5,
-        epsilon_target: target,
-        accountant: pb::AccountantKind::Pld as i32,
+        contract: Some(pb::PrivacyContract {
+            mechanism: Some(Mechanism { sample_rate: q, noise_multiplier: sigma, clipping_norm: clip }),
+            delta: 1e-5,
+            epsilon_target: target,
+            accountant: pb::AccountantKind::Pld as i32,
+            privacy: if sigma == 0.0 { pb::Privacy::NotPrivate } else { pb::Privacy::Dp } as i32,
+            ..Default::default()
+        }),
         gradient_dim: dim,
-        parts,
-        dataset_id: String::new(),
-        dataset_epsilon_budget: 0.0,
         insecure_noise_seed: seed,
         ..Default::default()
+    }
+}
+
+/// The contract of a registration, to change a field.
+pub fn contract(request: &mut RegisterJobRequest) -> &mut pb::PrivacyContract {
+    request.contract.as_mut().expect("job() sets a contract")
+}
+
+/// A client of the accountant acting as the ranks of its jobs: each call carries an (unsigned)
+/// capability for the rank, generation and W it is made as, as a coordinator would issue it.
+#[derive(Clone)]
+pub struct Client {
+    endpoint: String,
+    /// The newest generation each job's calls were made as.
+    generations: Arc<Mutex<HashMap<String, u64>>>,
+    /// Who signs the capabilities (unsigned: an accountant without keys).
+    issuer: Capabilities,
+}
+
+impl Client {
+    /// A client presenting exactly `capability` (None: no capability).
+    pub fn with(&self, capability: Option<Capability>) -> AccountantClient {
+        let endpoint = tonic::transport::Endpoint::from_shared(self.endpoint.clone()).expect("endpoint");
+        let credentials = match capability {
+            Some(c) => CallCredentials::default().with_capability(CapabilityCell::new(self.issuer.issue(&c))),
+            None => CallCredentials::default(),
+        };
+        AccountantClient::lazy(endpoint, credentials)
+    }
+
+    /// The capability of `rank` of `job_id` in `generation` (or the newest seen).
+    pub fn capability(&self, job_id: &str, rank: u32, generation: Option<u64>) -> Capability {
+        let mut generations = self.generations.lock().unwrap();
+        let newest = generations.entry(job_id.to_owned()).or_default();
+        let generation = generation.unwrap_or(*newest);
+        *newest = generation.max(*newest);
+        let parts = PARTS.lock().unwrap().get(job_id).copied().unwrap_or(1);
+        Capability { job_id: job_id.into(), rank, generation, parts, expires_unix_ms: now_unix_ms() + 3_600_000 }
+    }
+
+    /// The generated client without a capability (the coordinator's and operators' calls).
+    pub fn raw(&mut self) -> RawClient {
+        self.with(None).into_raw()
+    }
+
+    /// The generated client with rank `rank`'s capability for `job_id`.
+    pub fn raw_for(&mut self, job_id: &str, rank: u32) -> RawClient {
+        let capability = self.capability(job_id, rank, None);
+        self.with(Some(capability)).into_raw()
+    }
+
+    /// Part `part` of `step` as attempt 0.
+    pub async fn submit_part(
+        &mut self,
+        job_id: &str,
+        step: u64,
+        part: u32,
+        values: &[f32],
+    ) -> Result<SubmitPartResponse, Status> {
+        self.submit_attempt(job_id, (step, part, 0), values).await
+    }
+
+    /// Part `part` of `step` as generation `attempt`.
+    pub async fn submit_attempt(
+        &mut self,
+        job_id: &str,
+        (step, part, attempt): (u64, u32, u64),
+        values: &[f32],
+    ) -> Result<SubmitPartResponse, Status> {
+        let capability = self.capability(job_id, part, Some(attempt));
+        self.with(Some(capability)).submit_attempt(job_id, (step, part, attempt), values).await
+    }
+
+    /// The release of `step`, as rank 0 of the newest generation.
+    pub async fn fetch_release(&mut self, job_id: &str, step: u64) -> Result<(Vec<f32>, Option<JobSpend>), Status> {
+        let capability = self.capability(job_id, 0, None);
+        self.with(Some(capability)).fetch_release(job_id, step).await
+    }
+
+    /// A streaming fetch in chunks of `chunk_values`, as rank 0.
+    pub async fn fetch_stream(
+        &mut self,
+        job_id: &str,
+        step: u64,
+        chunk_values: u32,
+    ) -> Result<tonic::Streaming<pb::ReleaseChunk>, Status> {
+        let request = FetchReleaseRequest { job_id: job_id.into(), step, chunk_values };
+        Ok(self.raw_for(job_id, 0).fetch_release(request).await?.into_inner())
     }
 }
 

@@ -5,8 +5,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use dpcap_accountant::server::Setup;
 use dpcap_coordinator::coordinator::Config;
-use dpcap_serve::ServerSecurity;
+use dpcap_serve::{Capabilities, KeyRing, ServerSecurity};
 use dpcap_worker::runtime::WorkerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -47,11 +48,12 @@ impl Cluster {
         let ledger = dpcap_accountant::server::open_ledger(&dir.join("ledger").to_string_lossy())?;
         let shutdown = stopped(&stop);
         // Loopback, plaintext, no tokens: the local demo (the exposure rule allows exactly this).
+        // Capabilities are signed all the same, with a key only this process holds.
+        let capabilities = Capabilities::new(Some(KeyRing::generate("demo")));
         let server = ServerSecurity::default().server(a_grpc.local_addr()?)?;
+        let setup = Setup { ledger, policy: Default::default(), capabilities: capabilities.clone() };
         tasks.push(tokio::spawn(async move {
-            if let Err(e) =
-                dpcap_accountant::server::serve((a_grpc, a_metrics), server, ledger, Default::default(), shutdown).await
-            {
+            if let Err(e) = dpcap_accountant::server::serve((a_grpc, a_metrics), server, setup, shutdown).await {
                 tracing::error!(error = %e, "accountant failed");
             }
         }));
@@ -64,6 +66,8 @@ impl Cluster {
             accountant_tls: Default::default(),
             accountant_token: None,
             lease: Duration::from_secs(30),
+            capabilities,
+            capability_ttl: Duration::from_secs(600),
         };
         let shutdown = stopped(&stop);
         let server = ServerSecurity::default().server(c_grpc.local_addr()?)?;

@@ -145,13 +145,14 @@ async fn warm_start(
         let options = crate::dataset::IndexOptions::synthetic(256);
         crate::dataset::index_dataset(&procedural.to_string_lossy(), &options).await?;
     }
-    let mut client = dpcap_accountant::client::AccountantClient::connect(accountant.to_owned()).await?;
+    let mut client = dpcap_proto::client::AccountantClient::connect(accountant.to_owned()).await?;
     let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
         dataset_id: crate::budget::dataset_digest(&procedural.to_string_lossy()).await?,
         epsilon: args.epsilon,
         delta: 1.0 / args.examples as f64,
         reason: "dpctl demo: procedural images, no private content".into(),
         allow_not_private: true,
+        unit: dpcap_proto::v1::PrivacyUnit::Example as i32,
     };
     client.raw().set_dataset_budget(budget).await.map_err(jobs::status)?;
     train::run(server, accountant, train::warm_start_spec(args, &procedural, steps)).await
@@ -214,7 +215,7 @@ async fn train_and_report(
     // The data's owner sets the dataset's lifetime budget before any job may spend it; the data
     // is synthetic, so its owner also lets the NOT PRIVATE baseline train on it.
     let dataset_id = crate::budget::dataset_digest(&train_dir.to_string_lossy()).await?;
-    let mut accountant = dpcap_accountant::client::AccountantClient::connect(cluster.accountant.clone()).await?;
+    let mut accountant = dpcap_proto::client::AccountantClient::connect(cluster.accountant.clone()).await?;
     let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
         dataset_id,
         epsilon: args.epsilon,
@@ -222,6 +223,12 @@ async fn train_and_report(
         delta: 1.0 / if args.objective == "fedemb" { args.users } else { args.examples } as f64,
         reason: "dpctl demo: synthetic data; one DP job and its non-private baseline".into(),
         allow_not_private: !args.no_baseline,
+        // fedemb protects users: its budget is a user-level one.
+        unit: if args.objective == "fedemb" {
+            dpcap_proto::v1::PrivacyUnit::User
+        } else {
+            dpcap_proto::v1::PrivacyUnit::Example
+        } as i32,
     };
     accountant.raw().set_dataset_budget(budget).await.map_err(jobs::status)?;
     let warm = match args.warm_start {

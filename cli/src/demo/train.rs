@@ -105,7 +105,7 @@ pub async fn run(server: &Server, accountant: &str, spec: SpecFile) -> Result<Fi
     if job.state != JobState::Succeeded as i32 {
         bail!("the demo job {} ended {}", job.job_id, jobs::state_name(job.state));
     }
-    let mut accountant = dpcap_accountant::client::AccountantClient::connect(accountant.to_owned()).await?;
+    let mut accountant = dpcap_proto::client::AccountantClient::connect(accountant.to_owned()).await?;
     let spend = accountant
         .raw()
         .get_spend(GetSpendRequest { job_id: job.job_id.clone() })

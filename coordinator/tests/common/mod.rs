@@ -49,6 +49,7 @@ pub fn worker_on(state: &mut State, id: &str, device: &str) {
             last_seen: Instant::now(),
             job: None,
             measured: false,
+            key: format!("key-of-{id}"),
         },
     );
 }
@@ -70,7 +71,6 @@ pub fn done() -> Report {
         loss: Some(2.0),
         phases: [0.1; 5],
         checkpoint_step: 0,
-        epsilon_spent: 0.5,
-        steps_discarded: 0,
+        nonfinite_examples: 0,
     }
 }

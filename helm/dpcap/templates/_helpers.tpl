@@ -20,6 +20,25 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.auth.existingSecret | default (printf "%s-tokens" (include "dpcap.fullname" .)) -}}
 {{- end -}}
 
+{{- define "dpcap.capabilitySecretName" -}}
+{{- .Values.capabilities.existingSecret | default (printf "%s-capability" (include "dpcap.fullname" .)) -}}
+{{- end -}}
+
+{{/* The capability key file: coordinator and accountant only. */}}
+{{- define "dpcap.capabilityEnv" -}}
+- name: DPCAP_CAPABILITY_KEY_FILE
+  value: /etc/dpcap/capability/capability.keys
+{{- end -}}
+
+{{- define "dpcap.capabilityMount" -}}
+- {name: capability, mountPath: /etc/dpcap/capability, readOnly: true}
+{{- end -}}
+
+{{- define "dpcap.capabilityVolume" -}}
+- name: capability
+  secret: {secretName: {{ include "dpcap.capabilitySecretName" . | quote }}, defaultMode: 0400}
+{{- end -}}
+
 {{- define "dpcap.image" -}}
 {{- printf "%s:%s" .Values.image.repository .Values.image.tag -}}
 {{- end -}}

@@ -13,6 +13,12 @@ type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
 /// Stabiliser in c_i = min(1, C / (‖g_i‖ + 1e-6)).
 pub const NORM_EPSILON: f64 = 1e-6;
 
+/// The clip factor c = min(1, C / (‖g‖ + 1e-6)) of a gradient of L2 norm `norm` at clipping
+/// norm C, so that ‖c·g‖ ≤ C.
+pub fn clip_factor(norm: f64, clipping_norm: f64) -> f64 {
+    (clipping_norm / (norm + NORM_EPSILON)).min(1.0)
+}
+
 /// A running sum of gradients, one flat tensor per parameter.
 #[derive(Debug, Clone)]
 pub struct GradSum<B: Backend> {
@@ -41,10 +47,13 @@ impl<B: Backend> GradSum<B> {
 /// Non-DP telemetry computed from raw data: per-example losses and gradient norms.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Telemetry {
-    /// Per-example losses.
+    /// Per-example losses (finite examples only).
     pub losses: Vec<f32>,
-    /// Per-example gradient L2 norms before clipping.
+    /// Per-example gradient L2 norms before clipping (finite examples only).
     pub norms: Vec<f32>,
+    /// Examples whose loss or gradient was NaN or infinite: left out of the sum by selection
+    /// (they add nothing; one NaN would void the whole release) and counted.
+    pub nonfinite: u64,
 }
 
 impl Telemetry {
@@ -134,61 +143,124 @@ impl ClipEngine {
         let mut tape = Tape::new(Mode::Ghost, params).with_precision(self.precision);
         let losses = model.losses(&mut tape, batch);
         let grads = losses.clone().sum().backward();
-        let records = tape.into_records().into_iter().map(widen_record).collect::<Vec<_>>();
-        let with_delta: Vec<(Record<AB>, Tensor<Inner<AB>, 3>)> = records
+        let records: Vec<Delta<AB>> = tape
+            .into_records()
             .into_iter()
+            .map(widen_record)
             .map(|r| {
-                let probe = match &r {
-                    Record::Linear { probe, .. }
-                    | Record::LayerNorm { probe, .. }
-                    | Record::Embedding { probe, .. }
-                    | Record::Free { probe, .. } => probe,
-                };
-                let delta = probe.grad(&grads).expect("every probe lies on the loss's graph");
+                let delta = probe_of(&r).grad(&grads).expect("every probe lies on the loss's graph");
                 (r, delta)
             })
             .collect();
-        let b = model.batch_len(batch);
-        let device = params.device();
-        let mut sq = Tensor::<Inner<AB>, 1>::zeros([b], device);
-        for (record, delta) in &with_delta {
-            sq = sq
-                + match record {
-                    Record::Linear { input, bias, .. } => {
-                        let w = norms::linear_weight_sq_norms(input, delta);
-                        if bias.is_some() { w + norms::bias_sq_norms(delta) } else { w }
-                    }
-                    Record::LayerNorm { normalized, .. } => {
-                        norms::layer_norm_gamma_sq_norms(normalized, delta) + norms::bias_sq_norms(delta)
-                    }
-                    Record::Embedding { tokens, .. } => norms::embedding_sq_norms(tokens, delta),
-                    Record::Free { .. } => norms::free_sq_norms(delta),
-                };
+        let norms_t = sq_norms(&records, model.batch_len(batch), params).clamp_min(0.0).sqrt();
+        let (norms, losses) = (to_vec(norms_t.clone()), to_vec(losses.inner()));
+        // An example whose loss or gradient is not finite is left out by selection: scaling it
+        // by 0 would still give NaN (0·NaN), and one NaN voids the whole part.
+        let kept: Vec<usize> = (0..norms.len()).filter(|&i| norms[i].is_finite() && losses[i].is_finite()).collect();
+        telemetry.nonfinite += (norms.len() - kept.len()) as u64;
+        telemetry.losses.extend(kept.iter().map(|&i| losses[i]));
+        telemetry.norms.extend(kept.iter().map(|&i| norms[i]));
+        if kept.is_empty() {
+            return;
         }
-        let norms_t = sq.clamp_min(0.0).sqrt();
-        let factors = (norms_t.clone() + NORM_EPSILON).recip().mul_scalar(self.clipping_norm).clamp_max(1.0);
-        for (record, delta) in &with_delta {
-            let scaled = norms::scale(delta, &factors);
-            match record {
-                Record::Linear { weight, bias, input, .. } => {
-                    sum.add(*weight, norms::linear_weight_sum(input, &scaled));
-                    if let Some(bias) = bias {
-                        sum.add(*bias, norms::bias_sum(&scaled));
-                    }
+        let (records, norms_t) = if kept.len() == norms.len() {
+            (records, norms_t)
+        } else {
+            let rows = Tensor::<Inner<AB>, 1, burn::tensor::Int>::from_data(
+                burn::tensor::TensorData::new(kept.iter().map(|&i| i as i64).collect::<Vec<_>>(), [kept.len()]),
+                params.device(),
+            );
+            let records = records.into_iter().map(|(r, delta)| select_rows(r, delta, &rows)).collect();
+            (records, norms_t.select(0, rows))
+        };
+        let factors = (norms_t + NORM_EPSILON).recip().mul_scalar(self.clipping_norm).clamp_max(1.0);
+        add_clipped_sums(&records, &factors, params, sum);
+    }
+}
+
+/// A record with its probe's gradient δ (the layer's output gradient per example).
+type Delta<AB> = (Record<AB>, Tensor<Inner<AB>, 3>);
+
+fn probe_of<AB: AutodiffBackend>(record: &Record<AB>) -> &Tensor<AB, 3> {
+    match record {
+        Record::Linear { probe, .. }
+        | Record::LayerNorm { probe, .. }
+        | Record::Embedding { probe, .. }
+        | Record::Free { probe, .. } => probe,
+    }
+}
+
+/// Per-example squared gradient norms, summed over every layer's parameters.
+fn sq_norms<AB: AutodiffBackend>(
+    records: &[Delta<AB>],
+    b: usize,
+    params: &ParamSet<Inner<AB>>,
+) -> Tensor<Inner<AB>, 1> {
+    let mut sq = Tensor::<Inner<AB>, 1>::zeros([b], params.device());
+    for (record, delta) in records {
+        sq = sq
+            + match record {
+                Record::Linear { input, bias, .. } => {
+                    let w = norms::linear_weight_sq_norms(input, delta);
+                    if bias.is_some() { w + norms::bias_sq_norms(delta) } else { w }
                 }
-                Record::LayerNorm { gamma, beta, normalized, .. } => {
-                    sum.add(*gamma, norms::layer_norm_gamma_sum(normalized, &scaled));
-                    sum.add(*beta, norms::bias_sum(&scaled));
+                Record::LayerNorm { normalized, .. } => {
+                    norms::layer_norm_gamma_sq_norms(normalized, delta) + norms::bias_sq_norms(delta)
                 }
-                Record::Embedding { table, tokens, .. } => {
-                    let rows = params.spec(*table).shape[0];
-                    sum.add(*table, norms::embedding_sum(tokens, &scaled, rows));
+                Record::Embedding { tokens, .. } => norms::embedding_sq_norms(tokens, delta),
+                Record::Free { .. } => norms::free_sq_norms(delta),
+            };
+    }
+    sq
+}
+
+/// The record and δ of the examples `rows` only (the probe, no longer needed, is kept).
+fn select_rows<AB: AutodiffBackend>(
+    record: Record<AB>,
+    delta: Tensor<Inner<AB>, 3>,
+    rows: &Tensor<Inner<AB>, 1, burn::tensor::Int>,
+) -> Delta<AB> {
+    let record = match record {
+        Record::Linear { weight, bias, input, probe } => {
+            Record::Linear { weight, bias, input: input.select(0, rows.clone()), probe }
+        }
+        Record::LayerNorm { gamma, beta, normalized, probe } => {
+            Record::LayerNorm { gamma, beta, normalized: normalized.select(0, rows.clone()), probe }
+        }
+        Record::Embedding { table, tokens, probe } => {
+            Record::Embedding { table, tokens: tokens.select(0, rows.clone()), probe }
+        }
+        free @ Record::Free { .. } => free,
+    };
+    (record, delta.select(0, rows.clone()))
+}
+
+/// Adds Σ_i c_i·g_i per layer, computed directly from the records (one matmul per Linear).
+fn add_clipped_sums<AB: AutodiffBackend>(
+    records: &[Delta<AB>],
+    factors: &Tensor<Inner<AB>, 1>,
+    params: &ParamSet<Inner<AB>>,
+    sum: &mut GradSum<Inner<AB>>,
+) {
+    for (record, delta) in records {
+        let scaled = norms::scale(delta, factors);
+        match record {
+            Record::Linear { weight, bias, input, .. } => {
+                sum.add(*weight, norms::linear_weight_sum(input, &scaled));
+                if let Some(bias) = bias {
+                    sum.add(*bias, norms::bias_sum(&scaled));
                 }
-                Record::Free { param, .. } => sum.add(*param, norms::free_sum(&scaled)),
             }
+            Record::LayerNorm { gamma, beta, normalized, .. } => {
+                sum.add(*gamma, norms::layer_norm_gamma_sum(normalized, &scaled));
+                sum.add(*beta, norms::bias_sum(&scaled));
+            }
+            Record::Embedding { table, tokens, .. } => {
+                let rows = params.spec(*table).shape[0];
+                sum.add(*table, norms::embedding_sum(tokens, &scaled, rows));
+            }
+            Record::Free { param, .. } => sum.add(*param, norms::free_sum(&scaled)),
         }
-        telemetry.losses.extend(to_vec(losses.inner()));
-        telemetry.norms.extend(to_vec(norms_t));
     }
 }
 
@@ -259,7 +331,7 @@ pub fn naive_clipped_sum<AB: AutodiffBackend, M: Objective<AB>>(
         let (g, losses) = plain_grads(model, params, &model.slice(batch, i..i + 1));
         let sq: f64 = g.grads.iter().map(|t| t.clone().powi_scalar(2).sum().into_scalar().elem::<f64>()).sum();
         let norm = sq.sqrt();
-        let factor = (clipping_norm / (norm + NORM_EPSILON)).min(1.0);
+        let factor = clip_factor(norm, clipping_norm);
         for (id, t) in g.grads.into_iter().enumerate() {
             sum.add(ParamId(id), t.mul_scalar(factor));
         }
@@ -275,7 +347,7 @@ mod tests {
 
     #[test]
     fn telemetry_summarises_losses_and_norms() {
-        let t = Telemetry { losses: vec![1.0, 2.0, 3.0, 6.0], norms: vec![0.5, 1.5, 2.0, 4.0] };
+        let t = Telemetry { losses: vec![1.0, 2.0, 3.0, 6.0], norms: vec![0.5, 1.5, 2.0, 4.0], nonfinite: 0 };
         assert_eq!(t.mean_loss(), 3.0);
         assert_eq!(t.clipped_fraction(1.0), 0.75);
         assert_eq!(t.clipped_fraction(10.0), 0.0);

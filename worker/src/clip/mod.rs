@@ -9,7 +9,8 @@ pub mod norms;
 mod tape;
 
 pub use engine::{
-    ClipEngine, ClippedSum, GradSum, NORM_EPSILON, Telemetry, naive_clipped_sum, nonprivate_sum, plain_grads,
+    ClipEngine, ClippedSum, GradSum, NORM_EPSILON, Telemetry, clip_factor, naive_clipped_sum, nonprivate_sum,
+    plain_grads,
 };
 pub use tape::{Mode, Precision, Record, Tape};
 

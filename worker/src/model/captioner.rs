@@ -8,60 +8,14 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 
-use super::encoder::{Encoder, EncoderConfig};
+use super::encoder::Encoder;
 use super::layers::{Block, INIT_STD, LayerNorm, Linear};
 use crate::clip::{Objective, Tape};
 use crate::params::{Init, ParamId, ParamSet};
+pub use dpcap_registry::CaptionerConfig;
 
 /// Token id of padding; targets equal to it carry no loss.
 pub const PAD: i64 = 0;
-
-/// Captioner shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CaptionerConfig {
-    /// Image encoder.
-    pub encoder: EncoderConfig,
-    /// Decoder width.
-    pub dec_width: usize,
-    /// Decoder blocks.
-    pub dec_depth: usize,
-    /// Decoder heads.
-    pub dec_heads: usize,
-    /// Vocabulary size.
-    pub vocab: usize,
-    /// Caption length in tokens (BOS … EOS, padded); the decoder sees `seq - 1` inputs.
-    pub seq: usize,
-}
-
-impl CaptionerConfig {
-    /// A named configuration: micro, bench, tiny, small, base, large.
-    pub fn named(name: &str) -> Option<Self> {
-        let enc = |image, patch, width, depth, heads| EncoderConfig { image, patch, width, depth, heads };
-        let paper =
-            |encoder, dec_width, dec_heads| Self { encoder, dec_width, dec_depth: 6, dec_heads, vocab: 30522, seq: 40 };
-        Some(match name {
-            "micro" => {
-                Self { encoder: enc(32, 8, 64, 2, 2), dec_width: 64, dec_depth: 1, dec_heads: 2, vocab: 256, seq: 12 }
-            }
-            "bench" => Self {
-                encoder: enc(32, 4, 128, 4, 4),
-                dec_width: 128,
-                dec_depth: 2,
-                dec_heads: 4,
-                vocab: 1000,
-                seq: 16,
-            },
-            "tiny" => paper(enc(224, 16, 384, 12, 6), 384, 6),
-            "small" => paper(enc(224, 16, 576, 12, 12), 576, 12),
-            "base" => paper(enc(224, 16, 768, 12, 12), 768, 12),
-            "large" => paper(enc(224, 16, 1024, 24, 16), 768, 12),
-            _ => return None,
-        })
-    }
-
-    /// The configuration names, smallest first.
-    pub const NAMES: [&'static str; 6] = ["micro", "bench", "tiny", "small", "base", "large"];
-}
 
 /// A batch: images [B, 3, H, W] and captions [B, seq] (PAD after EOS).
 #[derive(Debug, Clone)]

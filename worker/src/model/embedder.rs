@@ -9,31 +9,14 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 
-use super::encoder::{Encoder, EncoderConfig};
+use super::encoder::Encoder;
 use super::layers::Linear;
 use crate::clip::{Mode, Objective, Tape};
 use crate::params::ParamSet;
+pub use dpcap_registry::EmbedderConfig;
 
 /// Guards the L2 normalisation of an embedding.
 const NORM_FLOOR: f64 = 1e-6;
-
-/// Embedder shape.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EmbedderConfig {
-    /// Image encoder (the captioner configuration's, so names are shared).
-    pub encoder: EncoderConfig,
-    /// Embedding width.
-    pub dim: usize,
-}
-
-impl EmbedderConfig {
-    /// The embedder for a captioner configuration name: same encoder, embedding as wide as
-    /// the encoder's tokens.
-    pub fn named(name: &str) -> Option<Self> {
-        let encoder = super::CaptionerConfig::named(name)?.encoder;
-        Some(Self { encoder, dim: encoder.width })
-    }
-}
 
 /// The backbone: encoder and projection.
 #[derive(Debug, Clone)]

@@ -8,27 +8,7 @@ use super::layers::{Block, INIT_STD, LayerNorm, Linear};
 use crate::clip::{Mode, Tape};
 use crate::params::{Init, ParamId, ParamSet};
 
-/// Encoder shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EncoderConfig {
-    /// Square image side in pixels.
-    pub image: usize,
-    /// Square patch side in pixels.
-    pub patch: usize,
-    /// Token width.
-    pub width: usize,
-    /// Number of blocks.
-    pub depth: usize,
-    /// Attention heads.
-    pub heads: usize,
-}
-
-impl EncoderConfig {
-    /// Patches per image.
-    pub fn patches(&self) -> usize {
-        (self.image / self.patch).pow(2)
-    }
-}
+pub use dpcap_registry::EncoderConfig;
 
 /// The ViT encoder.
 #[derive(Debug, Clone)]

@@ -8,45 +8,11 @@ use std::ops::Range;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor};
 
-use super::encoder::{Encoder, EncoderConfig, patchify};
+use super::encoder::{Encoder, patchify};
 use super::layers::{Block, INIT_STD, LayerNorm, Linear};
 use crate::clip::{Objective, Tape};
 use crate::params::{Init, ParamId, ParamSet};
-
-/// MAE shape.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct MaeConfig {
-    /// Image encoder.
-    pub encoder: EncoderConfig,
-    /// Decoder width.
-    pub dec_width: usize,
-    /// Decoder blocks.
-    pub dec_depth: usize,
-    /// Decoder heads.
-    pub dec_heads: usize,
-    /// Fraction of patches hidden from the encoder.
-    pub mask_ratio: f64,
-}
-
-impl MaeConfig {
-    /// The MAE for a captioner configuration name: same encoder; decoder 512 wide, 4 blocks,
-    /// 16 heads for the paper sizes, and a proportionate small decoder for micro and bench.
-    pub fn named(name: &str) -> Option<Self> {
-        let encoder = super::CaptionerConfig::named(name)?.encoder;
-        let (dec_width, dec_depth, dec_heads) = match name {
-            "micro" => (64, 1, 2),
-            "bench" => (128, 2, 4),
-            _ => (512, 4, 16),
-        };
-        Some(Self { encoder, dec_width, dec_depth, dec_heads, mask_ratio: 0.75 })
-    }
-
-    /// Patches the encoder sees per image.
-    pub fn visible(&self) -> usize {
-        let n = self.encoder.patches();
-        ((n as f64) * (1.0 - self.mask_ratio)).round().clamp(1.0, (n - 1) as f64) as usize
-    }
-}
+pub use dpcap_registry::MaeConfig;
 
 /// Images with each example's patch permutation: the first `visible` entries are shown.
 #[derive(Debug, Clone)]

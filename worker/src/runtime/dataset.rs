@@ -129,6 +129,25 @@ impl Dataset {
         tokenizer.map_err(|e| spec(format!("{location}: {e}")))
     }
 
+    /// The tokenizer the job's plan pinned: the bytes at `location` must have `digest` (the
+    /// coordinator read them at submit), so a tokenizer replaced since is refused by name.
+    pub async fn pinned_tokenizer(location: &str, digest: &str) -> Result<CaptionTokenizer, RuntimeError> {
+        let spec = |reason: String| RuntimeError::Spec { field: "tokenizer", reason };
+        let bytes = dpcap_serve::store::read_object(location).await.map_err(|e| spec(e.to_string()))?;
+        let found = dpcap_proto::digest::sha256(&bytes);
+        if found != digest {
+            return Err(spec(format!(
+                "{location} has digest {found}, not the {digest} the job pinned at submit: the tokenizer was replaced;                  submit the job again to train with the new one"
+            )));
+        }
+        let tokenizer = if location.ends_with(".txt") {
+            CaptionTokenizer::from_vocab(&bytes)
+        } else {
+            CaptionTokenizer::from_bytes(&bytes)
+        };
+        tokenizer.map_err(|e| spec(format!("{location}: {e}")))
+    }
+
     /// Global index of position `local` in shard `shard`, bounds-checked against the shard.
     pub fn global(&self, shard: usize, local: u64) -> Result<u64, RuntimeError> {
         let layout = self.reader.layout();

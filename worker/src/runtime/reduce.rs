@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use dpcap_accountant::client::AccountantClient;
+use dpcap_proto::client::{AccountantClient, CoordinatorClient};
 use dpcap_proto::floats;
 use dpcap_proto::retry::backoff;
 use dpcap_proto::v1::{Assignment, JobSpend, Reduction};
@@ -13,7 +13,6 @@ use dpcap_proto::{ErrorCode, RetryPolicy, is_transient};
 
 use crate::collective::Reducer;
 use crate::runtime::RuntimeError;
-use crate::runtime::worker::CoordinatorClient;
 
 /// Where a step's part goes: (job, step, rank, generation).
 pub type StepKey<'a> = (&'a str, u64, u32, u64);
@@ -72,7 +71,7 @@ async fn form_nccl(
         generation: assignment.generation,
         nccl_id: nccl_id.into(),
     };
-    let id = coordinator.rendezvous(request).await.map_err(crate::runtime::session::lease_or)?.into_inner().nccl_id;
+    let id = coordinator.rendezvous(request).await.map_err(crate::runtime::lease_or)?.into_inner().nccl_id;
     let ranks = (assignment.rank as usize, assignment.world_size as usize);
     let group = NcclGroup::join_async(ordinal, ranks, id.to_vec(), timeout).await?;
     tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, generation = assignment.generation, "joined the NCCL group");

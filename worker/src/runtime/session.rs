@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
-use dpcap_accountant::client::AccountantClient;
+use dpcap_proto::client::{AccountantClient, CapabilityCell, CoordinatorClient};
 use dpcap_proto::v1::{
-    AccountantKind, Assignment, Augment, GetStepRequest, JobSpec, Mechanism, Objective, Privacy, RegisterJobRequest,
-    ReportStepRequest, StepOutcome, TelemetryMode, step_work::Action,
+    Assignment, AttachJobRequest, Augment, GetStepRequest, JobSpec, Objective, Privacy, ReportStepRequest, StepOutcome,
+    TelemetryMode, step_work::Action,
 };
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
 
@@ -22,13 +22,13 @@ use crate::data::pipeline::Pipeline;
 use crate::fed::LocalConfig;
 use crate::optim::Schedule;
 use crate::optim::{AdamWConfig, Rule};
-use crate::runtime::RuntimeError;
 use crate::runtime::ckpt::{CheckpointStore, Manifest};
 use crate::runtime::dataset::{CropPlan, Dataset, View};
 use crate::runtime::reduce::{self, Outcome};
 use crate::runtime::stream::{DEFAULT_PREFETCH, ExampleStream};
 use crate::runtime::trainer::{Kind, Trainer};
-use crate::runtime::worker::{CoordinatorClient, WorkerConfig};
+use crate::runtime::worker::WorkerConfig;
+use crate::runtime::{RuntimeError, lease_or};
 
 /// Seconds of each phase of one step.
 #[derive(Debug, Default, Clone, Copy)]
@@ -47,6 +47,10 @@ pub struct Session<AB: AutodiffBackend> {
     spec: JobSpec,
     coordinator: CoordinatorClient,
     accountant: AccountantClient,
+    /// The capability the accountant client carries: renewed by heartbeats and step work.
+    capability: CapabilityCell,
+    /// Whether this rank attached to the job's contract (before its first part).
+    attached: bool,
     dataset: Dataset,
     /// How this job's images become the model's input.
     pipeline: Arc<Pipeline>,
@@ -78,20 +82,24 @@ fn since(t: Instant) -> f64 {
 }
 
 impl<AB: AutodiffBackend> Session<AB> {
-    /// Builds the replica (from the latest checkpoint if there is one), registers the job with
-    /// the accountant (idempotent: every rank sends the identical registration) and forms the
-    /// reducer (joining the generation's NCCL group on the GPU path).
+    /// Builds the replica (from the latest checkpoint if there is one) and forms the reducer
+    /// (joining the generation's NCCL group on the GPU path). The job's contract is the
+    /// coordinator's, registered at submit; this rank attaches to it before its first part.
     pub async fn start(
         (worker_id, assignment): (String, Assignment),
-        (mut coordinator, accountant): (CoordinatorClient, AccountantClient),
+        clients: Clients,
         (config, device): (&WorkerConfig, &AB::Device),
     ) -> Result<Self, RuntimeError> {
+        let Clients { mut coordinator, accountant, capability } = clients;
         let spec = assignment.spec.clone().ok_or_else(|| RuntimeError::Protocol("assignment without a spec".into()))?;
         let plan = assignment.plan.clone().ok_or_else(|| RuntimeError::Protocol("assignment without a plan".into()))?;
         let dataset = Dataset::open(&spec.dataset).await?;
         dataset.check_pinned(&plan.dataset_digest, plan.examples)?;
         let kind = trainer_kind(&spec);
         let tokenizer = match kind {
+            Kind::Caption if !plan.tokenizer.is_empty() => {
+                Some(Dataset::pinned_tokenizer(&plan.tokenizer, &plan.tokenizer_digest).await?)
+            }
             Kind::Caption => Some(dataset.tokenizer(&spec.tokenizer).await?),
             _ => None,
         };
@@ -143,38 +151,6 @@ impl<AB: AutodiffBackend> Session<AB> {
         let reducer =
             reduce::form(&assignment, (&mut coordinator, &worker_id), (&config.device, config.collective_timeout))
                 .await?;
-        let registration = RegisterJobRequest {
-            job_id: assignment.job_id.clone(),
-            mechanism: Some(Mechanism {
-                sample_rate: plan.sample_rate,
-                noise_multiplier: plan.noise_multiplier,
-                clipping_norm: plan.clipping_norm,
-            }),
-            delta: plan.delta,
-            // A baseline has no ε target (+∞ in the plan; 0 on the wire).
-            epsilon_target: if plan.epsilon_target.is_finite() { plan.epsilon_target } else { 0.0 },
-            privacy: plan.privacy,
-            simulated: (plan.privacy == Privacy::Simulation as i32).then(|| Mechanism {
-                sample_rate: plan.simulated_batch_size / plan.examples.max(1) as f64,
-                noise_multiplier: plan.simulated_noise_multiplier,
-                clipping_norm: plan.clipping_norm,
-            }),
-            accountant: AccountantKind::try_from(plan.accountant).unwrap_or_default() as i32,
-            gradient_dim: trainer.dim() as u64,
-            parts: reducer.parts(assignment.world_size),
-            // The dataset is its pinned index digest; its budget is its owners' (never the job's).
-            dataset_id: plan.dataset_digest.clone(),
-            dataset_epsilon_budget: 0.0,
-            insecure_noise_seed: None,
-            // The count only: the canaries' coins and places are drawn by the accountant.
-            audit_canaries: spec.audit.as_ref().map_or(0, |a| a.canaries),
-            audit_coordinates: spec.audit.as_ref().map_or_else(String::new, |a| a.coordinates.clone()),
-        };
-        retry(RetryPolicy::default(), "register_job", || {
-            let (mut client, registration) = (accountant.clone(), registration.clone());
-            async move { client.raw().register_job(registration).await }
-        })
-        .await?;
         Ok(Self {
             init_from,
             worker_id,
@@ -182,6 +158,8 @@ impl<AB: AutodiffBackend> Session<AB> {
             spec,
             coordinator,
             accountant,
+            capability,
+            attached: false,
             dataset,
             pipeline,
             augment_key,
@@ -213,6 +191,12 @@ impl<AB: AutodiffBackend> Session<AB> {
                 tracing::info!(job_id = %self.assignment.job_id, rank = self.assignment.rank, "stopping: job ended or group re-formed");
                 return Ok(());
             }
+            if !work.capability.is_empty() {
+                self.capability.set(work.capability.clone());
+            }
+            if !self.attached {
+                self.attach().await?;
+            }
             let step = work.step;
             let mut report = ReportStepRequest {
                 worker_id: self.worker_id.clone(),
@@ -242,6 +226,23 @@ impl<AB: AutodiffBackend> Session<AB> {
             .await
             .map_err(lease_or)?;
         }
+    }
+
+    /// Attaches this rank to the job's contract: the accountant refuses a model whose P differs
+    /// from the one the coordinator registered, or a W other than the capability's.
+    async fn attach(&mut self) -> Result<(), RuntimeError> {
+        let request = AttachJobRequest {
+            job_id: self.assignment.job_id.clone(),
+            gradient_dim: self.trainer.dim() as u64,
+            parts: self.reducer.parts(self.assignment.world_size),
+        };
+        retry(RetryPolicy::default(), "attach_job", || {
+            let (mut client, request) = (self.accountant.clone(), request.clone());
+            async move { client.raw().attach_job(request).await }
+        })
+        .await?;
+        self.attached = true;
+        Ok(())
     }
 
     /// Applies releases of steps in [position, step): after a restart the replica catches up
@@ -360,9 +361,10 @@ impl<AB: AutodiffBackend> Session<AB> {
             phases.checkpoint = since(t);
             report.checkpoint_step = step + 1;
         }
-        if let Some(spend) = spend {
-            report.epsilon_spent = spend.epsilon_spent;
-            report.steps_discarded = spend.steps_discarded;
+        // A count only, whatever the telemetry (the job's status and a metric show it).
+        report.nonfinite_examples = telemetry.nonfinite;
+        if let Some(spend) = &spend {
+            tracing::debug!(job_id, step, epsilon = spend.epsilon_spent, "spend after the step");
         }
         // The realised batch size and the loss are non-DP telemetry: none of it under strict.
         let strict = self.spec.telemetry == TelemetryMode::Strict as i32;
@@ -403,14 +405,8 @@ impl<AB: AutodiffBackend> Session<AB> {
                 .unwrap_or(0),
             applied_steps: self.applied,
             discarded_steps: self.discarded.clone(),
-            // Fails closed: anything but a DP plan is not "dp" (and so not private).
-            privacy: match self.assignment.plan.as_ref().map(|p| p.privacy()) {
-                Some(Privacy::Dp | Privacy::Unspecified) => "dp",
-                Some(Privacy::NotPrivate) => "not_private",
-                Some(Privacy::Simulation) => "simulation",
-                None => "unknown",
-            }
-            .to_owned(),
+            // The contract's mode; fails closed: a plan without one is not "dp".
+            privacy: self.mode_name().to_owned(),
             dataset: self.assignment.plan.as_ref().map(|p| p.dataset_digest.clone()).unwrap_or_default(),
             init_from: self.init_from.clone(),
         };
@@ -418,6 +414,34 @@ impl<AB: AutodiffBackend> Session<AB> {
         tracing::info!(job_id = %manifest.job_id, step, "checkpoint written");
         Ok(())
     }
+}
+
+impl<AB: AutodiffBackend> Session<AB> {
+    /// The job's privacy mode as manifests name it, from its contract (plans from before
+    /// contracts: their privacy field).
+    fn mode_name(&self) -> &'static str {
+        let plan = self.assignment.plan.as_ref();
+        match plan.and_then(|p| p.contract.clone()).map(dpcap_proto::contract::contract_from_proto) {
+            Some(Ok(contract)) => contract.mode.name(),
+            Some(Err(_)) => "unknown",
+            None => match plan.map(|p| p.privacy()) {
+                Some(Privacy::Dp | Privacy::Unspecified) => "dp",
+                Some(Privacy::NotPrivate) => "not_private",
+                Some(Privacy::Simulation) => "simulation",
+                None => "unknown",
+            },
+        }
+    }
+}
+
+/// The clients a session talks through.
+pub struct Clients {
+    /// The coordinator, with the worker's key.
+    pub coordinator: CoordinatorClient,
+    /// The accountant, carrying `capability`.
+    pub accountant: AccountantClient,
+    /// The capability the lease task renews.
+    pub capability: CapabilityCell,
 }
 
 /// The failure as the job's condition shows it. Under `telemetry: strict` a data error names
@@ -429,16 +453,6 @@ pub fn reported_error(error: &RuntimeError, strict: bool) -> String {
             "data: a sampled example could not be read or decoded (details withheld under telemetry: strict)".into()
         }
         other => other.to_string(),
-    }
-}
-
-/// WORKER_NOT_REGISTERED from the coordinator means this worker's lease is gone;
-/// STALE_GENERATION, that its group was re-formed (the session ends without failing the job).
-pub fn lease_or(s: tonic::Status) -> RuntimeError {
-    match ErrorCode::of(&s) {
-        Some(ErrorCode::WorkerNotRegistered) => RuntimeError::LeaseLost,
-        Some(ErrorCode::StaleGeneration) => RuntimeError::Superseded,
-        _ => s.into(),
     }
 }
 

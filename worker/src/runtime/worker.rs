@@ -9,20 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use burn::tensor::backend::AutodiffBackend;
-use dpcap_accountant::client::AccountantClient;
-use dpcap_proto::v1::worker_service_client::WorkerServiceClient;
+use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell, CoordinatorClient, coordinator_client};
 use dpcap_proto::v1::{Assignment, HeartbeatRequest, LeaveRequest, RegisterWorkerRequest};
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
-use dpcap_serve::AttachToken;
 use tokio::sync::watch;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
 use crate::runtime::RuntimeError;
-use crate::runtime::session::Session;
-
-/// The coordinator's WorkerService client with the cluster token attached.
-pub type CoordinatorClient = WorkerServiceClient<InterceptedService<Channel, AttachToken>>;
+use crate::runtime::session::{Clients, Session};
 
 /// How a worker runs.
 #[derive(Clone)]
@@ -76,15 +69,18 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often an idle worker (no assignment) asks for one.
 const IDLE_POLL: Duration = Duration::from_millis(200);
 
-async fn connect(config: &WorkerConfig) -> Result<CoordinatorClient, RuntimeError> {
-    let channel = config
+/// A coordinator client presenting the worker token and, once registered, the worker's key.
+fn connect(config: &WorkerConfig, key: Option<String>) -> Result<CoordinatorClient, RuntimeError> {
+    let endpoint = config
         .tls
         .endpoint(&config.coordinator)
-        .map_err(|e| RuntimeError::Spec { field: "coordinator", reason: e.to_string() })?
-        .connect_lazy();
-    Ok(WorkerServiceClient::with_interceptor(channel, AttachToken(config.cluster_token.clone()))
-        .max_decoding_message_size(dpcap_proto::MAX_WORK_MESSAGE_BYTES)
-        .max_encoding_message_size(dpcap_proto::MAX_WORK_MESSAGE_BYTES))
+        .map_err(|e| RuntimeError::Spec { field: "coordinator", reason: e.to_string() })?;
+    let credentials = CallCredentials::token(config.cluster_token.clone());
+    let credentials = match key {
+        Some(key) => credentials.with_worker_key(key),
+        None => credentials,
+    };
+    Ok(coordinator_client(endpoint, credentials))
 }
 
 /// Runs the worker until `shutdown` resolves, then leaves its group.
@@ -93,16 +89,15 @@ pub async fn run<AB: AutodiffBackend>(
     device: AB::Device,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RuntimeError> {
-    let coordinator = connect(&config).await?;
-    let registered: Arc<Mutex<Option<String>>> = Arc::default();
+    let coordinator = connect(&config, None)?;
+    let registered: Arc<Mutex<Option<(String, CoordinatorClient)>>> = Arc::default();
     tokio::pin!(shutdown);
     tokio::select! {
-        result = serve::<AB>(&config, coordinator.clone(), &device, registered.clone()) => result,
+        result = serve::<AB>(&config, coordinator, &device, registered.clone()) => result,
         _ = &mut shutdown => {
-            let worker_id = registered.lock().expect("registration lock").clone();
-            if let Some(worker_id) = worker_id {
+            let worker = registered.lock().expect("registration lock").clone();
+            if let Some((worker_id, mut client)) = worker {
                 tracing::info!(worker_id, name = %config.name, "worker shutting down: leaving its group");
-                let mut client = coordinator.clone();
                 let leave = client.leave(LeaveRequest { worker_id });
                 match tokio::time::timeout(LEAVE_TIMEOUT, leave).await {
                     Ok(Ok(_)) => {}
@@ -121,31 +116,40 @@ pub async fn run<AB: AutodiffBackend>(
 
 async fn serve<AB: AutodiffBackend>(
     config: &WorkerConfig,
-    coordinator: CoordinatorClient,
+    registrar: CoordinatorClient,
     device: &AB::Device,
-    registered: Arc<Mutex<Option<String>>>,
+    registered: Arc<Mutex<Option<(String, CoordinatorClient)>>>,
 ) -> Result<(), RuntimeError> {
     let forever = RetryPolicy { deadline: Duration::MAX, ..RetryPolicy::default() };
     loop {
         let request =
             RegisterWorkerRequest { name: config.name.clone(), device: config.device.clone(), throughput: 0.0 };
         let response = retry(forever, "register_worker", || {
-            let (mut client, request) = (coordinator.clone(), request.clone());
+            let (mut client, request) = (registrar.clone(), request.clone());
             async move { client.register_worker(request).await }
         })
         .await?
         .into_inner();
         let worker_id = response.worker_id;
-        *registered.lock().expect("registration lock") = Some(worker_id.clone());
+        // Every later call of this registration carries its key.
+        let coordinator = connect(config, Some(response.worker_key))?;
+        *registered.lock().expect("registration lock") = Some((worker_id.clone(), coordinator.clone()));
         let beat = Duration::from_millis(u64::from(response.lease_seconds.max(1)) * 1000 / 4);
         tracing::info!(worker_id, name = %config.name, accountant = %response.accountant_endpoint, "registered");
         let endpoint = config
             .tls
             .endpoint(&response.accountant_endpoint)
             .map_err(|e| RuntimeError::Spec { field: "accountant_endpoint", reason: e.to_string() })?;
-        let accountant = AccountantClient::lazy(endpoint, config.cluster_token.clone());
+        let capability = CapabilityCell::default();
+        let credentials = CallCredentials::token(config.cluster_token.clone()).with_capability(capability.clone());
+        let accountant = AccountantClient::lazy(endpoint, credentials);
         let (lease_tx, mut lease) = watch::channel(Lease::Unknown);
-        let keeper = KeeperGuard(tokio::spawn(keep_lease(coordinator.clone(), worker_id.clone(), beat, lease_tx)));
+        let keeper = KeeperGuard(tokio::spawn(keep_lease(
+            coordinator.clone(),
+            worker_id.clone(),
+            beat,
+            (lease_tx, capability.clone()),
+        )));
         loop {
             let assignment = match next_assignment(&mut lease).await {
                 Some(a) => a,
@@ -154,14 +158,12 @@ async fn serve<AB: AutodiffBackend>(
             let (job_id, rank, generation) = (assignment.job_id.clone(), assignment.rank, assignment.generation);
             tracing::info!(worker_id, job_id, rank, generation, "assigned");
             let session = async {
-                Session::<AB>::start(
-                    (worker_id.clone(), assignment),
-                    (coordinator.clone(), accountant.clone()),
-                    (config, device),
-                )
-                .await?
-                .run()
-                .await
+                let clients = Clients {
+                    coordinator: coordinator.clone(),
+                    accountant: accountant.clone(),
+                    capability: capability.clone(),
+                };
+                Session::<AB>::start((worker_id.clone(), assignment), clients, (config, device)).await?.run().await
             };
             let result = tokio::select! {
                 r = session => r,
@@ -196,18 +198,24 @@ impl Drop for KeeperGuard {
 }
 
 /// Heartbeats every `beat` (every [`IDLE_POLL`] while unassigned) and publishes what the
-/// coordinator says, until it no longer knows this worker. It runs on its own task, so a step
-/// that computes for minutes never starves it.
+/// coordinator says, until it no longer knows this worker; each heartbeat renews the
+/// capability the accountant client carries. It runs on its own task, so a step that computes
+/// for minutes never starves it (nor lets its capability expire).
 async fn keep_lease(
     mut coordinator: CoordinatorClient,
     worker_id: String,
     beat: Duration,
-    lease: watch::Sender<Lease>,
+    (lease, capability): (watch::Sender<Lease>, CapabilityCell),
 ) {
     loop {
         match coordinator.heartbeat(HeartbeatRequest { worker_id: worker_id.clone() }).await {
             Ok(r) => {
-                let assignment = r.into_inner().assignment.map(Box::new);
+                let assignment = r.into_inner().assignment.map(|mut a| {
+                    // Renewed every beat: kept apart, so that only a new assignment wakes the
+                    // session, and set before the assignment is published.
+                    capability.set(std::mem::take(&mut a.capability));
+                    Box::new(a)
+                });
                 lease.send_if_modified(|held| {
                     let new = Lease::Held(assignment);
                     let changed = *held != new;

@@ -1,25 +1,20 @@
 //! A typed client for the AccountantService: streams a part in as chunks and assembles a
 //! release from its chunks. Workers use it on the CPU path; tests and benchmarks too.
 
-use dpcap_proto::floats;
-use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
-use dpcap_proto::v1::{FetchReleaseRequest, GradientChunk, JobSpend, SubmitPartResponse};
-use dpcap_serve::AttachToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 
-/// The generated client with a bearer token attached to every call.
-pub type RawClient = AccountantServiceClient<InterceptedService<Channel, AttachToken>>;
+use super::{CallCredentials, MAX_MESSAGE_BYTES, bulk};
+use crate::floats;
+use crate::v1::accountant_service_client::AccountantServiceClient;
+use crate::v1::{FetchReleaseRequest, GradientChunk, JobSpend, SubmitPartResponse};
+
+/// The generated client with the caller's credentials attached to every call.
+pub type RawClient = AccountantServiceClient<InterceptedService<Channel, CallCredentials>>;
 
 /// Values per submitted chunk: 1048576 f32 = 4 MiB, half the message limit.
 pub const CHUNK_VALUES: usize = 1 << 20;
-
-/// Settings for streams of hundreds of MB: windows that grow to the bandwidth-delay product and
-/// large frames (see [`dpcap_serve::security::MAX_FRAME_BYTES`]).
-fn bulk(endpoint: Endpoint) -> Endpoint {
-    endpoint.http2_adaptive_window(true).max_frame_size(dpcap_serve::security::MAX_FRAME_BYTES).tcp_nodelay(true)
-}
 
 /// A connected accountant client.
 #[derive(Debug, Clone)]
@@ -31,21 +26,20 @@ impl AccountantClient {
     /// Connects to `endpoint` (e.g. "http://127.0.0.1:7070") in plaintext without a token.
     pub async fn connect(endpoint: String) -> Result<Self, tonic::transport::Error> {
         let channel = bulk(Endpoint::from_shared(endpoint)?).connect().await?;
-        Ok(Self::over(channel, None))
+        Ok(Self::over(channel, CallCredentials::default()))
     }
 
-    /// A client of `endpoint` (TLS already configured on it, see
-    /// [`dpcap_serve::ClientTlsArgs::endpoint`]) presenting `token`. It connects on first use
-    /// and reconnects after the accountant restarts (calls made while it is down fail with
-    /// UNAVAILABLE, which callers retry).
-    pub fn lazy(endpoint: Endpoint, token: Option<String>) -> Self {
-        Self::over(bulk(endpoint).connect_lazy(), token)
+    /// A client of `endpoint` (TLS already configured on it) presenting `credentials`. It
+    /// connects on first use and reconnects after the accountant restarts (calls made while it
+    /// is down fail with UNAVAILABLE, which callers retry).
+    pub fn lazy(endpoint: Endpoint, credentials: CallCredentials) -> Self {
+        Self::over(bulk(endpoint).connect_lazy(), credentials)
     }
 
-    fn over(channel: Channel, token: Option<String>) -> Self {
-        let inner = AccountantServiceClient::with_interceptor(channel, AttachToken(token))
-            .max_decoding_message_size(crate::server::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(crate::server::MAX_MESSAGE_BYTES);
+    fn over(channel: Channel, credentials: CallCredentials) -> Self {
+        let inner = AccountantServiceClient::with_interceptor(channel, credentials)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Self { inner }
     }
 

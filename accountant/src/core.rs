@@ -1,0 +1,590 @@
+//! The accountant's core, independent of gRPC: jobs registered by the coordinator, ranks
+//! attached to them, their releases, audits, and the datasets' budgets they spend. One step's
+//! release (check, charge, noise, publish) is in [`crate::step`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::{Mutex, watch};
+
+use dpcap_proto::ErrorCode;
+
+use crate::ahead::NoiseAhead;
+use crate::audit::{AuditOutcome, Canaries, Placement};
+use crate::composed::{self, Composed};
+use crate::datasets::{BudgetSetting, Datasets};
+use crate::error::AccountantError;
+use crate::job::{Job, MAX_PARTS, Phase, Progress, StepState};
+use crate::ledger::Ledger;
+use crate::metrics;
+use crate::noise::{self, NoiseMode};
+use crate::privacy::Segment;
+use crate::records::{BudgetKey, DatasetBudget, JobRecord, Registration};
+use crate::release::Release;
+use crate::spending::Spending;
+
+/// What an accountant accepts beyond the safe defaults: both choices are explicit flags.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Policy {
+    /// Accept jobs with `insecure_noise_seed` (tests only; recorded in every charge).
+    pub allow_seeded_noise: bool,
+    /// Accept jobs on datasets no privacy admin gave a budget (no lifetime limit applies).
+    pub allow_unbudgeted_datasets: bool,
+    /// Draw each step's noise only once its parts are in, instead of while the previous step
+    /// computes: 8·P bytes less memory per open job, and a release slower by the noise draw.
+    pub lazy_noise: bool,
+}
+
+/// A budget with what has been spent of it.
+#[derive(Debug, Clone)]
+pub struct DatasetView {
+    /// The budget.
+    pub budget: DatasetBudget,
+    /// ε at the budget's δ, composed over every private job of its unit on the dataset.
+    pub epsilon_spent: f64,
+    /// Jobs of its unit registered on the dataset.
+    pub jobs: Vec<String>,
+}
+
+/// Longest chain of `init_from_job` links followed when composing a job's lineage.
+const MAX_LINEAGE: usize = 64;
+
+/// The accountant: every job's contract, step counter and releases, over one ledger.
+#[derive(Debug)]
+pub struct Accountant {
+    pub(crate) ledger: Ledger,
+    jobs: RwLock<HashMap<String, Arc<Job>>>,
+    /// Datasets' budgets, by dataset and unit.
+    pub(crate) datasets: Datasets,
+    /// Jobs' ε composed with the jobs they started from, remembered by what was composed.
+    lineage: Composed,
+    /// One registration at a time per job id: only one may build the job (slow at large ε)
+    /// and write the ledger record.
+    registering: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    pub(crate) policy: Policy,
+    ready: AtomicBool,
+    pub(crate) draining: watch::Sender<bool>,
+}
+
+impl Accountant {
+    /// An accountant over `ledger`; it serves nothing until [`Accountant::replay`] has run.
+    pub fn new(ledger: Ledger, policy: Policy) -> Self {
+        Self {
+            ledger,
+            jobs: RwLock::new(HashMap::new()),
+            datasets: Datasets::new(policy.allow_unbudgeted_datasets),
+            lineage: Composed::default(),
+            registering: std::sync::Mutex::new(HashMap::new()),
+            policy,
+            ready: AtomicBool::new(false),
+            draining: watch::channel(false).0,
+        }
+    }
+
+    /// Starts draining: calls waiting for a release end with UNAVAILABLE so that the server's
+    /// graceful shutdown is not held by a release that will never come.
+    pub fn begin_drain(&self) {
+        self.draining.send_replace(true);
+    }
+
+    /// Rebuilds every job from the ledger. A charged step whose release was neither stored nor
+    /// trimmed is discarded (its noise is gone; it is never released) and recorded so.
+    pub async fn replay(&self) -> Result<usize, AccountantError> {
+        for budget in self.ledger.budgets().await? {
+            self.datasets.load(budget);
+        }
+        let records = self.ledger.replay().await?;
+        let count = records.len();
+        for mut record in records {
+            let lost: Vec<u64> = record
+                .charged
+                .iter()
+                .filter(|&&s| {
+                    s >= record.trimmed_before && !record.released.contains(&s) && !record.discarded.contains(&s)
+                })
+                .copied()
+                .collect();
+            for step in lost {
+                let job_id = &record.registration.job_id;
+                tracing::warn!(job_id = %job_id, step, "charged step has no stored release: discarded (stays spent)");
+                self.ledger.mark_discarded(job_id, step).await?;
+                record.discarded.insert(step);
+            }
+            // No noise is drawn ahead at replay (every open job at once would take 8·P bytes
+            // each): the first step after a restart draws its own, and ahead resumes after it.
+            let job = build_job(record, self.policy, &self.ledger).await?;
+            tracing::info!(job_id = %job.registration.job_id, charged = job.progress().charged,
+                discarded = job.progress().discarded, "replayed job from ledger");
+            self.jobs.write().expect("jobs lock").insert(job.registration.job_id.clone(), Arc::new(job));
+        }
+        for budget in self.datasets.all() {
+            self.dataset(&budget.key()).await?;
+        }
+        self.ready.store(true, Ordering::SeqCst);
+        Ok(count)
+    }
+
+    pub(crate) fn check_ready(&self) -> Result<(), AccountantError> {
+        if self.ready.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(AccountantError::Unavailable("replaying the ledger".into()))
+        }
+    }
+
+    /// The job, or NOT_FOUND.
+    pub fn job(&self, job_id: &str) -> Result<Arc<Job>, AccountantError> {
+        self.check_ready()?;
+        self.jobs
+            .read()
+            .expect("jobs lock")
+            .get(job_id)
+            .cloned()
+            .ok_or_else(|| AccountantError::UnknownJob { job_id: job_id.to_owned() })
+    }
+
+    /// Every job that is not closed, for metrics.
+    pub fn open_jobs(&self) -> Vec<Arc<Job>> {
+        let jobs = self.jobs.read().expect("jobs lock");
+        jobs.values().filter(|j| j.progress().phase != Phase::Closed).cloned().collect()
+    }
+
+    /// Registers a job's contract (idempotent for an identical one). `planned_steps` is what
+    /// the job plans: a new DP job whose plan its dataset's remaining budget cannot cover is
+    /// refused now, not at the step that would pass it. Returns the job and whether this call
+    /// created it.
+    pub async fn register(
+        &self,
+        registration: Registration,
+        planned_steps: u64,
+    ) -> Result<(Arc<Job>, bool), AccountantError> {
+        self.check_ready()?;
+        validate_registration(&registration)?;
+        if registration.insecure_noise_seed.is_some() && !self.policy.allow_seeded_noise {
+            return Err(AccountantError::invalid(
+                "insecure_noise_seed",
+                "seeded noise is refused unless the accountant runs with --allow-seeded-noise",
+            ));
+        }
+        self.datasets.check(&registration.contract, true)?;
+        let lock =
+            self.registering.lock().expect("registering lock").entry(registration.job_id.clone()).or_default().clone();
+        let _single_flight = lock.lock().await;
+        if let Some(existing) = self.jobs.read().expect("jobs lock").get(&registration.job_id).cloned() {
+            return if existing.registration == registration {
+                Ok((existing, false))
+            } else {
+                Err(AccountantError::RegistrationConflict { job_id: registration.job_id })
+            };
+        }
+        self.check_lineage(&registration)?;
+        let job = Arc::new(build_job(JobRecord::new(registration.clone()), self.policy, &self.ledger).await?);
+        self.check_plan(&job, planned_steps).await?;
+        let created = self.ledger.register(&registration).await?;
+        let mut jobs = self.jobs.write().expect("jobs lock");
+        let job = jobs
+            .entry(registration.job_id.clone())
+            .or_insert_with(|| {
+                if job.spending.max_steps() > 0 {
+                    job.ahead.prepare(0);
+                    job.spending.prepare(1);
+                }
+                job
+            })
+            .clone();
+        tracing::info!(job_id = %registration.job_id, max_steps = job.spending.max_steps(), created, "registered job");
+        Ok((job, created))
+    }
+
+    /// A job started from another's weights names a DP job of the same dataset and unit.
+    fn check_lineage(&self, r: &Registration) -> Result<(), AccountantError> {
+        let Some(source) = &r.contract.init_from_job else { return Ok(()) };
+        let source = self.job(source).map_err(|_| {
+            AccountantError::invalid("init_from_job", format!("{source} is not registered with this accountant"))
+        })?;
+        let (c, s) = (&r.contract, &source.registration.contract);
+        if !s.mode.is_private() || s.dataset_id != c.dataset_id || s.unit != c.unit {
+            return Err(AccountantError::invalid(
+                "init_from_job",
+                format!(
+                    "{} is a {} job on {} ({}-level); only a DP job on this job's dataset and unit composes into it",
+                    source.registration.job_id,
+                    s.mode.name(),
+                    s.dataset_id,
+                    s.unit.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a DP job whose planned steps its dataset's remaining budget cannot cover.
+    async fn check_plan(&self, job: &Job, planned_steps: u64) -> Result<(), AccountantError> {
+        let contract = &job.registration.contract;
+        let key = BudgetKey::of(contract);
+        let (Some(budget), true, Some(mechanism)) = (
+            self.datasets.budget_of(&key),
+            contract.mode.is_private() && planned_steps > 0,
+            contract.epsilon_mechanism(),
+        ) else {
+            return Ok(());
+        };
+        let others = self.segments(&key, None);
+        let spent = self.datasets.epsilon(&budget, job.spending.kind(), others.clone()).await?;
+        let mut with_plan = others;
+        with_plan.push(Segment { sample_rate: mechanism.1, noise_multiplier: mechanism.2, steps: planned_steps });
+        let planned = self.datasets.epsilon(&budget, job.spending.kind(), with_plan).await?;
+        if planned > budget.epsilon {
+            return Err(AccountantError::invalid(
+                "steps",
+                format!(
+                    "{planned_steps} planned steps would bring {} to epsilon {planned:.4} of its budget {} at delta \
+                     {:e} (spent {spent:.4}): plan fewer steps or a lower epsilon, or ask its privacy admin",
+                    key.describe(),
+                    budget.epsilon,
+                    budget.delta
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A rank attaches to its job: its model must have the contract's P. W is checked against
+    /// the rank's capability by the caller.
+    pub fn attach(&self, job: &Job, gradient_dim: u64, parts: u32) -> Result<(), AccountantError> {
+        let r = &job.registration;
+        if gradient_dim != r.gradient_dim {
+            return Err(AccountantError::invalid(
+                "gradient_dim",
+                format!(
+                    "the rank's model has {gradient_dim} parameters, the contract of {} registered {}: the worker \
+                     and the coordinator disagree on the model registry (mismatched versions?)",
+                    r.job_id, r.gradient_dim
+                ),
+            ));
+        }
+        if parts == 0 || parts > MAX_PARTS {
+            return Err(AccountantError::invalid("parts", format!("{parts} must be in [1, {MAX_PARTS}]")));
+        }
+        if job.progress().phase == Phase::Closed {
+            return Err(AccountantError::JobClosed { job_id: r.job_id.clone() });
+        }
+        tracing::info!(job_id = %r.job_id, gradient_dim, parts, "rank attached");
+        Ok(())
+    }
+
+    /// Segments of every private job spending `key` (with `extra` steps more of one of them).
+    pub(crate) fn segments(&self, key: &BudgetKey, extra: Option<(&Job, u64)>) -> Vec<Segment> {
+        let mut segments: Vec<Segment> = self
+            .jobs
+            .read()
+            .expect("jobs lock")
+            .values()
+            .filter(|j| BudgetKey::of(&j.registration.contract) == *key && j.registration.contract.mode.is_private())
+            .map(|j| segment(j, j.progress().charged))
+            .collect();
+        if let Some((job, steps)) = extra {
+            segments.push(segment(job, steps));
+        }
+        segments
+    }
+
+    /// ε at the job's δ composed over the job and the chain of DP jobs it started from
+    /// (`init_from_job`); the job's own ε when it started from none.
+    pub async fn epsilon_composed(&self, job: &Job) -> Result<f64, AccountantError> {
+        let own = job.progress().epsilon_spent;
+        let c = &job.registration.contract;
+        if c.init_from_job.is_none() || !c.mode.is_private() {
+            return Ok(own);
+        }
+        let mut segments = vec![segment(job, job.progress().charged)];
+        let (mut next, mut seen) = (c.init_from_job.clone(), HashSet::new());
+        while let Some(id) = next.filter(|id| seen.insert(id.clone()) && seen.len() <= MAX_LINEAGE) {
+            let Ok(source) = self.job(&id) else { break };
+            segments.push(segment(&source, source.progress().charged));
+            next = source.registration.contract.init_from_job.clone();
+        }
+        let composing = self.lineage.get(&job.registration.job_id, job.spending.kind(), segments, c.delta);
+        composed::epsilon(composing).await
+    }
+
+    /// The one-run audit of an ended job registered with canaries: every stored step's
+    /// readings scored, guesses on the top and bottom 1 %, the ε lower bounds at δ. Returns
+    /// the outcome and the number of steps scored.
+    pub async fn audit(&self, job: &Job) -> Result<(AuditOutcome, u64), AccountantError> {
+        let r = &job.registration;
+        let not_auditable =
+            |reason: &str| AccountantError::NotAuditable { job_id: r.job_id.clone(), reason: reason.into() };
+        let canaries = job.audit.clone().ok_or_else(|| not_auditable("it was registered without an audit"))?;
+        let progress = job.progress();
+        if progress.phase == Phase::Open {
+            return Err(not_auditable("it is still open; its canaries stay secret until it ends"));
+        }
+        let mut scores = vec![0.0; canaries.len()];
+        let mut steps = 0;
+        for step in 0..progress.next_step {
+            let Some(readings) = self.ledger.get_audit_readings(&r.job_id, step).await? else { continue };
+            if readings.len() != 4 * canaries.len() {
+                return Err(AccountantError::CorruptLedger {
+                    path: format!("jobs/{}/audit/readings/{step:020}.f32", r.job_id),
+                    reason: format!(
+                        "{} bytes, expected {} ({} canaries)",
+                        readings.len(),
+                        4 * canaries.len(),
+                        canaries.len()
+                    ),
+                });
+            }
+            canaries.score(&readings, &mut scores);
+            steps += 1;
+        }
+        let delta = r.contract.delta;
+        let outcome =
+            AccountantError::blocking(move || canaries.conclude(&scores, delta, canaries.default_guesses())).await?;
+        metrics::record_audit(&r.job_id, outcome.bound(), outcome.bound() > progress.epsilon_spent);
+        tracing::info!(job_id = %r.job_id, steps, bound = outcome.bound(), claimed = progress.epsilon_spent, "audited job");
+        Ok((outcome, steps))
+    }
+
+    /// Waits until `step` is released and returns it; fails if it never will be.
+    pub async fn wait_release(&self, job: &Job, step: u64) -> Result<Arc<Release>, AccountantError> {
+        let mut progress_rx = job.progress.subscribe();
+        let mut draining = self.draining.subscribe();
+        loop {
+            let progress = *progress_rx.borrow_and_update();
+            let id = &job.registration.job_id;
+            if progress.next_step > step {
+                return self.released(job, step).await;
+            }
+            match progress.phase {
+                Phase::BudgetExhausted => {
+                    return Err(AccountantError::refused(
+                        id,
+                        step,
+                        ErrorCode::BudgetExhausted,
+                        "budget exhausted; the step was not released",
+                    ));
+                }
+                Phase::Closed => return Err(AccountantError::JobClosed { job_id: id.clone() }),
+                Phase::Open => {}
+            }
+            if *draining.borrow_and_update() {
+                return Err(AccountantError::Unavailable("the accountant is shutting down".into()));
+            }
+            tokio::select! {
+                changed = progress_rx.changed() => if changed.is_err() {
+                    return Err(AccountantError::Unavailable("job dropped".into()));
+                },
+                _ = draining.changed() => {}
+            }
+        }
+    }
+
+    /// The release of a charged step: from memory, else from the ledger's store. A discarded
+    /// or trimmed step is refused with its typed code.
+    async fn released(&self, job: &Job, step: u64) -> Result<Arc<Release>, AccountantError> {
+        let r = &job.registration;
+        // A release being stored is served from memory without the step lock, which its store
+        // holds: its chunks stream while it is written, and its last chunk waits for the store.
+        if let Some(release) = job.releases.lock().expect("releases lock").get(&step) {
+            return Ok(release.clone());
+        }
+        let state = job.state.lock().await;
+        if let Some(release) = job.releases.lock().expect("releases lock").get(&step) {
+            return Ok(release.clone());
+        }
+        if state.discarded.contains(&step) {
+            return Err(AccountantError::refused(
+                &r.job_id,
+                step,
+                ErrorCode::ReleaseDiscarded,
+                "step was charged but its release was lost (discarded); it is never released",
+            ));
+        }
+        if step < state.trimmed_before || !state.stored.contains(&step) {
+            return Err(AccountantError::refused(
+                &r.job_id,
+                step,
+                ErrorCode::ReleaseTrimmed,
+                format!("release was deleted: a checkpoint covers steps before {}", state.trimmed_before),
+            ));
+        }
+        let dim = usize::try_from(r.gradient_dim).map_err(|_| AccountantError::Internal("gradient_dim".into()))?;
+        let data =
+            self.ledger.get_release(&r.job_id, step, dim).await?.ok_or_else(|| AccountantError::CorruptLedger {
+                path: format!("jobs/{}/releases/{step:020}.f32", r.job_id),
+                reason: "recorded as stored but missing".into(),
+            })?;
+        // A PLD evaluation can take tens of milliseconds: off the async threads, like every other.
+        let epsilon_after = job.spending.epsilon_after(step + 1).await?;
+        let release = Arc::new(Release::from_store(step, data, epsilon_after, noise::BLOCK_BYTES));
+        job.keep_release(release.clone());
+        Ok(release)
+    }
+
+    /// A checkpoint covers every step < `before`: their stored releases may go. Never moves
+    /// backwards and never past the ledger's next step.
+    pub async fn trim(&self, job: &Job, before: u64) -> Result<(), AccountantError> {
+        let before = before.min(job.progress().next_step);
+        let mut state = job.state.lock().await;
+        if before <= state.trimmed_before {
+            return Ok(());
+        }
+        let stored: Vec<u64> = state.stored.range(..before).copied().collect();
+        self.ledger.trim(&job.registration.job_id, before, &stored).await?;
+        state.trimmed_before = before;
+        state.stored.retain(|&s| s >= before);
+        job.releases.lock().expect("releases lock").retain(|&s, _| s >= before);
+        tracing::info!(job_id = %job.registration.job_id, before, deleted = stored.len(), "trimmed releases");
+        Ok(())
+    }
+
+    /// Ends a job: parts are refused from now on and its per-job metrics disappear.
+    pub async fn close(&self, job: &Job, reason: &str) -> Result<(), AccountantError> {
+        self.ledger.close(&job.registration.job_id, reason).await?;
+        // Under the step lock, so that no part can release a step between the ledger's close
+        // and the closed phase.
+        let mut state = job.state.lock().await;
+        state.pending = None;
+        job.ahead.clear();
+        job.progress.send_modify(|p| p.phase = Phase::Closed);
+        drop(state);
+        tracing::info!(job_id = %job.registration.job_id, reason, "closed job");
+        Ok(())
+    }
+
+    /// A job that may resume (FAILED, CANCELLED) releases what it holds in memory: the next
+    /// step's noise, drawn ahead (8 bytes per coordinate). Its next step draws its own.
+    pub fn suspend(&self, job: &Job, reason: &str) {
+        job.ahead.clear();
+        tracing::info!(job_id = %job.registration.job_id, reason, "suspended job: noise drawn ahead released");
+    }
+
+    /// Sets a budget (a privacy admin's call), then returns it with its spend.
+    pub async fn set_budget(&self, key: &BudgetKey, setting: BudgetSetting) -> Result<DatasetView, AccountantError> {
+        // While the ledger replays, a change would race the replayed versions.
+        self.check_ready()?;
+        self.datasets.set(&self.ledger, key, setting).await?;
+        self.dataset(key).await
+    }
+
+    /// A budget and its spend, or NOT_FOUND.
+    pub async fn dataset(&self, key: &BudgetKey) -> Result<DatasetView, AccountantError> {
+        let budget = self.datasets.budget_of(key).ok_or_else(|| AccountantError::UnknownDataset {
+            dataset_id: key.dataset_id.clone(),
+            unit: key.unit.clone(),
+        })?;
+        let epsilon_spent =
+            self.datasets.epsilon(&budget, crate::privacy::AccountantKind::Pld, self.segments(key, None)).await?;
+        let mut jobs: Vec<String> = self
+            .jobs
+            .read()
+            .expect("jobs lock")
+            .values()
+            .filter(|j| BudgetKey::of(&j.registration.contract) == *key)
+            .map(|j| j.registration.job_id.clone())
+            .collect();
+        jobs.sort();
+        self.datasets.record_spent(key, epsilon_spent);
+        Ok(DatasetView { budget, epsilon_spent, jobs })
+    }
+}
+
+/// A job's steps as a segment of its mechanism (the ε it reports: the simulated recipe's for
+/// a simulation).
+fn segment(job: &Job, steps: u64) -> Segment {
+    let (_, sample_rate, noise_multiplier) = job.registration.contract.epsilon_mechanism().unwrap_or_default();
+    Segment { sample_rate, noise_multiplier, steps }
+}
+
+fn validate_registration(r: &Registration) -> Result<(), AccountantError> {
+    let id_ok = !r.job_id.is_empty()
+        && r.job_id.len() <= 128
+        && r.job_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if !id_ok {
+        return Err(AccountantError::invalid(
+            "job_id",
+            format!("{:?} must be 1-128 characters of [A-Za-z0-9._-]", r.job_id),
+        ));
+    }
+    r.contract.check()?;
+    if r.gradient_dim == 0 || r.gradient_dim > (1 << 34) {
+        return Err(AccountantError::invalid("gradient_dim", format!("{} must be in [1, 2^34]", r.gradient_dim)));
+    }
+    if let Some(audit) = r.contract.audit
+        && audit.placement == Placement::Model
+        && u64::from(audit.canaries) > r.gradient_dim
+    {
+        return Err(AccountantError::invalid(
+            "audit_canaries",
+            format!(
+                "{} must be at most gradient_dim {} on model coordinates (each canary has its own)",
+                audit.canaries, r.gradient_dim
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Builds a job's live state from its ledger record (a new job is a record with no charges).
+async fn build_job(record: JobRecord, policy: Policy, ledger: &Ledger) -> Result<Job, AccountantError> {
+    let r = record.registration;
+    validate_registration(&r)?;
+    let noise = match r.insecure_noise_seed {
+        Some(seed) if policy.allow_seeded_noise => NoiseMode::Seeded(seed),
+        Some(_) => {
+            return Err(AccountantError::Unavailable(format!(
+                "job {} uses seeded noise; restart with --allow-seeded-noise",
+                r.job_id
+            )));
+        }
+        None => NoiseMode::OsEntropy,
+    };
+    let charged = record.charged.len() as u64;
+    let (spending, epsilon_spent) = Spending::build(&r.contract, charged).await?;
+    let next_step = record.charged.last().map_or(0, |s| s + 1);
+    let discarded = record.discarded;
+    let phase = if record.closed.is_some() {
+        Phase::Closed
+    } else if charged >= spending.max_steps() {
+        Phase::BudgetExhausted
+    } else {
+        Phase::Open
+    };
+    let progress = Progress { next_step, charged, discarded: discarded.len() as u64, epsilon_spent, phase };
+    let state = StepState {
+        pending: None,
+        discarded,
+        stored: record.released.into_iter().filter(|&s| s >= record.trimmed_before).collect(),
+        trimmed_before: record.trimmed_before,
+        last_released: None,
+    };
+    let dim = usize::try_from(r.gradient_dim)
+        .map_err(|_| AccountantError::invalid("gradient_dim", "too large for this host"))?;
+    let audit = match r.contract.audit {
+        None => None,
+        Some(a) => {
+            let secret = ledger.audit_secret(&r.job_id).await?;
+            let (q, c) = (r.contract.mechanism.sample_rate, r.contract.mechanism.clipping_norm);
+            Some(Arc::new(Canaries::new(secret, a.canaries as usize, dim, q, c, a.placement)))
+        }
+    };
+    // Noise covers the model and the audit's reserved coordinates, in one draw and one pass.
+    let noised_dim = dim + audit.as_ref().map_or(0, |a| a.reserved());
+    let ahead = NoiseAhead::new(noised_dim, r.contract.noise_std(), noise, !policy.lazy_noise);
+    Ok(Job {
+        registration: r,
+        spending,
+        noise,
+        state: Mutex::new(state),
+        releases: std::sync::Mutex::new(BTreeMap::new()),
+        ahead,
+        progress: watch::channel(progress).0,
+        audit,
+        generation: AtomicU64::new(0),
+    })
+}
+
+#[cfg(test)]
+mod tests;

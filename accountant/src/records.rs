@@ -1,0 +1,323 @@
+//! The values the ledger records, typed: a job's registration (its privacy contract as the
+//! coordinator registered it), a charge, a job's record at replay, and a dataset's budget.
+//!
+//! A leaf: every other module of the accountant may use these, and this module uses none of
+//! them. Registrations written before contracts existed (flat fields, the privacy mode as a
+//! string) still read, converted to the same typed contract ([`Registration`]'s `Deserialize`).
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::privacy::AccountantKind;
+use crate::privacy::contract::{Audit, Mechanism, Mode, Placement, PrivacyContract, PrivacyUnit, Recipe, check_digest};
+
+/// A job as the accountant knows it: the coordinator's contract and the gradient dimension.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Registration {
+    /// The job id (validated: `[A-Za-z0-9._-]{1,128}`).
+    pub job_id: String,
+    /// The privacy contract, as registered.
+    pub contract: PrivacyContract,
+    /// Gradient dimension P: every part and release has exactly P f32 values.
+    pub gradient_dim: u64,
+    /// The fixed test seed, when the job uses insecure seeded noise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub insecure_noise_seed: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for Registration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Current {
+            job_id: String,
+            contract: PrivacyContract,
+            gradient_dim: u64,
+            #[serde(default)]
+            insecure_noise_seed: Option<u64>,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Stored {
+            Current(Current),
+            Legacy(LegacyRegistration),
+        }
+        Ok(match Stored::deserialize(deserializer)? {
+            Stored::Current(c) => Registration {
+                job_id: c.job_id,
+                contract: c.contract,
+                gradient_dim: c.gradient_dim,
+                insecure_noise_seed: c.insecure_noise_seed,
+            },
+            Stored::Legacy(legacy) => legacy.into_registration().map_err(serde::de::Error::custom)?,
+        })
+    }
+}
+
+/// A registration as ledgers before typed contracts wrote it (each rank registered it).
+#[derive(Debug, Clone, Deserialize)]
+struct LegacyRegistration {
+    job_id: String,
+    sample_rate: f64,
+    noise_multiplier: f64,
+    clipping_norm: f64,
+    delta: f64,
+    epsilon_target: f64,
+    accountant: AccountantKind,
+    gradient_dim: u64,
+    #[serde(default)]
+    dataset_id: String,
+    #[serde(default)]
+    insecure_noise_seed: Option<u64>,
+    /// "dp" before modes existed.
+    #[serde(default = "dp")]
+    privacy: String,
+    #[serde(default)]
+    simulated: Option<Recipe>,
+    #[serde(default)]
+    audit_canaries: u32,
+    /// "" with canaries: from before placements, which had model coordinates only.
+    #[serde(default)]
+    audit_coordinates: String,
+}
+
+fn dp() -> String {
+    "dp".into()
+}
+
+impl LegacyRegistration {
+    fn into_registration(self) -> Result<Registration, String> {
+        let mode = match (self.privacy.as_str(), self.simulated) {
+            ("dp", _) => Mode::Dp,
+            ("not_private", _) => Mode::NotPrivate,
+            ("simulation", Some(target)) => Mode::Simulation { target },
+            (other, _) => return Err(format!("legacy registration of {}: privacy {other:?}", self.job_id)),
+        };
+        let placement = match self.audit_coordinates.as_str() {
+            "" | "model" => Placement::Model,
+            _ => Placement::Reserved,
+        };
+        let contract = PrivacyContract {
+            mechanism: Mechanism {
+                sample_rate: self.sample_rate,
+                noise_multiplier: self.noise_multiplier,
+                clipping_norm: self.clipping_norm,
+            },
+            accountant: self.accountant,
+            delta: self.delta,
+            epsilon_target: (mode != Mode::NotPrivate).then_some(self.epsilon_target),
+            mode,
+            // Jobs before units were example-level: user-level jobs came with units.
+            unit: PrivacyUnit::Example,
+            dataset_id: self.dataset_id,
+            audit: (self.audit_canaries > 0).then_some(Audit { canaries: self.audit_canaries, placement }),
+            init_from_job: None,
+        };
+        Ok(Registration {
+            job_id: self.job_id,
+            contract,
+            gradient_dim: self.gradient_dim,
+            insecure_noise_seed: self.insecure_noise_seed,
+        })
+    }
+}
+
+/// One charged step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Charge {
+    /// The job.
+    pub job_id: String,
+    /// The step charged.
+    pub step: u64,
+    /// ε at δ after this step; none for a job without a guarantee (NOT PRIVATE).
+    pub epsilon_after: Option<f64>,
+    /// How the step's noise was keyed ("os-entropy" or "insecure-seeded:SEED").
+    pub noise: String,
+    /// Wall-clock time of the charge, milliseconds since the Unix epoch.
+    pub charged_at_unix_ms: u64,
+}
+
+/// Everything the ledger holds about one job, as read back at start-up.
+#[derive(Debug, Clone)]
+pub struct JobRecord {
+    /// The contract.
+    pub registration: Registration,
+    /// Charged step numbers.
+    pub charged: BTreeSet<u64>,
+    /// Step numbers whose release is stored.
+    pub released: BTreeSet<u64>,
+    /// Step numbers recorded as discarded.
+    pub discarded: BTreeSet<u64>,
+    /// Releases of steps below this may have been trimmed (a checkpoint covers them).
+    pub trimmed_before: u64,
+    /// The reason given when the job was closed, if it was.
+    pub closed: Option<String>,
+}
+
+impl JobRecord {
+    /// A job registered now: nothing charged yet.
+    pub fn new(registration: Registration) -> Self {
+        Self {
+            registration,
+            charged: BTreeSet::new(),
+            released: BTreeSet::new(),
+            discarded: BTreeSet::new(),
+            trimmed_before: 0,
+            closed: None,
+        }
+    }
+}
+
+/// Which budget: a dataset, for one privacy unit. Example-level and user-level spend on the
+/// same data are different guarantees and never compose into one number.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BudgetKey {
+    /// The dataset's index digest.
+    pub dataset_id: String,
+    /// "example" or "user".
+    pub unit: String,
+}
+
+impl BudgetKey {
+    /// The budget a job with `contract` spends.
+    pub fn of(contract: &PrivacyContract) -> Self {
+        Self { dataset_id: contract.dataset_id.clone(), unit: contract.unit.name().to_owned() }
+    }
+
+    /// The ledger directory name: the digest without ':', and `~user` for user-level budgets
+    /// (example-level budgets keep the name they had before units).
+    pub fn path_component(&self) -> String {
+        let dataset = self.dataset_id.replace(':', "-");
+        if self.unit == "example" { dataset } else { format!("{dataset}~{}", self.unit) }
+    }
+
+    /// `dataset (unit)`, as errors and logs name a budget.
+    pub fn describe(&self) -> String {
+        format!("dataset {} ({}-level)", self.dataset_id, self.unit)
+    }
+}
+
+/// A dataset's budget for one privacy unit, as recorded in the ledger.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetBudget {
+    /// "sha256:" and 64 lowercase hex digits: the digest of the dataset's index.
+    pub dataset_id: String,
+    /// "example" or "user"; budgets from before units read as "example".
+    #[serde(default = "example")]
+    pub unit: String,
+    /// The lifetime ε at `delta`, over every job of this unit on the dataset.
+    pub epsilon: f64,
+    /// δ at which the lifetime ε is composed and enforced.
+    pub delta: f64,
+    /// 1 for the first setting, +1 for every change.
+    pub version: u64,
+    /// Why, as the privacy admin said.
+    pub reason: String,
+    /// When, in milliseconds since the Unix epoch.
+    pub set_at_unix_ms: u64,
+    /// Whether the owners let NOT PRIVATE jobs (baselines, TAN simulations) train on the data.
+    /// Off unless said: their outputs carry no guarantee. Budgets from before read as off.
+    #[serde(default)]
+    pub allow_not_private: bool,
+}
+
+fn example() -> String {
+    "example".into()
+}
+
+impl DatasetBudget {
+    /// Its key.
+    pub fn key(&self) -> BudgetKey {
+        BudgetKey { dataset_id: self.dataset_id.clone(), unit: self.unit.clone() }
+    }
+}
+
+/// Refuses an id that is not an index digest.
+pub fn check_dataset_id(id: &str) -> Result<(), crate::error::AccountantError> {
+    check_digest("dataset_id", id).map_err(|e| {
+        crate::error::AccountantError::invalid(
+            "dataset_id",
+            format!("{}; `dpctl dataset index` prints the digest", e.reason),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use rand_chacha::ChaCha20Rng;
+    use rand_chacha::rand_core::{Rng, SeedableRng};
+
+    use super::*;
+
+    #[test]
+    fn any_registration_reads_back_equal_after_the_ledgers_json_round_trip() {
+        // A re-registration (a restarted coordinator) is compared with what the ledger stored:
+        // every f64 must survive JSON exactly, and every mode and unit keep their type.
+        let mut rng = ChaCha20Rng::seed_from_u64(3);
+        let mut any = || f64::from_bits(rng.next_u64() >> 2 | 0x3000_0000_0000_0000);
+        for i in 0..10_000 {
+            let mode = match i % 3 {
+                0 => Mode::Dp,
+                1 => Mode::NotPrivate,
+                _ => Mode::Simulation { target: Recipe { sample_rate: any(), noise_multiplier: any() } },
+            };
+            let registration = Registration {
+                job_id: format!("job-{i}"),
+                contract: PrivacyContract {
+                    mechanism: Mechanism { sample_rate: any(), noise_multiplier: any(), clipping_norm: any() },
+                    accountant: if i % 2 == 0 { AccountantKind::Pld } else { AccountantKind::Rdp },
+                    delta: any(),
+                    epsilon_target: (mode != Mode::NotPrivate).then(&mut any),
+                    mode,
+                    unit: if i % 5 == 0 {
+                        PrivacyUnit::User { users_digest: format!("sha256:{i:064x}") }
+                    } else {
+                        PrivacyUnit::Example
+                    },
+                    dataset_id: String::new(),
+                    audit: (i % 2 == 1).then_some(Audit { canaries: 1000, placement: Placement::Reserved }),
+                    init_from_job: (i % 7 == 0).then(|| "job-0".to_owned()),
+                },
+                gradient_dim: 1 << 20,
+                insecure_noise_seed: (i % 11 == 0).then_some(i as u64),
+            };
+            let bytes = serde_json::to_vec_pretty(&registration).unwrap();
+            let back: Registration = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(back, registration, "{}", String::from_utf8_lossy(&bytes));
+        }
+    }
+
+    #[test]
+    fn a_registration_from_before_contracts_reads_as_the_same_typed_contract() {
+        let legacy = r#"{"job_id":"old","sample_rate":0.01,"noise_multiplier":1.0,"clipping_norm":1.0,
+            "delta":1e-5,"epsilon_target":8.0,"accountant":"rdp","gradient_dim":100,"parts":2,
+            "dataset_id":"","dataset_epsilon_budget":0.0,"insecure_noise_seed":null,
+            "audit_canaries":10}"#;
+        let r: Registration = serde_json::from_str(legacy).unwrap();
+        assert_eq!(r.contract.mode, Mode::Dp, "no privacy field: from before modes");
+        assert_eq!(r.contract.accountant, AccountantKind::Rdp);
+        assert_eq!(r.contract.audit, Some(Audit { canaries: 10, placement: Placement::Model }));
+        let baseline = legacy
+            .replace("\"audit_canaries\":10", "\"privacy\":\"not_private\"")
+            .replace("\"noise_multiplier\":1.0", "\"noise_multiplier\":0.0");
+        let r: Registration = serde_json::from_str(&baseline).unwrap();
+        assert_eq!((r.contract.mode, r.contract.epsilon_target), (Mode::NotPrivate, None));
+        // Written back, it is a current registration that reads as itself.
+        let again: Registration = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
+        assert_eq!(again, r);
+    }
+
+    #[test]
+    fn budgets_of_each_unit_have_their_own_ledger_directory() {
+        let id = format!("sha256:{}", "ab".repeat(32));
+        let example = BudgetKey { dataset_id: id.clone(), unit: "example".into() };
+        let user = BudgetKey { dataset_id: id, unit: "user".into() };
+        assert_eq!(example.path_component(), format!("sha256-{}", "ab".repeat(32)));
+        assert_eq!(user.path_component(), format!("sha256-{}~user", "ab".repeat(32)));
+        let old: DatasetBudget = serde_json::from_str(
+            r#"{"dataset_id":"d","epsilon":8,"delta":1e-5,"version":1,"reason":"","set_at_unix_ms":0}"#,
+        )
+        .unwrap();
+        assert_eq!(old.unit, "example");
+    }
+}

@@ -1,0 +1,224 @@
+//! The coordinator's side of the accountant: it registers every job's contract (the only
+//! process allowed to), reads each job's spend and position from the ledger (never from a
+//! worker's word), closes ended jobs, trims releases that a stored checkpoint covers, and asks
+//! for an ended job's audit. Every call retries what is transient within a bound well below a
+//! lease, so a down accountant delays the coordinator but never wedges it.
+
+use std::time::Duration;
+
+use dpcap_proto::v1::{
+    AuditJobRequest, CloseJobRequest, GetSpendRequest, Job, JobSpend, RegisterJobRequest, TrimReleasesRequest,
+};
+use dpcap_proto::{ErrorCode, RetryPolicy, retry};
+
+use crate::coordinator::Coordinator;
+use crate::error::CoordinatorError;
+use crate::state::{Closing, Effects, condition};
+
+/// One attempt of an ended job's audit (scoring is milliseconds; a stalled call is retried).
+const AUDIT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// An accountant's refusal, with its code kept (a bad contract is the submitter's to fix, a
+/// missing budget its privacy admin's), or UNAVAILABLE when it could not be reached.
+fn refusal(status: tonic::Status) -> CoordinatorError {
+    match ErrorCode::of(&status) {
+        Some(code) if !dpcap_proto::is_transient(&status) => {
+            CoordinatorError::Refused { code, message: status.message().to_owned() }
+        }
+        _ => CoordinatorError::Accountant(status.message().to_owned()),
+    }
+}
+
+impl Coordinator {
+    /// Retries of accountant calls: bounded well below a lease.
+    pub(crate) fn accountant_retry(&self) -> RetryPolicy {
+        RetryPolicy { deadline: self.config.lease.max(Duration::from_secs(5)), ..RetryPolicy::default() }
+    }
+
+    /// Registers the job's contract (idempotent for an identical one).
+    pub(crate) async fn register(&self, job: &Job) -> Result<(), CoordinatorError> {
+        let plan =
+            job.plan.as_ref().ok_or_else(|| CoordinatorError::Store(format!("job {} has no plan", job.job_id)))?;
+        let request = RegisterJobRequest {
+            job_id: job.job_id.clone(),
+            contract: plan.contract.clone(),
+            gradient_dim: plan.gradient_dim,
+            insecure_noise_seed: None,
+            planned_steps: plan.steps,
+        };
+        retry(self.accountant_retry(), "register_job", || {
+            let (mut client, request) = (self.accountant.clone(), request.clone());
+            async move { client.register_job(request).await }
+        })
+        .await
+        .map_err(refusal)?;
+        Ok(())
+    }
+
+    /// The job's spend at the accountant; a job the accountant does not know yet (restored
+    /// from a store written before the coordinator registered at submit) is registered first.
+    /// A contract that differs from the plan's refuses the job.
+    pub(crate) async fn spend(&self, job: &Job) -> Result<JobSpend, CoordinatorError> {
+        let request = GetSpendRequest { job_id: job.job_id.clone() };
+        let spend = retry(self.accountant_retry(), "get_spend", || {
+            let (mut client, request) = (self.accountant.clone(), request.clone());
+            async move { client.get_spend(request).await }
+        })
+        .await;
+        let spend = match spend {
+            Ok(spend) => spend.into_inner(),
+            Err(s) if s.code() == tonic::Code::NotFound => {
+                self.register(job).await?;
+                return Box::pin(self.spend(job)).await;
+            }
+            Err(s) => return Err(refusal(s)),
+        };
+        let planned = job.plan.as_ref().and_then(|p| p.contract.as_ref());
+        if let (Some(planned), Some(registered)) = (planned, spend.contract.as_ref())
+            && planned != registered
+        {
+            return Err(CoordinatorError::Precondition {
+                job_id: job.job_id.clone(),
+                state: "registered".into(),
+                reason: "the accountant holds another privacy contract for this job id than its plan".into(),
+            });
+        }
+        Ok(spend)
+    }
+
+    /// Carries out the closes and trims a transition asked for. Returns the closed jobs that
+    /// were submitted with an audit.
+    pub(crate) async fn settle(&self, effects: &Effects) -> Vec<String> {
+        let mut audits = Vec::new();
+        for closing in &effects.close {
+            if self.close(closing).await && !closing.resumable && self.is_audited(&closing.job_id) {
+                audits.push(closing.job_id.clone());
+            }
+        }
+        for (job_id, reported) in &effects.trim {
+            self.trim(job_id, *reported).await;
+        }
+        audits
+    }
+
+    /// Copies the ledger's ε, discarded steps and composed ε into the job's progress.
+    pub(crate) async fn refresh_spend(&self, job_id: &str) {
+        let Some(job) = self.lock().jobs.get(job_id).map(|e| e.job.clone()) else { return };
+        match self.spend(&job).await {
+            Ok(spend) => {
+                if let Some(entry) = self.lock().jobs.get_mut(job_id) {
+                    let progress = entry.job.progress.get_or_insert_with(Default::default);
+                    progress.epsilon_spent = spend.epsilon_spent;
+                    progress.epsilon_composed = spend.epsilon_composed;
+                    progress.steps_discarded = progress.steps_discarded.max(spend.steps_discarded);
+                    entry.version += 1;
+                }
+            }
+            Err(e) => tracing::warn!(job_id, error = %e, "could not read the job's spend from the accountant"),
+        }
+    }
+
+    /// Closes a job (or, resumable, releases its noise drawn ahead); true when it was closed.
+    async fn close(&self, closing: &Closing) -> bool {
+        let request = CloseJobRequest {
+            job_id: closing.job_id.clone(),
+            reason: closing.reason.clone(),
+            resumable: closing.resumable,
+        };
+        let closed = retry(self.accountant_retry(), "close_job", || {
+            let (mut client, request) = (self.accountant.clone(), request.clone());
+            async move { client.close_job(request).await }
+        })
+        .await;
+        match closed {
+            Ok(_) => true,
+            Err(s) if s.code() == tonic::Code::NotFound => false,
+            Err(s) => {
+                tracing::warn!(job_id = closing.job_id, error = %s, "could not close the job at the accountant");
+                false
+            }
+        }
+    }
+
+    /// Lets the accountant delete releases below the checkpoint rank 0 reported, once the
+    /// stored `latest` pointer shows that checkpoint (never past it).
+    async fn trim(&self, job_id: &str, reported: u64) {
+        let Some(root) = self.lock().jobs.get(job_id).map(|e| e.job.checkpoint_root.clone()) else { return };
+        let latest = match dpcap_serve::store::read_object(&format!("{root}/latest")).await {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).trim().parse::<u64>().unwrap_or(0),
+            Err(e) => {
+                tracing::warn!(job_id, error = %e, "no stored checkpoint to trim against");
+                return;
+            }
+        };
+        let before_step = reported.min(latest);
+        if before_step == 0 {
+            return;
+        }
+        let request = TrimReleasesRequest { job_id: job_id.to_owned(), before_step };
+        let trimmed = retry(self.accountant_retry(), "trim_releases", || {
+            let (mut client, request) = (self.accountant.clone(), request.clone());
+            async move { client.trim_releases(request).await }
+        })
+        .await;
+        if let Err(s) = trimmed {
+            // Untrimmed releases only cost storage; the next checkpoint trims them.
+            tracing::warn!(job_id, before_step, error = %s, "could not trim releases at the accountant");
+        }
+    }
+
+    fn is_audited(&self, job_id: &str) -> bool {
+        self.lock().jobs.get(job_id).and_then(|e| e.job.spec.as_ref()).is_some_and(|spec| spec.audit.is_some())
+    }
+
+    /// Asks the accountant for an ended job's one-run audit and records it as a condition:
+    /// `Audited`/`AuditPassed`, or `Warning`/`AuditViolation` when the lower bound passes the
+    /// claimed ε (the accountant also counts it in `dpcap_audit_violations_total`). The message
+    /// says what the audit covers.
+    pub(crate) async fn record_audit(&self, job_id: &str) {
+        let request = AuditJobRequest { job_id: job_id.to_owned() };
+        let audited = retry(self.accountant_retry(), "audit_job", || {
+            let (mut client, mut request) = (self.accountant.clone(), tonic::Request::new(request.clone()));
+            // A stalled attempt ends DEADLINE_EXCEEDED and is retried: the job's watchers wake
+            // only after its audit, so one stuck call must never hold them.
+            request.set_timeout(AUDIT_ATTEMPT_TIMEOUT);
+            async move { client.audit_job(request).await }
+        })
+        .await;
+        let (kind, reason, message) = match audited {
+            Ok(report) => {
+                let r = report.into_inner();
+                let (kind, reason) =
+                    if r.violation { ("Warning", "AuditViolation") } else { ("Audited", "AuditPassed") };
+                let message = format!(
+                    "epsilon lower bound {:.4} vs claimed {:.4} at delta {:.2e} (95 % confidence): {} of {} guesses \
+                     right on {} canaries over {} releases; {}",
+                    r.epsilon_lower_bound,
+                    r.epsilon_claimed,
+                    r.delta,
+                    r.correct,
+                    r.guesses,
+                    r.canaries,
+                    r.steps_scored,
+                    r.covers
+                );
+                (kind, reason, message)
+            }
+            Err(s) => ("Warning", "AuditFailed", format!("the accountant could not audit the job: {}", s.message())),
+        };
+        tracing::info!(job_id, reason, message, "audit");
+        let snapshot = {
+            let mut state = self.lock();
+            state.jobs.get_mut(job_id).map(|entry| {
+                condition(&mut entry.job, kind, reason, message);
+                entry.job.clone()
+            })
+        };
+        if let Some(job) = snapshot {
+            let _serial = self.writes.lock().await;
+            if let Err(e) = self.store.put_job(&job).await {
+                tracing::warn!(job_id, error = %e, "could not persist the audit condition");
+            }
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! What the coordinator registers with the accountant when a job is submitted, before any
+//! worker sees it: the job's privacy contract, built from its plan in this one place; its
+//! gradient dimension P, from the model registry (no burn, no worker); and, for captioning,
+//! the tokenizer pinned by the digest of its bytes.
+
+use dpcap_privacy::contract::{Audit, Mechanism, Mode, Placement, PrivacyContract, PrivacyUnit, Recipe};
+use dpcap_proto::v1::{JobSpec, Objective, Plan, Privacy};
+use dpcap_registry::Family;
+
+use crate::error::CoordinatorError;
+use crate::init::InitSource;
+
+/// The model family a spec's objective trains.
+pub fn family(spec: &JobSpec) -> Family {
+    match Objective::try_from(spec.objective) {
+        Ok(Objective::Mae) => Family::Mae,
+        Ok(Objective::Fedemb) => Family::Embedder,
+        _ => Family::Captioner,
+    }
+}
+
+/// P for the spec's model and objective.
+pub fn gradient_dim(spec: &JobSpec) -> Result<u64, CoordinatorError> {
+    dpcap_registry::parameter_count(family(spec), &spec.model).ok_or_else(|| {
+        CoordinatorError::invalid(
+            "model",
+            format!("{:?} is not one of {}", spec.model, dpcap_registry::NAMES.join(", ")),
+        )
+    })
+}
+
+/// What a contract is built from, besides the plan.
+#[derive(Debug, Clone, Default)]
+pub struct Provenance<'a> {
+    /// The user table's digest, for a user-level job.
+    pub users_digest: Option<String>,
+    /// Where the job's initial weights come from, if anywhere.
+    pub init: Option<&'a InitSource>,
+}
+
+/// The contract of a checked plan. A job that starts from the weights of a DP job on the same
+/// dataset and unit names it, so that their ε compose in its status.
+pub fn contract(spec: &JobSpec, plan: &Plan, provenance: Provenance<'_>) -> Result<PrivacyContract, CoordinatorError> {
+    let mode = match plan.privacy() {
+        Privacy::NotPrivate => Mode::NotPrivate,
+        Privacy::Simulation => Mode::Simulation {
+            target: Recipe {
+                sample_rate: plan.simulated_batch_size / plan_units(plan) as f64,
+                noise_multiplier: plan.simulated_noise_multiplier,
+            },
+        },
+        Privacy::Dp | Privacy::Unspecified => Mode::Dp,
+    };
+    let unit = match provenance.users_digest {
+        Some(users_digest) => PrivacyUnit::User { users_digest },
+        None => PrivacyUnit::Example,
+    };
+    let audit = match &spec.audit {
+        None => None,
+        Some(a) => {
+            let placement = if a.coordinates.is_empty() { Placement::Reserved } else { a.coordinates.parse()? };
+            Some(Audit { canaries: a.canaries, placement })
+        }
+    };
+    let init_from_job = provenance
+        .init
+        .filter(|source| source.privacy == "dp" && source.dataset == plan.dataset_digest && mode.is_private())
+        .filter(|source| (source.objective == "fedemb") == matches!(unit, PrivacyUnit::User { .. }))
+        .map(|source| source.job_id.clone());
+    let contract = PrivacyContract {
+        mechanism: Mechanism {
+            sample_rate: plan.sample_rate,
+            noise_multiplier: plan.noise_multiplier,
+            clipping_norm: plan.clipping_norm,
+        },
+        accountant: crate::spec::accountant_kind(spec)?,
+        delta: plan.delta,
+        epsilon_target: plan.epsilon_target.is_finite().then_some(plan.epsilon_target),
+        mode,
+        unit,
+        dataset_id: plan.dataset_digest.clone(),
+        audit,
+        init_from_job,
+    };
+    contract.check()?;
+    Ok(contract)
+}
+
+/// The accounting N of a plan: clients for a user-level job, else examples.
+fn plan_units(plan: &Plan) -> u64 {
+    if plan.clients > 0 { plan.clients } else { plan.examples.max(1) }
+}
+
+/// A captioning job's tokenizer: its location (the spec's, or the dataset's own
+/// `tokenizer.json`) and the digest of its bytes, which workers check. None for objectives
+/// without captions.
+pub async fn pin_tokenizer(spec: &JobSpec) -> Result<Option<(String, String)>, CoordinatorError> {
+    if family(spec) != Family::Captioner {
+        return Ok(None);
+    }
+    let location = if spec.tokenizer.is_empty() {
+        format!("{}/tokenizer.json", spec.dataset.trim_end_matches('/'))
+    } else {
+        spec.tokenizer.clone()
+    };
+    let bytes = dpcap_serve::store::read_object(&location).await.map_err(|e| {
+        let reason = if spec.tokenizer.is_empty() {
+            format!(
+                "none given and the dataset has no tokenizer.json ({}); set tokenizer (a public vocabulary), or for \
+                 public or synthetic captions run `dpctl dataset index --train-tokenizer`",
+                e.reason
+            )
+        } else {
+            format!("cannot read {location}: {}", e.reason)
+        };
+        CoordinatorError::invalid("tokenizer", reason)
+    })?;
+    Ok(Some((location, dpcap_proto::digest::sha256(&bytes))))
+}
+
+impl From<dpcap_privacy::ContractError> for CoordinatorError {
+    fn from(e: dpcap_privacy::ContractError) -> Self {
+        CoordinatorError::Invalid { field: e.field, reason: e.reason }
+    }
+}

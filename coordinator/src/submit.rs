@@ -1,0 +1,149 @@
+//! Submitting a job: everything that can be checked is checked here, before the job exists —
+//! the spec's fields, the dataset's index, the init source, the tokenizer (pinned by digest),
+//! the calibration, and at the accountant the contract itself, the dataset's budget for the
+//! job's privacy unit and whether the remaining budget covers the plan. A job that is accepted
+//! is registered with the accountant before any worker sees it.
+
+use std::sync::Arc;
+
+use dpcap_proto::contract::contract_to_proto;
+use dpcap_proto::v1::{Job, JobSpec, JobState, Plan, Progress, Reduction};
+
+use crate::coordinator::{Coordinator, random_bytes};
+use crate::dataset;
+use crate::error::CoordinatorError;
+use crate::init::InitSource;
+use crate::registration::{self, Provenance};
+use crate::state::{condition, now_ms};
+use crate::store::{Private, hex};
+
+/// A spec resolved against its dataset: what the job will be, with nothing written yet.
+struct Planned {
+    spec: JobSpec,
+    plan: Plan,
+    /// Examples per shard, in shard order.
+    counts: Vec<u64>,
+    /// A user-level job's clients.
+    clients: Option<Arc<Vec<Vec<u64>>>>,
+    init: Option<InitSource>,
+}
+
+impl Coordinator {
+    /// Validates, calibrates, registers and queues a job; a repeated idempotency key returns
+    /// the original.
+    pub async fn submit(&self, spec: JobSpec, idempotency_key: &str) -> Result<Job, CoordinatorError> {
+        let planned = plan_job(spec).await?;
+        let job_id = format!("job-{}", hex(&random_bytes::<6>()));
+        if !idempotency_key.is_empty()
+            && let Some(existing) = self.store.claim_key(idempotency_key, &job_id).await?
+        {
+            return self.get(&existing);
+        }
+        let Planned { spec, plan, counts, clients, init } = planned;
+        let mut job = Job {
+            job_id: job_id.clone(),
+            state: JobState::Pending as i32,
+            created_unix_ms: now_ms(),
+            checkpoint_root: format!("{}/jobs/{job_id}/checkpoints", self.config.store_url.trim_end_matches('/')),
+            progress: Some(Progress { steps_total: plan.steps, ..Default::default() }),
+            spec: Some(spec),
+            plan: Some(plan),
+            conditions: vec![],
+            reduction: Reduction::Unspecified as i32,
+        };
+        describe(&mut job, init.as_ref());
+        // The contract exists at the accountant before the job does anywhere else.
+        self.register(&job).await?;
+        let private = Private { secret: hex(&random_bytes::<32>()), shard_counts: counts };
+        self.store.put_private(&job_id, &private).await?;
+        self.store.put_job(&job).await?;
+        tracing::info!(job_id, "job submitted");
+        self.enqueue(job, &private, clients).await?;
+        self.get(&job_id)
+    }
+}
+
+/// Everything a job is checked against, read and computed; no side effects.
+async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
+    crate::spec::check_fields(&spec)?;
+    let gradient_dim = registration::gradient_dim(&spec)?;
+    let layout = dataset::read_layout(&spec.dataset).await?;
+    let init = crate::init::check(&spec, &layout.digest).await?;
+    let tokenizer = registration::pin_tokenizer(&spec).await?;
+    let examples = layout.layout.examples();
+    // User-level objectives sample and account clients, not examples.
+    let users = match crate::spec::users_per_client(&spec) {
+        Some(k) => Some(dataset::read_clients(&spec.dataset, &layout.digest, k).await?),
+        None => None,
+    };
+    let units = users.as_ref().map_or(examples, |u| u.clients.len() as u64);
+    let mut for_plan = spec.clone();
+    if let Some(users) = &users
+        && for_plan.delta.is_none()
+    {
+        // δ defaults to 1/N_users, the privacy unit's count (never the larger 1/N_clients of
+        // virtual clients).
+        for_plan.delta = Some(1.0 / users.users.max(1) as f64);
+    }
+    let mut plan = tokio::task::spawn_blocking(move || crate::spec::plan(&for_plan, units))
+        .await
+        .map_err(|e| CoordinatorError::Store(e.to_string()))??;
+    if let Some(users) = &users {
+        (plan.examples, plan.clients, plan.users) = (examples, users.clients.len() as u64, users.users);
+    }
+    plan.dataset_digest = layout.digest;
+    plan.gradient_dim = gradient_dim;
+    if let Some(source) = &init {
+        (plan.init_step, plan.init_privacy) = (source.step, source.privacy.clone());
+    }
+    if let Some((location, digest)) = tokenizer {
+        (plan.tokenizer, plan.tokenizer_digest) = (location, digest);
+    }
+    let provenance = Provenance { users_digest: users.as_ref().map(|u| u.users_digest.clone()), init: init.as_ref() };
+    let contract = registration::contract(&spec, &plan, provenance)?;
+    plan.contract = Some(contract_to_proto(&contract));
+    let clients = users.map(|u| Arc::new(u.clients));
+    Ok(Planned { spec, plan, counts: layout.counts, clients, init })
+}
+
+/// The conditions a new job starts with: what was accepted, where its weights come from, its
+/// privacy mode, its calibration, and a warning when its plan passes its own target.
+fn describe(job: &mut Job, init: Option<&InitSource>) {
+    let plan = job.plan.clone().unwrap_or_default();
+    let examples = plan.examples;
+    let accepted = format!(
+        "N = {examples}, q = {:.6}, L = {:.1}, {} steps",
+        plan.sample_rate, plan.expected_batch_size, plan.steps
+    );
+    condition(job, "Submitted", "Accepted", accepted);
+    if let Some(source) = init {
+        let from = format!("weights of job {} step {} ({})", source.job_id, source.step, source.privacy);
+        condition(job, "Initialised", "InitFrom", from.clone());
+        if source.privacy != "dp" && crate::mode::is_private(plan.privacy()) {
+            let stated = format!("{from} are NOT PRIVATE; init_public states they saw public or synthetic data only");
+            condition(job, "Warning", "InitNotPrivate", stated);
+        }
+        let composes = plan.contract.as_ref().is_some_and(|c| !c.init_from_job.is_empty());
+        if composes {
+            let note = format!("their epsilon composes with this job's in its status (epsilon_composed): {from}");
+            condition(job, "Privacy", "ComposedWithInit", note);
+        }
+    }
+    if let Some(notice) = crate::mode::notice(&plan) {
+        // First, and in every listing: the job's releases carry no guarantee.
+        condition(job, "Privacy", "NotPrivate", notice);
+    }
+    let how = if plan.calibrated { "calibrated" } else { "fixed" };
+    let calibrated = format!(
+        "sigma = {:.4} ({how}); epsilon {:.4} planned, target {:.4} at delta {:.3e}",
+        plan.noise_multiplier, plan.epsilon_planned, plan.epsilon_target, plan.delta
+    );
+    condition(job, "Calibrated", if plan.calibrated { "Calibrated" } else { "Fixed" }, calibrated);
+    if plan.epsilon_planned > plan.epsilon_target * (1.0 + 1e-9) {
+        let warning = format!(
+            "{} steps at sigma {:.4} spend epsilon {:.4} > target {:.4}: the job will end BUDGET_EXHAUSTED",
+            plan.steps, plan.noise_multiplier, plan.epsilon_planned, plan.epsilon_target
+        );
+        condition(job, "Warning", "BudgetWillExhaust", warning);
+    }
+}

@@ -1,0 +1,176 @@
+//! The privacy contract between its typed form ([`PrivacyContract`], defined once in
+//! `dpcap-privacy`) and its wire form: the only place the two are converted, each field checked
+//! and named on the way in.
+
+use dpcap_privacy::AccountantKind;
+use dpcap_privacy::contract::{Audit, ContractError, Mechanism, Mode, Placement, PrivacyContract, PrivacyUnit, Recipe};
+
+use crate::v1;
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> ContractError {
+    ContractError { field, reason: reason.into() }
+}
+
+/// The wire form of an accountant kind.
+pub fn kind_to_proto(kind: AccountantKind) -> v1::AccountantKind {
+    match kind {
+        AccountantKind::Pld => v1::AccountantKind::Pld,
+        AccountantKind::Rdp => v1::AccountantKind::Rdp,
+    }
+}
+
+/// An accountant kind from the wire (unspecified is PLD, the default).
+pub fn kind_from_proto(value: i32) -> Result<AccountantKind, ContractError> {
+    match v1::AccountantKind::try_from(value) {
+        Ok(v1::AccountantKind::Unspecified | v1::AccountantKind::Pld) => Ok(AccountantKind::Pld),
+        Ok(v1::AccountantKind::Rdp) => Ok(AccountantKind::Rdp),
+        Err(_) => Err(invalid("accountant", format!("unknown accountant kind {value}"))),
+    }
+}
+
+/// A privacy unit from the wire (unspecified is the example), without a user table's digest.
+pub fn unit_is_user(value: i32) -> Result<bool, ContractError> {
+    match v1::PrivacyUnit::try_from(value) {
+        Ok(v1::PrivacyUnit::Unspecified | v1::PrivacyUnit::Example) => Ok(false),
+        Ok(v1::PrivacyUnit::User) => Ok(true),
+        Err(_) => Err(invalid("unit", format!("unknown privacy unit {value}"))),
+    }
+}
+
+/// The wire form of a contract.
+pub fn contract_to_proto(c: &PrivacyContract) -> v1::PrivacyContract {
+    let mechanism =
+        |q, sigma| v1::Mechanism { sample_rate: q, noise_multiplier: sigma, clipping_norm: c.mechanism.clipping_norm };
+    let (privacy, simulated) = match c.mode {
+        Mode::Dp => (v1::Privacy::Dp, None),
+        Mode::NotPrivate => (v1::Privacy::NotPrivate, None),
+        Mode::Simulation { target } => {
+            (v1::Privacy::Simulation, Some(mechanism(target.sample_rate, target.noise_multiplier)))
+        }
+    };
+    let (unit, users_digest) = match &c.unit {
+        PrivacyUnit::Example => (v1::PrivacyUnit::Example, String::new()),
+        PrivacyUnit::User { users_digest } => (v1::PrivacyUnit::User, users_digest.clone()),
+    };
+    v1::PrivacyContract {
+        mechanism: Some(mechanism(c.mechanism.sample_rate, c.mechanism.noise_multiplier)),
+        accountant: kind_to_proto(c.accountant) as i32,
+        delta: c.delta,
+        epsilon_target: c.epsilon_target.unwrap_or(0.0),
+        privacy: privacy as i32,
+        simulated,
+        unit: unit as i32,
+        users_digest,
+        dataset_id: c.dataset_id.clone(),
+        audit_canaries: c.audit.map_or(0, |a| a.canaries),
+        audit_coordinates: match c.audit.map(|a| a.placement) {
+            None => v1::AuditCoordinates::Unspecified,
+            Some(Placement::Reserved) => v1::AuditCoordinates::Reserved,
+            Some(Placement::Model) => v1::AuditCoordinates::Model,
+        } as i32,
+        init_from_job: c.init_from_job.clone().unwrap_or_default(),
+    }
+}
+
+/// A contract from the wire, checked ([`PrivacyContract::check`]).
+pub fn contract_from_proto(p: v1::PrivacyContract) -> Result<PrivacyContract, ContractError> {
+    let m = p.mechanism.ok_or_else(|| invalid("mechanism", "is required"))?;
+    let mode = match v1::Privacy::try_from(p.privacy) {
+        Ok(v1::Privacy::Unspecified | v1::Privacy::Dp) => Mode::Dp,
+        Ok(v1::Privacy::NotPrivate) => Mode::NotPrivate,
+        Ok(v1::Privacy::Simulation) => {
+            let t = p.simulated.ok_or_else(|| invalid("simulated", "a SIMULATION names its target mechanism"))?;
+            Mode::Simulation { target: Recipe { sample_rate: t.sample_rate, noise_multiplier: t.noise_multiplier } }
+        }
+        Err(_) => return Err(invalid("privacy", format!("unknown value {}", p.privacy))),
+    };
+    if !matches!(mode, Mode::Simulation { .. }) && p.simulated.is_some() {
+        return Err(invalid("simulated", "only a SIMULATION names a target mechanism"));
+    }
+    let unit = if unit_is_user(p.unit)? {
+        PrivacyUnit::User { users_digest: p.users_digest }
+    } else if p.users_digest.is_empty() {
+        PrivacyUnit::Example
+    } else {
+        return Err(invalid("users_digest", "only a USER unit names a user table"));
+    };
+    let placement = match v1::AuditCoordinates::try_from(p.audit_coordinates) {
+        Ok(v1::AuditCoordinates::Unspecified | v1::AuditCoordinates::Reserved) => Placement::Reserved,
+        Ok(v1::AuditCoordinates::Model) => Placement::Model,
+        Err(_) => return Err(invalid("audit_coordinates", format!("unknown value {}", p.audit_coordinates))),
+    };
+    let audit = (p.audit_canaries > 0).then_some(Audit { canaries: p.audit_canaries, placement });
+    if audit.is_none() && p.audit_coordinates != 0 {
+        return Err(invalid("audit_coordinates", "must be unset without audit_canaries"));
+    }
+    let contract = PrivacyContract {
+        mechanism: Mechanism {
+            sample_rate: m.sample_rate,
+            noise_multiplier: m.noise_multiplier,
+            clipping_norm: m.clipping_norm,
+        },
+        accountant: kind_from_proto(p.accountant)?,
+        delta: p.delta,
+        epsilon_target: (mode != Mode::NotPrivate || p.epsilon_target != 0.0).then_some(p.epsilon_target),
+        mode,
+        unit,
+        dataset_id: p.dataset_id,
+        audit,
+        init_from_job: (!p.init_from_job.is_empty()).then_some(p.init_from_job),
+    };
+    contract.check()?;
+    Ok(contract)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_mode_and_unit_round_trips_through_the_wire_unchanged() {
+        let base = PrivacyContract {
+            mechanism: Mechanism { sample_rate: 0.005606, noise_multiplier: 0.728, clipping_norm: 1.0 },
+            accountant: AccountantKind::Rdp,
+            delta: 1.0 / 233_804_767.0,
+            epsilon_target: Some(8.0),
+            mode: Mode::Dp,
+            unit: PrivacyUnit::Example,
+            dataset_id: format!("sha256:{}", "0f".repeat(32)),
+            audit: Some(Audit { canaries: 100_000, placement: Placement::Model }),
+            init_from_job: Some("job-a".into()),
+        };
+        let simulation = PrivacyContract {
+            mode: Mode::Simulation { target: Recipe { sample_rate: 0.2, noise_multiplier: 0.7 } },
+            audit: None,
+            unit: PrivacyUnit::User { users_digest: format!("sha256:{}", "1e".repeat(32)) },
+            ..base.clone()
+        };
+        let baseline = PrivacyContract {
+            mode: Mode::NotPrivate,
+            epsilon_target: None,
+            mechanism: Mechanism { noise_multiplier: 0.0, ..base.mechanism },
+            audit: None,
+            init_from_job: None,
+            ..base.clone()
+        };
+        for c in [base, simulation, baseline] {
+            assert_eq!(contract_from_proto(contract_to_proto(&c)), Ok(c));
+        }
+    }
+
+    #[test]
+    fn a_contract_from_the_wire_is_checked_and_the_field_named() {
+        let mut p = v1::PrivacyContract {
+            mechanism: Some(v1::Mechanism { sample_rate: 0.01, noise_multiplier: 0.01, clipping_norm: 1.0 }),
+            delta: 1e-5,
+            epsilon_target: 1e9,
+            ..Default::default()
+        };
+        assert!(contract_from_proto(p.clone()).is_ok(), "a weak contract is still a contract");
+        p.epsilon_target = 0.0;
+        assert_eq!(contract_from_proto(p.clone()).unwrap_err().field, "epsilon_target");
+        p.epsilon_target = 8.0;
+        p.mechanism = None;
+        assert_eq!(contract_from_proto(p).unwrap_err().field, "mechanism");
+    }
+}

@@ -1,0 +1,161 @@
+//! The configurations themselves, each with its parameter count.
+
+use crate::{block, layer_norm, linear};
+
+/// The ViT encoder every objective shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncoderConfig {
+    /// Square image side in pixels.
+    pub image: usize,
+    /// Square patch side in pixels.
+    pub patch: usize,
+    /// Token width.
+    pub width: usize,
+    /// Number of blocks.
+    pub depth: usize,
+    /// Attention heads.
+    pub heads: usize,
+}
+
+impl EncoderConfig {
+    /// Patches per image.
+    pub fn patches(&self) -> usize {
+        (self.image / self.patch).pow(2)
+    }
+
+    /// Patch embedding (a Linear on unfolded 3·p·p patches), learned positions, the blocks and
+    /// the final LayerNorm.
+    pub fn parameters(&self) -> usize {
+        let d = self.width;
+        linear(3 * self.patch * self.patch, d) + self.patches() * d + self.depth * block(d, false) + layer_norm(d)
+    }
+}
+
+/// DP-Cap's captioner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptionerConfig {
+    /// Image encoder.
+    pub encoder: EncoderConfig,
+    /// Decoder width.
+    pub dec_width: usize,
+    /// Decoder blocks.
+    pub dec_depth: usize,
+    /// Decoder heads.
+    pub dec_heads: usize,
+    /// Vocabulary size: a tokenizer may use fewer ids, never more.
+    pub vocab: usize,
+    /// Caption length in tokens (BOS … EOS, padded); the decoder sees `seq - 1` inputs.
+    pub seq: usize,
+}
+
+impl CaptionerConfig {
+    /// A named configuration: micro, bench, tiny, small, base, large.
+    pub fn named(name: &str) -> Option<Self> {
+        let enc = |image, patch, width, depth, heads| EncoderConfig { image, patch, width, depth, heads };
+        let paper =
+            |encoder, dec_width, dec_heads| Self { encoder, dec_width, dec_depth: 6, dec_heads, vocab: 30522, seq: 40 };
+        Some(match name {
+            "micro" => {
+                Self { encoder: enc(32, 8, 64, 2, 2), dec_width: 64, dec_depth: 1, dec_heads: 2, vocab: 256, seq: 12 }
+            }
+            "bench" => Self {
+                encoder: enc(32, 4, 128, 4, 4),
+                dec_width: 128,
+                dec_depth: 2,
+                dec_heads: 4,
+                vocab: 1000,
+                seq: 16,
+            },
+            "tiny" => paper(enc(224, 16, 384, 12, 6), 384, 6),
+            "small" => paper(enc(224, 16, 576, 12, 12), 576, 12),
+            "base" => paper(enc(224, 16, 768, 12, 12), 768, 12),
+            "large" => paper(enc(224, 16, 1024, 24, 16), 768, 12),
+            _ => return None,
+        })
+    }
+
+    /// Encoder, bridge, token embedding, decoder positions, decoder blocks (with
+    /// cross-attention), final LayerNorm and the untied head.
+    pub fn parameters(&self) -> usize {
+        let d = self.dec_width;
+        self.encoder.parameters()
+            + linear(self.encoder.width, d)
+            + self.vocab * d
+            + (self.seq - 1) * d
+            + self.dec_depth * block(d, true)
+            + layer_norm(d)
+            + linear(d, self.vocab)
+    }
+}
+
+/// ViP's masked autoencoder.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MaeConfig {
+    /// Image encoder.
+    pub encoder: EncoderConfig,
+    /// Decoder width.
+    pub dec_width: usize,
+    /// Decoder blocks.
+    pub dec_depth: usize,
+    /// Decoder heads.
+    pub dec_heads: usize,
+    /// Fraction of patches hidden from the encoder.
+    pub mask_ratio: f64,
+}
+
+impl MaeConfig {
+    /// The MAE for a captioner configuration name: same encoder; decoder 512 wide, 4 blocks,
+    /// 16 heads for the paper sizes, and a proportionate small decoder for micro and bench.
+    pub fn named(name: &str) -> Option<Self> {
+        let encoder = CaptionerConfig::named(name)?.encoder;
+        let (dec_width, dec_depth, dec_heads) = match name {
+            "micro" => (64, 1, 2),
+            "bench" => (128, 2, 4),
+            _ => (512, 4, 16),
+        };
+        Some(Self { encoder, dec_width, dec_depth, dec_heads, mask_ratio: 0.75 })
+    }
+
+    /// Patches the encoder sees per image.
+    pub fn visible(&self) -> usize {
+        let n = self.encoder.patches();
+        ((n as f64) * (1.0 - self.mask_ratio)).round().clamp(1.0, (n - 1) as f64) as usize
+    }
+
+    /// Encoder, decoder embedding, mask token, decoder positions, blocks, LayerNorm and the
+    /// pixel head (3·p·p per patch).
+    pub fn parameters(&self) -> usize {
+        let (d, p) = (self.dec_width, self.encoder.patch);
+        self.encoder.parameters()
+            + linear(self.encoder.width, d)
+            + d
+            + self.encoder.patches() * d
+            + self.dec_depth * block(d, false)
+            + layer_norm(d)
+            + linear(d, 3 * p * p)
+    }
+}
+
+/// DP-FedEmb's embedder: the encoder, mean-pooled, and a projection (the head is per client,
+/// never a parameter).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EmbedderConfig {
+    /// Image encoder (the captioner configuration's, so names are shared).
+    pub encoder: EncoderConfig,
+    /// Embedding width.
+    pub dim: usize,
+}
+
+impl EmbedderConfig {
+    /// The embedder for a captioner configuration name: same encoder, embedding as wide as
+    /// the encoder's tokens.
+    pub fn named(name: &str) -> Option<Self> {
+        let encoder = CaptionerConfig::named(name)?.encoder;
+        Some(Self { encoder, dim: encoder.width })
+    }
+
+    /// Encoder and projection.
+    pub fn parameters(&self) -> usize {
+        self.encoder.parameters() + linear(self.encoder.width, self.dim)
+    }
+}

@@ -1,0 +1,78 @@
+//! The model registry: every model configuration a job can name (micro, bench, tiny, small,
+//! base, large), for each objective (caption, mae, fedemb), and the parameter count P of each.
+//!
+//! It owns the shapes, not the layers: the burn models in `dpcap-ml` are built from these
+//! configurations, and a test there holds [`parameter_count`] equal to the count of every built
+//! model. The coordinator reads P here at submit, before any worker exists, to register the
+//! job's gradient dimension with the accountant. This crate must never depend on burn or on any
+//! service: it is plain data and arithmetic.
+
+mod configs;
+
+pub use configs::{CaptionerConfig, EmbedderConfig, EncoderConfig, MaeConfig};
+
+/// Every configuration name, smallest first.
+pub const NAMES: [&str; 6] = ["micro", "bench", "tiny", "small", "base", "large"];
+
+/// What a job trains: the model family a configuration name is built into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// DP-Cap's captioner (objective caption).
+    Captioner,
+    /// ViP's masked autoencoder (objective mae).
+    Mae,
+    /// DP-FedEmb's embedder (objective fedemb).
+    Embedder,
+}
+
+/// The trainable parameter count P of configuration `name` in `family`: the length of every
+/// gradient part and release. None for an unknown name.
+pub fn parameter_count(family: Family, name: &str) -> Option<u64> {
+    let count = match family {
+        Family::Captioner => CaptionerConfig::named(name)?.parameters(),
+        Family::Mae => MaeConfig::named(name)?.parameters(),
+        Family::Embedder => EmbedderConfig::named(name)?.parameters(),
+    };
+    Some(count as u64)
+}
+
+/// Linear d_in → d_out: weight and bias.
+const fn linear(d_in: usize, d_out: usize) -> usize {
+    d_in * d_out + d_out
+}
+
+/// LayerNorm over d: gamma and beta.
+const fn layer_norm(d: usize) -> usize {
+    2 * d
+}
+
+/// A pre-norm transformer block of width d: self-attention (q, k, v, o), a cross-attention with
+/// its own norm in decoders, and the 4·d MLP.
+const fn block(d: usize, decoder: bool) -> usize {
+    let attention = 4 * linear(d, d);
+    let cross = if decoder { layer_norm(d) + attention } else { 0 };
+    layer_norm(d) + attention + cross + layer_norm(d) + linear(d, 4 * d) + linear(4 * d, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_resolves_in_every_family_and_unknown_names_do_not() {
+        for family in [Family::Captioner, Family::Mae, Family::Embedder] {
+            for name in NAMES {
+                assert!(parameter_count(family, name).is_some_and(|p| p > 0), "{family:?} {name}");
+            }
+            assert_eq!(parameter_count(family, "huge"), None);
+        }
+    }
+
+    #[test]
+    fn the_base_captioner_has_the_papers_parameter_count() {
+        // ViT-B/16 encoder (85.8M with its 196 positions) and a 6-block decoder of width 768
+        // with cross-attention and an untied 30,522-token head: DP-Cap's 190M-parameter base.
+        let p = parameter_count(Family::Captioner, "base").unwrap();
+        assert_eq!(p, 190_042_170);
+    }
+}
