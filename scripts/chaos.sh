@@ -7,4 +7,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CHAOS_RUNS="${1:-50}" CHAOS_SEED="${2:-24301}"
-cargo test -p dpcap-e2e --test chaos -- --ignored --nocapture chaos_campaign 2>&1 | grep -E '^(CHAOS|VIOLATION|chaos:|test result)'
+cargo test --workspace --test chaos -- --ignored --nocapture chaos_campaign 2>&1 | grep -E '^(CHAOS|VIOLATION|chaos:|test result)'

@@ -800,3 +800,51 @@ async fn a_capability_scopes_a_rank_to_its_job_part_and_generation_and_nothing_e
 }
 
 type SubmitPartResponseAlias = dpcap_proto::v1::SubmitPartResponse;
+
+/// Example-level and user-level ε of the same data are different guarantees: a budget is for
+/// one privacy unit, a job of another unit on the dataset is refused naming its unit until the
+/// privacy admin sets a budget for that unit, and each budget composes only its own unit's jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_of_another_privacy_unit_need_a_budget_of_their_own_and_never_compose_with_others() {
+    use dpcap_proto::v1::PrivacyUnit;
+    let dir = tempfile::tempdir().unwrap();
+    // Even an accountant that allows unbudgeted datasets refuses the other unit here.
+    let server = AccountantProcess::start(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    let dataset = format!("sha256:{}", "9c".repeat(32));
+    let on = |id: &str, unit: PrivacyUnit| {
+        let mut r = job(id, 0.05, 2.0, 1.0, 100.0, 4, 1, None);
+        let c = contract(&mut r);
+        (c.dataset_id, c.unit) = (dataset.clone(), unit as i32);
+        if unit == PrivacyUnit::User {
+            c.users_digest = format!("sha256:{}", "11".repeat(32));
+        }
+        r
+    };
+    let budget = |unit: PrivacyUnit| SetDatasetBudgetRequest {
+        dataset_id: dataset.clone(),
+        epsilon: 3.0,
+        delta: 1e-5,
+        reason: "owners".into(),
+        unit: unit as i32,
+        ..Default::default()
+    };
+    client.raw().set_dataset_budget(budget(PrivacyUnit::Example)).await.unwrap();
+    client.raw().register_job(on("examples", PrivacyUnit::Example)).await.unwrap();
+    let refused = client.raw().register_job(on("users", PrivacyUnit::User)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    assert!(refused.message().contains("no user-level privacy budget"), "names the unit: {refused}");
+    client.raw().set_dataset_budget(budget(PrivacyUnit::User)).await.unwrap();
+    client.raw().register_job(on("users", PrivacyUnit::User)).await.unwrap();
+    for step in 0..5 {
+        client.submit_part("examples", step, 0, &part(1, 4)).await.unwrap();
+    }
+    let shown = |unit: PrivacyUnit| {
+        let mut c = client.clone();
+        let request = GetDatasetBudgetRequest { dataset_id: dataset.clone(), unit: unit as i32 };
+        async move { c.raw().get_dataset_budget(request).await.unwrap().into_inner() }
+    };
+    let (examples, users) = (shown(PrivacyUnit::Example).await, shown(PrivacyUnit::User).await);
+    assert!(examples.epsilon_spent > 0.0 && examples.jobs == vec!["examples"], "{examples:?}");
+    assert_eq!((users.epsilon_spent, users.jobs.clone()), (0.0, vec!["users".to_owned()]), "{users:?}");
+}

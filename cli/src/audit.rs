@@ -40,6 +40,7 @@ fn to_json(r: &AuditReport) -> serde_json::Value {
         "confidence": r.confidence,
         "steps_scored": r.steps_scored,
         "violation": r.violation,
+        "covers": r.covers,
     })
 }
 
@@ -68,6 +69,7 @@ pub async fn run(args: AuditArgs, server: &Server) -> Result<i32> {
             "{} canaries, {} guesses, {} right, over {} releases",
             report.canaries, report.guesses, report.correct, report.steps_scored
         );
+        println!("the audit {}", report.covers);
         if report.violation {
             println!("VIOLATION: the job gives less privacy than it claims (a mechanism bug, or a 5 % chance)");
         }

@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use dpcap_accountant::Policy;
 use dpcap_accountant::noise::{self, NoiseMode};
+use dpcap_accountant::server::ServeError;
 use dpcap_coordinator::work::example_units;
 use dpcap_coordinator::{JobSecret, PoissonSampler, split_work, step_work};
 use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell};
@@ -188,21 +189,17 @@ enum Writer {
     Multipart,
 }
 
-async fn time_release(opts: &ScaleBench, writer: Writer) -> Result<ReleaseTiming> {
-    let dim = usize::try_from(opts.params)?;
-    // Noise throughput first: it says how long a step must compute for noise to be ready.
-    let sample = dim.min(1 << 24);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let started = Instant::now();
-    std::hint::black_box(noise::draw(sample, 1.0, NoiseMode::OsEntropy, 0)?);
-    let noise_rate = sample as f64 / started.elapsed().as_secs_f64();
-    let noise_wait = Duration::from_secs_f64(dim as f64 / noise_rate * 1.2 + 0.5);
-
-    let dir = tempfile::tempdir()?;
+/// An accountant in this process over a ledger in `dir`, written by `writer`; a client acting
+/// as the one rank of the bench job (its unsigned capability, as a coordinator without keys
+/// would issue it); and the accountant's stop switch and task.
+async fn start_accountant(
+    dir: &std::path::Path,
+    writer: Writer,
+) -> Result<(AccountantClient, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), ServeError>>)> {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = grpc.local_addr()?;
-    let location = dir.path().to_string_lossy().into_owned();
+    let location = dir.to_string_lossy().into_owned();
     let ledger = match writer {
         Writer::Synced => dpcap_accountant::server::open_ledger(&location)?,
         Writer::Multipart => {
@@ -220,13 +217,16 @@ async fn time_release(opts: &ScaleBench, writer: Writer) -> Result<ReleaseTiming
         let setup = dpcap_accountant::server::Setup { ledger, policy, capabilities: Capabilities::new(None) };
         dpcap_accountant::server::serve((grpc, metrics), server, setup, shutdown).await
     });
-    // One rank of one generation: its (unsigned: no keys here) capability, as a coordinator
-    // would issue it.
     let rank = Capability { job_id: "scale".into(), rank: 0, generation: 0, parts: 1, expires_unix_ms: u64::MAX };
     let credentials =
         CallCredentials::default().with_capability(CapabilityCell::new(Capabilities::new(None).issue(&rank)));
     let client =
         AccountantClient::lazy(tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?, credentials);
+    Ok((client, stop, accountant))
+}
+
+/// Registers the bench job: DP-Cap's mechanism at the bench's N and L.
+async fn register(client: &AccountantClient, opts: &ScaleBench) -> Result<()> {
     let q = opts.batch as f64 / opts.examples as f64;
     let register = RegisterJobRequest {
         job_id: "scale".into(),
@@ -248,6 +248,22 @@ async fn time_release(opts: &ScaleBench, writer: Writer) -> Result<ReleaseTiming
     })
     .await
     .context("registering the bench job")?;
+    Ok(())
+}
+
+async fn time_release(opts: &ScaleBench, writer: Writer) -> Result<ReleaseTiming> {
+    let dim = usize::try_from(opts.params)?;
+    // Noise throughput first: it says how long a step must compute for noise to be ready.
+    let sample = dim.min(1 << 24);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let started = Instant::now();
+    std::hint::black_box(noise::draw(sample, 1.0, NoiseMode::OsEntropy, 0)?);
+    let noise_rate = sample as f64 / started.elapsed().as_secs_f64();
+    let noise_wait = Duration::from_secs_f64(dim as f64 / noise_rate * 1.2 + 0.5);
+
+    let dir = tempfile::tempdir()?;
+    let (client, stop, accountant) = start_accountant(dir.path(), writer).await?;
+    register(&client, opts).await?;
     let part = dpcap_proto::floats::into_bytes((0..dim).map(|i| (i % 1013) as f32 * 1e-4).collect());
     let (mut times, mut firsts, mut stores, mut cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for step in 0..opts.release_steps.max(1) {

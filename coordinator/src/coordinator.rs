@@ -421,38 +421,7 @@ impl Coordinator {
                 }
             };
             if need_position {
-                // The ledger's position (registering a job restored from before registration
-                // at submit), never a worker's word.
-                let job = self.get(job_id)?;
-                let spend = self.spend(&job).await?;
-                let (next, discarded) = (spend.next_step, spend.steps_discarded);
-                let effects = {
-                    let mut state = self.lock();
-                    let mut done = false;
-                    if let Some(entry) = state.jobs.get_mut(job_id)
-                        && let Some(group) =
-                            entry.group.as_mut().filter(|g| g.generation == generation && g.step.is_none())
-                    {
-                        let progress = entry.job.progress.get_or_insert_with(Default::default);
-                        progress.steps_discarded = progress.steps_discarded.max(discarded);
-                        let step = next.max(progress.step);
-                        group.step = Some(step);
-                        entry.version += 1;
-                        done = step >= entry.job.plan.as_ref().map_or(0, |p| p.steps);
-                    }
-                    if done {
-                        // Every planned step was charged before a restart: nothing left to run.
-                        state.finish(
-                            job_id,
-                            JobState::Succeeded,
-                            "Succeeded",
-                            "all planned steps were already charged".into(),
-                        )
-                    } else {
-                        Effects::default()
-                    }
-                };
-                self.apply(effects).await?;
+                self.position_group(job_id, generation).await?;
                 continue;
             }
             // Wait for the other ranks (or a re-formation); wake periodically to renew the lease.
@@ -461,6 +430,35 @@ impl Coordinator {
                 _ = draining.changed() => {}
             }
         }
+    }
+
+    /// Starts a new group at the ledger's next step (read from the accountant, registering a
+    /// job restored from before registration at submit), never at a worker's word. A job whose
+    /// planned steps were all charged before a restart succeeds.
+    async fn position_group(&self, job_id: &str, generation: u64) -> Result<(), CoordinatorError> {
+        let job = self.get(job_id)?;
+        let spend = self.spend(&job).await?;
+        let effects = {
+            let mut state = self.lock();
+            let mut done = false;
+            if let Some(entry) = state.jobs.get_mut(job_id)
+                && let Some(group) = entry.group.as_mut().filter(|g| g.generation == generation && g.step.is_none())
+            {
+                let progress = entry.job.progress.get_or_insert_with(Default::default);
+                progress.steps_discarded = progress.steps_discarded.max(spend.steps_discarded);
+                let step = spend.next_step.max(progress.step);
+                group.step = Some(step);
+                entry.version += 1;
+                done = step >= entry.job.plan.as_ref().map_or(0, |p| p.steps);
+            }
+            if done {
+                let message = "all planned steps were already charged".into();
+                state.finish(job_id, JobState::Succeeded, "Succeeded", message)
+            } else {
+                Effects::default()
+            }
+        };
+        self.apply(effects).await
     }
 
     /// Records one rank's report of the current step.

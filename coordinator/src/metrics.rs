@@ -25,71 +25,83 @@ fn job_labels(id: &str, e: &crate::state::JobEntry) -> String {
     format!("job_id=\"{id}\",privacy=\"{}\"", crate::mode::name(privacy))
 }
 
+/// A per-job series: name, Prometheus type, help, and its value for a job.
+type Series = (&'static str, &'static str, &'static str, fn(&crate::state::JobEntry) -> f64);
+
+/// Every per-job series but the state.
+const PER_JOB: [Series; 8] = [
+    ("dpcap_job_steps_completed", "gauge", "Steps completed (charged and reported by every rank).", |e| {
+        e.job.progress.as_ref().map_or(0.0, |p| p.step as f64)
+    }),
+    ("dpcap_job_steps_planned", "gauge", "Steps in the job's plan.", |e| {
+        e.job.plan.as_ref().map_or(0.0, |p| p.steps as f64)
+    }),
+    ("dpcap_job_epsilon_spent", "gauge", "Epsilon at delta spent, as last reported by the accountant.", |e| {
+        e.job.progress.as_ref().map_or(0.0, |p| p.epsilon_spent)
+    }),
+    (
+        "dpcap_job_steps_discarded_total",
+        "counter",
+        "Charged steps whose release never reached the model (they stay spent), from the ledger.",
+        |e| e.job.progress.as_ref().map_or(0.0, |p| p.steps_discarded as f64),
+    ),
+    (
+        "dpcap_job_epsilon_composed",
+        "gauge",
+        "Epsilon at delta composed with the DP job this one started from (init_from), from the accountant.",
+        |e| e.job.progress.as_ref().map_or(0.0, |p| p.epsilon_composed),
+    ),
+    (
+        "dpcap_job_nonfinite_examples_total",
+        "counter",
+        "Examples left out of the clipped sum for a NaN or infinite loss or gradient (a count only).",
+        |e| e.job.progress.as_ref().map_or(0.0, |p| p.nonfinite_examples as f64),
+    ),
+    ("dpcap_job_epsilon_target", "gauge", "The job's epsilon target at delta.", |e| {
+        e.job.plan.as_ref().map_or(0.0, |p| p.epsilon_target)
+    }),
+    (
+        "dpcap_job_examples_per_second",
+        "gauge",
+        "Expected examples (L, not the realised batch) per second over the last completed step.",
+        |e| e.job.progress.as_ref().map_or(0.0, |p| p.examples_per_second),
+    ),
+];
+
 /// Renders every coordinator series in the Prometheus text format.
 pub fn render(state: &State) -> String {
-    let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        name.to_owned()
-    };
-    let mut lines = Vec::new();
-    let state_name = family("dpcap_job_state", "gauge", "1 for the job's current state, 0 for the others.");
+    let mut out = render_states(state);
+    render_per_job(state, &mut out);
+    render_phases(state, &mut out);
+    render_cluster(state, &mut out);
+    out
+}
+
+/// `dpcap_job_state`: 1 for each job's current state, 0 for the others.
+fn render_states(state: &State) -> String {
+    let name = "dpcap_job_state";
+    let mut out = format!("# HELP {name} 1 for the job's current state, 0 for the others.\n# TYPE {name} gauge\n");
     for (id, e) in &state.jobs {
         for s in STATES {
             let on = u8::from(e.job.state == s as i32);
-            lines.push(format!(
-                "{state_name}{{{},state=\"{}\"}} {on}",
-                job_labels(id, e),
-                s.as_str_name().trim_start_matches("JOB_STATE_").to_lowercase()
-            ));
+            let label = s.as_str_name().trim_start_matches("JOB_STATE_").to_lowercase();
+            let _ = writeln!(out, "{name}{{{},state=\"{label}\"}} {on}", job_labels(id, e));
         }
     }
-    type Series = (&'static str, &'static str, &'static str, fn(&crate::state::JobEntry) -> f64);
-    let per_job: [Series; 8] = [
-        ("dpcap_job_steps_completed", "gauge", "Steps completed (charged and reported by every rank).", |e| {
-            e.job.progress.as_ref().map_or(0.0, |p| p.step as f64)
-        }),
-        ("dpcap_job_steps_planned", "gauge", "Steps in the job's plan.", |e| {
-            e.job.plan.as_ref().map_or(0.0, |p| p.steps as f64)
-        }),
-        ("dpcap_job_epsilon_spent", "gauge", "Epsilon at delta spent, as last reported by the accountant.", |e| {
-            e.job.progress.as_ref().map_or(0.0, |p| p.epsilon_spent)
-        }),
-        (
-            "dpcap_job_steps_discarded_total",
-            "counter",
-            "Charged steps whose release never reached the model (they stay spent), from the ledger.",
-            |e| e.job.progress.as_ref().map_or(0.0, |p| p.steps_discarded as f64),
-        ),
-        (
-            "dpcap_job_epsilon_composed",
-            "gauge",
-            "Epsilon at delta composed with the DP job this one started from (init_from), from the accountant.",
-            |e| e.job.progress.as_ref().map_or(0.0, |p| p.epsilon_composed),
-        ),
-        (
-            "dpcap_job_nonfinite_examples_total",
-            "counter",
-            "Examples left out of the clipped sum for a NaN or infinite loss or gradient (a count only).",
-            |e| e.job.progress.as_ref().map_or(0.0, |p| p.nonfinite_examples as f64),
-        ),
-        ("dpcap_job_epsilon_target", "gauge", "The job's epsilon target at delta.", |e| {
-            e.job.plan.as_ref().map_or(0.0, |p| p.epsilon_target)
-        }),
-        (
-            "dpcap_job_examples_per_second",
-            "gauge",
-            "Expected examples (L, not the realised batch) per second over the last completed step.",
-            |e| e.job.progress.as_ref().map_or(0.0, |p| p.examples_per_second),
-        ),
-    ];
-    let mut text = String::new();
-    for (name, kind, help, value) in per_job {
+    out
+}
+
+fn render_per_job(state: &State, text: &mut String) {
+    for (name, kind, help, value) in PER_JOB {
         let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (id, e) in &state.jobs {
             let _ = writeln!(text, "{name}{{{}}} {}", job_labels(id, e), sample(value(e)));
         }
     }
+}
+
+/// Step time by phase, except for strict jobs (timings grow with the realised batch).
+fn render_phases(state: &State, text: &mut String) {
     let _ = writeln!(
         text,
         "# HELP dpcap_step_duration_seconds Seconds per step by phase, summed over ranks' reports.\n# TYPE dpcap_step_duration_seconds summary"
@@ -104,6 +116,10 @@ pub fn render(state: &State) -> String {
             );
         }
     }
+}
+
+/// Workers and the queue.
+fn render_cluster(state: &State, text: &mut String) {
     let busy = state.workers.values().filter(|w| w.job.is_some()).count();
     let _ = writeln!(
         text,
@@ -119,8 +135,4 @@ pub fn render(state: &State) -> String {
         "# HELP dpcap_jobs_queued Jobs waiting for workers.\n# TYPE dpcap_jobs_queued gauge\ndpcap_jobs_queued {}",
         state.queue.len()
     );
-    for line in lines {
-        let _ = writeln!(out, "{line}");
-    }
-    out + &text
 }

@@ -28,19 +28,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CoordinatorError> {
     let jobs_store = open_store(&config.store_url).map_err(|e| CoordinatorError::invalid("store", e.to_string()))?;
-    let secrets_url = match config.secrets_url.as_str() {
-        "" if config.store_url.contains("://") && !config.store_url.starts_with("file://") => {
-            return Err(CoordinatorError::invalid(
-                "secrets_store",
-                format!(
-                    "required when the store is an object store ({}): workers hold that store's credentials, so job secrets need a store of their own",
-                    config.store_url
-                ),
-            ));
-        }
-        "" => format!("{}-secrets", config.store_url.trim_end_matches('/')),
-        url => url.to_owned(),
-    };
+    let secrets_url = secrets_location(&config)?;
     let secrets_store =
         open_store(&secrets_url).map_err(|e| CoordinatorError::invalid("secrets_store", e.to_string()))?;
     let lease = config.lease;
@@ -81,18 +69,7 @@ pub async fn serve(
         Arc::new(move || render.render_metrics()),
         stopped(stop_rx.clone()),
     ));
-    let reaper = coordinator.clone();
-    let reaper_stop = stopped(stop_rx.clone());
-    tokio::spawn(async move {
-        tokio::pin!(reaper_stop);
-        let mut tick = tokio::time::interval((lease / 4).max(Duration::from_millis(100)));
-        loop {
-            tokio::select! {
-                _ = tick.tick() => if let Err(e) = reaper.reap().await { tracing::warn!(error = %e, "lease reaper failed") },
-                _ = &mut reaper_stop => return,
-            }
-        }
-    });
+    tokio::spawn(reap(coordinator.clone(), lease, stopped(stop_rx.clone())));
     let mut server = server;
     server
         .add_service(health_service)
@@ -103,4 +80,34 @@ pub async fn serve(
         .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(stop_rx))
         .await
         .map_err(|e| CoordinatorError::Store(format!("grpc server failed: {e}")))
+}
+
+/// Where job secrets live: `--secrets-store`, or beside a local job store. An object-store job
+/// store needs a secrets store of its own: workers hold that store's credentials.
+fn secrets_location(config: &Config) -> Result<String, CoordinatorError> {
+    match config.secrets_url.as_str() {
+        "" if config.store_url.contains("://") && !config.store_url.starts_with("file://") => {
+            Err(CoordinatorError::invalid(
+                "secrets_store",
+                format!(
+                    "required when the store is an object store ({}): workers hold that store's credentials, so job secrets need a store of their own",
+                    config.store_url
+                ),
+            ))
+        }
+        "" => Ok(format!("{}-secrets", config.store_url.trim_end_matches('/'))),
+        url => Ok(url.to_owned()),
+    }
+}
+
+/// Drops workers whose lease expired, every quarter lease, until `stop`.
+async fn reap(coordinator: Arc<Coordinator>, lease: Duration, stop: impl Future<Output = ()>) {
+    tokio::pin!(stop);
+    let mut tick = tokio::time::interval((lease / 4).max(Duration::from_millis(100)));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => if let Err(e) = coordinator.reap().await { tracing::warn!(error = %e, "lease reaper failed") },
+            _ = &mut stop => return,
+        }
+    }
 }

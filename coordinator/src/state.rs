@@ -384,20 +384,19 @@ impl State {
         }
     }
 
-    /// Applies one rank's report of the current step.
+    /// Applies one rank's report of the current step: a failure ends or re-forms the job; a
+    /// done (or discarded) step is recorded, and completes once every rank has reported.
     pub fn report(&mut self, job_id: &str, rank: usize, report: &Report) -> Effects {
-        let Some(entry) = self.jobs.get_mut(job_id) else { return Effects::default() };
+        if !self.jobs.contains_key(job_id) {
+            return Effects::default();
+        }
         match report.outcome {
             StepOutcome::BudgetExhausted => {
                 return self.finish(job_id, JobState::BudgetExhausted, "BudgetExhausted", report.message.clone());
             }
             StepOutcome::Failed | StepOutcome::Unspecified => {
-                return self.finish(
-                    job_id,
-                    JobState::Failed,
-                    "WorkerFailed",
-                    format!("rank {rank}: {}", report.message),
-                );
+                let message = format!("rank {rank}: {}", report.message);
+                return self.finish(job_id, JobState::Failed, "WorkerFailed", message);
             }
             StepOutcome::PeerLost => {
                 let message = format!("rank {rank}: {}", report.message);
@@ -411,10 +410,20 @@ impl State {
             // A discarded step is spent and over: the group moves on exactly as after a release.
             StepOutcome::Done | StepOutcome::Discarded => {}
         }
-        let plan_steps = entry.job.plan.as_ref().map_or(0, |p| p.steps);
-        let Some(group) = entry.group.as_mut() else { return Effects::default() };
-        if group.reported[rank] {
+        if !self.record(job_id, rank, report) {
             return Effects::default();
+        }
+        self.complete_step(job_id)
+    }
+
+    /// Records one rank's done step (telemetry, throughput, checkpoint, counts). Returns whether
+    /// every rank of the group has now reported.
+    fn record(&mut self, job_id: &str, rank: usize, report: &Report) -> bool {
+        let Some(entry) = self.jobs.get_mut(job_id) else { return false };
+        let strict = is_strict(&entry.job);
+        let Some(group) = entry.group.as_mut() else { return false };
+        if group.reported[rank] {
+            return false;
         }
         group.reported[rank] = true;
         // Measured throughput from what this rank was assigned (the coordinator's own work
@@ -427,20 +436,15 @@ impl State {
         let member = group.members.get(rank).cloned();
         group.step_examples += report.examples;
         group.step_loss += report.loss.unwrap_or(0.0) * report.examples as f64;
+        let all_reported = group.reported.iter().all(|r| *r);
         // Under telemetry: strict, step timings (which grow with the realised batch) are
         // neither recorded nor exported, and work is split evenly.
-        let strict = is_strict(&entry.job);
         if !strict {
             for (sum, s) in entry.phase_seconds.iter_mut().zip(report.phases) {
                 *sum += s;
             }
             entry.phase_reports += 1;
-            if let Some(worker) = member.and_then(|id| self.workers.get_mut(&id)) {
-                worker.observe_throughput(assigned, report.phases[0]);
-            }
         }
-        let entry = self.jobs.get_mut(job_id).expect("checked above");
-        let Some(group) = entry.group.as_mut() else { return Effects::default() };
         let progress = entry.job.progress.get_or_insert_with(Default::default);
         // A count, under any telemetry (see `Progress.nonfinite_examples`).
         progress.nonfinite_examples += report.nonfinite_examples;
@@ -448,28 +452,37 @@ impl State {
         if report.checkpoint_step > 0 && rank == 0 {
             progress.checkpoint_step = report.checkpoint_step;
         }
-        if !group.reported.iter().all(|r| *r) {
-            entry.version += 1;
-            return Effects::default();
+        entry.version += 1;
+        if !strict && let Some(worker) = member.and_then(|id| self.workers.get_mut(&id)) {
+            worker.observe_throughput(assigned, report.phases[0]);
         }
-        // Every rank has applied the step: releases the latest checkpoint covers may go (not
-        // earlier: a rank that has not fetched a release yet would find it trimmed).
+        all_reported
+    }
+
+    /// Every rank has applied the step: the group moves to the next one (or the job succeeds),
+    /// releases the latest checkpoint covers may go, and the step's spend is read from the
+    /// ledger.
+    fn complete_step(&mut self, job_id: &str) -> Effects {
+        let Some(entry) = self.jobs.get_mut(job_id) else { return Effects::default() };
+        let strict = is_strict(&entry.job);
+        let (plan_steps, expected) = entry.job.plan.as_ref().map_or((0, 0.0), |p| (p.steps, p.expected_batch_size));
+        let Some(group) = entry.group.as_mut() else { return Effects::default() };
+        let progress = entry.job.progress.get_or_insert_with(Default::default);
+        // Not earlier than now: a rank that has not fetched a release yet would find it trimmed.
         let trim = match progress.checkpoint_step {
             0 => Vec::new(),
             covered => vec![(job_id.to_owned(), covered)],
         };
-        // Every rank is done: the step is complete.
         let step = group.step.unwrap_or(0);
         let seconds = group.step_started.elapsed().as_secs_f64().max(1e-9);
         progress.step = step + 1;
         progress.steps_total = plan_steps;
         // From the expected batch size L (public), not the realised one (non-DP telemetry).
-        let expected = entry.job.plan.as_ref().map_or(0.0, |p| p.expected_batch_size);
         if !strict {
             progress.examples_per_second = expected / seconds;
             progress.eta_seconds = seconds * plan_steps.saturating_sub(step + 1) as f64;
         }
-        if report.loss.is_some() && group.step_examples > 0 {
+        if group.step_examples > 0 && group.step_loss.is_finite() {
             let loss = group.step_loss / group.step_examples as f64;
             progress.loss = Some(loss);
             progress.loss_first.get_or_insert(loss);

@@ -125,6 +125,51 @@ fn releases_are_trimmed_only_once_every_rank_has_applied_the_checkpointed_step()
 }
 
 #[test]
+fn only_rank_zeros_checkpoint_lets_releases_be_trimmed_and_a_completed_step_reads_the_ledgers_spend() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 2, 5));
+    worker(&mut state, "w1");
+    worker(&mut state, "w2");
+    state.schedule();
+    state.jobs.get_mut("a").unwrap().group.as_mut().unwrap().step = Some(0);
+    state.work_for("a", 0);
+    // Rank 1 writes no checkpoints: its word is no reason to delete releases.
+    state.report("a", 0, &done());
+    let effects = state.report("a", 1, &Report { checkpoint_step: 1, ..done() });
+    assert!(effects.trim.is_empty(), "{effects:?}");
+    assert_eq!(effects.spend, vec!["a".to_owned()], "the step's epsilon comes from the accountant");
+    assert_eq!(state.jobs["a"].job.progress.as_ref().unwrap().checkpoint_step, 0);
+}
+
+#[test]
+fn a_failed_or_cancelled_job_stays_open_at_the_accountant_and_releases_its_noise() {
+    use dpcap_coordinator::state::Closing;
+    let mut state = State::default();
+    submit(&mut state, job("a", 1, 5));
+    submit(&mut state, job("b", 1, 5));
+    let failed = state.finish("a", JobState::Failed, "WorkerFailed", "rank 0: data".into());
+    let closing = |job: &str, resumable| Closing { job_id: job.into(), reason: "".into(), resumable };
+    assert_eq!(failed.close.len(), 1);
+    assert_eq!(Closing { reason: String::new(), ..failed.close[0].clone() }, closing("a", true));
+    let done = state.finish("b", JobState::Succeeded, "Succeeded", "5 steps done".into());
+    assert_eq!(Closing { reason: String::new(), ..done.close[0].clone() }, closing("b", false), "closed for good");
+}
+
+#[test]
+fn a_nonfinite_count_adds_up_over_ranks_and_steps() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 2, 5));
+    worker(&mut state, "w1");
+    worker(&mut state, "w2");
+    state.schedule();
+    state.jobs.get_mut("a").unwrap().group.as_mut().unwrap().step = Some(0);
+    state.work_for("a", 0);
+    state.report("a", 0, &Report { nonfinite_examples: 2, ..done() });
+    state.report("a", 1, &Report { nonfinite_examples: 1, ..done() });
+    assert_eq!(state.jobs["a"].job.progress.as_ref().unwrap().nonfinite_examples, 3);
+}
+
+#[test]
 fn a_budget_refusal_ends_the_job_budget_exhausted_not_failed() {
     let mut state = State::default();
     submit(&mut state, job("a", 1, 9));

@@ -47,6 +47,7 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
     // The audit is among the job's conditions when it ends, and `dpctl audit` shows it.
     let audited = job.conditions.iter().find(|c| c.r#type == "Audited").unwrap_or_else(|| panic!("{job:#?}"));
     assert_eq!(audited.reason, "AuditPassed", "{audited:?}");
+    assert!(audited.message.ends_with("not the workers' clipping"), "it says what it covers: {audited:?}");
     let out = dpctl(&["audit", "--accountant", &services.accountant.grpc, &job.job_id, "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -55,6 +56,9 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
         (Some(1000), Some(20), Some(5))
     );
     assert!(report["epsilon_lower_bound"].as_f64().unwrap() <= report["epsilon_claimed"].as_f64().unwrap(), "{report}");
+    assert!(report["covers"].as_str().unwrap().contains("reserved coordinates"), "{report}");
+    // The job's epsilon is the ledger's, read by the coordinator (never a worker's report).
+    assert_eq!(job.progress.as_ref().unwrap().epsilon_spent, spend.epsilon_spent);
 
     // The checkpoint of the last step exists and loads into the model.
     let checkpoints = dpcap_worker::runtime::ckpt::CheckpointStore::open(&job.checkpoint_root).unwrap();
@@ -287,4 +291,27 @@ async fn a_tan_simulation_runs_not_private_and_reports_its_targets_epsilon_every
     let (manifest, _, _) = checkpoints.load(checkpoints.latest().await.unwrap().unwrap()).await.unwrap();
     assert_eq!(manifest.privacy, "simulation");
     assert!(!manifest.is_private());
+}
+
+/// One bad example cannot stop a job. A learning rate of 1e30 makes the weights diverge after
+/// the first update, so from then on every example's loss is NaN or infinite: each is left out
+/// of the clipped sum and counted, the parts stay finite, and the job runs to its end with the
+/// count in its status and the coordinator's metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_examples_turn_nonfinite_keeps_running_and_counts_them() {
+    let dir = tempfile_dir("nonfinite");
+    let dataset = synth_dataset(&dir, 120);
+    let services = Services::start(&dir).await;
+    let _worker = Process::worker(&services.coordinator.grpc, "w0", &dir);
+    let diverging =
+        SpecFile { learning_rate: Some(1e30), warmup_steps: Some(0), workers: Some(1), ..spec(&dataset, 4) };
+    let job = submit(&services, diverging).await;
+    let job = wait_until(&services, &job.job_id, Duration::from_secs(180), ended).await;
+    assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
+    let counted = job.progress.as_ref().unwrap().nonfinite_examples;
+    assert!(counted > 0, "the diverged steps' examples are counted: {job:#?}");
+    assert_eq!(services.charged_steps(&job.job_id), (0..4).collect::<Vec<_>>());
+    let metrics = services.coordinator.scrape().await;
+    let series = format!("dpcap_job_nonfinite_examples_total{{job_id=\"{}\"", job.job_id);
+    assert!(metrics.contains(&series), "{metrics}");
 }

@@ -212,25 +212,7 @@ async fn train_and_report(
     started: Instant,
 ) -> Result<()> {
     let server = Server { coordinator: cluster.coordinator.clone(), token: None, tls: Default::default() };
-    // The data's owner sets the dataset's lifetime budget before any job may spend it; the data
-    // is synthetic, so its owner also lets the NOT PRIVATE baseline train on it.
-    let dataset_id = crate::budget::dataset_digest(&train_dir.to_string_lossy()).await?;
-    let mut accountant = dpcap_proto::client::AccountantClient::connect(cluster.accountant.clone()).await?;
-    let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
-        dataset_id,
-        epsilon: args.epsilon,
-        // The privacy unit's count: users for fedemb, examples otherwise.
-        delta: 1.0 / if args.objective == "fedemb" { args.users } else { args.examples } as f64,
-        reason: "dpctl demo: synthetic data; one DP job and its non-private baseline".into(),
-        allow_not_private: !args.no_baseline,
-        // fedemb protects users: its budget is a user-level one.
-        unit: if args.objective == "fedemb" {
-            dpcap_proto::v1::PrivacyUnit::User
-        } else {
-            dpcap_proto::v1::PrivacyUnit::Example
-        } as i32,
-    };
-    accountant.raw().set_dataset_budget(budget).await.map_err(jobs::status)?;
+    set_budget(args, train_dir, &cluster.accountant).await?;
     let warm = match args.warm_start {
         0 => None,
         steps => Some(warm_start(args, dir, (&server, &cluster.accountant), steps).await?),
@@ -245,19 +227,90 @@ async fn train_and_report(
         true => None,
         false => Some(train::run(&server, &cluster.accountant, train::spec(args, train_dir, true, init)).await?),
     };
+    let reports = evaluate_jobs(args, dir, train_dir, &dp_job, baseline.as_ref()).await?;
+    let jobs = Jobs { dp: &dp_job, baseline: baseline.as_ref(), warm: warm.as_ref() };
+    let mut report = summary(args, dir, &jobs, &reports, started);
+    if args.audit > 0 {
+        add_audit(&mut report, args, &cluster.accountant, &dp_job.job.job_id).await?;
+    }
+    std::fs::write(dir.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    for (name, r) in &reports {
+        let label = if *name == "nonprivate" { " (NOT PRIVATE)" } else { "" };
+        eprintln!("{name} model{label}:\n{}", crate::eval::report::table(r));
+    }
+    let (plan, spend) = (dp_job.job.plan.clone().unwrap_or_default(), &dp_job.spend);
+    eprintln!(
+        "epsilon spent {:.3} of {} at delta {:.2e} (PLD) over {} steps; report at {}",
+        spend.epsilon_spent,
+        plan.epsilon_target,
+        plan.delta,
+        spend.steps_charged,
+        dir.join("report.json").display()
+    );
+    Ok(())
+}
 
+/// The data's owner sets the dataset's lifetime budget before any job may spend it; the data is
+/// synthetic, so its owner also lets the NOT PRIVATE baseline train on it.
+async fn set_budget(args: &DemoArgs, train_dir: &Path, accountant: &str) -> Result<()> {
+    let dataset_id = crate::budget::dataset_digest(&train_dir.to_string_lossy()).await?;
+    let mut client = dpcap_proto::client::AccountantClient::connect(accountant.to_owned()).await?;
+    let fedemb = args.objective == "fedemb";
+    let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
+        dataset_id,
+        epsilon: args.epsilon,
+        // The privacy unit's count: users for fedemb, examples otherwise.
+        delta: 1.0 / if fedemb { args.users } else { args.examples } as f64,
+        reason: "dpctl demo: synthetic data; one DP job and its non-private baseline".into(),
+        allow_not_private: !args.no_baseline,
+        // fedemb protects users: its budget is a user-level one.
+        unit: if fedemb { dpcap_proto::v1::PrivacyUnit::User } else { dpcap_proto::v1::PrivacyUnit::Example } as i32,
+    };
+    client.raw().set_dataset_budget(budget).await.map_err(jobs::status)?;
+    Ok(())
+}
+
+/// The jobs a demo ran.
+struct Jobs<'a> {
+    dp: &'a train::Finished,
+    baseline: Option<&'a train::Finished>,
+    warm: Option<&'a train::Finished>,
+}
+
+/// The evaluation suite on the DP model, its baseline and a random initialisation; the trained
+/// encoders are written beside the report.
+async fn evaluate_jobs(
+    args: &DemoArgs,
+    dir: &Path,
+    train_dir: &Path,
+    dp_job: &train::Finished,
+    baseline: Option<&train::Finished>,
+) -> Result<Vec<(&'static str, SuiteReport)>> {
     let options = suite_options(args);
     let tokenizer = Dataset::open(&train_dir.to_string_lossy()).await?.tokenizer("").await?;
     let (dp, dp_manifest) = train::trained(args, &tokenizer, &dp_job.job).await?;
     let mut reports = vec![("dp", evaluate("dp", &dp, &options)?)];
-    if let Some(baseline) = &baseline {
+    if let Some(baseline) = baseline {
         let (nonprivate, manifest) = train::trained(args, &tokenizer, &baseline.job).await?;
         reports.push(("nonprivate", evaluate("nonprivate (NOT PRIVATE)", &nonprivate, &options)?));
         std::fs::write(dir.join("encoder-nonprivate.safetensors"), export_encoder(&nonprivate.params, &manifest)?)?;
     }
     reports.push(("random", evaluate("random", &train::fresh(args, &tokenizer)?, &options)?));
     std::fs::write(dir.join("encoder.safetensors"), export_encoder(&dp.params, &dp_manifest)?)?;
+    Ok(reports)
+}
 
+/// `report.json`: the privacy spend, the plan, the losses (non-DP telemetry, named so) and
+/// every model's scores.
+fn summary(
+    args: &DemoArgs,
+    dir: &Path,
+    jobs: &Jobs<'_>,
+    reports: &[(&'static str, SuiteReport)],
+    started: Instant,
+) -> serde_json::Value {
+    let (dp_job, baseline, warm) = (jobs.dp, jobs.baseline, jobs.warm);
     let (plan, progress) =
         (dp_job.job.plan.clone().unwrap_or_default(), dp_job.job.progress.clone().unwrap_or_default());
     let spend = &dp_job.spend;
@@ -279,50 +332,40 @@ async fn train_and_report(
         "loss_start": progress.loss_first,
         "loss_end": progress.loss,
         "captions": captions,
-        "nonprivate_job_id": baseline.as_ref().map(|b| b.job.job_id.clone()),
-        "warm_start_job_id": warm.as_ref().map(|w| w.job.job_id.clone()),
+        "nonprivate_job_id": baseline.map(|b| b.job.job_id.clone()),
+        "warm_start_job_id": warm.map(|w| w.job.job_id.clone()),
         "warm_start_steps": args.warm_start,
-        "nonprivate_privacy": baseline.as_ref().map(|_| "NOT PRIVATE: sigma = 0, same steps, batch and schedule"),
-        "loss_end_nonprivate": baseline.as_ref().and_then(|b| b.job.progress.as_ref().and_then(|p| p.loss)),
+        "nonprivate_privacy": baseline.map(|_| "NOT PRIVATE: sigma = 0, same steps, batch and schedule"),
+        "loss_end_nonprivate": baseline.and_then(|b| b.job.progress.as_ref().and_then(|p| p.loss)),
         "wall_s": started.elapsed().as_secs_f64(),
         "non_dp_telemetry": ["loss_start", "loss_end", "loss_end_nonprivate", "captions.reference"],
         "encoder": dir.join("encoder.safetensors"),
         "checkpoint": dp_job.job.checkpoint_root,
-        "checkpoint_nonprivate": baseline.as_ref().map(|b| b.job.checkpoint_root.clone()),
+        "checkpoint_nonprivate": baseline.map(|b| b.job.checkpoint_root.clone()),
     });
     if let Some(fields) = report.as_object_mut() {
         let named: Vec<(&str, &SuiteReport)> = reports.iter().map(|(name, r)| (*name, r)).collect();
         fields.extend(named_keys(&named));
-        if args.audit > 0 {
-            let request = dpcap_proto::v1::AuditJobRequest { job_id: dp_job.job.job_id.clone() };
-            let audit = accountant.raw().audit_job(request).await.map_err(jobs::status)?.into_inner();
-            fields.extend([
-                ("audit_canaries".to_owned(), json!(audit.canaries)),
-                ("audit_coordinates".to_owned(), json!(args.audit_coordinates)),
-                ("audit_guesses".to_owned(), json!(audit.guesses)),
-                ("audit_correct".to_owned(), json!(audit.correct)),
-                ("audit_epsilon_lower_bound".to_owned(), json!(audit.epsilon_lower_bound)),
-                ("audit_epsilon_lower_bound_fdp".to_owned(), json!(audit.epsilon_lower_bound_fdp)),
-                ("audit_violation".to_owned(), json!(audit.violation)),
-            ]);
-        }
     }
-    std::fs::write(dir.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    for (name, r) in &reports {
-        eprintln!(
-            "{name} model{}:\n{}",
-            if *name == "nonprivate" { " (NOT PRIVATE)" } else { "" },
-            crate::eval::report::table(r)
-        );
+    report
+}
+
+/// The DP job's one-run audit, into the report.
+async fn add_audit(report: &mut serde_json::Value, args: &DemoArgs, accountant: &str, job_id: &str) -> Result<()> {
+    let mut client = dpcap_proto::client::AccountantClient::connect(accountant.to_owned()).await?;
+    let request = dpcap_proto::v1::AuditJobRequest { job_id: job_id.to_owned() };
+    let audit = client.raw().audit_job(request).await.map_err(jobs::status)?.into_inner();
+    if let Some(fields) = report.as_object_mut() {
+        fields.extend([
+            ("audit_canaries".to_owned(), json!(audit.canaries)),
+            ("audit_coordinates".to_owned(), json!(args.audit_coordinates)),
+            ("audit_guesses".to_owned(), json!(audit.guesses)),
+            ("audit_correct".to_owned(), json!(audit.correct)),
+            ("audit_epsilon_lower_bound".to_owned(), json!(audit.epsilon_lower_bound)),
+            ("audit_epsilon_lower_bound_fdp".to_owned(), json!(audit.epsilon_lower_bound_fdp)),
+            ("audit_violation".to_owned(), json!(audit.violation)),
+            ("audit_covers".to_owned(), json!(audit.covers)),
+        ]);
     }
-    eprintln!(
-        "epsilon spent {:.3} of {} at delta {:.2e} (PLD) over {} steps; report at {}",
-        spend.epsilon_spent,
-        plan.epsilon_target,
-        plan.delta,
-        spend.steps_charged,
-        dir.join("report.json").display()
-    );
     Ok(())
 }

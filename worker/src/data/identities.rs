@@ -13,7 +13,8 @@ use image::{ImageBuffer, Rgb, RgbImage};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 
-use super::synth::{SynthExample, write_with};
+use super::SynthExample;
+use super::synth::write_with;
 
 /// How a user-partitioned identity set is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

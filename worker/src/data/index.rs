@@ -85,6 +85,9 @@ fn slice(bytes: &[u8], span: Span) -> &[u8] {
 /// example's user (from `KEY.json`'s `user`, a string or a number).
 type IndexedShard = (ShardTable, Skipped, Vec<SkippedExample>, Vec<Option<String>>);
 
+/// A shard as the manifest records it, why examples were left out, and each example's user.
+type ShardOutcome = (ShardRecord, Skipped, Vec<SkippedExample>, Vec<Option<String>>);
+
 /// The `user` field of an example's metadata, if there is one.
 fn user_of(meta: &serde_json::Value) -> Option<String> {
     match meta.get("user")? {
@@ -150,6 +153,36 @@ pub fn join(root: &Path, relative: &str) -> Path {
     Path::from(format!("{root}/{relative}").trim_start_matches('/'))
 }
 
+/// Indexes one shard: reads it, writes its table as the `n`th, and returns its record, why
+/// examples were left out, and each example's user (if any).
+async fn index_one(
+    store: &dyn ObjectStore,
+    root: &Path,
+    n: usize,
+    object: object_store::ObjectMeta,
+) -> Result<ShardOutcome, DataError> {
+    let relative = object
+        .location
+        .prefix_match(root)
+        .map(|parts| parts.map(|p| p.as_ref().to_owned()).collect::<Vec<_>>().join("/"))
+        .unwrap_or_else(|| object.location.to_string());
+    let bytes = store.get(&object.location).await?.bytes().await?;
+    let name = relative.clone();
+    let (table, skipped, report, users) = tokio::task::spawn_blocking(move || index_shard(&name, &bytes))
+        .await
+        .map_err(|e| DataError::Tar { shard: relative.clone(), reason: format!("indexing task failed: {e}") })??;
+    let encoded = table.encode();
+    let record = ShardRecord {
+        path: relative,
+        examples: table.entries.len() as u64,
+        skipped: skipped.total(),
+        table_bytes: encoded.len() as u64,
+        table_sha256: dpcap_proto::digest::sha256(&encoded),
+    };
+    store.put(&join(root, &table_path(n)), PutPayload::from(encoded)).await?;
+    Ok((record, skipped, report, users))
+}
+
 /// Indexes every `.tar` under `root` (in name order), `concurrency` shards at a time, writing
 /// one table per shard, the report and then the manifest under `root/index/`. `progress` is
 /// called once per shard, in order, as each is done.
@@ -166,29 +199,7 @@ pub async fn build_index(
         return Err(DataError::Empty(root.to_string()));
     }
     let shards = futures::stream::iter(objects.into_iter().enumerate())
-        .map(|(n, object)| async move {
-            let relative = object
-                .location
-                .prefix_match(root)
-                .map(|parts| parts.map(|p| p.as_ref().to_owned()).collect::<Vec<_>>().join("/"))
-                .unwrap_or_else(|| object.location.to_string());
-            let bytes = store.get(&object.location).await?.bytes().await?;
-            let name = relative.clone();
-            let (table, skipped, report, users) =
-                tokio::task::spawn_blocking(move || index_shard(&name, &bytes)).await.map_err(|e| {
-                    DataError::Tar { shard: relative.clone(), reason: format!("indexing task failed: {e}") }
-                })??;
-            let encoded = table.encode();
-            let record = ShardRecord {
-                path: relative,
-                examples: table.entries.len() as u64,
-                skipped: skipped.total(),
-                table_bytes: encoded.len() as u64,
-                table_sha256: dpcap_proto::digest::sha256(&encoded),
-            };
-            store.put(&join(root, &table_path(n)), PutPayload::from(encoded)).await?;
-            Ok::<_, DataError>((record, skipped, report, users))
-        })
+        .map(|(n, object)| index_one(store, root, n, object))
         .buffered(concurrency.max(1));
     futures::pin_mut!(shards);
     let mut manifest = Manifest {

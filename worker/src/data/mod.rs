@@ -12,6 +12,20 @@ pub mod synth;
 pub mod tokenizer;
 
 pub use index::{BuiltIndex, build_index};
+
+/// One generated example (synthetic scenes, procedural images, identities), before it is
+/// written into a shard.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthExample {
+    /// WebDataset key.
+    pub key: String,
+    /// The caption.
+    pub caption: String,
+    /// Class of the first object (scenes: colour · 3 + shape; identities: the identity).
+    pub label: u32,
+    /// The image.
+    pub image: image::RgbImage,
+}
 pub use shards::{RawExample, ShardReader};
 
 /// Why a dataset could not be indexed or read.

@@ -7,7 +7,7 @@ use image::{ImageBuffer, Rgb, RgbImage};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 
-use super::synth::SynthExample;
+use super::SynthExample;
 
 /// The caption of every procedural image.
 pub const CAPTION: &str = "a procedural image";

@@ -18,6 +18,8 @@ use image::{ImageBuffer, Rgb, RgbImage};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 
+use super::SynthExample;
+
 /// Shape kinds, in label order.
 pub const SHAPES: [&str; 3] = ["circle", "square", "triangle"];
 /// Colour names and RGB values, in label order.
@@ -25,19 +27,6 @@ pub const COLOURS: [(&str, [u8; 3]); 4] =
     [("red", [220, 40, 40]), ("green", [40, 190, 60]), ("blue", [50, 80, 230]), ("yellow", [230, 210, 40])];
 /// Number of classes: colour × shape of the first object.
 pub const CLASSES: usize = SHAPES.len() * COLOURS.len();
-
-/// One generated example.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SynthExample {
-    /// WebDataset key.
-    pub key: String,
-    /// The caption.
-    pub caption: String,
-    /// Class of the first object: colour · 3 + shape.
-    pub label: u32,
-    /// The image.
-    pub image: RgbImage,
-}
 
 /// One shape of a scene: what a caption says about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

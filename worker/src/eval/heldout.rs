@@ -10,8 +10,9 @@ use rayon::prelude::*;
 
 use super::EvalError;
 use crate::data::Example;
+use crate::data::SynthExample;
 use crate::data::pipeline::{Crop, Pipeline};
-use crate::data::synth::{self, PairScene, SynthExample};
+use crate::data::synth::{self, PairScene};
 
 /// The first held-out index.
 pub const HELDOUT_START: u64 = 1 << 40;

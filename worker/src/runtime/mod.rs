@@ -3,6 +3,7 @@
 //! fetch the release, update, report; rank 0 checkpoints).
 
 pub mod ckpt;
+pub mod config;
 pub mod dataset;
 pub mod init;
 pub mod reduce;
@@ -11,7 +12,8 @@ pub mod stream;
 pub mod trainer;
 pub mod worker;
 
-pub use worker::{WorkerConfig, run};
+pub use config::WorkerConfig;
+pub use worker::run;
 
 /// Why a worker step or session failed.
 #[derive(Debug, thiserror::Error)]

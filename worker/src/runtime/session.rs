@@ -16,18 +16,18 @@ use dpcap_proto::v1::{
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
 
 use crate::checkpoint::{load_optimizer, load_weights, save_optimizer, save_weights};
-use crate::clip::ClipEngine;
+use crate::clip::{ClipEngine, Telemetry};
 use crate::collective::Reducer;
 use crate::data::pipeline::Pipeline;
 use crate::fed::LocalConfig;
 use crate::optim::Schedule;
 use crate::optim::{AdamWConfig, Rule};
 use crate::runtime::ckpt::{CheckpointStore, Manifest};
+use crate::runtime::config::WorkerConfig;
 use crate::runtime::dataset::{CropPlan, Dataset, View};
 use crate::runtime::reduce::{self, Outcome};
 use crate::runtime::stream::{DEFAULT_PREFETCH, ExampleStream};
 use crate::runtime::trainer::{Kind, Trainer};
-use crate::runtime::worker::WorkerConfig;
 use crate::runtime::{RuntimeError, lease_or};
 
 /// Seconds of each phase of one step.
@@ -67,6 +67,59 @@ pub struct Session<AB: AutodiffBackend> {
     init_from: String,
     /// Charged steps whose release was lost: skipped, still spent.
     discarded: Vec<u64>,
+}
+
+/// Where a replica starts: its latest checkpoint, another job's weights, or its seed.
+#[derive(Debug, Default)]
+struct Restored {
+    position: u64,
+    applied: u64,
+    discarded: Vec<u64>,
+    init_from: String,
+}
+
+/// Loads the job's latest checkpoint into `trainer` (the replica then resumes at its step), or
+/// else the `init_from` weights the plan pinned; a fresh job starts from its seed.
+async fn restore<AB: AutodiffBackend>(
+    trainer: &mut Trainer<AB>,
+    checkpoints: &CheckpointStore,
+    assignment: &Assignment,
+) -> Result<Restored, RuntimeError> {
+    let (spec, plan) = (assignment.spec.clone().unwrap_or_default(), assignment.plan.clone().unwrap_or_default());
+    if let Some(step) = checkpoints.latest().await? {
+        let (manifest, weights, optimizer) = checkpoints.load(step).await?;
+        load_weights(&mut trainer.params, &weights)
+            .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
+        trainer.optimizer = load_optimizer(&trainer.params, &optimizer)
+            .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
+        tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, step, "resumed from checkpoint");
+        return Ok(Restored {
+            position: manifest.step,
+            applied: manifest.applied_steps,
+            discarded: manifest.discarded_steps,
+            init_from: manifest.init_from,
+        });
+    }
+    if spec.init_from.is_empty() {
+        return Ok(Restored::default());
+    }
+    let (model, pinned) = ((spec.model.as_str(), objective_name(&spec)), (plan.init_step, plan.init_privacy.as_str()));
+    let source =
+        crate::runtime::init::load_init(&mut trainer.params, &spec.init_from, (model.0, &model.1), pinned).await?;
+    tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, from = %source.job_id, step = source.step,
+        "initialised from another job's weights");
+    let init_from = format!("job {} step {} ({})", source.job_id, source.step, source.privacy);
+    Ok(Restored { init_from, ..Restored::default() })
+}
+
+/// A rank's part of a step, before the reduction.
+struct Computed {
+    /// Σ clip_C(g_i) over its examples, P values.
+    part: Vec<f32>,
+    /// Non-DP telemetry and the non-finite count.
+    telemetry: Telemetry,
+    /// Examples read (the realised share: non-DP telemetry).
+    examples: usize,
 }
 
 /// How a step ended on this rank.
@@ -129,30 +182,11 @@ impl<AB: AutodiffBackend> Session<AB> {
             })?),
         };
         let checkpoints = CheckpointStore::open(&assignment.checkpoint_root)?;
-        let (mut position, mut applied, mut discarded, mut init_from) = (0, 0, Vec::new(), String::new());
-        if let Some(step) = checkpoints.latest().await? {
-            let (manifest, weights, optimizer) = checkpoints.load(step).await?;
-            load_weights(&mut trainer.params, &weights)
-                .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
-            trainer.optimizer = load_optimizer(&trainer.params, &optimizer)
-                .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
-            (position, applied, discarded) = (manifest.step, manifest.applied_steps, manifest.discarded_steps);
-            init_from = manifest.init_from;
-            tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, step, "resumed from checkpoint");
-        } else if !spec.init_from.is_empty() {
-            let (model, pinned) =
-                ((spec.model.as_str(), objective_name(&spec)), (plan.init_step, plan.init_privacy.as_str()));
-            let source =
-                crate::runtime::init::load_init(&mut trainer.params, &spec.init_from, (model.0, &model.1), pinned)
-                    .await?;
-            init_from = format!("job {} step {} ({})", source.job_id, source.step, source.privacy);
-            tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, from = %source.job_id, step = source.step, "initialised from another job's weights");
-        }
+        let restored = restore(&mut trainer, &checkpoints, &assignment).await?;
         let reducer =
             reduce::form(&assignment, (&mut coordinator, &worker_id), (&config.device, config.collective_timeout))
                 .await?;
         Ok(Self {
-            init_from,
             worker_id,
             assignment,
             spec,
@@ -166,9 +200,10 @@ impl<AB: AutodiffBackend> Session<AB> {
             checkpoints,
             trainer,
             reducer,
-            position,
-            applied,
-            discarded,
+            position: restored.position,
+            applied: restored.applied,
+            discarded: restored.discarded,
+            init_from: restored.init_from,
         })
     }
 
@@ -293,6 +328,42 @@ impl<AB: AutodiffBackend> Session<AB> {
         let mut phases = Phases::default();
 
         let t = Instant::now();
+        let computed = self.compute(step, units).await?;
+        phases.compute = since(t);
+
+        let outcome =
+            reduce::release(&self.reducer, &mut self.accountant, (&job_id, step, rank, generation), computed.part)
+                .await?;
+        let released = match outcome {
+            Outcome::Released(released) => released,
+            Outcome::Discarded => {
+                tracing::warn!(job_id, step, rank, "step was charged but its release was lost; skipped (discarded)");
+                self.discarded.push(step);
+                self.position = step + 1;
+                return Ok(StepDone::Discarded);
+            }
+        };
+        (phases.reduce, phases.release) = (released.reduce_seconds, released.release_seconds);
+
+        let t = Instant::now();
+        tokio::task::block_in_place(|| self.trainer.apply(released.values, step))?;
+        self.position = step + 1;
+        self.applied += 1;
+        phases.update = since(t);
+
+        if checkpoint && rank == 0 {
+            let t = Instant::now();
+            self.save_checkpoint(step + 1).await?;
+            phases.checkpoint = since(t);
+            report.checkpoint_step = step + 1;
+        }
+        self.fill_report(report, &computed.telemetry, computed.examples, phases);
+        Ok(StepDone::Applied)
+    }
+
+    /// This rank's part of `step`: its work units' examples read, streamed one micro-batch at a
+    /// time through the clip engine (fedemb: one client at a time), summed.
+    async fn compute(&mut self, step: u64, units: &[dpcap_proto::v1::ExampleRange]) -> Result<Computed, RuntimeError> {
         let mut indices = Vec::with_capacity(units.iter().map(|u| u.indices.len()).sum());
         // fedemb: each example's client (a client's ranges are adjacent in `units`).
         let mut clients = Vec::with_capacity(indices.capacity());
@@ -321,66 +392,34 @@ impl<AB: AutodiffBackend> Session<AB> {
                 start = end;
             }
         } else {
-            let mut stream = ExampleStream::start(
-                self.dataset.clone(),
-                (indices, view),
-                self.trainer.engine.micro_batch,
-                DEFAULT_PREFETCH,
-            );
+            let micro_batch = self.trainer.engine.micro_batch;
+            let mut stream = ExampleStream::start(self.dataset.clone(), (indices, view), micro_batch, DEFAULT_PREFETCH);
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk?;
                 tokio::task::block_in_place(|| self.trainer.accumulate(&mut part, &chunk))?;
             }
         }
         let (part, telemetry) = tokio::task::block_in_place(|| self.trainer.finish_part(part))?;
-        phases.compute = since(t);
+        Ok(Computed { part, telemetry, examples })
+    }
 
-        let outcome =
-            reduce::release(&self.reducer, &mut self.accountant, (&job_id, step, rank, generation), part).await?;
-        let released = match outcome {
-            Outcome::Released(released) => released,
-            Outcome::Discarded => {
-                tracing::warn!(job_id, step, rank, "step was charged but its release was lost; skipped (discarded)");
-                self.discarded.push(step);
-                self.position = step + 1;
-                return Ok(StepDone::Discarded);
-            }
-        };
-        (phases.reduce, phases.release) = (released.reduce_seconds, released.release_seconds);
-        let (release, spend) = (released.values, released.spend);
-
-        let t = Instant::now();
-        tokio::task::block_in_place(|| self.trainer.apply(release, step))?;
-        self.position = step + 1;
-        self.applied += 1;
-        phases.update = since(t);
-
-        if checkpoint && rank == 0 {
-            let t = Instant::now();
-            self.save_checkpoint(step + 1).await?;
-            phases.checkpoint = since(t);
-            report.checkpoint_step = step + 1;
-        }
-        // A count only, whatever the telemetry (the job's status and a metric show it).
+    /// What the coordinator hears of a done step: counts always; the realised batch size, the
+    /// loss and the phase timings (non-DP telemetry) only without `telemetry: strict`.
+    fn fill_report(&self, report: &mut ReportStepRequest, telemetry: &Telemetry, examples: usize, phases: Phases) {
         report.nonfinite_examples = telemetry.nonfinite;
-        if let Some(spend) = &spend {
-            tracing::debug!(job_id, step, epsilon = spend.epsilon_spent, "spend after the step");
-        }
-        // The realised batch size and the loss are non-DP telemetry: none of it under strict.
         let strict = self.spec.telemetry == TelemetryMode::Strict as i32;
         if !strict && examples > 0 {
             report.examples = examples as u64;
             report.loss = Some(telemetry.mean_loss());
         }
-        // Phase timings grow with the realised batch size: non-DP telemetry too.
         if !strict {
             (report.compute_seconds, report.reduce_seconds, report.release_seconds) =
                 (phases.compute, phases.reduce, phases.release);
             (report.update_seconds, report.checkpoint_seconds) = (phases.update, phases.checkpoint);
         }
         let (examples, compute_s) = if strict { (None, None) } else { (Some(examples), Some(phases.compute)) };
+        let (job_id, step, rank) = (&self.assignment.job_id, report.step, self.assignment.rank);
         tracing::info!(job_id, step, rank, examples, compute_s, "step done");
-        Ok(StepDone::Applied)
     }
 
     async fn save_checkpoint(&self, step: u64) -> Result<(), RuntimeError> {
