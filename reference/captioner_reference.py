@@ -3,7 +3,7 @@
 
 Rebuilds the captioner of worker/src/model/{captioner,encoder,layers}.rs in plain PyTorch
 (float64 arithmetic on float32-rounded weights and inputs), with the deterministic weights
-and inputs of worker/tests/reference.rs, and computes what that test checks:
+and inputs of ml/tests/reference.rs, and computes what that test checks:
 
 * losses            per-example mean token cross-entropy over non-PAD targets (PAD = 0)
 * norms             per-example L2 norms of the gradient of each example's own loss
@@ -14,7 +14,7 @@ and inputs of worker/tests/reference.rs, and computes what that test checks:
 Usage (see reference/README.md):
     python reference/captioner_reference.py                       # print the JSON
     python reference/captioner_reference.py --out PATH            # write the JSON
-    python reference/captioner_reference.py --check worker/tests/data/captioner_reference.json
+    python reference/captioner_reference.py --check ml/tests/data/captioner_reference.json
 """
 
 import argparse

@@ -11,7 +11,7 @@ more than --tolerance (absolute, default 1e-4).
     python reference/timm_check.py ENCODER.safetensors CHECK.safetensors --keys-out KEYS.json
 
 `--keys-out` writes timm's own state-dict names and shapes for that configuration: the fixture
-`worker/tests/data/timm_vit_micro_keys.json` that the Rust test compares the export against.
+`ml/tests/data/timm_vit_micro_keys.json` that the Rust test compares the export against.
 """
 
 import argparse

@@ -7,10 +7,10 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Device, Distribution, Tensor};
-use dpcap_worker::CpuBackend;
-use dpcap_worker::clip::{ClipEngine, Objective, Precision, naive_clipped_sum, nonprivate_sum};
-use dpcap_worker::model::{CaptionBatch, Captioner, CaptionerConfig, Mae, MaeBatch, MaeConfig};
-use dpcap_worker::params::ParamSet;
+use dpcap_ml::CpuBackend;
+use dpcap_ml::clip::{ClipEngine, Objective, Precision, naive_clipped_sum, nonprivate_sum};
+use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig, Mae, MaeBatch, MaeConfig};
+use dpcap_ml::params::ParamSet;
 use serde_json::json;
 
 /// Options of `dpctl bench clip`.

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use dpcap_worker::data::pipeline::{Crop, Pipeline};
+use dpcap_dataset::pipeline::{Crop, Pipeline};
 use rayon::prelude::*;
 use serde_json::json;
 

@@ -6,12 +6,12 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use dpcap_worker::clip::{ClipEngine, Precision};
-use dpcap_worker::data::synth;
-use dpcap_worker::optim::Schedule;
-use dpcap_worker::runtime::dataset::{Dataset, View};
-use dpcap_worker::runtime::stream::{DEFAULT_PREFETCH, ExampleStream};
-use dpcap_worker::runtime::trainer::Trainer;
+use dpcap_dataset::reader::{Dataset, View};
+use dpcap_dataset::stream::{DEFAULT_PREFETCH, ExampleStream};
+use dpcap_dataset::synth;
+use dpcap_ml::clip::{ClipEngine, Precision};
+use dpcap_ml::optim::Schedule;
+use dpcap_ml::trainer::Trainer;
 use serde_json::json;
 
 /// Options of `dpctl bench share`.
@@ -50,9 +50,9 @@ pub fn run(opts: ShareBench) -> Result<()> {
         let engine = ClipEngine { clipping_norm: 1.0, micro_batch: opts.micro_batch, precision: Precision::F32 };
         let schedule = Schedule { peak: 1e-3, warmup_steps: 0, total_steps: 1, floor: 0.0 };
         let device = Default::default();
-        let trainer = Trainer::<dpcap_worker::CpuBackend>::new(
+        let trainer = Trainer::<dpcap_ml::CpuBackend>::new(
             &opts.model,
-            dpcap_worker::runtime::trainer::Kind::Caption,
+            dpcap_ml::trainer::Kind::Caption,
             Some(tokenizer),
             1,
             (engine, opts.examples as f64, schedule),

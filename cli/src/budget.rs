@@ -82,7 +82,7 @@ pub async fn dataset_digest(dataset: &str) -> Result<String> {
         return Ok(dataset.to_owned());
     }
     let (store, root) = dpcap_serve::open_existing_store(dataset)?;
-    let manifest = dpcap_proto::index::MANIFEST_PATH;
+    let manifest = dpcap_dataset::index::MANIFEST_PATH;
     let path = Path::from(format!("{root}/{manifest}").trim_start_matches('/'));
     let bytes = store
         .get(&path)
@@ -90,8 +90,8 @@ pub async fn dataset_digest(dataset: &str) -> Result<String> {
         .with_context(|| format!("reading {dataset}/{manifest} (run `dpctl dataset index` first)"))?
         .bytes()
         .await?;
-    dpcap_proto::index::Manifest::parse(&bytes).with_context(|| format!("{dataset}/{manifest}"))?;
-    Ok(dpcap_proto::index::Manifest::digest(&bytes))
+    dpcap_dataset::index::Manifest::parse(&bytes).with_context(|| format!("{dataset}/{manifest}"))?;
+    Ok(dpcap_dataset::index::Manifest::digest(&bytes))
 }
 
 fn print(budget: &DatasetBudget) {

@@ -2,7 +2,7 @@
 //! (`dpctl eval`, `dpctl export`). Reading never creates the directory a mistyped path names.
 
 use anyhow::{Result, anyhow};
-use dpcap_worker::runtime::ckpt::{CheckpointStore, Manifest};
+use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
 
 /// One checkpoint: its step, manifest and weights (safetensors bytes).
 #[derive(Debug)]

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use dpcap_worker::data::index::{REPORT_PATH, join};
-use dpcap_worker::data::tokenizer::CaptionTokenizer;
-use dpcap_worker::data::{ShardReader, build_index, identities, synth};
+use dpcap_dataset::indexer::{REPORT_PATH, join};
+use dpcap_dataset::tokenizer::CaptionTokenizer;
+use dpcap_dataset::{ShardReader, build_index, identities, synth};
 use futures::{StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use object_store::{ObjectStoreExt, PutPayload};
@@ -206,7 +206,7 @@ pub async fn index_dataset(url: &str, options: &IndexOptions) -> Result<serde_js
     let bar = if options.progress { ProgressBar::new_spinner() } else { ProgressBar::hidden() };
     bar.set_style(ProgressStyle::with_template("{spinner} {pos} shards, {msg} [{elapsed}]")?);
     let examples = std::sync::atomic::AtomicU64::new(0);
-    let progress = |record: &dpcap_proto::index::ShardRecord| {
+    let progress = |record: &dpcap_dataset::index::ShardRecord| {
         let n = examples.fetch_add(record.examples, std::sync::atomic::Ordering::Relaxed) + record.examples;
         bar.inc(1);
         bar.set_message(format!("{n} examples"));
@@ -245,6 +245,6 @@ pub async fn index_dataset(url: &str, options: &IndexOptions) -> Result<serde_js
     };
     let m = &built.manifest;
     Ok(json!({"url": url, "examples": m.examples, "shards": m.shards.len(), "skipped": m.skipped,
-              "manifest": dpcap_proto::index::MANIFEST_PATH, "report": REPORT_PATH, "digest": built.digest,
+              "manifest": dpcap_dataset::index::MANIFEST_PATH, "report": REPORT_PATH, "digest": built.digest,
               "index_bytes": m.shards.iter().map(|s| s.table_bytes).sum::<u64>(), "tokenizer": tokenizer}))
 }

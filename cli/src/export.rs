@@ -1,17 +1,17 @@
 //! `dpctl export`: a checkpoint's image encoder as a file other tools load. `--format dpcap`
 //! keeps our names and layout (Linear weights [d_in, d_out]); `--format timm` writes a timm
-//! `VisionTransformer` state dict that loads with `strict=True` (`dpcap_worker::timm`). Both
+//! `VisionTransformer` state dict that loads with `strict=True` (`dpcap_ml::timm`). Both
 //! carry the checkpoint's provenance, and a NOT PRIVATE model's notice, in the metadata.
 
 use std::path::PathBuf;
 
 use anyhow::{Result, anyhow, bail};
 use clap::{Args, ValueEnum};
-use dpcap_worker::CpuBackend;
-use dpcap_worker::checkpoint::{export_encoder, load_weights_with_prefix};
-use dpcap_worker::model::{CaptionerConfig, Encoder, EncoderConfig, MaeConfig};
-use dpcap_worker::params::ParamSet;
-use dpcap_worker::timm;
+use dpcap_ml::CpuBackend;
+use dpcap_ml::checkpoint::{export_encoder, load_weights_with_prefix};
+use dpcap_ml::model::{CaptionerConfig, Encoder, EncoderConfig, MaeConfig};
+use dpcap_ml::params::ParamSet;
+use dpcap_ml::timm;
 use serde_json::json;
 
 type Inner = <CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
@@ -59,7 +59,7 @@ fn encoder_config(model: &str, objective: &str) -> Result<EncoderConfig> {
         "caption" => CaptionerConfig::named(model).map(|c| c.encoder),
         "mae" => MaeConfig::named(model).map(|c| c.encoder),
         // DP-FedEmb's backbone: the encoder exports alone (its embedding projection stays).
-        "fedemb" => dpcap_worker::model::EmbedderConfig::named(model).map(|c| c.encoder),
+        "fedemb" => dpcap_ml::model::EmbedderConfig::named(model).map(|c| c.encoder),
         other => bail!("the checkpoint's objective {other:?} has no image encoder to export"),
     };
     config.ok_or_else(|| anyhow!("the checkpoint's model {model:?} is not a known configuration"))

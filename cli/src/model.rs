@@ -3,9 +3,9 @@
 use anyhow::Result;
 use burn::tensor::backend::AutodiffBackend;
 use clap::Subcommand;
-use dpcap_worker::CpuBackend;
-use dpcap_worker::model::{Captioner, CaptionerConfig, Mae, MaeConfig};
-use dpcap_worker::params::ParamSet;
+use dpcap_ml::CpuBackend;
+use dpcap_ml::model::{Captioner, CaptionerConfig, Mae, MaeConfig};
+use dpcap_ml::params::ParamSet;
 use serde_json::json;
 
 type Inner = <CpuBackend as AutodiffBackend>::InnerBackend;

@@ -5,12 +5,12 @@
 use std::path::Path;
 use std::process::Command;
 
-use dpcap_worker::checkpoint::save_weights;
-use dpcap_worker::model::{Captioner, CaptionerConfig};
-use dpcap_worker::params::ParamSet;
-use dpcap_worker::runtime::ckpt::{CheckpointStore, Manifest};
+use dpcap_ml::checkpoint::save_weights;
+use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
+use dpcap_ml::model::{Captioner, CaptionerConfig};
+use dpcap_ml::params::ParamSet;
 
-type Inner = <dpcap_worker::CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+type Inner = <dpcap_ml::CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
 
 fn dpctl(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_dpctl")).args(args).output().expect("dpctl runs");

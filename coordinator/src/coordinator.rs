@@ -525,7 +525,7 @@ fn entry_for(job: Job, private: &Private, clients: Option<Arc<Vec<Vec<u64>>>>) -
     Ok(JobEntry {
         job,
         sampler,
-        layout: dpcap_proto::index::Layout::from_counts(&private.shard_counts),
+        layout: dpcap_dataset::index::Layout::from_counts(&private.shard_counts),
         clients,
         group: None,
         phase_seconds: [0.0; 5],

@@ -3,7 +3,7 @@
 //! the manifest is read: O(shards) memory (about 4 MB at LAION's 23k shards), never the
 //! per-example tables.
 
-use dpcap_proto::index::{Layout, MANIFEST_PATH, Manifest, USERS_PATH};
+use dpcap_dataset::index::{Layout, MANIFEST_PATH, Manifest, USERS_PATH};
 use dpcap_serve::open_existing_store;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;

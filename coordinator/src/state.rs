@@ -10,7 +10,7 @@ use dpcap_proto::v1::{Condition, Job, JobState, Reduction, StepOutcome};
 use crate::error::CoordinatorError;
 use crate::sampler::PoissonSampler;
 use crate::work::{ClientUnit, example_units, split_clients, split_work};
-use dpcap_proto::index::Layout;
+use dpcap_dataset::index::Layout;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {

@@ -2,7 +2,7 @@
 //! so that each rank's share is proportional to its measured throughput. Every rank gets a
 //! list, possibly empty: a rank with no examples still contributes a zero part.
 
-use dpcap_proto::index::Layout;
+use dpcap_dataset::index::Layout;
 use dpcap_proto::v1::step_work::Action;
 use dpcap_proto::v1::{ExampleRange, StepWork};
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::{job, submit, worker};
 use dpcap_coordinator::state::State;
 use dpcap_coordinator::{ClientUnit, JobSecret, PoissonSampler, split_clients};
-use dpcap_proto::index::{Layout, UserTable};
+use dpcap_dataset::index::{Layout, UserTable};
 
 /// `users` users with 1 to 5 examples each, their examples scattered over the dataset in a
 /// fixed shuffle, so a user's examples span shards.

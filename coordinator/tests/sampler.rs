@@ -3,7 +3,7 @@
 
 use dpcap_coordinator::sampler::SamplerError;
 use dpcap_coordinator::{JobSecret, PoissonSampler, split_work};
-use dpcap_proto::index::Layout;
+use dpcap_dataset::index::Layout;
 
 fn sampler(secret: u8, n: u64, q: f64) -> PoissonSampler {
     PoissonSampler::new(JobSecret([secret; 32]), n, q).unwrap()

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use common::{done, job, running, submit, worker};
 use dpcap_coordinator::state::{Report, State};
 use dpcap_coordinator::{JobSecret, PoissonSampler};
-use dpcap_proto::index::Layout;
+use dpcap_dataset::index::Layout;
 use dpcap_proto::v1::{JobState, StepOutcome};
 
 #[test]

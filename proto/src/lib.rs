@@ -10,7 +10,6 @@ pub mod contract;
 pub mod digest;
 pub mod error;
 pub mod floats;
-pub mod index;
 pub mod reflection;
 pub mod retry;
 

@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use dpcap_ml::checkpoint::CheckpointStore;
 use dpcap_proto::v1::JobState;
-use dpcap_worker::runtime::ckpt::CheckpointStore;
 
 use crate::jobs::{ended, get, spec, spend, submit};
 use crate::{Process, Services};

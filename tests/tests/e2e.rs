@@ -61,15 +61,15 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
     assert_eq!(job.progress.as_ref().unwrap().epsilon_spent, spend.epsilon_spent);
 
     // The checkpoint of the last step exists and loads into the model.
-    let checkpoints = dpcap_worker::runtime::ckpt::CheckpointStore::open(&job.checkpoint_root).unwrap();
+    let checkpoints = dpcap_ml::checkpoint::CheckpointStore::open(&job.checkpoint_root).unwrap();
     assert_eq!(checkpoints.latest().await.unwrap(), Some(5));
     let (manifest, weights, optimizer) = checkpoints.load(5).await.unwrap();
     assert_eq!((manifest.step, manifest.model.as_str()), (5, "micro"));
-    let mut params = dpcap_worker::params::ParamSet::<burn_inner::Inner>::new(&Default::default());
+    let mut params = dpcap_ml::params::ParamSet::<burn_inner::Inner>::new(&Default::default());
     let captioner =
-        dpcap_worker::model::Captioner::new(&mut params, dpcap_worker::model::CaptionerConfig::named("micro").unwrap());
-    dpcap_worker::checkpoint::load_weights(&mut params, &weights).expect("weights load");
-    dpcap_worker::checkpoint::load_optimizer(&params, &optimizer).expect("optimizer state loads");
+        dpcap_ml::model::Captioner::new(&mut params, dpcap_ml::model::CaptionerConfig::named("micro").unwrap());
+    dpcap_ml::checkpoint::load_weights(&mut params, &weights).expect("weights load");
+    dpcap_ml::checkpoint::load_optimizer(&params, &optimizer).expect("optimizer state loads");
     drop(captioner);
 
     let metrics = services.coordinator.scrape().await;
@@ -85,7 +85,7 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
 }
 
 mod burn_inner {
-    pub type Inner = <dpcap_worker::CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+    pub type Inner = <dpcap_ml::CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,7 +287,7 @@ async fn a_tan_simulation_runs_not_private_and_reports_its_targets_epsilon_every
     let state = format!("dpcap_job_state{{job_id=\"{}\",privacy=\"simulation\",state=\"succeeded\"}} 1", job.job_id);
     assert!(metrics.contains(&state), "{metrics}");
 
-    let checkpoints = dpcap_worker::runtime::ckpt::CheckpointStore::open(&job.checkpoint_root).unwrap();
+    let checkpoints = dpcap_ml::checkpoint::CheckpointStore::open(&job.checkpoint_root).unwrap();
     let (manifest, _, _) = checkpoints.load(checkpoints.latest().await.unwrap().unwrap()).await.unwrap();
     assert_eq!(manifest.privacy, "simulation");
     assert!(!manifest.is_private());

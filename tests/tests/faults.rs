@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use dpcap_e2e::jobs::{ended, get, spec, spend, step, submit, tempfile_dir, wait_until};
 use dpcap_e2e::{Process, Services, dpctl, synth_dataset};
+use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
 use dpcap_proto::v1::{Job, JobState};
-use dpcap_worker::runtime::ckpt::{CheckpointStore, Manifest};
 
 /// The final checkpoint's manifest.
 async fn final_manifest(job: &Job) -> Manifest {

@@ -55,15 +55,15 @@ async fn a_user_level_job_samples_users_charges_each_round_once_and_leaves_an_em
     assert!(spend.epsilon_spent > 0.0 && spend.epsilon_spent <= plan.epsilon_target + 1e-9, "{spend:?}");
 
     // The checkpoint is an embedder's (encoder and projection), with server momentum state.
-    let checkpoints = dpcap_worker::runtime::ckpt::CheckpointStore::open(&job.checkpoint_root).unwrap();
+    let checkpoints = dpcap_ml::checkpoint::CheckpointStore::open(&job.checkpoint_root).unwrap();
     let (manifest, weights, optimizer) = checkpoints.load(3).await.unwrap();
     assert_eq!((manifest.objective.as_str(), manifest.step), ("fedemb", 3));
-    let mut params = dpcap_worker::params::ParamSet::<Inner>::new(&Default::default());
-    let config = dpcap_worker::model::EmbedderConfig::named("micro").unwrap();
-    let _model = dpcap_worker::model::Embedder::new(&mut params, config);
-    dpcap_worker::checkpoint::load_weights(&mut params, &weights).expect("embedder weights load");
-    let state = dpcap_worker::checkpoint::load_optimizer(&params, &optimizer).expect("server optimizer loads");
-    assert_eq!(state.config.rule, dpcap_worker::optim::Rule::Momentum);
+    let mut params = dpcap_ml::params::ParamSet::<Inner>::new(&Default::default());
+    let config = dpcap_ml::model::EmbedderConfig::named("micro").unwrap();
+    let _model = dpcap_ml::model::Embedder::new(&mut params, config);
+    dpcap_ml::checkpoint::load_weights(&mut params, &weights).expect("embedder weights load");
+    let state = dpcap_ml::checkpoint::load_optimizer(&params, &optimizer).expect("server optimizer loads");
+    assert_eq!(state.config.rule, dpcap_ml::optim::Rule::Momentum);
 
     // Virtual clients (k > 1) are refused: ⌈users/k⌉ would make the grouping data-dependent.
     let request =
@@ -83,4 +83,4 @@ async fn a_user_level_job_samples_users_charges_each_round_once_and_leaves_an_em
     assert!(err.message().contains("objective") && err.message().contains("user"), "{}", err.message());
 }
 
-type Inner = <dpcap_worker::CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+type Inner = <dpcap_ml::CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;

@@ -2,9 +2,9 @@
 
 use anyhow::{Result, bail};
 use clap::Parser;
+use dpcap_ml::clip::Precision;
 use dpcap_serve::ClientTlsArgs;
 use dpcap_serve::process::{init_tracing, shutdown_signal};
-use dpcap_worker::clip::Precision;
 use dpcap_worker::runtime::{WorkerConfig, run};
 
 /// dpcap's worker.
@@ -55,7 +55,7 @@ async fn main() -> Result<()> {
         precision: args.precision,
     };
     if args.device == "cpu" {
-        run::<dpcap_worker::CpuBackend>(config, Default::default(), shutdown_signal()).await?;
+        run::<dpcap_ml::CpuBackend>(config, Default::default(), shutdown_signal()).await?;
         return Ok(());
     }
     if let Some(index) = args.device.strip_prefix("cuda:") {

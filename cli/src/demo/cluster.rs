@@ -90,7 +90,7 @@ impl Cluster {
             let shutdown = stopped(&stop);
             tasks.push(tokio::spawn(async move {
                 if let Err(e) =
-                    dpcap_worker::runtime::run::<dpcap_worker::CpuBackend>(config, Default::default(), shutdown).await
+                    dpcap_worker::runtime::run::<dpcap_ml::CpuBackend>(config, Default::default(), shutdown).await
                 {
                     tracing::error!(error = %e, "worker failed");
                 }

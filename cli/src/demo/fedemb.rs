@@ -10,15 +10,15 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use dpcap_coordinator::SpecFile;
 use dpcap_coordinator::spec::FedEmbFile;
-use dpcap_worker::CpuBackend;
-use dpcap_worker::checkpoint::load_weights;
-use dpcap_worker::data::identities::{self, IdentityLayout};
-use dpcap_worker::data::pipeline::Pipeline;
-use dpcap_worker::eval::heldout;
-use dpcap_worker::eval::retrieval::{self, Recall};
-use dpcap_worker::model::{Embedder, EmbedderConfig};
-use dpcap_worker::params::ParamSet;
-use dpcap_worker::runtime::ckpt::CheckpointStore;
+use dpcap_dataset::identities::{self, IdentityLayout};
+use dpcap_dataset::pipeline::Pipeline;
+use dpcap_ml::CpuBackend;
+use dpcap_ml::checkpoint::CheckpointStore;
+use dpcap_ml::checkpoint::load_weights;
+use dpcap_ml::eval::heldout;
+use dpcap_ml::eval::retrieval::{self, Recall};
+use dpcap_ml::model::{Embedder, EmbedderConfig};
+use dpcap_ml::params::ParamSet;
 use serde_json::json;
 
 use super::DemoArgs;
@@ -37,7 +37,7 @@ pub async fn prepare_data(dir: &Path, args: &DemoArgs) -> Result<PathBuf> {
     let root = dir.join("data/identities");
     let marker = root.join("dataset.json");
     let wanted =
-        json!({"users": args.users, "layout": [4, 3], "seed": 0, "index": dpcap_proto::index::MANIFEST_VERSION});
+        json!({"users": args.users, "layout": [4, 3], "seed": 0, "index": dpcap_dataset::index::MANIFEST_VERSION});
     if std::fs::read(&marker).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         == Some(wanted.clone())
     {
@@ -94,8 +94,7 @@ async fn initial(init: Option<&Finished>) -> Result<(Embedder, ParamSet<Inner>)>
         let checkpoints = CheckpointStore::open(root)?;
         let last = checkpoints.latest().await?.context("the warm start left no checkpoint")?;
         let (manifest, _, _) = checkpoints.load(last).await?;
-        dpcap_worker::runtime::init::load_init(&mut params, root, ("micro", "fedemb"), (last, &manifest.privacy))
-            .await?;
+        dpcap_ml::init::load_init(&mut params, root, ("micro", "fedemb"), (last, &manifest.privacy)).await?;
     }
     Ok((model, params))
 }
@@ -114,7 +113,7 @@ async fn trained(job: &Finished) -> Result<(Embedder, ParamSet<Inner>)> {
 fn evaluate(
     name: &str,
     (model, params): &(Embedder, ParamSet<Inner>),
-    heldout: &[dpcap_worker::data::Example],
+    heldout: &[dpcap_dataset::Example],
 ) -> Result<Recall> {
     let started = Instant::now();
     let recall =

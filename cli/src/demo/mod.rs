@@ -13,11 +13,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use dpcap_worker::CpuBackend;
-use dpcap_worker::checkpoint::export_encoder;
-use dpcap_worker::data::synth;
-use dpcap_worker::runtime::dataset::Dataset;
-use dpcap_worker::runtime::trainer::Trainer;
+use dpcap_dataset::reader::Dataset;
+use dpcap_dataset::synth;
+use dpcap_ml::CpuBackend;
+use dpcap_ml::checkpoint::export_encoder;
+use dpcap_ml::trainer::Trainer;
 use serde_json::json;
 
 use crate::eval::report::named_keys;
@@ -113,7 +113,7 @@ async fn prepare_data(dir: &Path, args: &DemoArgs) -> Result<PathBuf> {
     let train = dir.join("data/train");
     let marker = dir.join("data/dataset.json");
     // The index format is part of what is wanted: data indexed by an older dpctl is redone.
-    let wanted = json!({"examples": args.examples, "seed": 0, "index": dpcap_proto::index::MANIFEST_VERSION});
+    let wanted = json!({"examples": args.examples, "seed": 0, "index": dpcap_dataset::index::MANIFEST_VERSION});
     if std::fs::read(&marker).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         == Some(wanted.clone())
     {

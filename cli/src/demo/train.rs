@@ -6,14 +6,14 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use dpcap_coordinator::SpecFile;
+use dpcap_dataset::tokenizer::CaptionTokenizer;
+use dpcap_ml::CpuBackend;
+use dpcap_ml::checkpoint::load_weights;
+use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
+use dpcap_ml::clip::ClipEngine;
+use dpcap_ml::optim::Schedule;
+use dpcap_ml::trainer::{Kind, Trainer};
 use dpcap_proto::v1::{GetSpendRequest, Job, JobSpend, JobState, SubmitJobRequest};
-use dpcap_worker::CpuBackend;
-use dpcap_worker::checkpoint::load_weights;
-use dpcap_worker::clip::ClipEngine;
-use dpcap_worker::data::tokenizer::CaptionTokenizer;
-use dpcap_worker::optim::Schedule;
-use dpcap_worker::runtime::ckpt::{CheckpointStore, Manifest};
-use dpcap_worker::runtime::trainer::{Kind, Trainer};
 
 use super::DemoArgs;
 use crate::jobs::{self, Server};

@@ -10,14 +10,14 @@ pub mod suite;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
-use dpcap_worker::CpuBackend;
-use dpcap_worker::checkpoint::load_weights;
-use dpcap_worker::data::tokenizer::CaptionTokenizer;
-use dpcap_worker::model::{Captioner, CaptionerConfig, Mae, MaeConfig};
-use dpcap_worker::params::ParamSet;
-use dpcap_worker::runtime::ckpt::Manifest;
-use dpcap_worker::runtime::dataset::Dataset;
-use dpcap_worker::runtime::trainer::Model;
+use dpcap_dataset::reader::Dataset;
+use dpcap_dataset::tokenizer::CaptionTokenizer;
+use dpcap_ml::CpuBackend;
+use dpcap_ml::checkpoint::Manifest;
+use dpcap_ml::checkpoint::load_weights;
+use dpcap_ml::model::{Captioner, CaptionerConfig, Mae, MaeConfig};
+use dpcap_ml::params::ParamSet;
+use dpcap_ml::trainer::Model;
 use serde_json::{Value, json};
 
 use suite::{SuiteOptions, run_suite};

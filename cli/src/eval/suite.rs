@@ -8,16 +8,16 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
-use dpcap_worker::data::pipeline::Pipeline;
-use dpcap_worker::data::synth::CLASSES;
-use dpcap_worker::data::tokenizer::CaptionTokenizer;
-use dpcap_worker::eval::contrast::{self, Contrast};
-use dpcap_worker::eval::heldout::{self, balanced_singles, pair_scenes, probe_singles, render_pairs};
-use dpcap_worker::eval::slots::{self, SlotAccuracy};
-use dpcap_worker::eval::{self, ModelScorer, zero_shot};
-use dpcap_worker::model::Captioner;
-use dpcap_worker::params::ParamSet;
-use dpcap_worker::runtime::trainer::Model;
+use dpcap_dataset::pipeline::Pipeline;
+use dpcap_dataset::synth::CLASSES;
+use dpcap_dataset::tokenizer::CaptionTokenizer;
+use dpcap_ml::eval::contrast::{self, Contrast};
+use dpcap_ml::eval::heldout::{self, balanced_singles, pair_scenes, probe_singles, render_pairs};
+use dpcap_ml::eval::slots::{self, SlotAccuracy};
+use dpcap_ml::eval::{self, ModelScorer, zero_shot};
+use dpcap_ml::model::Captioner;
+use dpcap_ml::params::ParamSet;
+use dpcap_ml::trainer::Model;
 use serde::Serialize;
 
 use super::probe;
@@ -212,9 +212,9 @@ pub fn run_suite<AB: AutodiffBackend>(
 
 #[cfg(test)]
 mod tests {
-    use dpcap_worker::CpuBackend;
-    use dpcap_worker::data::synth;
-    use dpcap_worker::model::{CaptionerConfig, Mae, MaeConfig};
+    use dpcap_dataset::synth;
+    use dpcap_ml::CpuBackend;
+    use dpcap_ml::model::{CaptionerConfig, Mae, MaeConfig};
 
     use super::*;
 

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use dpcap_coordinator::state::{JobEntry, Report, State, WorkerEntry};
 use dpcap_coordinator::{JobSecret, PoissonSampler};
-use dpcap_proto::index::Layout;
+use dpcap_dataset::index::Layout;
 use dpcap_proto::v1::{Job, JobState, Plan, StepOutcome};
 
 /// A pending job entry with W = `workers` over 100 examples at q = 0.2.

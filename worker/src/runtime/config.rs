@@ -20,7 +20,7 @@ pub struct WorkerConfig {
     /// group re-forms.
     pub collective_timeout: Duration,
     /// Dtype of the matrix products in the ClipEngine (norms and sums stay f32).
-    pub precision: crate::clip::Precision,
+    pub precision: dpcap_ml::clip::Precision,
 }
 
 impl std::fmt::Debug for WorkerConfig {

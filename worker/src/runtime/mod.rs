@@ -2,14 +2,9 @@
 //! run each step of a job (read the sampled examples, clip, send the part to the accountant,
 //! fetch the release, update, report; rank 0 checkpoints).
 
-pub mod ckpt;
 pub mod config;
-pub mod dataset;
-pub mod init;
 pub mod reduce;
 pub mod session;
-pub mod stream;
-pub mod trainer;
 pub mod worker;
 
 pub use config::WorkerConfig;
@@ -47,6 +42,20 @@ pub enum RuntimeError {
     /// The coordinator re-formed this job's group (or ended the job) while the session ran.
     #[error("group re-formed")]
     Superseded,
+}
+
+impl From<dpcap_dataset::WorkError> for RuntimeError {
+    /// The data and ML crates' errors keep their kind: a data error stays one (and is
+    /// withheld under `telemetry: strict`).
+    fn from(e: dpcap_dataset::WorkError) -> Self {
+        use dpcap_dataset::WorkError as W;
+        match e {
+            W::Spec { field, reason } => Self::Spec { field, reason },
+            W::Data(reason) => Self::Data(reason),
+            W::Protocol(reason) => Self::Protocol(reason),
+            W::Checkpoint(reason) => Self::Checkpoint(reason),
+        }
+    }
 }
 
 impl From<tonic::Status> for RuntimeError {

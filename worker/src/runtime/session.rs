@@ -15,20 +15,20 @@ use dpcap_proto::v1::{
 };
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
 
-use crate::checkpoint::{load_optimizer, load_weights, save_optimizer, save_weights};
-use crate::clip::{ClipEngine, Telemetry};
 use crate::collective::Reducer;
-use crate::data::pipeline::Pipeline;
-use crate::fed::LocalConfig;
-use crate::optim::Schedule;
-use crate::optim::{AdamWConfig, Rule};
-use crate::runtime::ckpt::{CheckpointStore, Manifest};
 use crate::runtime::config::WorkerConfig;
-use crate::runtime::dataset::{CropPlan, Dataset, View};
 use crate::runtime::reduce::{self, Outcome};
-use crate::runtime::stream::{DEFAULT_PREFETCH, ExampleStream};
-use crate::runtime::trainer::{Kind, Trainer};
 use crate::runtime::{RuntimeError, lease_or};
+use dpcap_dataset::pipeline::Pipeline;
+use dpcap_dataset::reader::{CropPlan, Dataset, View};
+use dpcap_dataset::stream::{DEFAULT_PREFETCH, ExampleStream};
+use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
+use dpcap_ml::checkpoint::{load_optimizer, load_weights, save_optimizer, save_weights};
+use dpcap_ml::clip::{ClipEngine, Telemetry};
+use dpcap_ml::fed::LocalConfig;
+use dpcap_ml::optim::Schedule;
+use dpcap_ml::optim::{AdamWConfig, Rule};
+use dpcap_ml::trainer::{Kind, Trainer};
 
 /// Seconds of each phase of one step.
 #[derive(Debug, Default, Clone, Copy)]
@@ -104,8 +104,7 @@ async fn restore<AB: AutodiffBackend>(
         return Ok(Restored::default());
     }
     let (model, pinned) = ((spec.model.as_str(), objective_name(&spec)), (plan.init_step, plan.init_privacy.as_str()));
-    let source =
-        crate::runtime::init::load_init(&mut trainer.params, &spec.init_from, (model.0, &model.1), pinned).await?;
+    let source = dpcap_ml::init::load_init(&mut trainer.params, &spec.init_from, (model.0, &model.1), pinned).await?;
     tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, from = %source.job_id, step = source.step,
         "initialised from another job's weights");
     let init_from = format!("job {} step {} ({})", source.job_id, source.step, source.privacy);
@@ -380,7 +379,7 @@ impl<AB: AutodiffBackend> Session<AB> {
         };
         let view = View { pipeline: self.pipeline.clone(), crop };
         let mut part = self.trainer.begin_part();
-        if matches!(self.trainer.model, crate::runtime::trainer::Model::Embed(..)) {
+        if matches!(self.trainer.model, dpcap_ml::trainer::Model::Embed(..)) {
             // One client at a time, each read on its own: an image that fails to decode is then
             // left out of its own client only, never shifting examples into the next client
             // (which would let one user move two clipped deltas).

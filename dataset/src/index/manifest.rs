@@ -1,0 +1,192 @@
+//! The manifest: shards in order, their counts and their tables' digests.
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use super::{IndexError, Layout, MANIFEST_VERSION, ShardTable, field};
+
+const DIGEST_PREFIX: &str = "sha256:";
+
+/// One shard as the manifest records it; its table digest makes the manifest digest pin it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRecord {
+    /// Tar path relative to the dataset root, e.g. "00000.tar".
+    pub path: String,
+    /// Examples indexed in this shard (entries in its table).
+    pub examples: u64,
+    /// Examples left out of this shard because a member was missing or corrupt.
+    pub skipped: u64,
+    /// Length of the shard's table file.
+    pub table_bytes: u64,
+    /// [`dpcap_proto::digest::sha256`] of the table file ("sha256:" and 64 lowercase hex digits).
+    pub table_sha256: String,
+}
+
+/// Why examples were left out, dataset-wide, so an operator can tell a bad crawl from a bad index.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// No image member.
+    pub missing_image: u64,
+    /// No caption member.
+    pub missing_caption: u64,
+    /// Image member unreadable.
+    pub corrupt_image: u64,
+    /// Caption member unreadable (not UTF-8, say).
+    pub corrupt_caption: u64,
+}
+
+impl Skipped {
+    /// All skipped examples (saturating), to compare with the per-shard counts.
+    pub fn total(&self) -> u64 {
+        [self.missing_caption, self.corrupt_image, self.corrupt_caption]
+            .iter()
+            .fold(self.missing_image, |a, b| a.saturating_add(*b))
+    }
+
+    /// Adds another shard's counts (saturating), as the indexer merges shards.
+    pub fn add(&mut self, other: &Skipped) {
+        self.missing_image = self.missing_image.saturating_add(other.missing_image);
+        self.missing_caption = self.missing_caption.saturating_add(other.missing_caption);
+        self.corrupt_image = self.corrupt_image.saturating_add(other.corrupt_image);
+        self.corrupt_caption = self.corrupt_caption.saturating_add(other.corrupt_caption);
+    }
+}
+
+/// The dataset as a job sees it: shards in order, N examples, and the tables' digests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Format version, [`MANIFEST_VERSION`].
+    pub version: u32,
+    /// Total examples N, the accounting N: the sum of the shards' counts.
+    pub examples: u64,
+    /// Shards in index order.
+    pub shards: Vec<ShardRecord>,
+    /// Why examples were left out, dataset-wide.
+    pub skipped: Skipped,
+    /// The user table, when examples carry a `user` in their `KEY.json` (user-level DP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub users: Option<UsersRecord>,
+}
+
+/// The user table as the manifest pins it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsersRecord {
+    /// Distinct users.
+    pub users: u64,
+    /// Examples whose metadata names no user: a user-level job refuses the dataset while any
+    /// remain (their owner is unknown, so no user-level bound covers them).
+    pub without_user: u64,
+    /// Length of `index/users.bin`.
+    pub table_bytes: u64,
+    /// [`dpcap_proto::digest::sha256`] of `index/users.bin`.
+    pub table_sha256: String,
+}
+
+impl Manifest {
+    /// Parses and validates a manifest, so no reader acts on totals that do not add up.
+    pub fn parse(bytes: &[u8]) -> Result<Manifest, IndexError> {
+        let m: Manifest =
+            serde_json::from_slice(bytes).map_err(|e| field("manifest", format!("not valid JSON: {e}")))?;
+        if m.version != MANIFEST_VERSION {
+            return Err(field("version", format!("version {} is not {MANIFEST_VERSION}", m.version)));
+        }
+        let (mut examples, mut skipped, mut seen) = (0u64, 0u64, HashSet::new());
+        for (n, s) in m.shards.iter().enumerate() {
+            // Canonical paths only: `a//x.tar` or `a/x.tar/` would name the same object as
+            // `a/x.tar` in an object store, and a shard listed twice puts each of its examples
+            // at two positions (sampled at about 2q, contributing up to 2C): the accounting fails.
+            let bad_path = s.path.contains('\\') || s.path.split('/').any(|seg| matches!(seg, "" | "." | ".."));
+            if bad_path || !seen.insert(s.path.as_str()) {
+                return Err(field(
+                    "path",
+                    format!("shard {n} path {:?} is empty, absolute, not canonical, escaping or repeated", s.path),
+                ));
+            }
+            let hex = s.table_sha256.strip_prefix(DIGEST_PREFIX).unwrap_or_default();
+            if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                return Err(field(
+                    "table_sha256",
+                    format!("shard {n} digest {:?} is not sha256:<64 hex>", s.table_sha256),
+                ));
+            }
+            let overflow = || field("examples", format!("shard {n} counts overflow u64"));
+            examples = examples.checked_add(s.examples).ok_or_else(overflow)?;
+            skipped = skipped.checked_add(s.skipped).ok_or_else(overflow)?;
+        }
+        if examples != m.examples {
+            return Err(field("examples", format!("total {} is not the shards' sum {examples}", m.examples)));
+        }
+        if skipped != m.skipped.total() {
+            return Err(field("skipped", format!("total {} is not the shards' sum {skipped}", m.skipped.total())));
+        }
+        Ok(m)
+    }
+
+    /// The digest that pins a job to this dataset: the manifest holds every table's digest.
+    pub fn digest(bytes: &[u8]) -> String {
+        dpcap_proto::digest::sha256(bytes)
+    }
+
+    /// Where global example numbers fall, in O(shards) memory.
+    pub fn layout(&self) -> Layout {
+        Layout::from_counts(&self.shards.iter().map(|s| s.examples).collect::<Vec<_>>())
+    }
+
+    /// Decodes the user table after checking it is exactly the one this manifest pinned.
+    pub fn check_users(&self, bytes: &[u8]) -> Result<super::UserTable, IndexError> {
+        let record = self
+            .users
+            .as_ref()
+            .ok_or_else(|| field("users", "the index has no user table (no example names a `user`)".into()))?;
+        let actual = dpcap_proto::digest::sha256(bytes);
+        if bytes.len() as u64 != record.table_bytes || actual != record.table_sha256 {
+            return Err(field(
+                "users",
+                format!(
+                    "users.bin is {} bytes with digest {actual}, the manifest pins {}",
+                    bytes.len(),
+                    record.table_sha256
+                ),
+            ));
+        }
+        if record.without_user > 0 {
+            return Err(field(
+                "users",
+                format!(
+                    "{} examples name no user in their KEY.json: no user-level bound covers them",
+                    record.without_user
+                ),
+            ));
+        }
+        let table = super::UserTable::decode(bytes, self.examples)?;
+        if table.users() as u64 != record.users {
+            return Err(field(
+                "users",
+                format!("users.bin has {} users, the manifest says {}", table.users(), record.users),
+            ));
+        }
+        Ok(table)
+    }
+
+    /// Decodes shard `shard`'s table after checking it is exactly the one this manifest pinned.
+    pub fn check_table(&self, shard: usize, bytes: &[u8]) -> Result<ShardTable, IndexError> {
+        let record = self
+            .shards
+            .get(shard)
+            .ok_or_else(|| field("shards", format!("no shard {shard} of {}", self.shards.len())))?;
+        let count = |what, expected, actual| IndexError::Count { shard, what, expected, actual };
+        if bytes.len() as u64 != record.table_bytes {
+            return Err(count("table bytes", record.table_bytes, bytes.len() as u64));
+        }
+        let actual = dpcap_proto::digest::sha256(bytes);
+        if actual != record.table_sha256 {
+            return Err(IndexError::Digest { shard, expected: record.table_sha256.clone(), actual });
+        }
+        let table = ShardTable::decode(bytes)?;
+        if table.entries.len() as u64 != record.examples {
+            return Err(count("examples", record.examples, table.entries.len() as u64));
+        }
+        Ok(table)
+    }
+}

@@ -1,0 +1,247 @@
+//! Building the compact index (`dpcap_proto::index`) of a directory of WebDataset shards as
+//! img2dataset writes them: `KEY.jpg|png|webp` + `KEY.txt` (+ `KEY.json`) per example, other
+//! files (`.parquet`, `_stats.json`) beside the tars ignored. Shards are indexed in parallel
+//! with bounded concurrency, one shard in memory per task, on any object store. An example
+//! with a missing or unreadable member is counted, listed in the report and left out: it never
+//! reaches a job, and N counts only usable examples. The manifest is written last, so a
+//! crashed run leaves no index that a job could pin.
+
+use std::collections::BTreeMap;
+
+use crate::index::{ImageKind, MANIFEST_PATH, MANIFEST_VERSION, Manifest, ShardRecord, ShardTable, Skipped};
+use crate::index::{Span, TableEntry, USERS_PATH, UserTable, UsersRecord, table_path};
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use serde::Serialize;
+
+use crate::DataError;
+use crate::pipeline::{DEFAULT_MAX_PIXELS, PipelineError, decode_dimensions};
+
+/// Skipped examples listed by key in the report, at most (the counts are always complete).
+pub const REPORT_LIMIT: usize = 100_000;
+
+/// Where the report of an indexing run goes.
+pub const REPORT_PATH: &str = "index/report.json";
+
+/// One example left out, for the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkippedExample {
+    /// Shard path.
+    pub shard: String,
+    /// WebDataset key.
+    pub key: String,
+    /// `missing_image`, `missing_caption`, `corrupt_image` or `corrupt_caption`.
+    pub reason: &'static str,
+    /// Detail (the decoder's error).
+    pub detail: String,
+}
+
+/// What an indexing run produced.
+#[derive(Debug, Clone)]
+pub struct BuiltIndex {
+    /// The manifest as written.
+    pub manifest: Manifest,
+    /// Its digest, which pins a job to this dataset.
+    pub digest: String,
+    /// Skipped examples, up to [`REPORT_LIMIT`].
+    pub report: Vec<SkippedExample>,
+}
+
+/// One example's members by lower-case extension.
+type Members = BTreeMap<String, Span>;
+
+/// The members of one tar, grouped by key in tar order.
+fn members(shard: &str, bytes: &[u8]) -> Result<Vec<(String, Members)>, DataError> {
+    let tar_error = |e: std::io::Error| DataError::Tar { shard: shard.to_owned(), reason: e.to_string() };
+    let mut archive = tar::Archive::new(bytes);
+    let mut order: Vec<(String, Members)> = Vec::new();
+    let mut position: BTreeMap<String, usize> = BTreeMap::new();
+    for entry in archive.entries().map_err(tar_error)? {
+        let entry = entry.map_err(tar_error)?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let name = entry.path().map_err(tar_error)?.to_string_lossy().into_owned();
+        // The key is the path up to the first dot of the file name (WebDataset's rule).
+        let (dir, file) = name.rsplit_once('/').map_or(("", name.as_str()), |(d, f)| (d, f));
+        let Some((stem, ext)) = file.split_once('.') else { continue };
+        let key = if dir.is_empty() { stem.to_owned() } else { format!("{dir}/{stem}") };
+        let span = Span { offset: entry.raw_file_position(), len: entry.size() };
+        let slot = *position.entry(key.clone()).or_insert_with(|| {
+            order.push((key, BTreeMap::new()));
+            order.len() - 1
+        });
+        order[slot].1.insert(ext.to_ascii_lowercase(), span);
+    }
+    Ok(order)
+}
+
+fn slice(bytes: &[u8], span: Span) -> &[u8] {
+    bytes.get(span.offset as usize..span.end() as usize).unwrap_or_default()
+}
+
+/// A shard's indexing: its table, skipped counts, skipped examples, and each indexed
+/// example's user (from `KEY.json`'s `user`, a string or a number).
+type IndexedShard = (ShardTable, Skipped, Vec<SkippedExample>, Vec<Option<String>>);
+
+/// A shard as the manifest records it, why examples were left out, and each example's user.
+type ShardOutcome = (ShardRecord, Skipped, Vec<SkippedExample>, Vec<Option<String>>);
+
+/// The `user` field of an example's metadata, if there is one.
+fn user_of(meta: &serde_json::Value) -> Option<String> {
+    match meta.get("user")? {
+        serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// One shard's table, its skipped counts, the skipped examples and the examples' users.
+fn index_shard(shard: &str, bytes: &[u8]) -> Result<IndexedShard, DataError> {
+    let (mut table, mut skipped, mut report) = (ShardTable::default(), Skipped::default(), Vec::new());
+    let mut users = Vec::new();
+    for (key, members) in members(shard, bytes)? {
+        let mut skip = |reason: &'static str, detail: String| {
+            report.push(SkippedExample { shard: shard.to_owned(), key: key.clone(), reason, detail });
+            reason
+        };
+        let image = members.iter().find_map(|(ext, span)| ImageKind::from_ext(ext).map(|kind| (kind, *span)));
+        let reason = match (image, members.get("txt")) {
+            (None, _) => skip("missing_image", "no .jpg, .jpeg, .png or .webp member".into()),
+            (_, None) => skip("missing_caption", "no .txt member".into()),
+            (Some((image_kind, image)), Some(&caption)) => {
+                let text = std::str::from_utf8(slice(bytes, caption));
+                let dimensions = decode_dimensions(slice(bytes, image)).and_then(|(w, h)| {
+                    if u64::from(w) * u64::from(h) > DEFAULT_MAX_PIXELS {
+                        let pixels = u64::from(w) * u64::from(h);
+                        Err(PipelineError::TooLarge { width: w, height: h, pixels, limit: DEFAULT_MAX_PIXELS })
+                    } else {
+                        Ok((w, h))
+                    }
+                });
+                match (dimensions, text) {
+                    (Err(e), _) => skip("corrupt_image", e.to_string()),
+                    (_, Err(e)) => skip("corrupt_caption", format!("not UTF-8: {e}")),
+                    (_, Ok(text)) if text.trim().is_empty() => skip("corrupt_caption", "empty".into()),
+                    (Ok(_), Ok(_)) => {
+                        // Metadata that is not JSON is dropped here, not the example: only
+                        // evaluation labels come from it.
+                        let parsed = members.get("json").and_then(|m| {
+                            serde_json::from_slice::<serde_json::Value>(slice(bytes, *m)).ok().map(|v| (*m, v))
+                        });
+                        users.push(parsed.as_ref().and_then(|(_, v)| user_of(v)));
+                        let meta = parsed.map(|(m, _)| m);
+                        table.entries.push(TableEntry { image_kind, image, caption, meta });
+                        continue;
+                    }
+                }
+            }
+        };
+        match reason {
+            "missing_image" => skipped.missing_image += 1,
+            "missing_caption" => skipped.missing_caption += 1,
+            "corrupt_image" => skipped.corrupt_image += 1,
+            _ => skipped.corrupt_caption += 1,
+        }
+    }
+    Ok((table, skipped, report, users))
+}
+
+/// `root/relative` as a store path.
+pub fn join(root: &Path, relative: &str) -> Path {
+    Path::from(format!("{root}/{relative}").trim_start_matches('/'))
+}
+
+/// Indexes one shard: reads it, writes its table as the `n`th, and returns its record, why
+/// examples were left out, and each example's user (if any).
+async fn index_one(
+    store: &dyn ObjectStore,
+    root: &Path,
+    n: usize,
+    object: object_store::ObjectMeta,
+) -> Result<ShardOutcome, DataError> {
+    let relative = object
+        .location
+        .prefix_match(root)
+        .map(|parts| parts.map(|p| p.as_ref().to_owned()).collect::<Vec<_>>().join("/"))
+        .unwrap_or_else(|| object.location.to_string());
+    let bytes = store.get(&object.location).await?.bytes().await?;
+    let name = relative.clone();
+    let (table, skipped, report, users) = tokio::task::spawn_blocking(move || index_shard(&name, &bytes))
+        .await
+        .map_err(|e| DataError::Tar { shard: relative.clone(), reason: format!("indexing task failed: {e}") })??;
+    let encoded = table.encode();
+    let record = ShardRecord {
+        path: relative,
+        examples: table.entries.len() as u64,
+        skipped: skipped.total(),
+        table_bytes: encoded.len() as u64,
+        table_sha256: dpcap_proto::digest::sha256(&encoded),
+    };
+    store.put(&join(root, &table_path(n)), PutPayload::from(encoded)).await?;
+    Ok((record, skipped, report, users))
+}
+
+/// Indexes every `.tar` under `root` (in name order), `concurrency` shards at a time, writing
+/// one table per shard, the report and then the manifest under `root/index/`. `progress` is
+/// called once per shard, in order, as each is done.
+pub async fn build_index(
+    store: &dyn ObjectStore,
+    root: &Path,
+    concurrency: usize,
+    progress: &(dyn Fn(&ShardRecord) + Sync),
+) -> Result<BuiltIndex, DataError> {
+    let mut objects: Vec<_> = store.list(Some(root)).try_collect().await?;
+    objects.retain(|o| o.location.as_ref().ends_with(".tar"));
+    objects.sort_by(|a, b| a.location.cmp(&b.location));
+    if objects.is_empty() {
+        return Err(DataError::Empty(root.to_string()));
+    }
+    let shards = futures::stream::iter(objects.into_iter().enumerate())
+        .map(|(n, object)| index_one(store, root, n, object))
+        .buffered(concurrency.max(1));
+    futures::pin_mut!(shards);
+    let mut manifest = Manifest {
+        version: MANIFEST_VERSION,
+        examples: 0,
+        shards: Vec::new(),
+        skipped: Skipped::default(),
+        users: None,
+    };
+    let (mut report, mut pairs, mut without_user) = (Vec::new(), Vec::new(), 0u64);
+    while let Some(shard) = shards.next().await {
+        let (record, skipped, skipped_examples, users) = shard?;
+        progress(&record);
+        for (local, user) in users.into_iter().enumerate() {
+            match user {
+                Some(user) => pairs.push((user, manifest.examples + local as u64)),
+                None => without_user += 1,
+            }
+        }
+        manifest.examples += record.examples;
+        manifest.skipped.add(&skipped);
+        manifest.shards.push(record);
+        report.extend(skipped_examples.into_iter().take(REPORT_LIMIT.saturating_sub(report.len())));
+    }
+    let report_body = serde_json::json!({"skipped": manifest.skipped, "examples": report});
+    store
+        .put(&join(root, REPORT_PATH), PutPayload::from(serde_json::to_vec_pretty(&report_body).expect("json")))
+        .await?;
+    if !pairs.is_empty() {
+        let table = UserTable::from_pairs(pairs);
+        let users = table.users() as u64;
+        let table = table.encode();
+        manifest.users = Some(UsersRecord {
+            users,
+            without_user,
+            table_bytes: table.len() as u64,
+            table_sha256: dpcap_proto::digest::sha256(&table),
+        });
+        store.put(&join(root, USERS_PATH), PutPayload::from(table)).await?;
+    }
+    let body = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
+    let digest = Manifest::digest(&body);
+    store.put(&join(root, MANIFEST_PATH), PutPayload::from(body)).await?;
+    Ok(BuiltIndex { manifest, digest, report })
+}

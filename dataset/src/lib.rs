@@ -1,0 +1,115 @@
+//! dpcap's datasets: WebDataset tar shards on an object store, their compact binary index
+//! (which fixes N for accounting and pins the data by digest), random access to sampled
+//! examples by range reads, the image pipeline (decode, crop, resize, normalise), caption
+//! tokenisation, and synthetic datasets for the demo, tests and benchmarks.
+//!
+//! The coordinator reads only the index's layout; workers and `dpctl` read examples. This
+//! crate must never depend on burn or on a service, and it never trusts a byte it reads: every
+//! decode is checked, and a failure names the shard or example.
+
+pub mod identities;
+pub mod index;
+pub mod indexer;
+pub mod pipeline;
+pub mod procedural;
+pub mod reader;
+pub mod shards;
+pub mod stream;
+pub mod synth;
+pub mod tokenizer;
+
+pub use indexer::{BuiltIndex, build_index};
+pub use reader::{CropPlan, Dataset, View};
+pub use stream::{DEFAULT_PREFETCH, ExampleStream};
+
+/// One generated example (synthetic scenes, procedural images, identities), before it is
+/// written into a shard.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthExample {
+    /// WebDataset key.
+    pub key: String,
+    /// The caption.
+    pub caption: String,
+    /// Class of the first object (scenes: colour · 3 + shape; identities: the identity).
+    pub label: u32,
+    /// The image.
+    pub image: image::RgbImage,
+}
+pub use shards::{RawExample, ShardReader};
+
+/// Why a dataset could not be indexed or read.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The object store failed.
+    #[error("dataset storage: {0}")]
+    Store(#[from] object_store::Error),
+    /// A shard is not a readable tar archive.
+    #[error("shard {shard} is not a valid tar archive: {reason}")]
+    Tar {
+        /// Shard path.
+        shard: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The index (manifest or a shard table) is missing, malformed or does not match.
+    #[error("dataset index: {0}")]
+    Index(String),
+    /// A member could not be decoded.
+    #[error("example {key}: cannot decode {member}: {reason}")]
+    Decode {
+        /// `shard#position`.
+        key: String,
+        /// Which member.
+        member: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The dataset has no shards.
+    #[error("no .tar shards under {0}")]
+    Empty(String),
+    /// An example index past the end.
+    #[error("example {index} is out of range for a dataset of {examples} examples")]
+    OutOfRange {
+        /// The index asked for.
+        index: u64,
+        /// N.
+        examples: u64,
+    },
+}
+
+/// A job's work refused or failed on the data side: the spec, the data, or a peer's message.
+/// Workers report it as the step's failure; under `telemetry: strict` a data error names no
+/// example.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkError {
+    /// The job spec cannot be run by this worker.
+    #[error("invalid {field}: {reason}")]
+    Spec {
+        /// The spec field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// Reading the dataset or tokenizer failed.
+    #[error("data: {0}")]
+    Data(String),
+    /// A peer answered something unexpected.
+    #[error("rpc: {0}")]
+    Protocol(String),
+    /// Writing or reading a checkpoint failed.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+}
+
+/// An example ready for the model: pixels through the image pipeline, caption, label.
+#[derive(Debug, Clone)]
+pub struct Example {
+    /// `shard#position`, for messages.
+    pub key: String,
+    /// [3, side, side] channel-major, normalised (see [`pipeline::Pipeline`]).
+    pub pixels: Vec<f32>,
+    /// Caption text.
+    pub caption: String,
+    /// Class label from the metadata, if any.
+    pub label: Option<u32>,
+}

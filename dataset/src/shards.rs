@@ -1,0 +1,176 @@
+//! Random access to the examples of an indexed dataset: the manifest (N and the shards), each
+//! shard's table loaded on first use (checked against the manifest's digest, a bounded number
+//! kept), and one example read by range requests for its members only, never whole shards.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use crate::index::{Layout, MANIFEST_PATH, Manifest, ShardTable, Span, TableEntry, table_path};
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+use tokio::sync::OnceCell;
+
+use crate::DataError;
+use crate::indexer::join;
+
+/// Shard tables kept in memory per reader (about 0.5 MB each for 10k-example shards).
+const TABLES_KEPT: usize = 64;
+
+/// Members of one example closer than this are fetched with a single range request.
+const COALESCE_GAP: u64 = 64 << 10;
+
+/// An example's raw members as read from its shard.
+#[derive(Debug, Clone)]
+pub struct RawExample {
+    /// `shard-path#position`, for messages.
+    pub key: String,
+    /// Encoded image bytes.
+    pub image: bytes::Bytes,
+    /// Caption text, trimmed.
+    pub caption: String,
+    /// Class label from the metadata, if any.
+    pub label: Option<u32>,
+}
+
+type TableCell = Arc<OnceCell<Arc<ShardTable>>>;
+
+/// Tables by shard, and the order they were first asked for (the oldest is dropped first).
+type TableCache = (HashMap<usize, TableCell>, VecDeque<usize>);
+
+/// An indexed dataset on an object store.
+#[derive(Debug, Clone)]
+pub struct ShardReader {
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+    manifest: Arc<Manifest>,
+    layout: Arc<Layout>,
+    digest: String,
+    tables: Arc<Mutex<TableCache>>,
+}
+
+impl ShardReader {
+    /// Reads and validates the manifest under `root`.
+    pub async fn open(store: Arc<dyn ObjectStore>, root: Path) -> Result<Self, DataError> {
+        let bytes = store.get(&join(&root, MANIFEST_PATH)).await?.bytes().await?;
+        let manifest = Manifest::parse(&bytes).map_err(|e| DataError::Index(e.to_string()))?;
+        Ok(Self {
+            layout: Arc::new(manifest.layout()),
+            digest: Manifest::digest(&bytes),
+            manifest: Arc::new(manifest),
+            store,
+            root,
+            tables: Arc::default(),
+        })
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Shard boundaries.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The store and the dataset's root in it.
+    pub fn location(&self) -> (Arc<dyn ObjectStore>, Path) {
+        (self.store.clone(), self.root.clone())
+    }
+
+    /// The manifest's digest (what a job pins).
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// Shard `shard`'s table: from memory, else read and checked against the manifest.
+    pub async fn table(&self, shard: usize) -> Result<Arc<ShardTable>, DataError> {
+        let cell = {
+            let mut tables = self.tables.lock().expect("tables lock");
+            let (cells, order) = &mut *tables;
+            if !cells.contains_key(&shard) {
+                order.push_back(shard);
+                while order.len() > TABLES_KEPT {
+                    order.pop_front().map(|old| cells.remove(&old));
+                }
+            }
+            cells.entry(shard).or_default().clone()
+        };
+        let table = cell
+            .get_or_try_init(|| async {
+                let path = join(&self.root, &table_path(shard));
+                let bytes = self.store.get(&path).await?.bytes().await?;
+                let table = self.manifest.check_table(shard, &bytes).map_err(|e| DataError::Index(e.to_string()))?;
+                Ok::<_, DataError>(Arc::new(table))
+            })
+            .await?;
+        Ok(table.clone())
+    }
+
+    /// Reads example `global` by range requests for its members (one request when they lie
+    /// together, as they do in a tar).
+    pub async fn read(&self, global: u64) -> Result<RawExample, DataError> {
+        let examples = self.layout.examples();
+        let (shard, local) = self.layout.locate(global).ok_or(DataError::OutOfRange { index: global, examples })?;
+        let table = self.table(shard).await?;
+        let entry = *table.entries.get(local as usize).ok_or(DataError::OutOfRange { index: global, examples })?;
+        let record = &self.manifest.shards[shard];
+        let key = format!("{}#{local}", record.path);
+        let members = self.members(&join(&self.root, &record.path), &entry).await?;
+        let decode = |member: &'static str, reason: String| DataError::Decode { key: key.clone(), member, reason };
+        let caption = String::from_utf8(members.caption.to_vec()).map_err(|e| decode("caption", e.to_string()))?;
+        // The indexer kept only metadata that parses; a label is read when there is one.
+        let label = members
+            .meta
+            .and_then(|meta| serde_json::from_slice::<serde_json::Value>(&meta).ok())
+            .and_then(|value| value["label"].as_u64())
+            .and_then(|l| u32::try_from(l).ok());
+        Ok(RawExample { image: members.image, caption: caption.trim().to_owned(), label, key })
+    }
+
+    async fn members(&self, shard: &Path, entry: &TableEntry) -> Result<Members, DataError> {
+        let spans: Vec<Span> = [Some(entry.image), Some(entry.caption), entry.meta].into_iter().flatten().collect();
+        let start = spans.iter().map(|s| s.offset).min().unwrap_or(0);
+        let end = spans.iter().map(Span::end).max().unwrap_or(0);
+        // Decoded spans never overflow (the table refuses them); saturate all the same.
+        let payload = spans.iter().fold(0u64, |sum, s| sum.saturating_add(s.len));
+        let cut = |all: &bytes::Bytes, base: u64, span: Span| {
+            all.slice((span.offset - base) as usize..(span.end() - base) as usize)
+        };
+        if end - start <= payload.saturating_add(COALESCE_GAP) {
+            let all = self.range(shard, start..end).await?;
+            return Ok(Members {
+                image: cut(&all, start, entry.image),
+                caption: cut(&all, start, entry.caption),
+                meta: entry.meta.map(|m| cut(&all, start, m)),
+            });
+        }
+        let meta = match entry.meta {
+            Some(m) => Some(self.range(shard, m.offset..m.end()).await?),
+            None => None,
+        };
+        Ok(Members {
+            image: self.range(shard, entry.image.offset..entry.image.end()).await?,
+            caption: self.range(shard, entry.caption.offset..entry.caption.end()).await?,
+            meta,
+        })
+    }
+
+    /// Exactly the bytes of `range`: a shorter answer (a truncated shard) is an error.
+    async fn range(&self, shard: &Path, range: Range<u64>) -> Result<bytes::Bytes, DataError> {
+        let want = range.end - range.start;
+        let options = GetOptions { range: Some(GetRange::Bounded(range)), ..Default::default() };
+        let bytes = self.store.get_opts(shard, options).await?.bytes().await?;
+        if bytes.len() as u64 != want {
+            return Err(DataError::Index(format!("{shard} is shorter than its index says")));
+        }
+        Ok(bytes)
+    }
+}
+
+struct Members {
+    image: bytes::Bytes,
+    caption: bytes::Bytes,
+    meta: Option<bytes::Bytes>,
+}

@@ -1,0 +1,145 @@
+//! Checkpoints on the job's object store: `{root}/{STEP}/weights.safetensors`,
+//! `optimizer.safetensors` and `manifest.json`, then `{root}/latest` naming STEP, written last so
+//! that a reader never sees a pointer to a partial checkpoint. Rank 0 is the only writer.
+//! A checkpoint at STEP holds the state after every release of steps < STEP.
+
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use serde::{Deserialize, Serialize};
+
+use dpcap_dataset::WorkError;
+
+/// What a checkpoint is, for people and for resume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The job.
+    pub job_id: String,
+    /// Releases of steps < step are applied.
+    pub step: u64,
+    /// The ledger's next step when it was written (the same number: the ledger owns steps).
+    pub ledger_position: u64,
+    /// Model configuration name.
+    pub model: String,
+    /// caption or mae.
+    pub objective: String,
+    /// P: trainable parameters (the length of every part and release).
+    pub parameters: u64,
+    /// The group generation of the rank 0 that wrote it.
+    pub generation: u64,
+    /// When, in milliseconds since the Unix epoch.
+    pub created_unix_ms: i64,
+    /// Releases applied to this state (charged steps whose update reached the model).
+    #[serde(default)]
+    pub applied_steps: u64,
+    /// Charged steps skipped because their release was lost (they stay spent). With
+    /// `applied_steps` this must account for every charge below `step`:
+    /// charged = applied + discarded.
+    #[serde(default)]
+    pub discarded_steps: Vec<u64>,
+    /// "dp", or "not_private" / "simulation": weights without a privacy guarantee (NOT
+    /// PRIVATE), which every export of them says. Checkpoints from before read as "dp".
+    #[serde(default = "dp")]
+    pub privacy: String,
+    /// The digest of the dataset the job trains on ("" before it was recorded): `init_from`
+    /// refuses NOT PRIVATE weights of a DP job's own dataset.
+    #[serde(default)]
+    pub dataset: String,
+    /// Where the job's initial weights came from ("job J step S (privacy)"; "" for a fresh
+    /// init), carried into exports.
+    #[serde(default)]
+    pub init_from: String,
+}
+
+fn dp() -> String {
+    "dp".into()
+}
+
+impl Manifest {
+    /// Whether the weights carry the job's DP guarantee.
+    pub fn is_private(&self) -> bool {
+        self.privacy == "dp"
+    }
+}
+
+/// The checkpoints of one job.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+}
+
+fn store_error(e: object_store::Error) -> WorkError {
+    WorkError::Checkpoint(e.to_string())
+}
+
+impl CheckpointStore {
+    /// The store at `root_url` (a directory or URL, see `open_store`).
+    pub fn open(root_url: &str) -> Result<Self, WorkError> {
+        let (store, root) = dpcap_serve::open_store(root_url).map_err(|e| WorkError::Checkpoint(e.to_string()))?;
+        Ok(Self { store, root })
+    }
+
+    /// Another job's checkpoints, to read (`init_from`): a local directory must exist.
+    pub fn open_existing(root_url: &str) -> Result<Self, WorkError> {
+        let (store, root) =
+            dpcap_serve::open_existing_store(root_url).map_err(|e| WorkError::Checkpoint(e.to_string()))?;
+        Ok(Self { store, root })
+    }
+
+    fn path(&self, rest: &str) -> Path {
+        Path::from(format!("{}/{rest}", self.root).trim_start_matches('/'))
+    }
+
+    /// The latest complete checkpoint's step, if any.
+    pub async fn latest(&self) -> Result<Option<u64>, WorkError> {
+        match self.store.get(&self.path("latest")).await {
+            Ok(r) => {
+                let text = r.bytes().await.map_err(store_error)?;
+                let step = String::from_utf8_lossy(&text).trim().parse().map_err(|_| {
+                    WorkError::Checkpoint(format!(
+                        "latest pointer {:?} is not a step number",
+                        String::from_utf8_lossy(&text)
+                    ))
+                })?;
+                Ok(Some(step))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(store_error(e)),
+        }
+    }
+
+    /// Writes a checkpoint and then moves `latest` to it.
+    pub async fn save(&self, manifest: &Manifest, weights: Vec<u8>, optimizer: Vec<u8>) -> Result<(), WorkError> {
+        let dir = manifest.step.to_string();
+        let json = serde_json::to_vec_pretty(manifest).map_err(|e| WorkError::Checkpoint(e.to_string()))?;
+        for (name, body) in
+            [("weights.safetensors", weights), ("optimizer.safetensors", optimizer), ("manifest.json", json)]
+        {
+            self.store.put(&self.path(&format!("{dir}/{name}")), PutPayload::from(body)).await.map_err(store_error)?;
+        }
+        // Never move `latest` backwards: a superseded rank 0 finishing a save late must not
+        // point past releases the accountant has trimmed since.
+        if self.latest().await?.is_some_and(|current| current >= manifest.step) {
+            tracing::warn!(job_id = %manifest.job_id, step = manifest.step, "a newer checkpoint exists; latest not moved");
+            return Ok(());
+        }
+        self.store.put(&self.path("latest"), PutPayload::from(dir.into_bytes())).await.map_err(store_error)?;
+        Ok(())
+    }
+
+    /// The manifest, weights and optimizer bytes of checkpoint `step`.
+    pub async fn load(&self, step: u64) -> Result<(Manifest, Vec<u8>, Vec<u8>), WorkError> {
+        let get = |name: &str| {
+            let path = self.path(&format!("{step}/{name}"));
+            async move { self.store.get(&path).await?.bytes().await }
+        };
+        let manifest = get("manifest.json").await.map_err(store_error)?;
+        let manifest: Manifest = serde_json::from_slice(&manifest)
+            .map_err(|e| WorkError::Checkpoint(format!("checkpoint {step} manifest: {e}")))?;
+        let weights = get("weights.safetensors").await.map_err(store_error)?.to_vec();
+        let optimizer = get("optimizer.safetensors").await.map_err(store_error)?.to_vec();
+        Ok((manifest, weights, optimizer))
+    }
+}

@@ -1,0 +1,40 @@
+//! A job's initial weights from another job's checkpoint (`init_from`): the warm start of ViP
+//! and DP-Cap (a model pretrained without privacy on synthetic images) and DP-FedEmb's public
+//! pretraining. Weights only: the optimizer starts fresh. The same objective takes every
+//! weight; another objective of the same model (a ViP MAE into a captioner) takes the encoder.
+//! Names and shapes are checked, so a mismatch is refused naming `init_from`, never loaded
+//! halfway. Whether the source may start a DP job is the coordinator's check at submission.
+
+use burn::tensor::backend::Backend;
+
+use crate::checkpoint::load_weights_with_prefix;
+use crate::checkpoint::{CheckpointStore, Manifest};
+use crate::params::ParamSet;
+use dpcap_dataset::WorkError;
+
+/// Loads checkpoint `step` under `location`, which the coordinator checked and found of
+/// `privacy`, into `params` of a `model` trained for `objective`; returns its manifest. A
+/// checkpoint whose privacy is not the one checked is refused.
+pub async fn load_init<B: Backend>(
+    params: &mut ParamSet<B>,
+    location: &str,
+    (model, objective): (&str, &str),
+    (step, privacy): (u64, &str),
+) -> Result<Manifest, WorkError> {
+    let spec = |reason: String| WorkError::Spec { field: "init_from", reason };
+    let source = CheckpointStore::open_existing(location).map_err(|e| spec(format!("{location}: {e}")))?;
+    let (manifest, weights, _) = source.load(step).await.map_err(|e| spec(format!("{location} step {step}: {e}")))?;
+    if manifest.privacy != privacy {
+        return Err(spec(format!(
+            "{location} step {step} is {}, not the {privacy} checked at submission",
+            manifest.privacy
+        )));
+    }
+    if manifest.model != model {
+        return Err(spec(format!("{location} is a {} model, this job trains {model}", manifest.model)));
+    }
+    let prefix = if manifest.objective == objective { "" } else { "encoder." };
+    load_weights_with_prefix(params, &weights, prefix)
+        .map_err(|e| spec(format!("{location} step {step} does not fit {model}/{objective}: {e}")))?;
+    Ok(manifest)
+}

@@ -1,0 +1,54 @@
+//! One bad example cannot stop a job: an example whose loss or gradient is NaN or infinite is
+//! left out of the clipped sum by selection (never by multiplying: 0·NaN is NaN), and counted.
+//! The images here carry the NaN and the ∞ directly, a test-only input: real images decode to
+//! finite pixels, and diverged weights reach the same code path.
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorData};
+use dpcap_ml::CpuBackend;
+use dpcap_ml::clip::{ClipEngine, Objective, Precision};
+use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig};
+use dpcap_ml::params::ParamSet;
+
+type Inner = <CpuBackend as AutodiffBackend>::InnerBackend;
+
+fn flat(sum: &dpcap_ml::clip::GradSum<Inner>) -> Vec<f32> {
+    sum.flatten().into_data().convert::<f32>().into_vec().unwrap()
+}
+
+#[test]
+fn a_nan_and_an_infinite_example_add_nothing_are_counted_and_leave_a_part_the_accountant_accepts() {
+    let config = CaptionerConfig::named("micro").unwrap();
+    let device = Default::default();
+    let mut params = ParamSet::<Inner>::seeded(&device, 7);
+    let model = Captioner::new(&mut params, config);
+    let batch = CaptionBatch::<CpuBackend>::random(config, 6, &device);
+    // Example 1 sees a NaN pixel and example 4 an infinite one.
+    let mut pixels: Vec<f32> = batch.images.clone().into_data().convert::<f32>().into_vec().unwrap();
+    let per_image = 3 * config.encoder.image * config.encoder.image;
+    pixels[per_image + 5] = f32::NAN;
+    pixels[4 * per_image + 9] = f32::INFINITY;
+    let dims = batch.images.dims();
+    let poisoned = CaptionBatch { images: Tensor::from_data(TensorData::new(pixels, dims), &device), ..batch.clone() };
+    let engine = ClipEngine { clipping_norm: 0.5, micro_batch: 4, precision: Precision::F32 };
+    let got = engine.clipped_sum(&model, &params, &poisoned);
+    assert_eq!(got.telemetry.nonfinite, 2, "both counted");
+    assert_eq!(got.telemetry.losses.len(), 4, "telemetry of the finite examples only");
+
+    // The sum over the four finite examples alone, in the same micro-batches' worth of work.
+    let finite = [0, 2, 3, 5].map(|i| model.slice(&batch, i..i + 1));
+    let mut want = vec![0.0f32; got.sum.grads.iter().map(|g| g.dims()[0]).sum()];
+    for example in &finite {
+        let one = engine.clipped_sum(&model, &params, example);
+        want.iter_mut().zip(flat(&one.sum)).for_each(|(w, v)| *w += v);
+    }
+    let got_flat = flat(&got.sum);
+    let scale = want.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
+    for (i, (g, w)) in got_flat.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-4 * scale, "coordinate {i}: {g} vs {w}");
+    }
+    // The accountant's own check of a part's bytes.
+    let bytes = dpcap_proto::floats::to_bytes(&got_flat);
+    let mut values = Vec::new();
+    dpcap_proto::floats::extend_finite(&mut values, &bytes, 0).expect("every value of the part is finite");
+}
