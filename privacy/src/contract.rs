@@ -309,7 +309,8 @@ mod tests {
     #[test]
     fn modes_check_their_fields_and_name_them() {
         assert_eq!(dp().check(), Ok(()));
-        let cases: [(&str, fn(&mut PrivacyContract)); 9] = [
+        type Break = fn(&mut PrivacyContract);
+        let cases: [(&str, Break); 9] = [
             ("mechanism.noise_multiplier", |c| c.mechanism.noise_multiplier = 0.0),
             ("mechanism.noise_multiplier", |c| c.mechanism.noise_multiplier = 1e-320),
             ("epsilon_target", |c| c.epsilon_target = None),

@@ -20,7 +20,7 @@ pub type StepKey<'a> = (&'a str, u64, u32, u64);
 /// What became of a step's part.
 pub enum Outcome {
     /// The step was charged and released.
-    Released(Released),
+    Released(Box<Released>),
     /// The step was charged but its release was lost (an accountant crash between the charge
     /// and the stored release): it stays spent and the replica skips it.
     Discarded,
@@ -146,7 +146,12 @@ async fn through_accountant(
                 match fetched {
                     Ok((values, spend)) => {
                         let release_seconds = t.elapsed().as_secs_f64();
-                        return Ok(Outcome::Released(Released { values, spend, reduce_seconds, release_seconds }));
+                        return Ok(Outcome::Released(Box::new(Released {
+                            values,
+                            spend,
+                            reduce_seconds,
+                            release_seconds,
+                        })));
                     }
                     Err(s) if ErrorCode::of(&s) == Some(ErrorCode::ReleaseDiscarded) => return Ok(Outcome::Discarded),
                     Err(s) => s,
@@ -206,5 +211,6 @@ async fn over_nccl(
         }
     }
     let values = group.from_rank_zero(vec![0.0f32; dim]).await?;
-    Ok(Outcome::Released(Released { values, spend: None, reduce_seconds, release_seconds: t.elapsed().as_secs_f64() }))
+    let release_seconds = t.elapsed().as_secs_f64();
+    Ok(Outcome::Released(Box::new(Released { values, spend: None, reduce_seconds, release_seconds })))
 }
