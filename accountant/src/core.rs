@@ -274,6 +274,23 @@ impl Accountant {
         Ok(())
     }
 
+    /// Admits a capability's generation: an older one than the newest seen is refused (its
+    /// group was re-formed); a newer one becomes the newest, and is recorded in the ledger so
+    /// that a restart does not forget it. Returns the newest generation on a refusal.
+    pub async fn admit_generation(&self, job: &Job, generation: u64) -> Result<(), u64> {
+        let newest = job.generation.fetch_max(generation, Ordering::SeqCst);
+        if generation < newest {
+            return Err(newest);
+        }
+        if generation > newest
+            && let Err(e) = self.ledger.put_generation(&job.registration.job_id, generation).await
+        {
+            // Memory still refuses older generations; only a restart in this window forgets.
+            tracing::warn!(job_id = %job.registration.job_id, generation, error = %e, "newest generation not recorded");
+        }
+        Ok(())
+    }
+
     /// Segments of every private job spending `key` (with `extra` steps more of one of them).
     pub(crate) fn segments(&self, key: &BudgetKey, extra: Option<(&Job, u64)>) -> Vec<Segment> {
         let mut segments: Vec<Segment> = self
@@ -281,7 +298,7 @@ impl Accountant {
             .read()
             .expect("jobs lock")
             .values()
-            .filter(|j| BudgetKey::of(&j.registration.contract) == *key && j.registration.contract.mode.is_private())
+            .filter(|j| spends(&j.registration, key) && j.registration.contract.mode.is_private())
             .map(|j| segment(j, j.progress().charged))
             .collect();
         if let Some((job, steps)) = extra {
@@ -482,13 +499,20 @@ impl Accountant {
             .read()
             .expect("jobs lock")
             .values()
-            .filter(|j| BudgetKey::of(&j.registration.contract) == *key)
+            .filter(|j| spends(&j.registration, key))
             .map(|j| j.registration.job_id.clone())
             .collect();
         jobs.sort();
         self.datasets.record_spent(key, epsilon_spent);
         Ok(DatasetView { budget, epsilon_spent, jobs })
     }
+}
+
+/// Whether a job spends budget `key`: its own, or, for a job registered before privacy units
+/// (its unit unknown), every unit's budget of its dataset.
+fn spends(r: &Registration, key: &BudgetKey) -> bool {
+    let own = BudgetKey::of(&r.contract);
+    own == *key || (r.legacy && own.dataset_id == key.dataset_id)
 }
 
 /// A job's steps as a segment of its mechanism (the ε it reports: the simulated recipe's for
@@ -582,7 +606,7 @@ async fn build_job(record: JobRecord, policy: Policy, ledger: &Ledger) -> Result
         ahead,
         progress: watch::channel(progress).0,
         audit,
-        generation: AtomicU64::new(0),
+        generation: AtomicU64::new(record.generation),
     })
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use dpcap_proto::floats;
 use tokio::sync::{Mutex, watch};
@@ -67,6 +67,9 @@ pub struct Pending {
     pub started: std::time::Instant,
     /// The group generation whose parts these are.
     pub attempt: u64,
+    /// That group's nonce: parts of another group with the same generation are never summed
+    /// with these.
+    pub group: u64,
 }
 
 /// Mutable step state, behind the job's async mutex (held across the durable charge).
@@ -125,13 +128,6 @@ impl Job {
     pub fn progress(&self) -> Progress {
         *self.progress.borrow()
     }
-
-    /// Refuses a capability of a generation older than the newest one seen, and remembers a
-    /// newer one.
-    pub fn admit_generation(&self, generation: u64) -> Result<(), u64> {
-        let newest = self.generation.fetch_max(generation, Ordering::SeqCst);
-        if generation < newest { Err(newest) } else { Ok(()) }
-    }
 }
 
 /// One complete, validated part of a step.
@@ -150,6 +146,8 @@ pub struct Part {
     pub attempt: u64,
     /// Parts W of its step, as its capability states.
     pub parts: u32,
+    /// Its group's nonce, as its capability states.
+    pub group: u64,
 }
 
 /// Which group computed a part, as its rank's capability states.
@@ -159,6 +157,8 @@ pub struct Attempt {
     pub generation: u64,
     /// Parts W its steps sum.
     pub parts: u32,
+    /// The group's nonce (see [`Pending::group`]).
+    pub group: u64,
 }
 
 /// Collects one part's chunks, checking every chunk against the job's shape.
@@ -171,6 +171,7 @@ pub struct PartAssembler {
     dim: usize,
     attempt: u64,
     parts: u32,
+    group: u64,
 }
 
 impl std::fmt::Debug for PartAssembler {
@@ -187,7 +188,7 @@ impl std::fmt::Debug for PartAssembler {
 impl PartAssembler {
     /// Starts part `part` of `step` of `job`, computed by the group of `attempt`.
     pub fn new(job: &Job, step: u64, part: u32, attempt: Attempt) -> Result<Self, AccountantError> {
-        let Attempt { generation: attempt, parts } = attempt;
+        let Attempt { generation: attempt, parts, group } = attempt;
         let r = &job.registration;
         // Attempts are group generations: a huge one would make every legitimate part stale.
         if attempt > MAX_ATTEMPT {
@@ -210,6 +211,7 @@ impl PartAssembler {
             dim,
             attempt,
             parts,
+            group,
         })
     }
 
@@ -266,6 +268,7 @@ impl PartAssembler {
             digest: self.hasher.digest(),
             attempt: self.attempt,
             parts: self.parts,
+            group: self.group,
         })
     }
 }

@@ -10,6 +10,8 @@
 //!   after the charge while it streams to the ranks, and before any rank may apply it (the
 //!   last chunk of a fetch waits for it), so that every rank (a restarted one, a replacement,
 //!   a survivor of an accountant crash) fetches the same bytes until a checkpoint covers it;
+//! - `jobs/{job}/generation.json`: `{"generation": G}`: the newest group generation a rank
+//!   attached with; capabilities of older generations stay refused after a restart;
 //! - `jobs/{job}/trimmed.json`: `{"before": S}`: releases of steps < S are covered by a
 //!   checkpoint and may have been deleted; it only ever grows;
 //! - `jobs/{job}/discarded/{step:020}`: a charged step whose release was lost (a crash between
@@ -212,6 +214,14 @@ impl Ledger {
         }
     }
 
+    /// Records the newest group generation seen for a job (overwritten as it grows).
+    pub async fn put_generation(&self, job_id: &str, generation: u64) -> Result<(), AccountantError> {
+        let path = self.job_path(job_id, "generation.json");
+        let body = serde_json::to_vec(&serde_json::json!({ "generation": generation })).expect("json serialises");
+        self.store.put(&path, PutPayload::from(body)).await?;
+        Ok(())
+    }
+
     /// Records that a checkpoint covers every step < `before`, then deletes those releases.
     /// The marker is written first: a crash in between leaves orphaned releases, never a
     /// release-less step that replay would mistake for a discarded one.
@@ -353,6 +363,7 @@ impl Ledger {
             released: BTreeSet<u64>,
             discarded: BTreeSet<u64>,
             trimmed: bool,
+            generation: bool,
             closed: bool,
         }
         let mut found: BTreeMap<String, Found> = BTreeMap::new();
@@ -369,6 +380,7 @@ impl Ledger {
                 [name] if name == "registration.json" => entry.registration = true,
                 [name] if name == "closed.json" => entry.closed = true,
                 [name] if name == "trimmed.json" => entry.trimmed = true,
+                [name] if name == "generation.json" => entry.generation = true,
                 [dir, name] if dir == "charges" => entry.charged.extend(step_of(name)),
                 [dir, name] if dir == "releases" => {
                     entry.released.extend(name.strip_suffix(".f32").and_then(|n| n.parse::<u64>().ok()))
@@ -404,6 +416,12 @@ impl Ledger {
             } else {
                 0
             };
+            let generation = if f.generation {
+                let v: serde_json::Value = self.read_json(&self.job_path(&job_id, "generation.json")).await?;
+                v["generation"].as_u64().unwrap_or(0)
+            } else {
+                0
+            };
             jobs.push(JobRecord {
                 registration,
                 charged: f.charged,
@@ -411,6 +429,7 @@ impl Ledger {
                 discarded: f.discarded,
                 trimmed_before,
                 closed,
+                generation,
             });
         }
         Ok(jobs)

@@ -24,6 +24,10 @@ pub struct Registration {
     /// The fixed test seed, when the job uses insecure seeded noise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub insecure_noise_seed: Option<u64>,
+    /// Read from a registration written before typed contracts, which named no privacy unit:
+    /// its spend counts in every unit's budget of its dataset (it may have been user-level).
+    #[serde(skip)]
+    pub legacy: bool,
 }
 
 impl<'de> Deserialize<'de> for Registration {
@@ -48,6 +52,7 @@ impl<'de> Deserialize<'de> for Registration {
                 contract: c.contract,
                 gradient_dim: c.gradient_dim,
                 insecure_noise_seed: c.insecure_noise_seed,
+                legacy: false,
             },
             Stored::Legacy(legacy) => legacy.into_registration().map_err(serde::de::Error::custom)?,
         })
@@ -107,7 +112,8 @@ impl LegacyRegistration {
             delta: self.delta,
             epsilon_target: (mode != Mode::NotPrivate).then_some(self.epsilon_target),
             mode,
-            // Jobs before units were example-level: user-level jobs came with units.
+            // Unknown before units (fedemb jobs registered without one): read as example-level,
+            // and `legacy` makes every unit's budget of the dataset count its spend.
             unit: PrivacyUnit::Example,
             dataset_id: self.dataset_id,
             audit: (self.audit_canaries > 0).then_some(Audit { canaries: self.audit_canaries, placement }),
@@ -118,6 +124,7 @@ impl LegacyRegistration {
             contract,
             gradient_dim: self.gradient_dim,
             insecure_noise_seed: self.insecure_noise_seed,
+            legacy: true,
         })
     }
 }
@@ -152,6 +159,8 @@ pub struct JobRecord {
     pub trimmed_before: u64,
     /// The reason given when the job was closed, if it was.
     pub closed: Option<String>,
+    /// The newest group generation a rank attached with.
+    pub generation: u64,
 }
 
 impl JobRecord {
@@ -164,6 +173,7 @@ impl JobRecord {
             discarded: BTreeSet::new(),
             trimmed_before: 0,
             closed: None,
+            generation: 0,
         }
     }
 }
@@ -280,6 +290,7 @@ mod tests {
                 },
                 gradient_dim: 1 << 20,
                 insecure_noise_seed: (i % 11 == 0).then_some(i as u64),
+                legacy: false,
             };
             let bytes = serde_json::to_vec_pretty(&registration).unwrap();
             let back: Registration = serde_json::from_slice(&bytes).unwrap();
@@ -297,14 +308,15 @@ mod tests {
         assert_eq!(r.contract.mode, Mode::Dp, "no privacy field: from before modes");
         assert_eq!(r.contract.accountant, AccountantKind::Rdp);
         assert_eq!(r.contract.audit, Some(Audit { canaries: 10, placement: Placement::Model }));
+        assert!(r.legacy, "its unit is unknown: every unit's budget counts it");
         let baseline = legacy
             .replace("\"audit_canaries\":10", "\"privacy\":\"not_private\"")
             .replace("\"noise_multiplier\":1.0", "\"noise_multiplier\":0.0");
         let r: Registration = serde_json::from_str(&baseline).unwrap();
         assert_eq!((r.contract.mode, r.contract.epsilon_target), (Mode::NotPrivate, None));
-        // Written back, it is a current registration that reads as itself.
+        // Written back, it is a current registration that reads as itself (no longer legacy).
         let again: Registration = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
-        assert_eq!(again, r);
+        assert_eq!(again, Registration { legacy: false, ..r });
     }
 
     #[test]

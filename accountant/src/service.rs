@@ -47,7 +47,7 @@ impl AccountantGrpc {
     }
 
     /// The capability `request` carries, verified and scoped to `job` and its newest generation.
-    fn capability(&self, metadata: &MetadataMap, job: &Job) -> Result<Capability, AccountantError> {
+    async fn capability(&self, metadata: &MetadataMap, job: &Job) -> Result<Capability, AccountantError> {
         let text = metadata.get(CAPABILITY_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
         let capability = self.capabilities.verify(text, now_unix_ms())?;
         let out_of_scope = |reason: String| CapabilityError::OutOfScope {
@@ -66,7 +66,7 @@ impl AccountantGrpc {
                 format!("{} exceeds {MAX_ATTEMPT}", capability.generation),
             ));
         }
-        if let Err(newest) = job.admit_generation(capability.generation) {
+        if let Err(newest) = self.accountant.admit_generation(job, capability.generation).await {
             return Err(out_of_scope(format!("the group was re-formed: generation {newest} is current")).into());
         }
         Ok(capability)
@@ -80,6 +80,7 @@ fn registration_from_proto(request: RegisterJobRequest) -> Result<Registration, 
         contract: contract_from_proto(contract)?,
         gradient_dim: request.gradient_dim,
         insecure_noise_seed: request.insecure_noise_seed,
+        legacy: false,
     })
 }
 
@@ -137,7 +138,7 @@ impl AccountantService for AccountantGrpc {
 
     async fn attach_job(&self, request: Request<AttachJobRequest>) -> Result<Response<JobSpend>, Status> {
         let job = self.accountant.job(&request.get_ref().job_id).map_err(to_status)?;
-        let capability = self.capability(request.metadata(), &job).map_err(to_status)?;
+        let capability = self.capability(request.metadata(), &job).await.map_err(to_status)?;
         let r = request.into_inner();
         if r.parts != capability.parts {
             return Err(to_status(AccountantError::invalid(
@@ -164,7 +165,7 @@ impl AccountantService for AccountantGrpc {
             .ok_or_else(|| Status::invalid_argument("invalid values: the part stream is empty"))?;
         let job = self.accountant.job(&first.job_id).map_err(to_status)?;
         // The capability decides before a byte of the part is kept: nothing is charged on it.
-        let capability = self.capability(&metadata, &job).map_err(to_status)?;
+        let capability = self.capability(&metadata, &job).await.map_err(to_status)?;
         if capability.generation != first.attempt || capability.rank != first.part {
             return Err(to_status(AccountantError::from(CapabilityError::OutOfScope {
                 job_id: capability.job_id,
@@ -173,7 +174,7 @@ impl AccountantService for AccountantGrpc {
                 reason: format!("the part is part {} of attempt {}", first.part, first.attempt),
             })));
         }
-        let attempt = Attempt { generation: first.attempt, parts: capability.parts };
+        let attempt = Attempt { generation: first.attempt, parts: capability.parts, group: capability.group };
         let mut assembler = PartAssembler::new(&job, first.step, first.part, attempt).map_err(to_status)?;
         let mut next = Some(first);
         while let Some(chunk) = next {
@@ -211,7 +212,7 @@ impl AccountantService for AccountantGrpc {
         request: Request<FetchReleaseRequest>,
     ) -> Result<Response<Self::FetchReleaseStream>, Status> {
         let job = self.accountant.job(&request.get_ref().job_id).map_err(to_status)?;
-        self.capability(request.metadata(), &job).map_err(to_status)?;
+        self.capability(request.metadata(), &job).await.map_err(to_status)?;
         let request = request.into_inner();
         let chunk_values = match request.chunk_values as usize {
             0 => DEFAULT_CHUNK_VALUES,

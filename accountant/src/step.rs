@@ -43,7 +43,7 @@ impl Accountant {
     /// Adds one complete part. When it is the last of the W parts, charges and releases the
     /// step before returning.
     pub async fn submit_part(&self, job: &Job, part: Part) -> Result<PartOutcome, AccountantError> {
-        let Part { step, part, values, digest, attempt, parts } = part;
+        let Part { step, part, values, digest, attempt, parts, group } = part;
         let r = &job.registration;
         let mut state = job.state.lock().await;
         let progress = job.progress();
@@ -64,10 +64,12 @@ impl Accountant {
                     current: pending.attempt,
                 });
             }
-            if pending.attempt < attempt {
-                // The group that sent these parts was re-formed before the step was complete;
-                // nothing was charged or released from them, so dropping them is safe.
-                tracing::info!(job_id = %r.job_id, step, attempt, "dropping pending parts of an older attempt");
+            if pending.attempt < attempt || pending.group != group {
+                // The group that sent these parts was re-formed before the step was complete
+                // (or is another group under the same generation number, after a coordinator
+                // restart): nothing was charged or released from them, so dropping them is
+                // safe, and parts of two groups are never summed.
+                tracing::info!(job_id = %r.job_id, step, attempt, "dropping pending parts of another group");
                 state.pending = None;
             }
         }
@@ -77,6 +79,7 @@ impl Accountant {
             digests: vec![None; parts as usize],
             started: Instant::now(),
             attempt,
+            group,
         });
         let expected = pending.digests.len() as u32;
         if expected != parts {

@@ -848,3 +848,28 @@ async fn jobs_of_another_privacy_unit_need_a_budget_of_their_own_and_never_compo
     assert!(examples.epsilon_spent > 0.0 && examples.jobs == vec!["examples"], "{examples:?}");
     assert_eq!((users.epsilon_spent, users.jobs.clone()), (0.0, vec!["users".to_owned()]), "{users:?}");
 }
+
+/// Two groups that carry the same generation number (a coordinator restarted before recording
+/// the one it had formed) are told apart by their nonces: their parts are never summed into one
+/// release, and the newest generation a rank showed is remembered across a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parts_of_two_groups_are_never_summed_and_a_restart_remembers_the_newest_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let mut client = server.client().await;
+    let dim = 16;
+    client.raw().register_job(job("twins", 0.01, 1.0, 1.0, 10.0, dim as u64, 2, Some(1))).await.unwrap();
+    let first = client.submit_as("twins", (0, 0, 3, 111), &part(1, dim)).await.unwrap();
+    assert_eq!((first.parts_received, first.released), (1, false));
+    // The other group's part 1 does not complete the first group's step.
+    let other = client.submit_as("twins", (0, 1, 3, 222), &part(2, dim)).await.unwrap();
+    assert_eq!((other.parts_received, other.released), (1, false), "a fresh pending step: {other:?}");
+    let done = client.submit_as("twins", (0, 0, 3, 222), &part(3, dim)).await.unwrap();
+    assert!(done.released && done.parts_received == 2, "{done:?}");
+    server.kill();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let client = server.client().await;
+    let older = client.capability("twins", 0, Some(2));
+    let refused = client.with(Some(older)).fetch_release("twins", 0).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "generation 2 < 3, remembered: {refused}");
+}

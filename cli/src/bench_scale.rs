@@ -217,7 +217,8 @@ async fn start_accountant(
         let setup = dpcap_accountant::server::Setup { ledger, policy, capabilities: Capabilities::new(None) };
         dpcap_accountant::server::serve((grpc, metrics), server, setup, shutdown).await
     });
-    let rank = Capability { job_id: "scale".into(), rank: 0, generation: 0, parts: 1, expires_unix_ms: u64::MAX };
+    let rank =
+        Capability { job_id: "scale".into(), rank: 0, generation: 0, group: 0, parts: 1, expires_unix_ms: u64::MAX };
     let credentials =
         CallCredentials::default().with_capability(CapabilityCell::new(Capabilities::new(None).issue(&rank)));
     let client =

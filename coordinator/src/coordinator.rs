@@ -337,6 +337,7 @@ impl Coordinator {
             job_id: entry.job.job_id.clone(),
             rank: rank as u32,
             generation: group.generation,
+            group: group.nonce,
             parts,
             expires_unix_ms: expires.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         })
@@ -352,7 +353,8 @@ impl Coordinator {
         let Some(job_id) = worker.job.clone() else { return Ok(None) };
         let Some(entry) = state.jobs.get(&job_id) else { return Ok(None) };
         let Some(group) = entry.group.as_ref() else { return Ok(None) };
-        let rank = group.members.iter().position(|m| m == worker_id).unwrap_or(0);
+        // Only a member of the group gets its assignment (and a capability).
+        let Some(rank) = group.members.iter().position(|m| m == worker_id) else { return Ok(None) };
         Ok(Some(Assignment {
             capability: self.capability(entry, rank),
             job_id,
@@ -470,6 +472,7 @@ impl Coordinator {
         step: u64,
         report: Report,
     ) -> Result<(), CoordinatorError> {
+        let report = self.confirm_exhaustion(job_id, report).await;
         let effects = {
             let mut state = self.lock();
             let worker =
@@ -482,6 +485,31 @@ impl Coordinator {
             state.report(job_id, rank, &report)
         };
         self.apply(effects).await
+    }
+
+    /// A rank's word that the budget is spent would end the job for good: it stands only if
+    /// the accountant's ledger says so; otherwise the step failed (and the job may resume).
+    async fn confirm_exhaustion(&self, job_id: &str, report: Report) -> Report {
+        if report.outcome != dpcap_proto::v1::StepOutcome::BudgetExhausted {
+            return report;
+        }
+        let Ok(job) = self.get(job_id) else { return report };
+        match self.spend(&job).await {
+            Ok(spend) if spend.phase == dpcap_proto::v1::JobPhase::BudgetExhausted as i32 => report,
+            Ok(_) => Report {
+                outcome: dpcap_proto::v1::StepOutcome::Failed,
+                message: format!(
+                    "a rank reported an exhausted budget the accountant does not confirm: {}",
+                    report.message
+                ),
+                ..report
+            },
+            Err(e) => Report {
+                outcome: dpcap_proto::v1::StepOutcome::Failed,
+                message: format!("budget exhaustion reported but not confirmed ({e}): {}", report.message),
+                ..report
+            },
+        }
     }
 
     /// Text for `/metrics`.

@@ -44,9 +44,10 @@ struct Args {
     accountant_tls: ClientTlsArgs,
     #[command(flatten)]
     capability: CapabilityArgs,
-    /// Seconds a worker's capability stays valid; workers renew it with every heartbeat, so
-    /// it only needs to outlast a few missed ones.
-    #[arg(long, default_value_t = 600)]
+    /// Seconds a worker's capability stays valid (0: three leases, at least 30 s). Workers
+    /// renew it with every heartbeat (a quarter lease), so it only needs to outlast a few missed
+    /// ones; short, so that a removed worker's capability soon stops working.
+    #[arg(long, default_value_t = 0)]
     capability_ttl_seconds: u64,
     /// Write {"grpc": ADDR, "metrics": ADDR} to this file once listening (for tests and scripts).
     #[arg(long)]
@@ -80,7 +81,10 @@ async fn main() -> Result<()> {
         accountant_token: args.accountant_token,
         lease: Duration::from_secs(args.lease_seconds.max(1)),
         capabilities,
-        capability_ttl: Duration::from_secs(args.capability_ttl_seconds.max(args.lease_seconds).max(1)),
+        capability_ttl: Duration::from_secs(match args.capability_ttl_seconds {
+            0 => (3 * args.lease_seconds).max(30),
+            ttl => ttl.max(args.lease_seconds),
+        }),
     };
     serve((grpc, metrics), server, config, shutdown_signal()).await?;
     Ok(())

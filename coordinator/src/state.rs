@@ -12,6 +12,13 @@ use crate::sampler::PoissonSampler;
 use crate::work::{ClientUnit, example_units, split_clients, split_work};
 use dpcap_dataset::index::Layout;
 
+/// A fresh group nonce from the OS.
+fn group_nonce() -> u64 {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("OS entropy is available");
+    u64::from_le_bytes(bytes)
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
@@ -51,6 +58,9 @@ pub const PHASES: [&str; 5] = ["compute", "reduce", "release", "update", "checkp
 pub struct Group {
     /// Increases with every re-formation; stale ranks get STOP.
     pub generation: u64,
+    /// Random, drawn at formation: told to the accountant in capabilities, so that a group of
+    /// a generation number re-used after a coordinator restart is never mixed with the old one.
+    pub nonce: u64,
     /// Worker ids by rank.
     pub members: Vec<String>,
     /// The step being run; `None` until the ledger's next step is known.
@@ -243,6 +253,7 @@ impl State {
             entry.job.state = JobState::Running as i32;
             entry.group = Some(Group {
                 generation,
+                nonce: group_nonce(),
                 reported: vec![false; free.len()],
                 members: free.clone(),
                 step: None,

@@ -39,6 +39,9 @@ impl Coordinator {
         {
             return self.get(&existing);
         }
+        if let Some(source) = &planned.init {
+            self.check_init_source(source).await?;
+        }
         let Planned { spec, plan, counts, clients, init } = planned;
         let mut job = Job {
             job_id: job_id.clone(),
@@ -60,6 +63,34 @@ impl Coordinator {
         tracing::info!(job_id, "job submitted");
         self.enqueue(job, &private, clients).await?;
         self.get(&job_id)
+    }
+}
+
+impl Coordinator {
+    /// The init source's checkpoint manifest is written by a worker: where the accountant knows
+    /// the source job, its ledger (not the manifest) says what the weights are.
+    async fn check_init_source(&self, source: &InitSource) -> Result<(), CoordinatorError> {
+        let request = dpcap_proto::v1::GetSpendRequest { job_id: source.job_id.clone() };
+        let mut client = self.accountant.clone();
+        let Ok(spend) = client.get_spend(request).await else { return Ok(()) };
+        let Some(contract) = spend.into_inner().contract else { return Ok(()) };
+        let contract = dpcap_proto::contract::contract_from_proto(contract)?;
+        if contract.mode.name() != source.privacy
+            || (!source.dataset.is_empty() && contract.dataset_id != source.dataset)
+        {
+            return Err(CoordinatorError::invalid(
+                "init_from",
+                format!(
+                    "the checkpoint's manifest says job {} was {} on {:?}, its ledger says {} on {}: the manifest was altered",
+                    source.job_id,
+                    source.privacy,
+                    source.dataset,
+                    contract.mode.name(),
+                    contract.dataset_id
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -52,3 +52,50 @@ fn a_nan_and_an_infinite_example_add_nothing_are_counted_and_leave_a_part_the_ac
     let mut values = Vec::new();
     dpcap_proto::floats::extend_finite(&mut values, &bytes, 0).expect("every value of the part is finite");
 }
+
+/// A linear layer on a sequence whose input holds +∞ for one example: with all weights 1 its
+/// outputs are +∞, tanh saturates at 1 and the loss is finite, but the output gradient is 0,
+/// so that example's weight gradient is ∞·0 = NaN. The loss alone cannot catch it; the
+/// squared norm does, as long as it is read before any clamp.
+#[derive(Debug, Clone, Copy)]
+struct Saturated {
+    weight: dpcap_ml::params::ParamId,
+    bias: dpcap_ml::params::ParamId,
+}
+
+impl Objective<CpuBackend> for Saturated {
+    type Batch = Tensor<CpuBackend, 3>;
+    fn losses(&self, tape: &mut dpcap_ml::clip::Tape<'_, CpuBackend>, x: &Self::Batch) -> Tensor<CpuBackend, 1> {
+        let y = tape.linear(self.weight, Some(self.bias), x.clone());
+        let [b, _, _] = y.dims();
+        y.tanh().powi_scalar(2).reshape([b as i32, -1]).mean_dim(1).squeeze_dim(1)
+    }
+    fn batch_len(&self, x: &Self::Batch) -> usize {
+        x.dims()[0]
+    }
+    fn slice(&self, x: &Self::Batch, range: std::ops::Range<usize>) -> Self::Batch {
+        x.clone().slice([range])
+    }
+}
+
+#[test]
+fn an_example_with_a_finite_loss_but_a_nan_gradient_is_left_out_too() {
+    use dpcap_ml::params::Init;
+    let device = Default::default();
+    let mut params = ParamSet::<Inner>::seeded(&device, 3);
+    let model = Saturated { weight: params.add("w", &[4, 3], Init::Ones), bias: params.add("b", &[3], Init::Zeros) };
+    let mut x: Vec<f32> = (0..3 * 2 * 4).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
+    x[8] = f32::INFINITY; // example 1, token 0, feature 0
+    let batch = Tensor::<CpuBackend, 3>::from_data(TensorData::new(x, [3, 2, 4]), &device);
+    let engine = ClipEngine { clipping_norm: 1.0, micro_batch: 3, precision: Precision::F32 };
+    let got = engine.clipped_sum(&model, &params, &batch);
+    assert_eq!(got.telemetry.nonfinite, 1, "{:?}", got.telemetry);
+    assert!(got.telemetry.losses.iter().all(|l| l.is_finite()));
+    let values = flat(&got.sum);
+    assert!(values.iter().all(|v| v.is_finite()), "{values:?}");
+    let finite = [0, 2].map(|i| engine.clipped_sum(&model, &params, &model.slice(&batch, i..i + 1)));
+    let want: Vec<f32> = flat(&finite[0].sum).iter().zip(flat(&finite[1].sum)).map(|(a, b)| a + b).collect();
+    for (g, w) in values.iter().zip(&want) {
+        assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{g} vs {w}");
+    }
+}

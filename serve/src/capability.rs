@@ -38,6 +38,10 @@ pub struct Capability {
     pub rank: u32,
     /// The group generation: parts are submitted as this attempt.
     pub generation: u64,
+    /// A random number drawn when the group was formed: two groups that a coordinator restart
+    /// gave the same generation number never have their parts summed together.
+    #[serde(default)]
+    pub group: u64,
     /// Parts W summed per step in this generation (1 on the NCCL path).
     pub parts: u32,
     /// Milliseconds since the Unix epoch after which it is refused.
@@ -288,7 +292,7 @@ mod tests {
     use super::*;
 
     fn capability(expires_unix_ms: u64) -> Capability {
-        Capability { job_id: "job-a".into(), rank: 1, generation: 3, parts: 2, expires_unix_ms }
+        Capability { job_id: "job-a".into(), rank: 1, generation: 3, group: 9, parts: 2, expires_unix_ms }
     }
 
     #[test]

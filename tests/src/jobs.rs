@@ -37,6 +37,13 @@ pub async fn get(services: &Services, job_id: &str) -> Job {
     services.jobs().await.get_job(GetJobRequest { job_id: job_id.into() }).await.expect("get").into_inner()
 }
 
+/// A bound for a job of `steps` micro steps to get somewhere: a minute of start-up (the
+/// workers build their models) and ten seconds a step, generous on a loaded 2-core machine and
+/// proportionate to the work, so a stuck job fails its test instead of waiting minutes.
+pub fn within(steps: u64) -> Duration {
+    Duration::from_secs(60 + 10 * steps)
+}
+
 /// Polls until `done(job)` or panics after `timeout`.
 pub async fn wait_until(services: &Services, job_id: &str, timeout: Duration, done: impl Fn(&Job) -> bool) -> Job {
     let deadline = Instant::now() + timeout;

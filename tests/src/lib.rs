@@ -4,40 +4,21 @@
 //!
 //! It must never stand in for a component: every test process is the shipped binary.
 
+pub mod binaries;
 pub mod chaos;
 pub mod jobs;
 pub mod testdir;
 
+pub use binaries::binary;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use dpcap_proto::v1::job_service_client::JobServiceClient;
 use dpcap_serve::AttachToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
-
-/// The workspace's binaries, built once per test process. `cargo test --workspace --no-run`
-/// builds them with exactly the features and profile of the README's test command, so under
-/// that command it is a no-op (a plain `cargo build -p ...` resolves features without the
-/// dev-dependencies and rebuilds burn), and under `cargo test -p dpcap-e2e` it brings them up
-/// to date.
-pub fn binary(name: &str) -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let dir = BUILT.get_or_init(|| {
-        let status = Command::new(env!("CARGO"))
-            .args(["test", "--workspace", "--no-run", "--quiet"])
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building the dpcap binaries failed");
-        // target/debug/deps/this-test → target/debug
-        let exe = std::env::current_exe().expect("test executable path");
-        exe.parent().and_then(Path::parent).expect("target directory").to_owned()
-    });
-    dir.join(name)
-}
 
 /// The components' log filter: `warn`, or `DPCAP_E2E_LOG` (e.g. `info`) when a run needs more.
 /// Each component logs to `<name>.log` in its test's directory.
@@ -179,9 +160,9 @@ fn log_file(dir: &Path, name: &str) -> Stdio {
         .unwrap_or_else(|_| Stdio::inherit())
 }
 
-/// How long one `dpctl` call may run (a `wait` on a stuck job fails the test instead of
-/// hanging it).
-pub const DPCTL_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long one `dpctl` call may run: a `wait` on the tests' few-step jobs takes seconds, so
+/// a stuck one fails the test (with the component logs) long before CI's own limits.
+pub const DPCTL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Runs `dpctl` with `args` to completion, or panics after [`DPCTL_TIMEOUT`].
 pub fn dpctl(args: &[&str]) -> Output {

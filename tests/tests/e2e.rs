@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use dpcap_coordinator::SpecFile;
-use dpcap_e2e::jobs::{ended, get, is, spec, spend, step, submit, tempfile_dir, wait_until};
+use dpcap_e2e::jobs::{ended, get, is, spec, spend, step, submit, tempfile_dir, wait_until, within};
 use dpcap_e2e::{Process, Services, dpctl, synth_dataset};
 use dpcap_proto::v1::{CancelJobRequest, GetJobRequest, JobPhase, JobState, Reduction, SubmitJobRequest};
 
@@ -72,6 +72,21 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
     dpcap_ml::checkpoint::load_optimizer(&params, &optimizer).expect("optimizer state loads");
     drop(captioner);
 
+    // A worker wrote that manifest: altered to say the weights were NOT PRIVATE (or anything
+    // else its ledger does not say), it no longer passes as the job's at submit.
+    let manifest_path = std::path::Path::new(&job.checkpoint_root).join("5/manifest.json");
+    let text = std::fs::read_to_string(&manifest_path).unwrap();
+    std::fs::write(&manifest_path, text.replace("\"privacy\": \"dp\"", "\"privacy\": \"not_private\"")).unwrap();
+    let from_altered = SpecFile {
+        init_from: Some(job.checkpoint_root.clone()),
+        init_public: Some(true),
+        dataset: synth_dataset(&dir.join("other"), 60).to_string_lossy().into_owned(),
+        ..spec(&dataset, 2)
+    };
+    let request = SubmitJobRequest { spec: Some(from_altered.into_proto().unwrap()), idempotency_key: String::new() };
+    let refused = services.jobs().await.submit_job(request).await.unwrap_err();
+    assert!(refused.message().starts_with("invalid init_from:") && refused.message().contains("altered"), "{refused}");
+
     let metrics = services.coordinator.scrape().await;
     assert!(
         metrics.contains(&format!("dpcap_job_state{{job_id=\"{}\",privacy=\"dp\",state=\"succeeded\"}} 1", job.job_id)),
@@ -98,7 +113,7 @@ async fn a_job_resumes_after_its_coordinator_and_workers_are_killed_without_char
         Process::worker(&services.coordinator.grpc, "w1", &dir),
     ];
     let job = submit(&services, spec(&dataset, 10)).await;
-    wait_until(&services, &job.job_id, Duration::from_secs(300), |j| step(j) >= 4).await;
+    wait_until(&services, &job.job_id, within(10), |j| step(j) >= 4).await;
     services.coordinator.kill();
     workers.iter_mut().for_each(Process::kill);
 
@@ -109,7 +124,7 @@ async fn a_job_resumes_after_its_coordinator_and_workers_are_killed_without_char
         Process::worker(&services.coordinator.grpc, "w2", &dir),
         Process::worker(&services.coordinator.grpc, "w3", &dir),
     ];
-    let job = wait_until(&services, &job.job_id, Duration::from_secs(300), |j| {
+    let job = wait_until(&services, &job.job_id, within(10), |j| {
         j.state != JobState::Running as i32 && j.state != JobState::Pending as i32
     })
     .await;
@@ -128,7 +143,7 @@ async fn a_surviving_rank_rejoins_the_re_formed_group_when_its_peer_dies_mid_job
     let _survivor = Process::worker(&services.coordinator.grpc, "w0", &dir);
     let mut lost = Process::worker(&services.coordinator.grpc, "w1", &dir);
     let job = submit(&services, spec(&dataset, 10)).await;
-    wait_until(&services, &job.job_id, Duration::from_secs(300), |j| step(j) >= 3).await;
+    wait_until(&services, &job.job_id, within(6), |j| step(j) >= 3).await;
     // The survivor is mid-step, waiting on a release that needs the lost rank's part.
     lost.kill();
     let _replacement = Process::worker(&services.coordinator.grpc, "w2", &dir);
@@ -172,7 +187,7 @@ async fn cancel_and_budget_exhaustion_end_jobs_in_their_own_states() {
 
     // Cancel a running job.
     let job = submit(&services, spec(&dataset, 500)).await;
-    wait_until(&services, &job.job_id, Duration::from_secs(300), |j| step(j) >= 1).await;
+    wait_until(&services, &job.job_id, within(2), |j| step(j) >= 1).await;
     let cancelled =
         services.jobs().await.cancel_job(CancelJobRequest { job_id: job.job_id.clone() }).await.unwrap().into_inner();
     assert_eq!(cancelled.state, JobState::Cancelled as i32);
@@ -274,7 +289,7 @@ async fn a_tan_simulation_runs_not_private_and_reports_its_targets_epsilon_every
     let plan = job.plan.clone().unwrap();
     assert_eq!(plan.privacy(), dpcap_proto::v1::Privacy::Simulation);
     assert!((plan.noise_multiplier - 2.0 * 24.0 / 120.0).abs() < 1e-12, "sigma' = sigma B'/B: {plan:?}");
-    let job = wait_until(&services, &job.job_id, Duration::from_secs(300), ended).await;
+    let job = wait_until(&services, &job.job_id, within(3), ended).await;
     assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
     assert!(job.conditions.iter().any(|c| c.reason == "NotPrivate" && c.message.starts_with("NOT PRIVATE")));
 
@@ -306,7 +321,7 @@ async fn a_job_whose_examples_turn_nonfinite_keeps_running_and_counts_them() {
     let diverging =
         SpecFile { learning_rate: Some(1e30), warmup_steps: Some(0), workers: Some(1), ..spec(&dataset, 4) };
     let job = submit(&services, diverging).await;
-    let job = wait_until(&services, &job.job_id, Duration::from_secs(180), ended).await;
+    let job = wait_until(&services, &job.job_id, within(4), ended).await;
     assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
     let counted = job.progress.as_ref().unwrap().nonfinite_examples;
     assert!(counted > 0, "the diverged steps' examples are counted: {job:#?}");
@@ -314,4 +329,17 @@ async fn a_job_whose_examples_turn_nonfinite_keeps_running_and_counts_them() {
     let metrics = services.coordinator.scrape().await;
     let series = format!("dpcap_job_nonfinite_examples_total{{job_id=\"{}\"", job.job_id);
     assert!(metrics.contains(&series), "{metrics}");
+}
+
+/// The binaries are targets of the test package, built by cargo before any test runs: the
+/// harness never builds (which once cost a first run about 300 s inside its first tests).
+#[test]
+fn the_binaries_exist_before_any_test_runs_and_the_harness_never_invokes_cargo() {
+    for name in dpcap_e2e::binaries::BINARIES {
+        assert!(dpcap_e2e::binary(name).is_file(), "{name}");
+    }
+    let harness = [include_str!("../src/lib.rs"), include_str!("../src/binaries.rs"), include_str!("../src/chaos.rs")];
+    for source in harness {
+        assert!(!source.contains("env!(\"CARGO\")"), "a test must never run cargo");
+    }
 }

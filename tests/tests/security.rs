@@ -99,7 +99,7 @@ async fn every_rpc_refuses_callers_without_credentials_or_with_the_wrong_role_an
         };
         jobs.submit_job(request).await.unwrap().into_inner()
     };
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let deadline = Instant::now() + dpcap_e2e::jobs::within(3);
     let out = loop {
         let out = Command::new(binary("dpctl"))
             .args([
@@ -294,7 +294,7 @@ async fn job_secrets_live_apart_from_artifacts_and_a_strict_job_exports_nothing_
     strict.telemetry = Some("strict".into());
     let job = dpcap_e2e::jobs::submit(&services, strict).await;
     let job =
-        dpcap_e2e::jobs::wait_until(&services, &job.job_id, Duration::from_secs(300), dpcap_e2e::jobs::ended).await;
+        dpcap_e2e::jobs::wait_until(&services, &job.job_id, dpcap_e2e::jobs::within(4), dpcap_e2e::jobs::ended).await;
     assert_eq!(job.state, dpcap_proto::v1::JobState::Succeeded as i32, "{job:#?}");
 
     // The sampler secret is in the secrets store and nowhere under the store workers write to.
@@ -340,8 +340,8 @@ async fn job_secrets_live_apart_from_artifacts_and_a_strict_job_exports_nothing_
 async fn a_worker_token_writes_no_contract_and_its_capability_opens_only_its_own_job() {
     use dpcap_proto::v1::worker_service_client::WorkerServiceClient;
     use dpcap_proto::v1::{
-        AttachJobRequest, FetchReleaseRequest, GetSpendRequest, HeartbeatRequest, Mechanism, PrivacyContract,
-        RegisterJobRequest, RegisterWorkerRequest,
+        AttachJobRequest, FetchReleaseRequest, GetSpendRequest, GetStepRequest, HeartbeatRequest, Mechanism,
+        PrivacyContract, RegisterJobRequest, RegisterWorkerRequest, ReportStepRequest, StepOutcome,
     };
     let dir = tempfile_dir("capability");
     let dataset = synth_dataset(&dir, 120);
@@ -433,4 +433,30 @@ async fn a_worker_token_writes_no_contract_and_its_capability_opens_only_its_own
     assert_eq!(part.unwrap_err().code(), Code::PermissionDenied, "a part for B");
     let spend = accountant(as_coordinator()).raw().get_spend(GetSpendRequest { job_id: job_b.job_id.clone() }).await;
     assert_eq!(spend.unwrap().into_inner().steps_charged, 0, "nothing charged to B");
+
+    // A rank's word that the budget is spent does not end its job for good: the accountant's
+    // ledger does not say so, so the step failed and the job can be resumed.
+    let (worker_id, generation) = (registration.worker_id.clone(), assignment.generation);
+    let request = GetStepRequest { worker_id: worker_id.clone(), job_id: job_a.job_id.clone(), generation };
+    let work = worker.get_step(request).await.unwrap().into_inner();
+    let report = ReportStepRequest {
+        worker_id,
+        job_id: job_a.job_id.clone(),
+        generation,
+        step: work.step,
+        outcome: StepOutcome::BudgetExhausted as i32,
+        message: "budget exhausted (made up)".into(),
+        ..Default::default()
+    };
+    worker.report_step(report).await.unwrap();
+    let channel =
+        tonic::transport::Endpoint::from_shared(services.coordinator.grpc.clone()).unwrap().connect().await.unwrap();
+    let mut jobs = dpcap_proto::v1::job_service_client::JobServiceClient::with_interceptor(
+        channel,
+        dpcap_serve::AttachToken(Some(token(Role::Viewer))),
+    );
+    let request = dpcap_proto::v1::GetJobRequest { job_id: job_a.job_id.clone() };
+    let shown = jobs.get_job(request).await.unwrap().into_inner();
+    assert_eq!(shown.state, dpcap_proto::v1::JobState::Failed as i32, "{shown:#?}");
+    assert!(shown.conditions.iter().any(|c| c.message.contains("does not confirm")), "{shown:#?}");
 }

@@ -27,6 +27,7 @@ fn registration(job_id: &str, sigma: f64) -> Registration {
         },
         gradient_dim: 100,
         insecure_noise_seed: None,
+        legacy: false,
     }
 }
 

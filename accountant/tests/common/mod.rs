@@ -204,7 +204,14 @@ impl Client {
         let generation = generation.unwrap_or(*newest);
         *newest = generation.max(*newest);
         let parts = PARTS.lock().unwrap().get(job_id).copied().unwrap_or(1);
-        Capability { job_id: job_id.into(), rank, generation, parts, expires_unix_ms: now_unix_ms() + 3_600_000 }
+        Capability {
+            job_id: job_id.into(),
+            rank,
+            generation,
+            group: 0,
+            parts,
+            expires_unix_ms: now_unix_ms() + 3_600_000,
+        }
     }
 
     /// The generated client without a capability (the coordinator's and operators' calls).
@@ -237,6 +244,17 @@ impl Client {
         values: &[f32],
     ) -> Result<SubmitPartResponse, Status> {
         let capability = self.capability(job_id, part, Some(attempt));
+        self.with(Some(capability)).submit_attempt(job_id, (step, part, attempt), values).await
+    }
+
+    /// Part `part` of `step` as generation `attempt` of the group with nonce `group`.
+    pub async fn submit_as(
+        &mut self,
+        job_id: &str,
+        (step, part, attempt, group): (u64, u32, u64, u64),
+        values: &[f32],
+    ) -> Result<SubmitPartResponse, Status> {
+        let capability = Capability { group, ..self.capability(job_id, part, Some(attempt)) };
         self.with(Some(capability)).submit_attempt(job_id, (step, part, attempt), values).await
     }
 

@@ -152,18 +152,23 @@ impl ClipEngine {
                 (r, delta)
             })
             .collect();
-        let norms_t = sq_norms(&records, model.batch_len(batch), params).clamp_min(0.0).sqrt();
-        let (norms, losses) = (to_vec(norms_t.clone()), to_vec(losses.inner()));
+        let sq_t = sq_norms(&records, model.batch_len(batch), params);
+        // Decided on the raw squared norms, before any clamp: a clamp may map NaN to its bound
+        // (max(NaN, 0) is 0 on some backends), which would keep the example unclipped.
+        let (sq, losses) = (to_vec(sq_t.clone()), to_vec(losses.inner()));
         // An example whose loss or gradient is not finite is left out by selection: scaling it
-        // by 0 would still give NaN (0·NaN), and one NaN voids the whole part.
-        let kept: Vec<usize> = (0..norms.len()).filter(|&i| norms[i].is_finite() && losses[i].is_finite()).collect();
-        telemetry.nonfinite += (norms.len() - kept.len()) as u64;
+        // by 0 would still give NaN (0·NaN), and one NaN voids the whole part. A non-finite
+        // activation or output gradient anywhere in an example makes its squared norm
+        // non-finite (a·a or δ·δ is, and ∞·0 is NaN), so it is caught here too.
+        let kept: Vec<usize> = (0..sq.len()).filter(|&i| sq[i].is_finite() && losses[i].is_finite()).collect();
+        telemetry.nonfinite += (sq.len() - kept.len()) as u64;
         telemetry.losses.extend(kept.iter().map(|&i| losses[i]));
-        telemetry.norms.extend(kept.iter().map(|&i| norms[i]));
+        telemetry.norms.extend(kept.iter().map(|&i| sq[i].max(0.0).sqrt()));
+        let norms_t = sq_t.clamp_min(0.0).sqrt();
         if kept.is_empty() {
             return;
         }
-        let (records, norms_t) = if kept.len() == norms.len() {
+        let (records, norms_t) = if kept.len() == sq.len() {
             (records, norms_t)
         } else {
             let rows = Tensor::<Inner<AB>, 1, burn::tensor::Int>::from_data(

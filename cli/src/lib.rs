@@ -1,0 +1,133 @@
+//! `dpctl`: dpcap's operator CLI. Job control over the coordinator's JobService, the embedded
+//! demo cluster, evaluation of checkpoints, offline privacy calculators, datasets, model
+//! configurations and benchmarks. The binary is [`main`]; nothing else is public.
+//!
+//! It owns no service logic: it calls the services over gRPC, or embeds them whole (`demo`).
+
+mod audit;
+mod bench;
+mod bench_clip;
+mod bench_images;
+mod bench_scale;
+mod bench_share;
+mod budget;
+mod checkpoint;
+mod dataset;
+mod demo;
+mod eval;
+mod export;
+mod jobs;
+mod model;
+mod privacy;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// Operate dpcap: jobs, the local demo, privacy calculators, datasets and benchmarks.
+#[derive(Debug, Parser)]
+#[command(name = "dpctl", version, about)]
+struct Cli {
+    #[command(flatten)]
+    server: jobs::Server,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Submit a job spec (YAML or JSON); prints the plan with the calibrated sigma.
+    Submit {
+        /// The spec file.
+        file: PathBuf,
+        /// A repeat with the same key returns the original job.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one job.
+    Get {
+        job_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List jobs.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow a job with a progress bar until it ends; the exit code tells the outcome.
+    Watch { job_id: String },
+    /// Cancel a pending or running job (it can be resumed later).
+    Cancel { job_id: String },
+    /// Resume a FAILED or CANCELLED job from its checkpoint at the ledger's next step.
+    Resume { job_id: String },
+    /// Wait for a job to end: exit 0 succeeded, 3 failed, 4 cancelled, 5 budget exhausted.
+    Wait { job_id: String },
+    /// Run the whole product locally: dataset, embedded cluster, a DP-Cap job, a report.
+    Demo(demo::DemoArgs),
+    /// Score a job's checkpoint on held-out synthetic scenes: zero-shot, ARO, layout, caption
+    /// slots, linear and few-shot probes.
+    Eval(eval::EvalArgs),
+    /// The one-run privacy audit of an ended job submitted with canaries: the epsilon lower
+    /// bound they prove beside the claimed epsilon (exit 6 if it passes the claim).
+    Audit(audit::AuditArgs),
+    /// Write a checkpoint's image encoder for other tools (our layout, or a timm ViT state dict).
+    Export(export::ExportArgs),
+    /// Offline privacy accounting: epsilon, noise multiplier or steps for a DP-SGD run.
+    #[command(subcommand)]
+    Privacy(privacy::PrivacyCommand),
+    /// Datasets: synthetic shards and indexes.
+    #[command(subcommand)]
+    Dataset(dataset::DatasetCommand),
+    /// Model configurations.
+    #[command(subcommand)]
+    Model(model::ModelCommand),
+    /// Benchmarks (ratios measured side by side in one run).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+fn run(cli: Cli) -> anyhow::Result<i32> {
+    let server = cli.server;
+    match cli.command {
+        Command::Privacy(command) => privacy::run(command)?,
+        Command::Bench(command) => bench::run(command)?,
+        Command::Model(command) => model::run(command)?,
+        Command::Dataset(command) => dataset::run(command, &server)?,
+        Command::Submit { file, idempotency_key, json } => {
+            runtime()?.block_on(jobs::submit(&server, &file, idempotency_key, json))?;
+        }
+        Command::Get { job_id, json } => runtime()?.block_on(jobs::get(&server, &job_id, json))?,
+        Command::List { json } => runtime()?.block_on(jobs::list(&server, json))?,
+        Command::Cancel { job_id } => runtime()?.block_on(jobs::cancel_or_resume(&server, &job_id, false))?,
+        Command::Resume { job_id } => runtime()?.block_on(jobs::cancel_or_resume(&server, &job_id, true))?,
+        Command::Watch { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, true)),
+        Command::Wait { job_id } => return runtime()?.block_on(jobs::wait(&server, &job_id, false)),
+        Command::Eval(args) => runtime()?.block_on(eval::run(args))?,
+        Command::Export(args) => runtime()?.block_on(export::run(args))?,
+        Command::Audit(args) => return runtime()?.block_on(audit::run(args, &server)),
+        Command::Demo(args) => {
+            dpcap_serve::process::init_tracing_at(false, "warn");
+            runtime()?.block_on(demo::run(args))?;
+        }
+    }
+    Ok(0)
+}
+
+/// Runs `dpctl` on the process's arguments and exits with its code (2 on an error).
+pub fn main() {
+    match run(Cli::parse()) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
