@@ -2,6 +2,7 @@
 //! `audit: {canaries: m}`. The accountant scores the job's canaries on every stored release and
 //! reports the ε lower bound at δ they prove (95 % confidence) beside the ε the job claims. A
 //! bound above the claim means the mechanism gives less privacy than it reports: exit code 6.
+//! It asks the coordinator (operator or viewer role), or with `--accountant` the accountant.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -9,7 +10,6 @@ use dpcap_proto::client::{AccountantClient, CallCredentials};
 use dpcap_proto::v1::{AuditJobRequest, AuditReport};
 use serde_json::json;
 
-use crate::budget::Accountant;
 use crate::jobs::{Server, status};
 
 /// Exit code of an audit whose lower bound passes the claimed ε.
@@ -20,8 +20,10 @@ pub const VIOLATION_EXIT: i32 = 6;
 pub struct AuditArgs {
     /// The job (ended: succeeded, failed, cancelled or out of budget).
     pub job_id: String,
-    #[command(flatten)]
-    pub to: Accountant,
+    /// Ask this accountant directly (its operator, viewer or privacy-admin role) instead of
+    /// the coordinator.
+    #[arg(long, env = "DPCAP_ACCOUNTANT")]
+    pub accountant: Option<String>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -46,13 +48,18 @@ fn to_json(r: &AuditReport) -> serde_json::Value {
 
 /// Runs the audit; returns the exit code (0, or [`VIOLATION_EXIT`]).
 pub async fn run(args: AuditArgs, server: &Server) -> Result<i32> {
-    let endpoint = server
-        .tls
-        .endpoint(&args.to.accountant)
-        .with_context(|| format!("invalid --accountant {}", args.to.accountant))?;
-    let mut client = AccountantClient::lazy(endpoint, CallCredentials::token(server.token.clone()));
-    let report =
-        client.raw().audit_job(AuditJobRequest { job_id: args.job_id.clone() }).await.map_err(status)?.into_inner();
+    let request = AuditJobRequest { job_id: args.job_id.clone() };
+    let report = match &args.accountant {
+        Some(accountant) => {
+            let endpoint =
+                server.tls.endpoint(accountant).with_context(|| format!("invalid --accountant {accountant}"))?;
+            let mut client = AccountantClient::lazy(endpoint, CallCredentials::token(server.token.clone()));
+            client.raw().audit_job(request).await
+        }
+        None => server.connect().await?.audit_job(request).await,
+    }
+    .map_err(status)?
+    .into_inner();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&to_json(&report))?);
     } else {

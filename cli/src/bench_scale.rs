@@ -118,6 +118,7 @@ fn build_manifest(opts: &ScaleBench) -> Manifest {
                         skipped: 0,
                         table_bytes: encoded.len() as u64,
                         table_sha256: dpcap_proto::digest::sha256(&encoded),
+                        ..Default::default()
                     });
                 }
             });

@@ -1,7 +1,7 @@
 //! Reading a job's checkpoint by its root and step, for the commands that score or export one
 //! (`dpctl eval`, `dpctl export`). Reading never creates the directory a mistyped path names.
 
-use anyhow::{Result, anyhow};
+use anyhow::{Result, anyhow, bail};
 use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
 
 /// One checkpoint: its step, manifest and weights (safetensors bytes).
@@ -15,22 +15,38 @@ pub struct Loaded {
     pub weights: Vec<u8>,
 }
 
-/// Loads checkpoint `step` (default: the latest) under `root`; errors name `--checkpoint` or
-/// `--step` and the value.
+/// Loads checkpoint `step` (default: the latest) under `root`; errors name the checkpoint
+/// argument or `--step` with the value, and a step that is not there lists those that are.
 pub async fn load(root: &str, step: Option<u64>) -> Result<Loaded> {
-    dpcap_serve::open_existing_store(root).map_err(|e| anyhow!("--checkpoint {root}: {e}"))?;
-    let store = CheckpointStore::open(root).map_err(|e| anyhow!("--checkpoint {root}: {e}"))?;
+    let named = |e: &dyn std::fmt::Display| anyhow!("checkpoint {root}: {e}");
+    dpcap_serve::open_existing_store(root).map_err(|e| named(&e))?;
+    let store = CheckpointStore::open(root).map_err(|e| named(&e))?;
     let step = match step {
         Some(step) => step,
-        None => store
-            .latest()
-            .await
-            .map_err(|e| anyhow!("--checkpoint {root}: {e}"))?
-            .ok_or_else(|| anyhow!("--checkpoint {root}: no checkpoint there (no `latest` pointer)"))?,
+        None => match store.latest().await.map_err(|e| named(&e))? {
+            Some(step) => step,
+            None => {
+                let steps = store.steps().await.map_err(|e| named(&e))?;
+                bail!("checkpoint {root}: no `latest` pointer; {}", listing(&steps))
+            }
+        },
     };
-    let (manifest, weights, _) = store
-        .load(step)
-        .await
-        .map_err(|e| anyhow!("--step {step}: no readable checkpoint {step} under {root}: {e}"))?;
-    Ok(Loaded { step, manifest, weights })
+    match store.load(step).await {
+        Ok((manifest, weights, _)) => Ok(Loaded { step, manifest, weights }),
+        Err(e) => {
+            let steps = store.steps().await.unwrap_or_default();
+            bail!("--step {step}: no readable checkpoint {step} under {root} ({e}); {}", listing(&steps))
+        }
+    }
+}
+
+/// What to pass instead: the steps that exist, or that there are none.
+fn listing(steps: &[u64]) -> String {
+    match steps {
+        [] => "it holds no checkpoint: pass a job's checkpoint root (`dpctl get JOB` shows it)".into(),
+        _ => {
+            let steps: Vec<String> = steps.iter().map(u64::to_string).collect();
+            format!("its steps are {}: pass one with --step", steps.join(", "))
+        }
+    }
 }

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use dpcap_dataset::indexer::{REPORT_PATH, join};
 use dpcap_dataset::tokenizer::CaptionTokenizer;
-use dpcap_dataset::{ShardReader, build_index, identities, synth};
+use dpcap_dataset::{BuildOptions, ShardReader, build_index, identities, synth};
 use futures::{StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use object_store::{ObjectStoreExt, PutPayload};
@@ -40,6 +40,10 @@ pub enum DatasetCommand {
         /// Generator seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Empty a non-empty OUT first (without it such an OUT is refused: old shards or an old
+        /// index beside new ones would make another dataset than the one just written).
+        #[arg(long)]
+        force: bool,
     },
     /// Index the .tar shards under a directory or object-store URL (file://, s3://, gs://,
     /// az:// with the matching build feature): writes index/manifest.json, one table per shard
@@ -66,17 +70,43 @@ pub enum DatasetCommand {
         /// bert-base-uncased's vocab.txt, as DP-Cap does).
         #[arg(long)]
         train_tokenizer: bool,
+        /// Refuse the dataset when a shard is not a readable tar archive (or an empty file);
+        /// without it such a shard is left out and listed in the report.
+        #[arg(long)]
+        strict: bool,
     },
     /// A dataset's lifetime privacy budget (privacy admins).
     #[command(subcommand)]
     Budget(crate::budget::BudgetCommand),
 }
 
+/// Refuses a non-empty `out` unless `force`, which empties it.
+fn prepare_out(out: &std::path::Path, force: bool) -> Result<()> {
+    let entries = match std::fs::read_dir(out) {
+        Ok(entries) => entries.count(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("invalid --out {}", out.display())),
+    };
+    if entries == 0 {
+        return Ok(());
+    }
+    if !force {
+        bail!(
+            "invalid --out {}: not empty ({entries} entries); choose an empty directory, or pass --force to replace \
+             what is there",
+            out.display()
+        );
+    }
+    std::fs::remove_dir_all(out).with_context(|| format!("emptying --out {}", out.display()))?;
+    Ok(())
+}
+
 /// Runs one `dpctl dataset` command.
 pub fn run(command: DatasetCommand, server: &crate::jobs::Server) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     match command {
-        DatasetCommand::Synth { kind, out, examples, eval_examples, shard_size, seed, identities } => {
+        DatasetCommand::Synth { kind, out, examples, eval_examples, shard_size, seed, identities, force } => {
+            prepare_out(&out, force)?;
             let scene = match kind.as_str() {
                 "captions" => synth::Scene::Pair,
                 "procedural" => synth::Scene::Procedural,
@@ -113,9 +143,9 @@ pub fn run(command: DatasetCommand, server: &crate::jobs::Server) -> Result<()> 
                 json!({"out": out, "train_examples": examples, "train_shards": train.len(), "eval_examples": eval_examples, "eval_shards": eval.len()})
             );
         }
-        DatasetCommand::Index { url, vocab_size, concurrency, tokenizer_captions, quiet, train_tokenizer } => {
+        DatasetCommand::Index { url, vocab_size, concurrency, tokenizer_captions, quiet, train_tokenizer, strict } => {
             let options =
-                IndexOptions { vocab_size, concurrency, tokenizer_captions, progress: !quiet, train_tokenizer };
+                IndexOptions { vocab_size, concurrency, tokenizer_captions, progress: !quiet, train_tokenizer, strict };
             let summary = runtime.block_on(index_dataset(&url, &options))?;
             println!("{summary}");
         }
@@ -189,13 +219,22 @@ pub struct IndexOptions {
     pub progress: bool,
     /// Train a tokenizer on the captions when there is none (public or synthetic data only).
     pub train_tokenizer: bool,
+    /// Refuse a dataset with an unreadable shard instead of leaving the shard out.
+    pub strict: bool,
 }
 
 impl IndexOptions {
     /// Quiet indexing of synthetic data, with a tokenizer of `vocab_size` trained on its
     /// captions (the demo, benchmarks: the captions are generated, not anyone's).
     pub fn synthetic(vocab_size: usize) -> Self {
-        Self { vocab_size, concurrency: 4, tokenizer_captions: 200_000, progress: false, train_tokenizer: true }
+        Self {
+            vocab_size,
+            concurrency: 4,
+            tokenizer_captions: 200_000,
+            progress: false,
+            train_tokenizer: true,
+            strict: true,
+        }
     }
 }
 
@@ -211,10 +250,15 @@ pub async fn index_dataset(url: &str, options: &IndexOptions) -> Result<serde_js
         bar.inc(1);
         bar.set_message(format!("{n} examples"));
     };
-    let built = build_index(store.as_ref(), &root, options.concurrency, &progress)
-        .await
-        .with_context(|| format!("indexing {url}"))?;
+    let run = BuildOptions { concurrency: options.concurrency, strict: options.strict };
+    let built = build_index(store.as_ref(), &root, run, &progress).await.with_context(|| format!("indexing {url}"))?;
     bar.finish_and_clear();
+    for bad in &built.bad_shards {
+        eprintln!(
+            "left out shard {}: {} (listed in {REPORT_PATH}; --strict refuses such a dataset)",
+            bad.path, bad.reason
+        );
+    }
     let tokenizer_path = join(&root, "tokenizer.json");
     let tokenizer = match store.head(&tokenizer_path).await {
         Ok(_) => "kept",
@@ -246,5 +290,6 @@ pub async fn index_dataset(url: &str, options: &IndexOptions) -> Result<serde_js
     let m = &built.manifest;
     Ok(json!({"url": url, "examples": m.examples, "shards": m.shards.len(), "skipped": m.skipped,
               "manifest": dpcap_dataset::index::MANIFEST_PATH, "report": REPORT_PATH, "digest": built.digest,
-              "index_bytes": m.shards.iter().map(|s| s.table_bytes).sum::<u64>(), "tokenizer": tokenizer}))
+              "index_bytes": m.shards.iter().map(|s| s.table_bytes).sum::<u64>(), "tokenizer": tokenizer,
+              "bad_shards": built.bad_shards}))
 }

@@ -1,6 +1,6 @@
 //! `dpctl submit|get|list|watch|cancel|wait`: the operator's view of jobs over JobService.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -23,7 +23,8 @@ pub struct Server {
     /// The coordinator's gRPC endpoint.
     #[arg(long, global = true, default_value = "http://127.0.0.1:7071", env = "DPCAP_COORDINATOR")]
     pub coordinator: String,
-    /// Bearer token (operator role to submit, cancel and resume; viewer to read).
+    /// Bearer token of the role the command needs: operator (submit, cancel, resume), viewer
+    /// (get, list, watch, wait, audit), privacy-admin (dataset budget set).
     #[arg(long, global = true, env = "DPCAP_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     #[command(flatten)]
@@ -43,9 +44,17 @@ impl Server {
             .with_context(|| format!("invalid --coordinator {}", self.coordinator))?
             .connect()
             .await
-            .with_context(|| format!("cannot reach the coordinator at {}", self.coordinator))?;
+            .map_err(|e| connect_error(&self.coordinator, e))?;
         Ok(JobServiceClient::with_interceptor(channel, AttachToken(self.token.clone())))
     }
+}
+
+/// A failed connection, with what to do when it is a misconfiguration (TLS on one side only, a
+/// certificate the client does not trust).
+pub fn connect_error(endpoint: &str, e: tonic::transport::Error) -> anyhow::Error {
+    let status = tonic::Status::from_error(Box::new(e));
+    let hint = dpcap_proto::misconfiguration(&status).map(|h| format!(": {h}")).unwrap_or_default();
+    anyhow::anyhow!("cannot reach {endpoint}{hint} ({})", status.message())
 }
 
 /// Exit codes of `dpctl wait` and `dpctl watch` by outcome.
@@ -142,7 +151,9 @@ fn print_job(job: &Job, as_json: bool) {
 /// `dpctl submit FILE`.
 pub async fn submit(server: &Server, file: &PathBuf, key: Option<String>, as_json: bool) -> Result<Job> {
     let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let base = std::fs::canonicalize(file).ok().and_then(|f| f.parent().map(Path::to_owned)).unwrap_or_default();
     let spec = SpecFile::parse(&text)
+        .map(|spec| resolve_paths(spec, &base))
         .and_then(SpecFile::into_proto)
         .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let request = SubmitJobRequest { spec: Some(spec), idempotency_key: key.unwrap_or_default() };
@@ -151,9 +162,26 @@ pub async fn submit(server: &Server, file: &PathBuf, key: Option<String>, as_jso
     Ok(job)
 }
 
-/// A gRPC status as an operator-facing error.
+/// A spec's local paths (dataset, tokenizer, init_from) are read by the coordinator and the
+/// workers, from their own working directories: a relative one is made absolute against the
+/// spec file's directory, so that it names what its author meant.
+pub fn resolve_paths(mut spec: SpecFile, base: &Path) -> SpecFile {
+    let resolve = |location: &mut String| {
+        let local = !location.contains("://") && !location.is_empty() && Path::new(location.as_str()).is_relative();
+        if local {
+            *location = base.join(location.as_str()).to_string_lossy().into_owned();
+        }
+    };
+    resolve(&mut spec.dataset);
+    spec.tokenizer.as_mut().map(resolve);
+    spec.init_from.as_mut().map(resolve);
+    spec
+}
+
+/// A gRPC status as an operator-facing error, with what to do about a misconfiguration.
 pub fn status(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+    let hint = dpcap_proto::misconfiguration(&s).map(|h| format!(" ({h})")).unwrap_or_default();
+    anyhow::anyhow!("{:?}: {}{hint}", s.code(), s.message())
 }
 
 /// `dpctl get ID`.
@@ -207,19 +235,21 @@ pub async fn cancel_or_resume(server: &Server, job_id: &str, resume: bool) -> Re
 /// Follows a job to its end; with `bar`, draws the progress bar. Returns the final job.
 pub async fn follow(client: &mut Client, job_id: &str, bar: bool) -> Result<Job> {
     let mut stream = client.watch_job(WatchJobRequest { job_id: job_id.into() }).await.map_err(status)?.into_inner();
-    let progress = if bar { ProgressBar::new(1) } else { ProgressBar::hidden() };
+    // A bar on a terminal; piped or logged, one line per change of step or state instead.
+    let lines = bar && !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let progress = if bar && !lines { ProgressBar::new(1) } else { ProgressBar::hidden() };
     progress.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     progress.enable_steady_tick(Duration::from_millis(250));
-    let mut last = None;
+    let (mut last, mut printed) = (None, None);
     while let Some(job) = stream.message().await.map_err(status)? {
         let (plan, p) = (job.plan.clone().unwrap_or_default(), job.progress.clone().unwrap_or_default());
         progress.set_length(plan.steps.max(1));
         progress.set_position(p.step);
         let loss = p.loss.map(|l| format!(" loss {l:.3} (non-DP)")).unwrap_or_default();
-        progress.set_message(format!(
+        let message = format!(
             "eps {:.3}/{:.3} at delta {:.1e}{loss} {:.0} ex/s eta {:.0}s {}",
             p.epsilon_spent,
             plan.epsilon_target,
@@ -227,7 +257,12 @@ pub async fn follow(client: &mut Client, job_id: &str, bar: bool) -> Result<Job>
             p.examples_per_second,
             p.eta_seconds,
             state_name(job.state).to_lowercase()
-        ));
+        );
+        if lines && printed != Some((p.step, job.state)) {
+            println!("step {}/{} {message}", p.step, plan.steps);
+            printed = Some((p.step, job.state));
+        }
+        progress.set_message(message);
         last = Some(job);
     }
     progress.finish();

@@ -22,7 +22,7 @@ mod privacy;
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Operate dpcap: jobs, the local demo, privacy calculators, datasets and benchmarks.
 #[derive(Debug, Parser)]
@@ -121,9 +121,55 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// The commands that never reach a cluster: their help leaves the cluster's flags out.
+const OFFLINE: [&str; 8] = ["bench", "demo", "eval", "export", "privacy", "dataset synth", "dataset index", "model"];
+
+/// The command line, with the cluster's global flags hidden from the offline commands' help.
+fn command() -> clap::Command {
+    let mut command = Cli::command();
+    command.build(); // propagates the global flags to every subcommand
+    let cluster: Vec<clap::Id> =
+        command.get_arguments().filter(|a| a.is_global_set()).map(|a| a.get_id().clone()).collect();
+    // In place (`mut_args`): `mut_arg` re-orders the arguments of a built command, whose
+    // parser index then points at the wrong ones.
+    let hide = |sub: clap::Command| sub.mut_args(|a| if cluster.contains(a.get_id()) { a.hide(true) } else { a });
+    for path in OFFLINE {
+        command = match path.split_once(' ') {
+            Some((parent, child)) => command.mut_subcommand(parent, |p| p.mut_subcommand(child, hide)),
+            None => command.mut_subcommand(path, |s| hide_all(s, &hide)),
+        };
+    }
+    command
+}
+
+/// `hide` applied to `command` and every command under it.
+fn hide_all(command: clap::Command, hide: &impl Fn(clap::Command) -> clap::Command) -> clap::Command {
+    let names: Vec<String> = command.get_subcommands().map(|s| s.get_name().to_owned()).collect();
+    let mut command = hide(command);
+    for name in names {
+        command = command.mut_subcommand(name, |s| hide_all(s, hide));
+    }
+    command
+}
+
+/// `dpctl … | head` ends quietly, as Unix tools do: the default SIGPIPE action (Rust ignores
+/// the signal, so a closed stdout would make `println!` panic). Sockets are unaffected: the
+/// standard library sends with MSG_NOSIGNAL.
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn quiet_on_closed_pipe() {
+    // SAFETY: called first in `main`, before any thread exists; SIG_DFL is a valid disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Runs `dpctl` on the process's arguments and exits with its code (2 on an error).
 pub fn main() {
-    match run(Cli::parse()) {
+    #[cfg(unix)]
+    quiet_on_closed_pipe();
+    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
+    match run(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");

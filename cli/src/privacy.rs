@@ -13,7 +13,7 @@ pub enum PrivacyCommand {
         #[command(flatten)]
         rate: Rate,
         /// Noise multiplier sigma (noise std = sigma * C).
-        #[arg(long, value_name = "S")]
+        #[arg(long, value_name = "S", allow_negative_numbers = true)]
         noise_multiplier: f64,
         #[command(flatten)]
         length: Length,
@@ -27,7 +27,7 @@ pub enum PrivacyCommand {
         #[command(flatten)]
         length: Length,
         /// Target epsilon.
-        #[arg(long, value_name = "E")]
+        #[arg(long, value_name = "E", allow_negative_numbers = true)]
         epsilon: f64,
         #[command(flatten)]
         common: Common,
@@ -37,10 +37,10 @@ pub enum PrivacyCommand {
         #[command(flatten)]
         rate: Rate,
         /// Noise multiplier sigma.
-        #[arg(long, value_name = "S")]
+        #[arg(long, value_name = "S", allow_negative_numbers = true)]
         noise_multiplier: f64,
         /// Target epsilon.
-        #[arg(long, value_name = "E")]
+        #[arg(long, value_name = "E", allow_negative_numbers = true)]
         epsilon: f64,
         #[command(flatten)]
         common: Common,
@@ -51,7 +51,7 @@ pub enum PrivacyCommand {
 #[derive(Debug, Args)]
 pub struct Rate {
     /// Sampling rate q in (0, 1].
-    #[arg(long, value_name = "Q", required_unless_present_all = ["dataset_size", "batch_size"], conflicts_with_all = ["dataset_size", "batch_size"])]
+    #[arg(long, value_name = "Q", allow_negative_numbers = true, required_unless_present_all = ["dataset_size", "batch_size"], conflicts_with_all = ["dataset_size", "batch_size"])]
     sample_rate: Option<f64>,
     /// Dataset size N (examples); with --batch-size sets q = B/N, and delta defaults to 1/N.
     #[arg(long, value_name = "N", requires = "batch_size")]
@@ -69,14 +69,14 @@ pub struct Length {
     #[arg(long, value_name = "T")]
     steps: Option<u64>,
     /// Number of epochs.
-    #[arg(long, value_name = "EPOCHS")]
+    #[arg(long, value_name = "EPOCHS", allow_negative_numbers = true)]
     epochs: Option<f64>,
 }
 
 #[derive(Debug, Args)]
 pub struct Common {
     /// delta in (0, 1); defaults to 1/N when --dataset-size is given.
-    #[arg(long, value_name = "D")]
+    #[arg(long, value_name = "D", allow_negative_numbers = true)]
     delta: Option<f64>,
     /// Accountant: pld (tight, default) or rdp.
     #[arg(long, default_value = "pld", value_parser = parse_kind)]
@@ -177,6 +177,13 @@ pub fn run(command: PrivacyCommand) -> Result<()> {
             privacy::check_epsilon(epsilon).map_err(flag_error)?;
             let curve = EpsilonCurve::new(common.accountant, q, noise_multiplier, delta).map_err(flag_error)?;
             let steps = privacy::max_steps(&curve, epsilon).map_err(flag_error)?;
+            if steps == 0 {
+                let one = curve.epsilon_after(1);
+                bail!(
+                    "no step fits: one step already spends epsilon {one:.6} > --epsilon {epsilon} at delta {delta:e}; \
+                     raise --epsilon or --noise-multiplier, or lower the sampling rate"
+                );
+            }
             let inputs = json!({"sample_rate": q, "noise_multiplier": noise_multiplier, "epsilon": epsilon, "delta": delta, "accountant": common.accountant.to_string()});
             emit(common.json, inputs, "steps", json!(steps));
         }

@@ -37,3 +37,27 @@ fn synth_then_index_counts_every_example() {
     assert_ne!(code, 0);
     assert!(err.contains("missing"), "{err}");
 }
+
+#[test]
+fn synth_refuses_a_non_empty_directory_unless_forced_and_then_replaces_it_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let synth = |extra: &[&str]| {
+        let args =
+            [&["dataset", "synth", "--out", out, "--eval-examples", "0", "--shard-size", "50"][..], extra].concat();
+        dpctl(&args)
+    };
+    let (code, _, err) = synth(&["--examples", "120"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = dpctl(&["dataset", "index", dir.path().join("train").to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = synth(&["--examples", "60"]);
+    assert_eq!(code, 2);
+    assert!(err.contains(&format!("invalid --out {out}: not empty")) && err.contains("--force"), "{err}");
+    assert!(dir.path().join("train/shard-00002.tar").exists(), "a refusal changes nothing");
+    let (code, _, err) = synth(&["--examples", "60", "--force"]);
+    assert_eq!(code, 0, "{err}");
+    let train = dir.path().join("train");
+    assert!(!train.join("shard-00002.tar").exists(), "no stale shard is kept");
+    assert!(!train.join("index").exists(), "no stale index is kept");
+}

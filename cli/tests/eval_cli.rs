@@ -136,9 +136,16 @@ fn eval_errors_name_the_flag_and_the_value() {
     std::fs::create_dir(&empty).unwrap();
     let empty = empty.to_str().unwrap();
     for (args, needle) in [
-        (vec!["--checkpoint", missing, "--dataset", &data], format!("--checkpoint {missing}")),
-        (vec!["--checkpoint", empty, "--dataset", &data], format!("--checkpoint {empty}: no checkpoint")),
+        (vec!["--checkpoint", missing, "--dataset", &data], format!("checkpoint {missing}")),
+        (
+            vec!["--checkpoint", empty, "--dataset", &data],
+            format!("checkpoint {empty}: no `latest` pointer; it holds no"),
+        ),
         (vec!["--checkpoint", root, "--dataset", &data, "--step", "99"], "--step 99".to_owned()),
+        (
+            vec!["--checkpoint", root, "--dataset", &data, "--step", "99"],
+            "its steps are 5: pass one with --step".to_owned(),
+        ),
         (vec!["--checkpoint", root, "--dataset", missing], format!("--dataset {missing}")),
         (vec!["--checkpoint", root, "--dataset", &data, "--images", "5"], "--images 5".to_owned()),
     ] {
@@ -195,6 +202,9 @@ fn export_writes_the_encoder_in_either_format_with_its_check_vectors() {
     let missing = dir.path().join("nothing");
     let (code, _, err) = dpctl(&["export", missing.to_str().unwrap(), "--out", ours.to_str().unwrap()]);
     assert_eq!(code, 2);
-    assert!(err.contains("--checkpoint") && err.contains("nothing"), "{err}");
+    assert!(err.contains(&format!("checkpoint {}:", missing.display())) && !err.contains("--checkpoint"), "{err}");
+    let (code, _, err) = dpctl(&["export", root, "--step", "3", "--out", ours.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--step 3: no readable checkpoint 3") && err.contains("its steps are 4"), "{err}");
     assert!(!missing.exists(), "reading must not create the directory");
 }

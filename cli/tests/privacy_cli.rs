@@ -94,7 +94,15 @@ fn dataset_size_batch_size_and_epochs_replace_rate_and_steps() {
 
 #[test]
 fn bad_values_exit_non_zero_naming_the_flag() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 8] = [
+        (
+            &["--sample-rate", "0.1", "--noise-multiplier", "-1", "--steps", "10", "--delta", "1e-5"],
+            "--noise-multiplier -1",
+        ),
+        (
+            &["--sample-rate", "-0.5", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5"],
+            "--sample-rate -0.5",
+        ),
         (&["--sample-rate", "1.5", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5"], "--sample-rate"),
         (&["--sample-rate", "0", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5"], "--sample-rate"),
         (
@@ -111,4 +119,24 @@ fn bad_values_exit_non_zero_naming_the_flag() {
         assert!(out.is_empty(), "nothing on stdout for {args:?}");
         assert!(err.contains(flag), "{args:?}: {err:?} does not name {flag}");
     }
+}
+
+#[test]
+fn a_target_no_step_fits_under_is_an_error_that_says_what_to_raise() {
+    let args = [
+        "privacy",
+        "steps",
+        "--sample-rate",
+        "0.1",
+        "--noise-multiplier",
+        "1",
+        "--epsilon",
+        "0.001",
+        "--delta",
+        "1e-5",
+    ];
+    let (code, out, err) = dpctl(&args);
+    assert_ne!(code, 0, "printed {out:?}");
+    assert!(out.is_empty(), "{out:?}");
+    assert!(err.contains("no step fits") && err.contains("--epsilon 0.001") && err.contains("raise"), "{err}");
 }

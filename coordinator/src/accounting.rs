@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use dpcap_proto::v1::{
-    AuditJobRequest, CloseJobRequest, GetSpendRequest, Job, JobSpend, RegisterJobRequest, TrimReleasesRequest,
+    AuditJobRequest, AuditReport, CloseJobRequest, GetSpendRequest, Job, JobSpend, RegisterJobRequest,
+    TrimReleasesRequest,
 };
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
 
@@ -167,6 +168,34 @@ impl Coordinator {
         }
     }
 
+    /// The one-run audit of an ended job, asked of the accountant for `dpctl audit` (operators
+    /// and viewers of the coordinator): a job unknown here, or submitted without canaries, is
+    /// refused before the accountant is asked.
+    pub async fn audit(&self, job_id: &str) -> Result<AuditReport, CoordinatorError> {
+        self.get(job_id)?;
+        if !self.is_audited(job_id) {
+            return Err(CoordinatorError::Precondition {
+                job_id: job_id.to_owned(),
+                state: "not audited".into(),
+                reason: "it was submitted without `audit: {canaries: M}`, so there is nothing to score".into(),
+            });
+        }
+        self.ask_audit(job_id).await.map_err(refusal)
+    }
+
+    async fn ask_audit(&self, job_id: &str) -> Result<AuditReport, tonic::Status> {
+        let request = AuditJobRequest { job_id: job_id.to_owned() };
+        let report = retry(self.accountant_retry(), "audit_job", || {
+            let (mut client, mut request) = (self.accountant.clone(), tonic::Request::new(request.clone()));
+            // A stalled attempt ends DEADLINE_EXCEEDED and is retried: the job's watchers wake
+            // only after its audit, so one stuck call must never hold them.
+            request.set_timeout(AUDIT_ATTEMPT_TIMEOUT);
+            async move { client.audit_job(request).await }
+        })
+        .await?;
+        Ok(report.into_inner())
+    }
+
     fn is_audited(&self, job_id: &str) -> bool {
         self.lock().jobs.get(job_id).and_then(|e| e.job.spec.as_ref()).is_some_and(|spec| spec.audit.is_some())
     }
@@ -176,18 +205,8 @@ impl Coordinator {
     /// claimed ε (the accountant also counts it in `dpcap_audit_violations_total`). The message
     /// says what the audit covers.
     pub(crate) async fn record_audit(&self, job_id: &str) {
-        let request = AuditJobRequest { job_id: job_id.to_owned() };
-        let audited = retry(self.accountant_retry(), "audit_job", || {
-            let (mut client, mut request) = (self.accountant.clone(), tonic::Request::new(request.clone()));
-            // A stalled attempt ends DEADLINE_EXCEEDED and is retried: the job's watchers wake
-            // only after its audit, so one stuck call must never hold them.
-            request.set_timeout(AUDIT_ATTEMPT_TIMEOUT);
-            async move { client.audit_job(request).await }
-        })
-        .await;
-        let (kind, reason, message) = match audited {
-            Ok(report) => {
-                let r = report.into_inner();
+        let (kind, reason, message) = match self.ask_audit(job_id).await {
+            Ok(r) => {
                 let (kind, reason) =
                     if r.violation { ("Warning", "AuditViolation") } else { ("Audited", "AuditPassed") };
                 let message = format!(

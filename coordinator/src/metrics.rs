@@ -29,7 +29,7 @@ fn job_labels(id: &str, e: &crate::state::JobEntry) -> String {
 type Series = (&'static str, &'static str, &'static str, fn(&crate::state::JobEntry) -> f64);
 
 /// Every per-job series but the state.
-const PER_JOB: [Series; 8] = [
+const PER_JOB: [Series; 9] = [
     ("dpcap_job_steps_completed", "gauge", "Steps completed (charged and reported by every rank).", |e| {
         e.job.progress.as_ref().map_or(0.0, |p| p.step as f64)
     }),
@@ -56,6 +56,12 @@ const PER_JOB: [Series; 8] = [
         "counter",
         "Examples left out of the clipped sum for a NaN or infinite loss or gradient (a count only).",
         |e| e.job.progress.as_ref().map_or(0.0, |p| p.nonfinite_examples as f64),
+    ),
+    (
+        "dpcap_job_dropped_examples_total",
+        "counter",
+        "Sampled examples left out because they could not be read or decoded (a count only).",
+        |e| e.job.progress.as_ref().map_or(0.0, |p| p.dropped_examples as f64),
     ),
     ("dpcap_job_epsilon_target", "gauge", "The job's epsilon target at delta.", |e| {
         e.job.plan.as_ref().map_or(0.0, |p| p.epsilon_target)

@@ -9,10 +9,10 @@ use dpcap_proto::to_status;
 use dpcap_proto::v1::job_service_server::JobService;
 use dpcap_proto::v1::worker_service_server::WorkerService;
 use dpcap_proto::v1::{
-    CancelJobRequest, GetJobRequest, GetStepRequest, HeartbeatRequest, HeartbeatResponse, Job, LeaveRequest,
-    LeaveResponse, ListJobsRequest, ListJobsResponse, RegisterWorkerRequest, RegisterWorkerResponse, RendezvousRequest,
-    RendezvousResponse, ReportStepRequest, ReportStepResponse, ResumeJobRequest, StepOutcome, StepWork,
-    SubmitJobRequest, WatchJobRequest,
+    AuditJobRequest, AuditReport, CancelJobRequest, GetJobRequest, GetStepRequest, HeartbeatRequest, HeartbeatResponse,
+    Job, LeaveRequest, LeaveResponse, ListJobsRequest, ListJobsResponse, RegisterWorkerRequest, RegisterWorkerResponse,
+    RendezvousRequest, RendezvousResponse, ReportStepRequest, ReportStepResponse, ResumeJobRequest, StepOutcome,
+    StepWork, SubmitJobRequest, WatchJobRequest,
 };
 use futures::Stream;
 use tonic::{Request, Response, Status};
@@ -60,6 +60,10 @@ impl JobService for JobGrpc {
 
     async fn resume_job(&self, request: Request<ResumeJobRequest>) -> Result<Response<Job>, Status> {
         Ok(Response::new(self.0.resume(&request.into_inner().job_id).await.map_err(to_status)?))
+    }
+
+    async fn audit_job(&self, request: Request<AuditJobRequest>) -> Result<Response<AuditReport>, Status> {
+        Ok(Response::new(self.0.audit(&request.into_inner().job_id).await.map_err(to_status)?))
     }
 
     type WatchJobStream = JobStream;
@@ -152,6 +156,7 @@ impl WorkerService for WorkerGrpc {
             phases: [r.compute_seconds, r.reduce_seconds, r.release_seconds, r.update_seconds, r.checkpoint_seconds],
             checkpoint_step: r.checkpoint_step,
             nonfinite_examples: r.nonfinite_examples,
+            dropped_examples: r.dropped_examples,
         };
         self.coordinator.report(&r.worker_id, &r.job_id, r.generation, r.step, report).await.map_err(to_status)?;
         Ok(Response::new(ReportStepResponse {}))

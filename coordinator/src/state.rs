@@ -214,66 +214,90 @@ impl State {
         effects
     }
 
-    /// Gang allocation: while the queue's head can have all its W workers, start it.
+    /// Gang allocation in FIFO order: a job starts when all its W workers are free. The head
+    /// is never overtaken by a job that would take workers it is waiting for; but while the
+    /// head needs more workers than are registered at all (it waits for workers to arrive, not
+    /// to finish), later jobs that fit now run beside it (backfill). A job that cannot start
+    /// says why in a condition.
     pub fn schedule(&mut self) -> Effects {
         let mut effects = Effects::default();
-        while let Some(job_id) = self.queue.front().cloned() {
+        let mut position = 0;
+        while let Some(job_id) = self.queue.get(position).cloned() {
             let Some(entry) = self.jobs.get(&job_id) else {
-                self.queue.pop_front();
+                self.queue.remove(position);
                 continue;
             };
             let want = entry.job.plan.as_ref().map_or(1, |p| p.workers) as usize;
             // A job that reduces over NCCL keeps doing so: later groups need CUDA workers too.
             let nccl_only = entry.job.reduction == Reduction::Nccl as i32;
-            let free: Vec<String> = self
-                .workers
-                .iter()
-                .filter(|(_, w)| w.job.is_none() && (!nccl_only || is_cuda(&w.device)))
-                .map(|(id, _)| id.clone())
-                .take(want)
-                .collect();
-            if free.len() < want {
-                break;
+            let eligible: Vec<(&String, &WorkerEntry)> =
+                self.workers.iter().filter(|(_, w)| !nccl_only || is_cuda(&w.device)).collect();
+            let registered = eligible.len();
+            let free: Vec<String> =
+                eligible.iter().filter(|(_, w)| w.job.is_none()).map(|(id, _)| (*id).clone()).take(want).collect();
+            if free.len() >= want {
+                self.queue.remove(position);
+                self.start(&job_id, free);
+                effects.persist.push(job_id);
+                continue;
             }
-            self.queue.pop_front();
-            for id in &free {
-                if let Some(w) = self.workers.get_mut(id) {
-                    w.job = Some(job_id.clone());
-                }
+            let waiting = format!("waiting for {want} workers ({registered} registered, {} free)", free.len());
+            if self.note_waiting(&job_id, waiting) {
+                effects.persist.push(job_id);
             }
-            let all_cuda = free.iter().all(|id| self.workers.get(id).is_some_and(|w| is_cuda(&w.device)));
-            let entry = self.jobs.get_mut(&job_id).expect("checked above");
-            if entry.job.reduction == Reduction::Unspecified as i32 {
-                entry.job.reduction = if all_cuda { Reduction::Nccl } else { Reduction::Accountant } as i32;
+            if registered >= want {
+                break; // it starts as soon as busy workers free up: nobody overtakes it
             }
-            let progress = entry.job.progress.get_or_insert_with(Default::default);
-            progress.generation += 1;
-            progress.workers = free.clone();
-            let generation = progress.generation;
-            entry.job.state = JobState::Running as i32;
-            entry.group = Some(Group {
-                generation,
-                nonce: group_nonce(),
-                reported: vec![false; free.len()],
-                members: free.clone(),
-                step: None,
-                work: None,
-                step_started: Instant::now(),
-                step_examples: 0,
-                step_loss: 0.0,
-                nccl_id: None,
-            });
-            tracing::info!(job_id, generation, workers = ?free, "job scheduled");
-            condition(
-                &mut entry.job,
-                "Scheduled",
-                "WorkersAllocated",
-                format!("generation {generation} on {}", free.join(", ")),
-            );
-            self.touch(&job_id);
-            effects.persist.push(job_id);
+            position += 1;
         }
         effects
+    }
+
+    /// Records why a queued job waits, once per different reason. Returns whether it did.
+    fn note_waiting(&mut self, job_id: &str, message: String) -> bool {
+        let Some(entry) = self.jobs.get_mut(job_id) else { return false };
+        let last = entry.job.conditions.iter().rev().find(|c| c.reason == "WaitingForWorkers");
+        if last.is_some_and(|c| c.message == message) {
+            return false;
+        }
+        condition(&mut entry.job, "Pending", "WaitingForWorkers", message);
+        self.touch(job_id);
+        true
+    }
+
+    /// Forms a group of `members` for a queued job and starts it.
+    fn start(&mut self, job_id: &str, members: Vec<String>) {
+        for id in &members {
+            if let Some(w) = self.workers.get_mut(id) {
+                w.job = Some(job_id.to_owned());
+            }
+        }
+        let all_cuda = members.iter().all(|id| self.workers.get(id).is_some_and(|w| is_cuda(&w.device)));
+        let Some(entry) = self.jobs.get_mut(job_id) else { return };
+        if entry.job.reduction == Reduction::Unspecified as i32 {
+            entry.job.reduction = if all_cuda { Reduction::Nccl } else { Reduction::Accountant } as i32;
+        }
+        let progress = entry.job.progress.get_or_insert_with(Default::default);
+        progress.generation += 1;
+        progress.workers = members.clone();
+        let generation = progress.generation;
+        entry.job.state = JobState::Running as i32;
+        let scheduled = format!("generation {generation} on {}", members.join(", "));
+        tracing::info!(job_id, generation, workers = ?members, "job scheduled");
+        entry.group = Some(Group {
+            generation,
+            nonce: group_nonce(),
+            reported: vec![false; members.len()],
+            members,
+            step: None,
+            work: None,
+            step_started: Instant::now(),
+            step_examples: 0,
+            step_loss: 0.0,
+            nccl_id: None,
+        });
+        condition(&mut entry.job, "Scheduled", "WorkersAllocated", scheduled);
+        self.touch(job_id);
     }
 
     /// Drops workers whose lease expired; their jobs go back to the head of the queue.
@@ -457,11 +481,18 @@ impl State {
             entry.phase_reports += 1;
         }
         let progress = entry.job.progress.get_or_insert_with(Default::default);
-        // A count, under any telemetry (see `Progress.nonfinite_examples`).
+        // Counts, under any telemetry (see `Progress.nonfinite_examples`, `dropped_examples`).
         progress.nonfinite_examples += report.nonfinite_examples;
+        let first_drop = progress.dropped_examples == 0 && report.dropped_examples > 0;
+        progress.dropped_examples += report.dropped_examples;
         // Only rank 0 writes checkpoints; another rank's word is no reason to trim.
         if report.checkpoint_step > 0 && rank == 0 {
             progress.checkpoint_step = report.checkpoint_step;
+        }
+        if first_drop {
+            let message = "sampled examples could not be read or decoded and were left out (they add nothing); \
+                           progress.dropped_examples counts them: the data under the pinned index is damaged";
+            condition(&mut entry.job, "Warning", "ExamplesDropped", message);
         }
         entry.version += 1;
         if !strict && let Some(worker) = member.and_then(|id| self.workers.get_mut(&id)) {
@@ -532,4 +563,6 @@ pub struct Report {
     pub checkpoint_step: u64,
     /// Examples of this rank's part left out for a non-finite loss or gradient.
     pub nonfinite_examples: u64,
+    /// Examples of this rank's share that could not be read or decoded.
+    pub dropped_examples: u64,
 }

@@ -12,24 +12,48 @@ use dpcap_dataset::index::Layout;
 use dpcap_proto::v1::{JobState, StepOutcome};
 
 #[test]
-fn jobs_start_in_fifo_order_only_when_all_their_workers_are_free() {
+fn a_job_waiting_for_workers_to_arrive_says_so_and_lets_a_job_that_fits_run_beside_it() {
     let mut state = State::default();
     submit(&mut state, job("a", 2, 5));
     submit(&mut state, job("b", 1, 5));
     worker(&mut state, "w1");
     state.schedule();
-    assert!(!running(&state, "a") && !running(&state, "b"), "a needs 2 workers and b must not jump the queue");
+    assert!(!running(&state, "a"), "a needs 2 workers and 1 is registered");
+    let waiting = state.jobs["a"].job.conditions.iter().find(|c| c.reason == "WaitingForWorkers").unwrap();
+    assert_eq!(waiting.message, "waiting for 2 workers (1 registered, 1 free)");
+    assert!(running(&state, "b"), "b fits, and takes no worker a could have had");
     worker(&mut state, "w2");
+    state.schedule();
+    let waiting = state.jobs["a"].job.conditions.iter().rfind(|c| c.reason == "WaitingForWorkers").unwrap();
+    assert_eq!(waiting.message, "waiting for 2 workers (2 registered, 1 free)", "b holds w1");
+    state.schedule();
     worker(&mut state, "w3");
     state.schedule();
-    assert!(running(&state, "a") && running(&state, "b"));
+    assert!(running(&state, "a"));
     let group = state.jobs["a"].group.as_ref().unwrap();
-    assert_eq!(group.members.len(), 2);
-    assert_eq!(group.generation, 1);
+    assert_eq!((group.members.len(), group.generation), (2, 1));
     assert!(
         state.jobs["b"].group.as_ref().unwrap().members.iter().all(|m| !group.members.contains(m)),
         "no worker in two groups"
     );
+    let said = state.jobs["a"].job.conditions.iter().filter(|c| c.reason == "WaitingForWorkers").count();
+    assert_eq!(said, 2, "once per different reason, never per pass of the scheduler");
+}
+
+#[test]
+fn a_head_waiting_for_busy_workers_is_never_overtaken() {
+    let mut state = State::default();
+    submit(&mut state, job("c", 1, 5));
+    worker(&mut state, "w1");
+    state.schedule();
+    assert!(running(&state, "c"));
+    submit(&mut state, job("a", 2, 5));
+    submit(&mut state, job("b", 1, 5));
+    worker(&mut state, "w2");
+    state.schedule();
+    assert!(!running(&state, "a") && !running(&state, "b"), "w2 is a's once c frees w1: b must not take it");
+    state.finish("c", JobState::Succeeded, "Succeeded", "done".into());
+    assert!(running(&state, "a") && !running(&state, "b"));
 }
 
 #[test]

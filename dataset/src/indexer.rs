@@ -46,6 +46,8 @@ pub struct BuiltIndex {
     pub digest: String,
     /// Skipped examples, up to [`REPORT_LIMIT`].
     pub report: Vec<SkippedExample>,
+    /// Shards left out whole.
+    pub bad_shards: Vec<BadShard>,
 }
 
 /// One example's members by lower-case extension.
@@ -153,24 +155,62 @@ pub fn join(root: &Path, relative: &str) -> Path {
     Path::from(format!("{root}/{relative}").trim_start_matches('/'))
 }
 
-/// Indexes one shard: reads it, writes its table as the `n`th, and returns its record, why
-/// examples were left out, and each example's user (if any).
+/// A shard left out of the index whole: not a tar archive, or an empty file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BadShard {
+    /// Shard path.
+    pub path: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// How an indexing run treats what it finds.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildOptions {
+    /// Shards read at once.
+    pub concurrency: usize,
+    /// Refuse the whole dataset when one shard is not a readable tar (else the shard is left
+    /// out and reported, as a corrupt member inside a shard is).
+    pub strict: bool,
+}
+
+/// One shard indexed: its record (bytes pinned), its table, why examples were left out, and
+/// each example's user; or why the whole shard was left out.
+enum Indexed {
+    Shard(Box<ShardOutcome>, Vec<u8>),
+    Bad(BadShard),
+}
+
+/// Indexes one shard: reads it whole, pins its size, content digest and the store's ETag or
+/// version, and builds its table (written by the caller at the shard's final position).
 async fn index_one(
     store: &dyn ObjectStore,
     root: &Path,
-    n: usize,
     object: object_store::ObjectMeta,
-) -> Result<ShardOutcome, DataError> {
+) -> Result<Indexed, DataError> {
     let relative = object
         .location
         .prefix_match(root)
         .map(|parts| parts.map(|p| p.as_ref().to_owned()).collect::<Vec<_>>().join("/"))
         .unwrap_or_else(|| object.location.to_string());
-    let bytes = store.get(&object.location).await?.bytes().await?;
+    if object.size == 0 {
+        return Ok(Indexed::Bad(BadShard { path: relative, reason: "an empty file".into() }));
+    }
+    let got = store.get(&object.location).await?;
+    let (e_tag, store_version) = (got.meta.e_tag.clone(), got.meta.version.clone());
+    let bytes = got.bytes().await?;
     let name = relative.clone();
-    let (table, skipped, report, users) = tokio::task::spawn_blocking(move || index_shard(&name, &bytes))
-        .await
-        .map_err(|e| DataError::Tar { shard: relative.clone(), reason: format!("indexing task failed: {e}") })??;
+    let indexed = tokio::task::spawn_blocking(move || {
+        let sha256 = dpcap_proto::digest::sha256(&bytes);
+        index_shard(&name, &bytes).map(|outcome| (outcome, sha256, bytes.len() as u64))
+    })
+    .await
+    .map_err(|e| DataError::Tar { shard: relative.clone(), reason: format!("indexing task failed: {e}") })?;
+    let ((table, skipped, report, users), sha256, size) = match indexed {
+        Ok(indexed) => indexed,
+        Err(DataError::Tar { reason, .. }) => return Ok(Indexed::Bad(BadShard { path: relative, reason })),
+        Err(e) => return Err(e),
+    };
     let encoded = table.encode();
     let record = ShardRecord {
         path: relative,
@@ -178,18 +218,22 @@ async fn index_one(
         skipped: skipped.total(),
         table_bytes: encoded.len() as u64,
         table_sha256: dpcap_proto::digest::sha256(&encoded),
+        bytes: size,
+        sha256,
+        e_tag,
+        store_version,
     };
-    store.put(&join(root, &table_path(n)), PutPayload::from(encoded)).await?;
-    Ok((record, skipped, report, users))
+    Ok(Indexed::Shard(Box::new((record, skipped, report, users)), encoded))
 }
 
-/// Indexes every `.tar` under `root` (in name order), `concurrency` shards at a time, writing
-/// one table per shard, the report and then the manifest under `root/index/`. `progress` is
-/// called once per shard, in order, as each is done.
+/// Indexes every `.tar` under `root` (in name order), `options.concurrency` shards at a time,
+/// writing one table per shard, the report and then the manifest under `root/index/`. A shard
+/// that is not a readable tar, or an empty file, is left out and reported (refused under
+/// `options.strict`). `progress` is called once per indexed shard, in order.
 pub async fn build_index(
     store: &dyn ObjectStore,
     root: &Path,
-    concurrency: usize,
+    options: BuildOptions,
     progress: &(dyn Fn(&ShardRecord) + Sync),
 ) -> Result<BuiltIndex, DataError> {
     let mut objects: Vec<_> = store.list(Some(root)).try_collect().await?;
@@ -198,9 +242,9 @@ pub async fn build_index(
     if objects.is_empty() {
         return Err(DataError::Empty(root.to_string()));
     }
-    let shards = futures::stream::iter(objects.into_iter().enumerate())
-        .map(|(n, object)| index_one(store, root, n, object))
-        .buffered(concurrency.max(1));
+    let shards = futures::stream::iter(objects)
+        .map(|object| index_one(store, root, object))
+        .buffered(options.concurrency.max(1));
     futures::pin_mut!(shards);
     let mut manifest = Manifest {
         version: MANIFEST_VERSION,
@@ -209,9 +253,21 @@ pub async fn build_index(
         skipped: Skipped::default(),
         users: None,
     };
-    let (mut report, mut pairs, mut without_user) = (Vec::new(), Vec::new(), 0u64);
+    let (mut report, mut pairs, mut without_user, mut bad) = (Vec::new(), Vec::new(), 0u64, Vec::new());
     while let Some(shard) = shards.next().await {
-        let (record, skipped, skipped_examples, users) = shard?;
+        let (outcome, table) = match shard? {
+            Indexed::Shard(outcome, table) => (outcome, table),
+            Indexed::Bad(shard) if options.strict => {
+                return Err(DataError::Tar { shard: shard.path, reason: format!("{} (--strict)", shard.reason) });
+            }
+            Indexed::Bad(shard) => {
+                tracing::warn!(shard = %shard.path, reason = %shard.reason, "shard left out of the index");
+                bad.push(shard);
+                continue;
+            }
+        };
+        let (record, skipped, skipped_examples, users) = *outcome;
+        store.put(&join(root, &table_path(manifest.shards.len())), PutPayload::from(table)).await?;
         progress(&record);
         for (local, user) in users.into_iter().enumerate() {
             match user {
@@ -224,7 +280,10 @@ pub async fn build_index(
         manifest.shards.push(record);
         report.extend(skipped_examples.into_iter().take(REPORT_LIMIT.saturating_sub(report.len())));
     }
-    let report_body = serde_json::json!({"skipped": manifest.skipped, "examples": report});
+    if manifest.shards.is_empty() {
+        return Err(DataError::Empty(format!("{root} (every .tar was left out: {bad:?})")));
+    }
+    let report_body = serde_json::json!({"skipped": manifest.skipped, "examples": report, "bad_shards": bad});
     store
         .put(&join(root, REPORT_PATH), PutPayload::from(serde_json::to_vec_pretty(&report_body).expect("json")))
         .await?;
@@ -243,5 +302,5 @@ pub async fn build_index(
     let body = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
     let digest = Manifest::digest(&body);
     store.put(&join(root, MANIFEST_PATH), PutPayload::from(body)).await?;
-    Ok(BuiltIndex { manifest, digest, report })
+    Ok(BuiltIndex { manifest, digest, report, bad_shards: bad })
 }

@@ -18,7 +18,7 @@ pub mod stream;
 pub mod synth;
 pub mod tokenizer;
 
-pub use indexer::{BuiltIndex, build_index};
+pub use indexer::{BadShard, BuildOptions, BuiltIndex, build_index};
 pub use reader::{CropPlan, Dataset, View};
 pub use stream::{DEFAULT_PREFETCH, ExampleStream};
 
@@ -67,6 +67,16 @@ pub enum DataError {
     /// The dataset has no shards.
     #[error("no .tar shards under {0}")]
     Empty(String),
+    /// A shard's bytes are not the ones the index pinned (replaced, truncated, rewritten).
+    #[error(
+        "shard {shard} is not the one the index pinned: {reason}; restore it, or index the dataset again and submit the job again"
+    )]
+    Changed {
+        /// Shard path.
+        shard: String,
+        /// What differs.
+        reason: String,
+    },
     /// An example index past the end.
     #[error("example {index} is out of range for a dataset of {examples} examples")]
     OutOfRange {

@@ -168,7 +168,13 @@ impl Dataset {
             .buffered(READ_CONCURRENCY)
             .try_collect()
             .await
-            .map_err(|e| WorkError::Data(e.to_string()))?;
+            .map_err(|e| match e {
+                // Not the pinned data: the job's input, named in full under any telemetry.
+                changed @ crate::DataError::Changed { .. } => {
+                    WorkError::Spec { field: "dataset", reason: changed.to_string() }
+                }
+                other => WorkError::Data(other.to_string()),
+            })?;
         let view = view.clone();
         tokio::task::spawn_blocking(move || {
             raw.into_par_iter()

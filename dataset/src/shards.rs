@@ -1,6 +1,11 @@
 //! Random access to the examples of an indexed dataset: the manifest (N and the shards), each
 //! shard's table loaded on first use (checked against the manifest's digest, a bounded number
 //! kept), and one example read by range requests for its members only, never whole shards.
+//!
+//! A dataset is its bytes: before its first read of a shard, a reader checks the shard against
+//! the manifest's pin — its size, and its ETag (or version), else its SHA-256 read whole once —
+//! and every range read then asks the store for exactly that ETag, so a shard replaced while a
+//! job reads it is refused too, naming the shard.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -35,6 +40,10 @@ pub struct RawExample {
 
 type TableCell = Arc<OnceCell<Arc<ShardTable>>>;
 
+/// A shard's checked identity at the store: the ETag range reads must match (None where the
+/// store gives none, or the manifest pins no bytes).
+type PinCell = Arc<OnceCell<Option<String>>>;
+
 /// Tables by shard, and the order they were first asked for (the oldest is dropped first).
 type TableCache = (HashMap<usize, TableCell>, VecDeque<usize>);
 
@@ -47,6 +56,7 @@ pub struct ShardReader {
     layout: Arc<Layout>,
     digest: String,
     tables: Arc<Mutex<TableCache>>,
+    pins: Arc<Mutex<HashMap<usize, PinCell>>>,
 }
 
 impl ShardReader {
@@ -61,6 +71,7 @@ impl ShardReader {
             store,
             root,
             tables: Arc::default(),
+            pins: Arc::default(),
         })
     }
 
@@ -117,7 +128,9 @@ impl ShardReader {
         let entry = *table.entries.get(local as usize).ok_or(DataError::OutOfRange { index: global, examples })?;
         let record = &self.manifest.shards[shard];
         let key = format!("{}#{local}", record.path);
-        let members = self.members(&join(&self.root, &record.path), &entry).await?;
+        let e_tag = self.pinned(shard).await?;
+        let location = Location { path: join(&self.root, &record.path), shard: &record.path, e_tag };
+        let members = self.members(&location, &entry).await?;
         let decode = |member: &'static str, reason: String| DataError::Decode { key: key.clone(), member, reason };
         let caption = String::from_utf8(members.caption.to_vec()).map_err(|e| decode("caption", e.to_string()))?;
         // The indexer kept only metadata that parses; a label is read when there is one.
@@ -129,7 +142,42 @@ impl ShardReader {
         Ok(RawExample { image: members.image, caption: caption.trim().to_owned(), label, key })
     }
 
-    async fn members(&self, shard: &Path, entry: &TableEntry) -> Result<Members, DataError> {
+    /// The shard's checked identity (see the module docs), checked once per reader.
+    async fn pinned(&self, shard: usize) -> Result<Option<String>, DataError> {
+        let cell = self.pins.lock().expect("pins lock").entry(shard).or_default().clone();
+        let pin = cell.get_or_try_init(|| self.check_pin(shard)).await?;
+        Ok(pin.clone())
+    }
+
+    async fn check_pin(&self, shard: usize) -> Result<Option<String>, DataError> {
+        let record = &self.manifest.shards[shard];
+        if !record.pins_bytes() {
+            return Ok(None); // a version-2 index: its tables are pinned, its shards are not
+        }
+        let changed = |reason: String| DataError::Changed { shard: record.path.clone(), reason };
+        let path = join(&self.root, &record.path);
+        let meta = self.store.head(&path).await?;
+        if meta.size != record.bytes {
+            return Err(changed(format!("{} bytes, the index pinned {}", meta.size, record.bytes)));
+        }
+        if record.e_tag.is_some() && meta.e_tag == record.e_tag && meta.version == record.store_version {
+            return Ok(meta.e_tag);
+        }
+        // Another ETag (a copy elsewhere, or a rewrite): the bytes decide, read whole once.
+        let got = self.store.get(&path).await?;
+        let e_tag = got.meta.e_tag.clone();
+        let bytes = got.bytes().await?;
+        let sha256 = tokio::task::spawn_blocking(move || dpcap_proto::digest::sha256(&bytes))
+            .await
+            .map_err(|e| DataError::Index(format!("hashing task failed: {e}")))?;
+        if sha256 != record.sha256 {
+            return Err(changed(format!("its bytes have digest {sha256}, the index pinned {}", record.sha256)));
+        }
+        tracing::info!(shard = %record.path, "shard's ETag differs from the index's; its bytes are the pinned ones");
+        Ok(e_tag)
+    }
+
+    async fn members(&self, shard: &Location<'_>, entry: &TableEntry) -> Result<Members, DataError> {
         let spans: Vec<Span> = [Some(entry.image), Some(entry.caption), entry.meta].into_iter().flatten().collect();
         let start = spans.iter().map(|s| s.offset).min().unwrap_or(0);
         let end = spans.iter().map(Span::end).max().unwrap_or(0);
@@ -157,16 +205,34 @@ impl ShardReader {
         })
     }
 
-    /// Exactly the bytes of `range`: a shorter answer (a truncated shard) is an error.
-    async fn range(&self, shard: &Path, range: Range<u64>) -> Result<bytes::Bytes, DataError> {
+    /// Exactly the bytes of `range` of the pinned shard: a shorter answer (a truncated shard),
+    /// or a shard whose ETag is no longer the checked one, is an error naming it.
+    async fn range(&self, shard: &Location<'_>, range: Range<u64>) -> Result<bytes::Bytes, DataError> {
         let want = range.end - range.start;
-        let options = GetOptions { range: Some(GetRange::Bounded(range)), ..Default::default() };
-        let bytes = self.store.get_opts(shard, options).await?.bytes().await?;
+        let changed = |reason: &str| DataError::Changed { shard: shard.shard.to_owned(), reason: reason.to_owned() };
+        let options =
+            GetOptions { range: Some(GetRange::Bounded(range)), if_match: shard.e_tag.clone(), ..Default::default() };
+        let bytes = match self.store.get_opts(&shard.path, options).await {
+            Ok(got) => got.bytes().await?,
+            Err(object_store::Error::Precondition { .. }) => return Err(changed("it changed while the job read it")),
+            Err(object_store::Error::Generic { source, .. }) if source.to_string().contains("range") => {
+                return Err(changed(&format!("a read past its end ({source})")));
+            }
+            Err(e) => return Err(e.into()),
+        };
         if bytes.len() as u64 != want {
-            return Err(DataError::Index(format!("{shard} is shorter than its index says")));
+            return Err(changed("it is shorter than its index says"));
         }
         Ok(bytes)
     }
+}
+
+/// Where one example's members are read from: the shard's store path, its manifest path, and
+/// the ETag its range reads must match.
+struct Location<'a> {
+    path: Path,
+    shard: &'a str,
+    e_tag: Option<String>,
 }
 
 struct Members {

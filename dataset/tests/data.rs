@@ -7,7 +7,7 @@ use dpcap_dataset::index::MANIFEST_PATH;
 use dpcap_dataset::indexer::REPORT_PATH;
 use dpcap_dataset::pipeline::{Crop, Pipeline};
 use dpcap_dataset::synth::{CLASSES, Scene, class_name, generate, write_shards};
-use dpcap_dataset::{DataError, ShardReader, build_index};
+use dpcap_dataset::{BuildOptions, DataError, ShardReader, build_index};
 use futures::stream::BoxStream;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
@@ -37,11 +37,13 @@ fn examples_are_deterministic_and_captions_describe_the_label() {
     assert_eq!(labels.len(), CLASSES, "every class occurs");
 }
 
-/// An object store that records every read it serves (path and range), over a real one.
+/// An object store that records every read it serves (path and range) and every HEAD, over a
+/// real one.
 #[derive(Debug)]
 struct Recording {
     inner: LocalFileSystem,
     reads: Mutex<Vec<(String, Option<GetRange>)>>,
+    heads: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Display for Recording {
@@ -68,7 +70,11 @@ impl ObjectStore for Recording {
         self.inner.put_multipart_opts(location, opts).await
     }
     async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
-        self.reads.lock().unwrap().push((location.to_string(), options.range.clone()));
+        if options.head {
+            self.heads.lock().unwrap().push(location.to_string());
+        } else {
+            self.reads.lock().unwrap().push((location.to_string(), options.range.clone()));
+        }
         self.inner.get_opts(location, options).await
     }
     fn delete_stream(
@@ -99,7 +105,7 @@ async fn shards_index_compactly_and_one_range_read_fetches_just_an_example() {
     assert_eq!(shards.len(), 3);
     let store = LocalFileSystem::new_with_prefix(dir.path()).unwrap();
     let root = Path::from("train");
-    let built = build_index(&store, &root, 2, &|_| {}).await.unwrap();
+    let built = build_index(&store, &root, options(2), &|_| {}).await.unwrap();
     let m = &built.manifest;
     assert_eq!(m.examples, 250);
     assert_eq!(m.shards.iter().map(|s| s.examples).collect::<Vec<_>>(), vec![100, 100, 50]);
@@ -107,7 +113,7 @@ async fn shards_index_compactly_and_one_range_read_fetches_just_an_example() {
     let table_bytes: u64 = m.shards.iter().map(|s| s.table_bytes).sum();
     assert!(table_bytes <= 16 * 250, "{table_bytes} index bytes for 250 examples");
 
-    let recording = Arc::new(Recording { inner: store, reads: Mutex::default() });
+    let recording = Arc::new(Recording { inner: store, reads: Mutex::default(), heads: Mutex::default() });
     let reader = ShardReader::open(recording.clone(), root.clone()).await.unwrap();
     assert_eq!(reader.digest(), built.digest, "the manifest read back is the one written");
     for i in [0u64, 99, 100, 173, 249] {
@@ -128,6 +134,8 @@ async fn shards_index_compactly_and_one_range_read_fetches_just_an_example() {
     }
     let tables = reads.iter().filter(|(path, _)| path.contains("index/shards/")).count();
     assert_eq!(tables, 3, "each shard's table is read once and kept: {reads:?}");
+    let heads = recording.heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 3, "one HEAD checks each shard's pin (size and ETag), then never again: {heads:?}");
     let err = reader.read(250).await.unwrap_err();
     assert!(matches!(err, DataError::OutOfRange { index: 250, examples: 250 }), "{err}");
 }
@@ -187,7 +195,7 @@ async fn missing_and_corrupt_members_are_skipped_counted_and_reported_and_never_
     std::fs::write(root.join("00000_stats.json"), b"{}").unwrap();
 
     let store = Arc::new(LocalFileSystem::new_with_prefix(&root).unwrap());
-    let built = build_index(store.as_ref(), &Path::default(), 1, &|_| {}).await.unwrap();
+    let built = build_index(store.as_ref(), &Path::default(), options(1), &|_| {}).await.unwrap();
     let m = &built.manifest;
     assert_eq!(m.examples, 3, "N counts only the usable examples: jpg, webp and upper-case png");
     let s = &m.skipped;
@@ -225,11 +233,12 @@ async fn missing_and_corrupt_members_are_skipped_counted_and_reported_and_never_
 async fn a_broken_tar_or_an_empty_directory_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let store = LocalFileSystem::new_with_prefix(dir.path()).unwrap();
-    let err = build_index(&store, &Path::from("nothing"), 1, &|_| {}).await.unwrap_err();
+    let err = build_index(&store, &Path::from("nothing"), options(1), &|_| {}).await.unwrap_err();
     assert!(matches!(err, DataError::Empty(_)), "{err}");
     std::fs::create_dir_all(dir.path().join("broken")).unwrap();
     std::fs::write(dir.path().join("broken/shard-00000.tar"), vec![0x55u8; 1500]).unwrap();
-    let err = build_index(&store, &Path::from("broken"), 1, &|_| {}).await.unwrap_err();
+    let strict = BuildOptions { concurrency: 1, strict: true };
+    let err = build_index(&store, &Path::from("broken"), strict, &|_| {}).await.unwrap_err();
     assert!(matches!(err, DataError::Tar { ref shard, .. } if shard == "shard-00000.tar"), "{err}");
     assert!(!dir.path().join("broken").join(MANIFEST_PATH).exists(), "no manifest: no job can pin a partial index");
 }
@@ -240,7 +249,7 @@ async fn a_tampered_shard_table_is_refused_against_the_manifest_digest() {
     write_shards(&dir.path().join("train"), (Scene::Pair, 3), 0..20, 10, 32).unwrap();
     let root = dir.path().join("train");
     let store = Arc::new(LocalFileSystem::new_with_prefix(&root).unwrap());
-    build_index(store.as_ref(), &Path::default(), 1, &|_| {}).await.unwrap();
+    build_index(store.as_ref(), &Path::default(), options(1), &|_| {}).await.unwrap();
     let table = root.join(dpcap_dataset::index::table_path(1));
     let mut bytes = std::fs::read(&table).unwrap();
     let last = bytes.len() - 1;
@@ -250,4 +259,108 @@ async fn a_tampered_shard_table_is_refused_against_the_manifest_digest() {
     reader.read(3).await.expect("shard 0 is intact");
     let err = reader.read(13).await.unwrap_err();
     assert!(matches!(err, DataError::Index(ref m) if m.contains("shard 1")), "{err}");
+}
+
+/// An indexed synthetic dataset of two shards of 10 examples under `dir/train`, and a reader.
+async fn indexed(dir: &std::path::Path) -> (std::path::PathBuf, Arc<LocalFileSystem>) {
+    let root = dir.join("train");
+    write_shards(&root, (Scene::Pair, 3), 0..20, 10, 32).unwrap();
+    let store = Arc::new(LocalFileSystem::new_with_prefix(&root).unwrap());
+    build_index(store.as_ref(), &Path::default(), options(1), &|_| {}).await.unwrap();
+    (root, store)
+}
+
+fn shard_file(root: &std::path::Path, n: usize) -> std::path::PathBuf {
+    let mut tars: Vec<_> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "tar"))
+        .collect();
+    tars.sort();
+    tars[n].clone()
+}
+
+#[tokio::test]
+async fn a_shard_replaced_after_indexing_by_other_bytes_of_the_same_size_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, store) = indexed(dir.path()).await;
+    let shard = shard_file(&root, 0);
+    // Other bytes, the same size and still a valid tar: one byte of an image body flipped.
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[5000] ^= 0xff;
+    std::fs::remove_file(&shard).unwrap();
+    std::fs::write(&shard, &bytes).unwrap();
+    let reader = ShardReader::open(store, Path::default()).await.unwrap();
+    reader.read(13).await.expect("shard 1 is untouched");
+    let err = reader.read(3).await.unwrap_err();
+    let name = shard.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(matches!(err, DataError::Changed { ref shard, .. } if *shard == name), "{err}");
+    assert!(err.to_string().contains("digest"), "{err}");
+}
+
+#[tokio::test]
+async fn a_truncated_shard_is_refused_by_its_size_and_one_changed_mid_job_by_its_etag() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, store) = indexed(dir.path()).await;
+    let reader = ShardReader::open(store.clone(), Path::default()).await.unwrap();
+    reader.read(0).await.expect("checked and pinned at the first read");
+    // Rewritten while a job reads it: the pinned ETag no longer matches.
+    let shard = shard_file(&root, 0);
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::remove_file(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() - 700]).unwrap();
+    let err = reader.read(1).await.unwrap_err();
+    assert!(matches!(err, DataError::Changed { .. }), "{err}");
+    let fresh = ShardReader::open(store, Path::default()).await.unwrap();
+    let err = fresh.read(1).await.unwrap_err();
+    assert!(
+        matches!(err, DataError::Changed { ref reason, .. } if reason.contains("bytes, the index pinned")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_copy_of_the_dataset_elsewhere_reads_by_its_pinned_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, _) = indexed(dir.path()).await;
+    // Copied: every file has a new inode and time, so every ETag differs; the bytes do not.
+    let copy = dir.path().join("copy");
+    copy_dir(&root, &copy);
+    let store = Arc::new(LocalFileSystem::new_with_prefix(&copy).unwrap());
+    let reader = ShardReader::open(store, Path::default()).await.unwrap();
+    for i in [0, 15] {
+        reader.read(i).await.unwrap_or_else(|e| panic!("example {i}: {e}"));
+    }
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() { copy_dir(&path, &target) } else { std::fs::copy(&path, &target).map(drop).unwrap() }
+    }
+}
+
+#[tokio::test]
+async fn an_empty_file_and_a_file_that_is_no_tar_are_left_out_and_reported_or_refused_under_strict() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("train");
+    write_shards(&root, (Scene::Pair, 3), 0..20, 10, 32).unwrap();
+    std::fs::write(root.join("zz-empty.tar"), b"").unwrap();
+    std::fs::write(root.join("zz-text.tar"), vec![b'x'; 3000]).unwrap();
+    let store = LocalFileSystem::new_with_prefix(&root).unwrap();
+    let built = build_index(&store, &Path::default(), options(2), &|_| {}).await.unwrap();
+    assert_eq!((built.manifest.shards.len(), built.manifest.examples), (2, 20), "the good shards only");
+    let bad: Vec<&str> = built.bad_shards.iter().map(|b| b.path.as_str()).collect();
+    assert_eq!(bad, ["zz-empty.tar", "zz-text.tar"]);
+    let report = std::fs::read_to_string(root.join(REPORT_PATH)).unwrap();
+    assert!(report.contains("zz-text.tar") && report.contains("an empty file"), "{report}");
+    let strict = BuildOptions { concurrency: 2, strict: true };
+    let err = build_index(&store, &Path::default(), strict, &|_| {}).await.unwrap_err();
+    assert!(matches!(err, DataError::Tar { ref shard, .. } if shard == "zz-empty.tar"), "{err}");
+}
+
+fn options(concurrency: usize) -> BuildOptions {
+    BuildOptions { concurrency, strict: false }
 }

@@ -14,7 +14,10 @@ async fn dataset(dir: &std::path::Path, examples: u64) -> (String, String) {
     let root = dir.join("train");
     write_shards(&root, (Scene::Pair, 3), 0..examples, 50, 32).unwrap();
     let store = LocalFileSystem::new_with_prefix(&root).unwrap();
-    let built = build_index(&store, &Path::default(), 2, &|_| {}).await.unwrap();
+    let built =
+        build_index(&store, &Path::default(), dpcap_dataset::BuildOptions { concurrency: 2, strict: false }, &|_| {})
+            .await
+            .unwrap();
     (root.to_string_lossy().into_owned(), built.digest)
 }
 

@@ -30,10 +30,47 @@ impl Default for RetryPolicy {
     }
 }
 
+/// What to do about a failure that no retry can mend: a certificate the client cannot verify,
+/// TLS spoken to a plaintext port or plaintext to a TLS one, a missing or unknown token. None
+/// for anything else. The words are matched on the transport's own error text (rustls, h2),
+/// never on a dpcap service's message, which carries its typed code instead.
+pub fn misconfiguration(status: &Status) -> Option<&'static str> {
+    let mut text = status.message().to_owned();
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        text.push_str(&format!(" | {error}"));
+        source = error.source();
+    }
+    let text = text.to_lowercase();
+    if ErrorCode::of(status) == Some(ErrorCode::Unauthenticated) {
+        return Some("pass --token (or set DPCAP_TOKEN) with a token of the role the call needs");
+    }
+    if ErrorCode::of(status).is_some() {
+        return None;
+    }
+    if text.contains("unknownissuer") || text.contains("invalid peer certificate") || text.contains("certificate") {
+        return Some(
+            "the server's certificate is not trusted: pass --tls-ca with the CA that signed it (and --tls-domain if the name differs)",
+        );
+    }
+    if text.contains("h2 protocol error") || text.contains("frame with invalid size") || text.contains("invalid http2")
+    {
+        return Some("the server speaks TLS: use an https:// endpoint and --tls-ca");
+    }
+    if text.contains("corrupt message") || text.contains("invalidcontenttype") || text.contains("tls handshake") {
+        return Some("the server speaks plaintext: use an http:// endpoint (or start the server with --tls-cert)");
+    }
+    None
+}
+
 /// Whether `status` is worth retrying: a dpcap service that says UNAVAILABLE (starting,
 /// replaying, draining), or a failure that did not come from a dpcap handler at all (the
-/// transport, a broken stream, a peer that is gone).
+/// transport, a broken stream, a peer that is gone) unless it is a misconfiguration (a bad
+/// certificate is not transient: see [`misconfiguration`]).
 pub fn is_transient(status: &Status) -> bool {
+    if misconfiguration(status).is_some() {
+        return false;
+    }
     match ErrorCode::of(status) {
         Some(code) => code == ErrorCode::Unavailable,
         None => matches!(

@@ -81,6 +81,7 @@ pub const POLICY: &[(&str, &[Role])] = &[
     ("/dpcap.v1.JobService/GetJob", &[Operator, Viewer]),
     ("/dpcap.v1.JobService/ListJobs", &[Operator, Viewer]),
     ("/dpcap.v1.JobService/WatchJob", &[Operator, Viewer]),
+    ("/dpcap.v1.JobService/AuditJob", &[Operator, Viewer]),
     ("/dpcap.v1.WorkerService/RegisterWorker", &[Worker]),
     ("/dpcap.v1.WorkerService/Heartbeat", &[Worker]),
     ("/dpcap.v1.WorkerService/GetStep", &[Worker]),

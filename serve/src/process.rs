@@ -12,7 +12,9 @@ pub fn init_tracing(json: bool) {
 /// Like [`init_tracing`] with another default filter (`dpctl demo` keeps its servers quiet).
 pub fn init_tracing_at(json: bool, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only on a terminal: a redirected log (a file, a pipe, kubectl logs) stays plain.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }
 

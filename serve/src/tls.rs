@@ -83,20 +83,20 @@ impl ServerTlsArgs {
     }
 }
 
-/// Client TLS flags.
+/// Client TLS flags (global: they may come before or after a subcommand).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ClientTlsArgs {
     /// PEM CA bundle trusted for https:// endpoints.
-    #[arg(long, env = "DPCAP_TLS_CA")]
+    #[arg(long, global = true, env = "DPCAP_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
     /// PEM client certificate presented to servers that require mTLS.
-    #[arg(long, env = "DPCAP_TLS_CLIENT_CERT")]
+    #[arg(long, global = true, env = "DPCAP_TLS_CLIENT_CERT")]
     pub tls_client_cert: Option<PathBuf>,
     /// PEM private key of --tls-client-cert.
-    #[arg(long, env = "DPCAP_TLS_CLIENT_KEY")]
+    #[arg(long, global = true, env = "DPCAP_TLS_CLIENT_KEY")]
     pub tls_client_key: Option<PathBuf>,
     /// The server name to verify (default: the endpoint's host).
-    #[arg(long, env = "DPCAP_TLS_DOMAIN")]
+    #[arg(long, global = true, env = "DPCAP_TLS_DOMAIN")]
     pub tls_domain: Option<String>,
 }
 

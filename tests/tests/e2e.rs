@@ -48,7 +48,8 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
     let audited = job.conditions.iter().find(|c| c.r#type == "Audited").unwrap_or_else(|| panic!("{job:#?}"));
     assert_eq!(audited.reason, "AuditPassed", "{audited:?}");
     assert!(audited.message.ends_with("not the workers' clipping"), "it says what it covers: {audited:?}");
-    let out = dpctl(&["audit", "--accountant", &services.accountant.grpc, &job.job_id, "--json"]);
+    // Through the coordinator: an operator needs no accountant address.
+    let out = dpctl(&["audit", &job.job_id, "--json", "--coordinator", &services.coordinator.grpc]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
@@ -342,4 +343,96 @@ fn the_binaries_exist_before_any_test_runs_and_the_harness_never_invokes_cargo()
     for source in harness {
         assert!(!source.contains("env!(\"CARGO\")"), "a test must never run cargo");
     }
+}
+
+/// The submit call's refusal of `spec`, which it must refuse.
+async fn refused(services: &Services, spec: SpecFile) -> tonic::Status {
+    let request = SubmitJobRequest { spec: Some(spec.into_proto().unwrap()), idempotency_key: String::new() };
+    services.jobs().await.submit_job(request).await.expect_err("refused at submit")
+}
+
+/// An operator's mistakes about data and budgets are refused at submit, naming the field,
+/// never as a worker's failure minutes later; a job on a shard whose bytes changed after
+/// indexing fails naming the shard; a job that cannot get its workers says so while a job that
+/// fits runs beside it; and a spec file's relative dataset path is its own directory's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_mistakes_are_refused_at_submit_by_name_and_changed_shards_fail_the_job() {
+    let dir = tempfile_dir("operator");
+    let dataset = synth_dataset(&dir, 240);
+    // As in production: a dataset trains only under a budget its privacy admin set.
+    let services = Services::with_args(&dir, 3, &[], &[]).await;
+    let small = SpecFile { epsilon: Some(1.0), workers: Some(1), ..spec(&dataset, 3) };
+
+    let unbudgeted = refused(&services, small.clone()).await;
+    assert!(
+        unbudgeted.message().starts_with("dataset ") && unbudgeted.message().contains("budget set"),
+        "{unbudgeted}"
+    );
+    let delta = (1.0f64 / 240.0).to_string();
+    let set = dpctl(&[
+        "dataset",
+        "budget",
+        "set",
+        dataset.to_str().unwrap(),
+        "--epsilon",
+        "2",
+        "--delta",
+        &delta,
+        "--accountant",
+        &services.accountant.grpc,
+    ]);
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    let cases = [
+        ("privacy", SpecFile { not_private: Some(true), epsilon: None, ..small.clone() }),
+        ("steps", SpecFile { epsilon: None, noise_multiplier: Some(0.5), steps: Some(400), ..small.clone() }),
+        ("tokenizer", SpecFile { tokenizer: Some(dir.join("nowhere.json").to_string_lossy().into()), ..small.clone() }),
+    ];
+    for (field, bad) in cases {
+        let e = refused(&services, bad).await;
+        assert!(e.message().starts_with(&format!("invalid {field}:")), "{field}: {e}");
+    }
+    assert!(
+        services
+            .jobs()
+            .await
+            .list_jobs(dpcap_proto::v1::ListJobsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .jobs
+            .is_empty()
+    );
+
+    // Five workers are wanted, one is registered: the job says so, and a one-worker job
+    // submitted after it (through dpctl, from a spec file naming its data relatively) runs.
+    let _worker = Process::worker(&services.coordinator.grpc, "w0", &dir);
+    let waiting = submit(&services, SpecFile { workers: Some(5), ..small.clone() }).await;
+    let file = dir.join("job.yaml");
+    std::fs::write(
+        &file,
+        "dataset: ./data/train\nmodel: micro\nepsilon: 1.0\nbatch_size: 24\nsteps: 3\nmicro_batch: 16\nworkers: 1\n",
+    )
+    .unwrap();
+    let out = dpctl(&["--coordinator", &services.coordinator.grpc, "submit", file.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let fits = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["job_id"].as_str().unwrap().to_owned();
+    let done = wait_until(&services, &fits, within(3), ended).await;
+    assert_eq!(done.state, JobState::Succeeded as i32, "{done:#?}");
+    let head = get(&services, &waiting.job_id).await;
+    assert_eq!(head.state, JobState::Pending as i32, "{head:#?}");
+    let why = head.conditions.iter().find(|c| c.reason == "WaitingForWorkers").unwrap_or_else(|| panic!("{head:#?}"));
+    assert!(why.message.starts_with("waiting for 5 workers (1 registered"), "{why:?}");
+    services.jobs().await.cancel_job(CancelJobRequest { job_id: waiting.job_id.clone() }).await.unwrap();
+
+    // A shard rewritten in place after indexing (same size, other bytes) is refused by name.
+    let shard = dataset.join("shard-00001.tar");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&shard, &bytes).unwrap();
+    let job = submit(&services, SpecFile { epsilon: Some(0.5), ..small }).await;
+    let job = wait_until(&services, &job.job_id, within(3), ended).await;
+    assert_eq!(job.state, JobState::Failed as i32, "{job:#?}");
+    let failed = job.conditions.iter().map(|c| c.message.as_str()).collect::<Vec<_>>().join("\n");
+    assert!(failed.contains("shard-00001.tar") && failed.contains("digest"), "{failed}");
 }

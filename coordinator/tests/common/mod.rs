@@ -72,5 +72,6 @@ pub fn done() -> Report {
         phases: [0.1; 5],
         checkpoint_step: 0,
         nonfinite_examples: 0,
+        dropped_examples: 0,
     }
 }

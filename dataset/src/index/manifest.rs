@@ -4,12 +4,13 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::{IndexError, Layout, MANIFEST_VERSION, ShardTable, field};
+use super::{IndexError, Layout, MANIFEST_VERSION, MANIFEST_VERSION_MIN, ShardTable, field};
 
 const DIGEST_PREFIX: &str = "sha256:";
 
-/// One shard as the manifest records it; its table digest makes the manifest digest pin it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One shard as the manifest records it; its table digest and (version 3) its bytes' digest make
+/// the manifest digest pin it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardRecord {
     /// Tar path relative to the dataset root, e.g. "00000.tar".
     pub path: String,
@@ -21,6 +22,27 @@ pub struct ShardRecord {
     pub table_bytes: u64,
     /// [`dpcap_proto::digest::sha256`] of the table file ("sha256:" and 64 lowercase hex digits).
     pub table_sha256: String,
+    /// The shard's size in bytes (0 in version-2 manifests: not pinned).
+    #[serde(default)]
+    pub bytes: u64,
+    /// The SHA-256 of the shard's bytes ("" in version-2 manifests): what the data is.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sha256: String,
+    /// The store's ETag of the shard when it was indexed: a cheap check that it is unchanged
+    /// (range reads ask for it); a shard whose ETag differs is read whole once and accepted
+    /// only if its SHA-256 is the pinned one (a copy of the dataset elsewhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e_tag: Option<String>,
+    /// The store's object version, where it keeps versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_version: Option<String>,
+}
+
+impl ShardRecord {
+    /// Whether the manifest pins the shard's bytes (version 3), not only its table.
+    pub fn pins_bytes(&self) -> bool {
+        !self.sha256.is_empty()
+    }
 }
 
 /// Why examples were left out, dataset-wide, so an operator can tell a bad crawl from a bad index.
@@ -88,8 +110,11 @@ impl Manifest {
     pub fn parse(bytes: &[u8]) -> Result<Manifest, IndexError> {
         let m: Manifest =
             serde_json::from_slice(bytes).map_err(|e| field("manifest", format!("not valid JSON: {e}")))?;
-        if m.version != MANIFEST_VERSION {
-            return Err(field("version", format!("version {} is not {MANIFEST_VERSION}", m.version)));
+        if !(MANIFEST_VERSION_MIN..=MANIFEST_VERSION).contains(&m.version) {
+            return Err(field(
+                "version",
+                format!("version {} is not {MANIFEST_VERSION_MIN}..={MANIFEST_VERSION}", m.version),
+            ));
         }
         let (mut examples, mut skipped, mut seen) = (0u64, 0u64, HashSet::new());
         for (n, s) in m.shards.iter().enumerate() {

@@ -20,8 +20,13 @@ pub use users::{USERS_PATH, UserTable, user_tag};
 
 /// Where the manifest lies under the dataset root; it is the one file a job's digest names.
 pub const MANIFEST_PATH: &str = "index/manifest.json";
-/// The manifest format this module reads and writes; readers reject any other.
-pub const MANIFEST_VERSION: u32 = 2;
+/// The manifest format this module writes: version 3 pins every shard's bytes (size, content
+/// digest, and the store's ETag or version). Readers also take version 2, whose shards are
+/// pinned by their tables only.
+pub const MANIFEST_VERSION: u32 = 3;
+
+/// The oldest manifest format readers take.
+pub const MANIFEST_VERSION_MIN: u32 = 2;
 
 /// Path of shard `shard`'s table under the dataset root, so writer and readers agree on it.
 pub fn table_path(shard: usize) -> String {

@@ -137,6 +137,7 @@ fn manifest() -> (Manifest, Vec<Vec<u8>>) {
             skipped: 1,
             table_bytes: t.len() as u64,
             table_sha256: dpcap_proto::digest::sha256(t),
+            ..Default::default()
         })
         .collect();
     let skipped = Skipped { missing_image: 1, missing_caption: 1, corrupt_image: 0, corrupt_caption: 1 };

@@ -110,6 +110,21 @@ impl CheckpointStore {
         }
     }
 
+    /// The steps of the checkpoints under the root, ascending: every `STEP/` folder that holds
+    /// a manifest (a save cut short before its manifest is left out).
+    pub async fn steps(&self) -> Result<Vec<u64>, WorkError> {
+        let listing = self.store.list_with_delimiter(Some(&self.root)).await.map_err(store_error)?;
+        let mut steps = Vec::new();
+        for folder in listing.common_prefixes {
+            let Some(step) = folder.filename().and_then(|name| name.parse::<u64>().ok()) else { continue };
+            if self.store.head(&self.path(&format!("{step}/manifest.json"))).await.is_ok() {
+                steps.push(step);
+            }
+        }
+        steps.sort_unstable();
+        Ok(steps)
+    }
+
     /// Writes a checkpoint and then moves `latest` to it.
     pub async fn save(&self, manifest: &Manifest, weights: Vec<u8>, optimizer: Vec<u8>) -> Result<(), WorkError> {
         let dir = manifest.step.to_string();

@@ -63,10 +63,15 @@ impl From<tonic::Status> for RuntimeError {
     fn from(s: tonic::Status) -> Self {
         match dpcap_proto::ErrorCode::of(&s) {
             Some(dpcap_proto::ErrorCode::BudgetExhausted) => Self::BudgetExhausted(s.message().to_owned()),
-            Some(code) => Self::Protocol(format!("{}: {}", code.as_str(), s.message())),
-            None => Self::Protocol(format!("{:?}: {}", s.code(), s.message())),
+            Some(code) => Self::Protocol(format!("{}: {}{}", code.as_str(), s.message(), hint(&s))),
+            None => Self::Protocol(format!("{:?}: {}{}", s.code(), s.message(), hint(&s))),
         }
     }
+}
+
+/// What to do about a misconfiguration, as a suffix of an error message ("" for other errors).
+fn hint(s: &tonic::Status) -> String {
+    dpcap_proto::misconfiguration(s).map(|h| format!(" ({h})")).unwrap_or_default()
 }
 
 /// WORKER_NOT_REGISTERED from the coordinator means this worker's lease is gone;

@@ -117,8 +117,10 @@ struct Computed {
     part: Vec<f32>,
     /// Non-DP telemetry and the non-finite count.
     telemetry: Telemetry,
-    /// Examples read (the realised share: non-DP telemetry).
+    /// Examples sampled for this rank (the realised share: non-DP telemetry).
     examples: usize,
+    /// Of those, examples that could not be read or decoded and were left out.
+    dropped: usize,
 }
 
 /// How a step ended on this rank.
@@ -356,6 +358,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             phases.checkpoint = since(t);
             report.checkpoint_step = step + 1;
         }
+        report.dropped_examples = computed.dropped as u64;
         self.fill_report(report, &computed.telemetry, computed.examples, phases);
         Ok(StepDone::Applied)
     }
@@ -379,6 +382,7 @@ impl<AB: AutodiffBackend> Session<AB> {
         };
         let view = View { pipeline: self.pipeline.clone(), crop };
         let mut part = self.trainer.begin_part();
+        let mut produced = 0;
         if matches!(self.trainer.model, dpcap_ml::trainer::Model::Embed(..)) {
             // One client at a time, each read on its own: an image that fails to decode is then
             // left out of its own client only, never shifting examples into the next client
@@ -387,6 +391,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             while start < indices.len() {
                 let end = (start..indices.len()).find(|&i| clients[i] != clients[start]).unwrap_or(indices.len());
                 let client = self.dataset.read(indices[start..end].to_vec(), &view).await?;
+                produced += client.len();
                 tokio::task::block_in_place(|| self.trainer.accumulate_client(&mut part, &client))?;
                 start = end;
             }
@@ -395,11 +400,12 @@ impl<AB: AutodiffBackend> Session<AB> {
             let mut stream = ExampleStream::start(self.dataset.clone(), (indices, view), micro_batch, DEFAULT_PREFETCH);
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk?;
+                produced += chunk.len();
                 tokio::task::block_in_place(|| self.trainer.accumulate(&mut part, &chunk))?;
             }
         }
         let (part, telemetry) = tokio::task::block_in_place(|| self.trainer.finish_part(part))?;
-        Ok(Computed { part, telemetry, examples })
+        Ok(Computed { part, telemetry, examples, dropped: examples.saturating_sub(produced) })
     }
 
     /// What the coordinator hears of a done step: counts always; the realised batch size, the
