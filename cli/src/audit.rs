@@ -61,9 +61,9 @@ pub async fn run(args: AuditArgs, server: &Server) -> Result<i32> {
     .map_err(status)?
     .into_inner();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&report))?);
+        outln!("{}", serde_json::to_string_pretty(&to_json(&report))?);
     } else {
-        println!(
+        outln!(
             "job {}: epsilon claimed {:.4} at delta {:.2e}; audited lower bound {:.4} ({:.0} % confidence; f-DP variant {:.4})",
             report.job_id,
             report.epsilon_claimed,
@@ -72,13 +72,16 @@ pub async fn run(args: AuditArgs, server: &Server) -> Result<i32> {
             100.0 * report.confidence,
             report.epsilon_lower_bound_fdp
         );
-        println!(
+        outln!(
             "{} canaries, {} guesses, {} right, over {} releases",
-            report.canaries, report.guesses, report.correct, report.steps_scored
+            report.canaries,
+            report.guesses,
+            report.correct,
+            report.steps_scored
         );
-        println!("the audit {}", report.covers);
+        outln!("the audit {}", report.covers);
         if report.violation {
-            println!("VIOLATION: the job gives less privacy than it claims (a mechanism bug, or a 5 % chance)");
+            outln!("VIOLATION: the job gives less privacy than it claims (a mechanism bug, or a 5 % chance)");
         }
     }
     Ok(if report.violation { VIOLATION_EXIT } else { 0 })

@@ -62,18 +62,18 @@ pub fn run(command: BenchCommand) -> Result<()> {
             let (rdp_s, rdp_eps) = median_seconds(runs, || eps(AccountantKind::Rdp));
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             if json {
-                println!(
+                outln!(
                     "{}",
                     json!({"recipe": "dp-cap", "sample_rate": segment.sample_rate, "noise_multiplier": 0.728, "steps": 5708,
                            "delta": delta, "pld_epsilon": pld_eps, "pld_s": pld_s, "rdp_epsilon": rdp_eps, "rdp_s": rdp_s, "threads": threads})
                 );
             } else {
-                println!(
+                outln!(
                     "DP-Cap recipe: q = {:.6}, sigma = 0.728, 5708 steps, delta = 1/N ({threads} threads)",
                     segment.sample_rate
                 );
-                println!("  pld: epsilon {pld_eps:.5} in {:.1} ms (median of {runs})", pld_s * 1e3);
-                println!("  rdp: epsilon {rdp_eps:.5} in {:.3} ms (median of {runs})", rdp_s * 1e3);
+                outln!("  pld: epsilon {pld_eps:.5} in {:.1} ms (median of {runs})", pld_s * 1e3);
+                outln!("  rdp: epsilon {rdp_eps:.5} in {:.3} ms (median of {runs})", rdp_s * 1e3);
             }
         }
     }

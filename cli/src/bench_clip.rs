@@ -200,7 +200,7 @@ pub fn run(opts: ClipBench) -> Result<()> {
     let examples_per_s = opts.batch as f64 / t.clip_s;
     let peak = peak_rss_bytes();
     if opts.json {
-        println!(
+        outln!(
             "{}",
             json!({"model": opts.model, "objective": opts.objective, "batch": opts.batch, "device": opts.device,
                    "precision": opts.precision.name(),
@@ -209,7 +209,7 @@ pub fn run(opts: ClipBench) -> Result<()> {
                    "verify_rel_err": t.verify_rel_err})
         );
     } else {
-        println!(
+        outln!(
             "{} {} ({} params), batch {}, {} {} ({} runs, medians)",
             opts.model,
             opts.objective,
@@ -219,19 +219,16 @@ pub fn run(opts: ClipBench) -> Result<()> {
             opts.precision.name(),
             opts.runs
         );
-        println!("  non-private step : {:.3} s", t.nonprivate_s);
+        outln!("  non-private step : {:.3} s", t.nonprivate_s);
         if let Some(n) = t.naive_s {
-            println!("  naive per-example: {:.3} s ({:.1}x the ClipEngine)", n, n / t.clip_s);
+            outln!("  naive per-example: {:.3} s ({:.1}x the ClipEngine)", n, n / t.clip_s);
         }
-        println!(
-            "  ClipEngine       : {:.3} s ({:.2}x non-private, {:.0} examples/s)",
-            t.clip_s, ratio, examples_per_s
-        );
+        outln!("  ClipEngine       : {:.3} s ({:.2}x non-private, {:.0} examples/s)", t.clip_s, ratio, examples_per_s);
         if let Some(p) = peak {
-            println!("  peak RSS         : {:.0} MiB", p as f64 / (1 << 20) as f64);
+            outln!("  peak RSS         : {:.0} MiB", p as f64 / (1 << 20) as f64);
         }
         if let Some(e) = t.verify_rel_err {
-            println!("  vs CPU           : max relative difference {e:.2e}");
+            outln!("  vs CPU           : max relative difference {e:.2e}");
         }
     }
     let tolerance = verify_tolerance(opts.precision);

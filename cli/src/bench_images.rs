@@ -85,9 +85,9 @@ pub fn run(opts: ImagesBench) -> Result<()> {
     let report = json!({"images": images.len(), "side": opts.side, "crop": if opts.train { "train" } else { "eval" },
         "threads": threads, "images_per_s": n / seconds, "images_per_s_per_core": n / seconds / threads as f64});
     if opts.json {
-        println!("{report}");
+        outln!("{report}");
     } else {
-        println!("{} images → {} px: {:.0} images/s on {threads} threads", images.len(), opts.side, n / seconds);
+        outln!("{} images → {} px: {:.0} images/s on {threads} threads", images.len(), opts.side, n / seconds);
     }
     Ok(())
 }

@@ -357,11 +357,11 @@ pub fn run(opts: ScaleBench) -> Result<()> {
         "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
     });
     if opts.json {
-        println!("{report}");
+        outln!("{report}");
     } else {
-        println!("paper-scale step orchestration (no GPU compute)");
+        outln!("paper-scale step orchestration (no GPU compute)");
         for (key, value) in report.as_object().into_iter().flatten() {
-            println!("  {key:<30} {value}");
+            outln!("  {key:<30} {value}");
         }
     }
     Ok(())

@@ -72,7 +72,7 @@ pub fn run(opts: ShareBench) -> Result<()> {
             }
             trainer.finish_part(part)?.0
         };
-        println!(
+        outln!(
             "{}",
             json!({"examples": opts.examples, "model": opts.model, "micro_batch": opts.micro_batch, "params": values.len(),
                    "mode": if opts.materialise { "materialised" } else { "streamed" },

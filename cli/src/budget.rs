@@ -95,7 +95,7 @@ pub async fn dataset_digest(dataset: &str) -> Result<String> {
 }
 
 fn print(budget: &DatasetBudget) {
-    println!(
+    outln!(
         "{}",
         json!({"dataset_id": budget.dataset_id, "unit": if budget.unit == PrivacyUnit::User as i32 { "user" } else { "example" },
                "epsilon_budget": budget.epsilon_budget, "delta": budget.delta,

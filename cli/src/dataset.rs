@@ -123,7 +123,7 @@ pub fn run(command: DatasetCommand, server: &crate::jobs::Server) -> Result<()> 
             let train = synth::write_shards(&out.join("train"), (scene, seed), 0..examples, shard_size, 32)
                 .context("writing train shards")?;
             if scene == synth::Scene::Procedural {
-                println!(
+                outln!(
                     "{}",
                     json!({"out": out, "kind": kind, "train_examples": examples, "train_shards": train.len()})
                 );
@@ -138,7 +138,7 @@ pub fn run(command: DatasetCommand, server: &crate::jobs::Server) -> Result<()> 
                 32,
             )
             .context("writing eval shards")?;
-            println!(
+            outln!(
                 "{}",
                 json!({"out": out, "train_examples": examples, "train_shards": train.len(), "eval_examples": eval_examples, "eval_shards": eval.len()})
             );
@@ -147,7 +147,7 @@ pub fn run(command: DatasetCommand, server: &crate::jobs::Server) -> Result<()> 
             let options =
                 IndexOptions { vocab_size, concurrency, tokenizer_captions, progress: !quiet, train_tokenizer, strict };
             let summary = runtime.block_on(index_dataset(&url, &options))?;
-            println!("{summary}");
+            outln!("{summary}");
         }
         DatasetCommand::Budget(command) => runtime.block_on(crate::budget::run(command, server))?,
     }
@@ -198,7 +198,7 @@ fn synth_identities(out: &std::path::Path, seed: u64, args: &IdentityArgs) -> Re
     let layout = args.layout()?;
     let train = identities::write_shards(&out.join("train"), seed, &layout, args.shard_users, 32)
         .context("writing identity shards")?;
-    println!(
+    outln!(
         "{}",
         json!({"out": out, "kind": "identities", "users": layout.users, "identities": layout.identities(),
                "train_examples": layout.examples(), "train_shards": train.len()})

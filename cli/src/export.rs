@@ -96,17 +96,17 @@ pub async fn run(args: ExportArgs) -> Result<()> {
             "out": args.out,
             "timm_model_args": timm::model_args(config),
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!("wrote the encoder of {root} step {step} ({}, {privacy}) to {}", manifest.model, args.out.display());
+    outln!("wrote the encoder of {root} step {step} ({}, {privacy}) to {}", manifest.model, args.out.display());
     if args.format == Format::Timm {
-        println!("load it with timm:");
-        println!(
+        outln!("load it with timm:");
+        outln!(
             "  model = timm.models.VisionTransformer({}, norm_layer=partial(torch.nn.LayerNorm, eps=1e-5))",
             python_kwargs(&timm::model_args(config))
         );
-        println!(
+        outln!(
             "  model.load_state_dict(safetensors.torch.load_file({:?}), strict=True)",
             args.out.display().to_string()
         );

@@ -53,7 +53,7 @@ impl Server {
 /// certificate the client does not trust).
 pub fn connect_error(endpoint: &str, e: tonic::transport::Error) -> anyhow::Error {
     let status = tonic::Status::from_error(Box::new(e));
-    let hint = dpcap_proto::misconfiguration(&status).map(|h| format!(": {h}")).unwrap_or_default();
+    let hint = dpcap_proto::hint(&status).map(|h| format!(": {h}")).unwrap_or_default();
     anyhow::anyhow!("cannot reach {endpoint}{hint} ({})", status.message())
 }
 
@@ -112,16 +112,16 @@ pub fn job_json(job: &Job) -> Value {
 
 fn print_job(job: &Job, as_json: bool) {
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&job_json(job)).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&job_json(job)).unwrap_or_default());
         return;
     }
     let plan = job.plan.clone().unwrap_or_default();
     let p = job.progress.clone().unwrap_or_default();
-    println!("job {}  {}", job.job_id, state_name(job.state));
+    outln!("job {}  {}", job.job_id, state_name(job.state));
     if let Some(notice) = mode::notice(&plan) {
-        println!("  {notice}");
+        outln!("  {notice}");
     }
-    println!(
+    outln!(
         "  plan: N={} q={:.6} L={:.1} sigma={:.4} ({}) steps={} C={} eps target={:.4} (planned {:.4}) at delta={:.3e}",
         plan.examples,
         plan.sample_rate,
@@ -134,7 +134,7 @@ fn print_job(job: &Job, as_json: bool) {
         plan.epsilon_planned,
         plan.delta
     );
-    println!(
+    outln!(
         "  progress: step {}/{} eps spent {:.4} steps discarded {} checkpoint {} workers {}",
         p.step,
         plan.steps,
@@ -144,7 +144,7 @@ fn print_job(job: &Job, as_json: bool) {
         p.workers.join(",")
     );
     for c in &job.conditions {
-        println!("  {} {}: {}", c.r#type, c.reason, c.message);
+        outln!("  {} {}: {}", c.r#type, c.reason, c.message);
     }
 }
 
@@ -180,7 +180,7 @@ pub fn resolve_paths(mut spec: SpecFile, base: &Path) -> SpecFile {
 
 /// A gRPC status as an operator-facing error, with what to do about a misconfiguration.
 pub fn status(s: tonic::Status) -> anyhow::Error {
-    let hint = dpcap_proto::misconfiguration(&s).map(|h| format!(" ({h})")).unwrap_or_default();
+    let hint = dpcap_proto::hint(&s).map(|h| format!(" ({h})")).unwrap_or_default();
     anyhow::anyhow!("{:?}: {}{hint}", s.code(), s.message())
 }
 
@@ -196,17 +196,17 @@ pub async fn get(server: &Server, job_id: &str, as_json: bool) -> Result<()> {
 pub async fn list(server: &Server, as_json: bool) -> Result<()> {
     let jobs = server.connect().await?.list_jobs(ListJobsRequest {}).await.map_err(status)?.into_inner().jobs;
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&jobs.iter().map(job_json).collect::<Vec<_>>())?);
+        outln!("{}", serde_json::to_string_pretty(&jobs.iter().map(job_json).collect::<Vec<_>>())?);
         return Ok(());
     }
-    println!("{:<18} {:<17} {:>11} {:>16} NAME", "JOB", "STATE", "STEP", "EPSILON");
+    outln!("{:<18} {:<17} {:>11} {:>16} NAME", "JOB", "STATE", "STEP", "EPSILON");
     for job in jobs {
         let (plan, p) = (job.plan.clone().unwrap_or_default(), job.progress.clone().unwrap_or_default());
         let mut name = job.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
         if !mode::is_private(plan.privacy()) {
             name = format!("{name} [NOT PRIVATE: {}]", mode::name(plan.privacy()));
         }
-        println!(
+        outln!(
             "{:<18} {:<17} {:>5}/{:<5} {:>7.3}/{:<8.3} {name}",
             job.job_id,
             state_name(job.state),
@@ -228,7 +228,7 @@ pub async fn cancel_or_resume(server: &Server, job_id: &str, resume: bool) -> Re
         client.cancel_job(CancelJobRequest { job_id: job_id.into() }).await
     };
     let job = job.map_err(status)?.into_inner();
-    println!("job {} {}", job.job_id, state_name(job.state));
+    outln!("job {} {}", job.job_id, state_name(job.state));
     Ok(())
 }
 
@@ -259,7 +259,7 @@ pub async fn follow(client: &mut Client, job_id: &str, bar: bool) -> Result<Job>
             state_name(job.state).to_lowercase()
         );
         if lines && printed != Some((p.step, job.state)) {
-            println!("step {}/{} {message}", p.step, plan.steps);
+            outln!("step {}/{} {message}", p.step, plan.steps);
             printed = Some((p.step, job.state));
         }
         progress.set_message(message);

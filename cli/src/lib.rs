@@ -4,6 +4,14 @@
 //!
 //! It owns no service logic: it calls the services over gRPC, or embeds them whole (`demo`).
 
+/// `println!` for the commands' output: a closed stdout (`dpctl … | head`) ends the process
+/// quietly with exit 0 instead of a panic, as Unix filters do.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::write_line(format_args!($($arg)*))
+    };
+}
+
 mod audit;
 mod bench;
 mod bench_clip;
@@ -152,22 +160,21 @@ fn hide_all(command: clap::Command, hide: &impl Fn(clap::Command) -> clap::Comma
     command
 }
 
-/// `dpctl … | head` ends quietly, as Unix tools do: the default SIGPIPE action (Rust ignores
-/// the signal, so a closed stdout would make `println!` panic). Sockets are unaffected: the
-/// standard library sends with MSG_NOSIGNAL.
-#[cfg(unix)]
-#[allow(unsafe_code)]
-fn quiet_on_closed_pipe() {
-    // SAFETY: called first in `main`, before any thread exists; SIG_DFL is a valid disposition.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+/// Writes one line to stdout; see `outln!`. Any other write error ends the process with exit 2.
+fn write_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(line).and_then(|()| out.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: writing to stdout: {e}");
+        std::process::exit(2);
     }
 }
 
 /// Runs `dpctl` on the process's arguments and exits with its code (2 on an error).
 pub fn main() {
-    #[cfg(unix)]
-    quiet_on_closed_pipe();
     let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
     match run(cli) {
         Ok(code) => std::process::exit(code),

@@ -24,9 +24,16 @@ pub enum ModelCommand {
 pub fn run(command: ModelCommand) -> Result<()> {
     let ModelCommand::List { json } = command;
     if !json {
-        println!(
+        outln!(
             "{:<7}{:>7}{:>7}{:>7}{:>10}{:>11}{:>16}{:>12}",
-            "config", "image", "patch", "width", "enc/dec", "vocab/seq", "captioner", "mae"
+            "config",
+            "image",
+            "patch",
+            "width",
+            "enc/dec",
+            "vocab/seq",
+            "captioner",
+            "mae"
         );
     }
     for name in dpcap_registry::NAMES {
@@ -40,7 +47,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
         let masked = count(&|ps| drop(Mae::new(ps, mae)));
         let e = cap.encoder;
         if json {
-            println!(
+            outln!(
                 "{}",
                 json!({"config": name, "image": e.image, "patch": e.patch, "encoder_width": e.width, "encoder_depth": e.depth,
                 "decoder_width": cap.dec_width, "decoder_depth": cap.dec_depth, "vocab": cap.vocab, "seq": cap.seq,
@@ -49,9 +56,11 @@ pub fn run(command: ModelCommand) -> Result<()> {
         } else {
             let enc_dec = format!("{}/{}", e.depth, cap.dec_depth);
             let vocab_seq = format!("{}/{}", cap.vocab, cap.seq);
-            println!(
+            outln!(
                 "{name:<7}{:>7}{:>7}{:>7}{enc_dec:>10}{vocab_seq:>11}{captioner:>16}{masked:>12}",
-                e.image, e.patch, e.width
+                e.image,
+                e.patch,
+                e.width
             );
         }
     }

@@ -144,9 +144,9 @@ fn emit(json: bool, inputs: Value, key: &str, result: Value) {
     if json {
         let mut object = inputs;
         object[key] = result;
-        println!("{object}");
+        outln!("{object}");
     } else {
-        println!("{result}");
+        outln!("{result}");
     }
 }
 

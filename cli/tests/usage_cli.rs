@@ -45,6 +45,5 @@ fn a_pipe_closed_early_ends_the_command_without_a_panic() {
     child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
     let status = child.wait().unwrap();
     assert!(!stderr.contains("panicked"), "{stderr}");
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(status.signal(), Some(13), "ended by SIGPIPE as `head`'s writers are: {status:?}");
+    assert_eq!(status.code(), Some(0), "a reader that has gone is not an error: {stderr}");
 }

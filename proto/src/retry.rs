@@ -32,35 +32,66 @@ impl Default for RetryPolicy {
 
 /// What to do about a failure that no retry can mend: a certificate the client cannot verify,
 /// TLS spoken to a plaintext port or plaintext to a TLS one, a missing or unknown token. None
-/// for anything else. The words are matched on the transport's own error text (rustls, h2),
-/// never on a dpcap service's message, which carries its typed code instead.
+/// for anything else. Found by type in the status's source chain (rustls's and h2's errors),
+/// never by a message's words.
 pub fn misconfiguration(status: &Status) -> Option<&'static str> {
-    let mut text = status.message().to_owned();
-    let mut source = std::error::Error::source(status);
-    while let Some(error) = source {
-        text.push_str(&format!(" | {error}"));
-        source = error.source();
-    }
-    let text = text.to_lowercase();
     if ErrorCode::of(status) == Some(ErrorCode::Unauthenticated) {
         return Some("pass --token (or set DPCAP_TOKEN) with a token of the role the call needs");
     }
     if ErrorCode::of(status).is_some() {
         return None;
     }
-    if text.contains("unknownissuer") || text.contains("invalid peer certificate") || text.contains("certificate") {
-        return Some(
-            "the server's certificate is not trusted: pass --tls-ca with the CA that signed it (and --tls-domain if the name differs)",
-        );
-    }
-    if text.contains("h2 protocol error") || text.contains("frame with invalid size") || text.contains("invalid http2")
-    {
-        return Some("the server speaks TLS: use an https:// endpoint and --tls-ca");
-    }
-    if text.contains("corrupt message") || text.contains("invalidcontenttype") || text.contains("tls handshake") {
-        return Some("the server speaks plaintext: use an http:// endpoint (or start the server with --tls-cert)");
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(hint) = tls_hint(error) {
+            return Some(hint);
+        }
+        // A TLS server's alert read as an HTTP/2 frame: its length field is far too large.
+        if error.downcast_ref::<h2::Error>().and_then(h2::Error::reason) == Some(h2::Reason::FRAME_SIZE_ERROR) {
+            return Some(PLAINTEXT_TO_TLS);
+        }
+        source = error.source();
     }
     None
+}
+
+const PLAINTEXT_TO_TLS: &str = "the server speaks TLS: use an https:// endpoint and --tls-ca";
+
+/// The advice for a rustls failure (rustls reaches the chain inside an `io::Error`).
+fn tls_hint(error: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let tls = match error.downcast_ref::<std::io::Error>() {
+        Some(io) => io.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()),
+        None => error.downcast_ref::<rustls::Error>(),
+    }?;
+    match tls {
+        rustls::Error::InvalidCertificate(_) => Some(
+            "the server's certificate is not trusted: pass --tls-ca with the CA that signed it (and --tls-domain if the name differs)",
+        ),
+        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateHandshakeMessage { .. } => {
+            Some("the server speaks plaintext: use an http:// endpoint (or start the server with --tls-cert)")
+        }
+        rustls::Error::AlertReceived(_) => Some(
+            "the server refused the TLS handshake: it may need a client certificate (--tls-client-cert/--tls-client-key)",
+        ),
+        _ => None,
+    }
+}
+
+/// Advice for any failure: a [`misconfiguration`], or, for a connection the server closed at
+/// once, that it may speak TLS (transient all the same: a restarting server does that too).
+pub fn hint(status: &Status) -> Option<&'static str> {
+    misconfiguration(status).or_else(|| {
+        let mut source = std::error::Error::source(status);
+        while let Some(error) = source {
+            if error.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) {
+                return Some(
+                    "the server closed the connection at once; if it speaks TLS, use an https:// endpoint and --tls-ca",
+                );
+            }
+            source = error.source();
+        }
+        None
+    })
 }
 
 /// Whether `status` is worth retrying: a dpcap service that says UNAVAILABLE (starting,

@@ -121,6 +121,11 @@ async fn every_rpc_refuses_callers_without_credentials_or_with_the_wrong_role_an
     };
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["state"], "SUCCEEDED", "{shown:#}");
+    // Without a token, dpctl says which flag carries one.
+    let out = dpcap_e2e::dpctl(&["--coordinator", &services.coordinator.grpc, "get", &job.job_id]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("pass --token (or set DPCAP_TOKEN)"), "{stderr}");
 }
 
 /// A CA, a server certificate for localhost and 127.0.0.1, and a client certificate, as PEM files.
@@ -240,6 +245,28 @@ async fn tls_and_mtls_admit_only_clients_the_server_can_verify() {
     assert!(health_over(&untrusting, &url).await.is_err(), "a client that cannot verify the server fails");
     let plaintext = format!("http://127.0.0.1:{port}");
     assert!(health_over(&ClientTlsArgs::default(), &plaintext).await.is_err(), "no plaintext on a TLS port");
+
+    // The usual mistakes end at once (a certificate is not transient), naming what to pass.
+    for (endpoint, hint) in [(&url, "pass --tls-ca"), (&plaintext, "use an https:// endpoint and --tls-ca")] {
+        let started = Instant::now();
+        let out = dpcap_e2e::dpctl(&["dataset", "budget", "show", "sha256:00", "--accountant", endpoint]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(hint), "{endpoint}: {stderr}");
+        assert_eq!(stderr.matches(hint).count(), 1, "said once: {stderr}");
+        assert!(started.elapsed() < Duration::from_secs(15), "{endpoint}: took {:?}", started.elapsed());
+    }
+    // A worker that does not trust the server's certificate fails fast instead of retrying.
+    let started = Instant::now();
+    let worker = Command::new(binary("dpcap-worker"))
+        .args(["--coordinator", &url, "--name", "untrusting"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&worker.stderr);
+    assert!(!worker.status.success(), "{stderr}");
+    assert!(stderr.contains("--tls-ca"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(20), "the worker took {:?}", started.elapsed());
     let _ = accountant.kill();
     let _ = accountant.wait();
 }

@@ -188,7 +188,7 @@ pub async fn train_and_report(
         }
     }
     std::fs::write(dir.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
-    println!("{}", serde_json::to_string_pretty(&report)?);
+    outln!("{}", serde_json::to_string_pretty(&report)?);
     eprintln!(
         "user-level epsilon spent {:.3} of {} at delta {:.2e} over {} steps, {} users; report at {}",
         dp.spend.epsilon_spent,

@@ -234,7 +234,7 @@ async fn train_and_report(
         add_audit(&mut report, args, &cluster.accountant, &dp_job.job.job_id).await?;
     }
     std::fs::write(dir.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
-    println!("{}", serde_json::to_string_pretty(&report)?);
+    outln!("{}", serde_json::to_string_pretty(&report)?);
     for (name, r) in &reports {
         let label = if *name == "nonprivate" { " (NOT PRIVATE)" } else { "" };
         eprintln!("{name} model{label}:\n{}", crate::eval::report::table(r));

@@ -116,16 +116,17 @@ pub async fn run(args: EvalArgs) -> Result<()> {
         if let (Some(out), Value::Object(fields)) = (out.as_object_mut(), serde_json::to_value(&report)?) {
             out.extend(fields);
         }
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         // Weights without the DP guarantee say so wherever they are shown.
         let privacy =
             if manifest.is_private() { "dp".to_owned() } else { format!("NOT PRIVATE: {}", manifest.privacy) };
-        println!(
+        outln!(
             "checkpoint {root} step {step}: model {} ({}, {privacy}), weights from {weights_from}",
-            manifest.model, manifest.objective
+            manifest.model,
+            manifest.objective
         );
-        println!("{}", report::table(&report));
+        outln!("{}", report::table(&report));
     }
     Ok(())
 }

@@ -69,9 +69,9 @@ impl From<tonic::Status> for RuntimeError {
     }
 }
 
-/// What to do about a misconfiguration, as a suffix of an error message ("" for other errors).
+/// What to do about a misconfiguration (or a likely one), as a suffix of an error message ("" for other errors).
 fn hint(s: &tonic::Status) -> String {
-    dpcap_proto::misconfiguration(s).map(|h| format!(" ({h})")).unwrap_or_default()
+    dpcap_proto::hint(s).map(|h| format!(" ({h})")).unwrap_or_default()
 }
 
 /// WORKER_NOT_REGISTERED from the coordinator means this worker's lease is gone;
