@@ -359,7 +359,9 @@ impl Accountant {
         let delta = r.contract.delta;
         let outcome =
             AccountantError::blocking(move || canaries.conclude(&scores, delta, canaries.default_guesses())).await?;
-        metrics::record_audit(&r.job_id, outcome.bound(), outcome.bound() > progress.epsilon_spent);
+        let violation = outcome.bound() > progress.epsilon_spent;
+        let first = violation && !job.violation_counted.swap(true, std::sync::atomic::Ordering::Relaxed);
+        metrics::record_audit(&r.job_id, outcome.bound(), first);
         tracing::info!(job_id = %r.job_id, steps, bound = outcome.bound(), claimed = progress.epsilon_spent, "audited job");
         Ok((outcome, steps))
     }
@@ -607,6 +609,7 @@ async fn build_job(record: JobRecord, policy: Policy, ledger: &Ledger) -> Result
         progress: watch::channel(progress).0,
         audit,
         generation: AtomicU64::new(record.generation),
+        violation_counted: Default::default(),
     })
 }
 

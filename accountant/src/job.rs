@@ -15,7 +15,7 @@ use crate::noise::NoiseMode;
 use crate::records::Registration;
 use crate::release::Release;
 use crate::spending::Spending;
-use crate::sum::Sum;
+use crate::sum::{Chunks, Sum};
 
 /// Largest accepted attempt (group generation): 2^32, far beyond any job's re-formations.
 pub const MAX_ATTEMPT: u64 = 1 << 32;
@@ -112,6 +112,9 @@ pub struct Job {
     /// The newest group generation a verified capability has shown: capabilities of older
     /// generations (a group since re-formed) are refused.
     pub generation: AtomicU64,
+    /// Whether this process has counted the job's audit violation (once per job, however
+    /// often the audit is asked for).
+    pub violation_counted: std::sync::atomic::AtomicBool,
 }
 
 impl Job {
@@ -137,8 +140,8 @@ pub struct Part {
     pub step: u64,
     /// Its index, 0 <= part < W.
     pub part: u32,
-    /// Exactly P finite values.
-    pub values: Vec<f32>,
+    /// Exactly P finite values, as they arrived.
+    pub values: Chunks,
     /// XXH3 of the part's bytes, to tell an identical retry from a conflicting part (not a
     /// security boundary: a rank that wants to send other values simply sends them).
     pub digest: u64,
@@ -166,7 +169,7 @@ pub struct PartAssembler {
     job_id: String,
     step: u64,
     part: u32,
-    values: Vec<f32>,
+    values: Chunks,
     hasher: Xxh3,
     dim: usize,
     attempt: u64,
@@ -206,7 +209,7 @@ impl PartAssembler {
             job_id: r.job_id.clone(),
             step,
             part,
-            values: Vec::with_capacity(dim),
+            values: Chunks::default(),
             hasher: Xxh3::new(),
             dim,
             attempt,
@@ -215,15 +218,15 @@ impl PartAssembler {
         })
     }
 
-    /// Appends one chunk (`data`: little-endian f32); its header must repeat the part's and its
-    /// offset must follow on.
+    /// Appends one chunk (`data`: little-endian f32, kept without a copy); its header must
+    /// repeat the part's and its offset must follow on.
     pub fn push(
         &mut self,
         job_id: &str,
         step: u64,
         part: u32,
         offset: u64,
-        data: &[u8],
+        data: bytes::Bytes,
     ) -> Result<(), AccountantError> {
         if job_id != self.job_id || step != self.step || part != self.part {
             return Err(AccountantError::invalid(
@@ -240,16 +243,16 @@ impl PartAssembler {
                 format!("chunk offset {offset}, expected {}", self.values.len()),
             ));
         }
-        let count = floats::count(data).map_err(|e| AccountantError::invalid("data", e.to_string()))?;
+        let count = floats::count(&data).map_err(|e| AccountantError::invalid("data", e.to_string()))?;
         if self.values.len() + count > self.dim {
             return Err(AccountantError::invalid(
                 "data",
                 format!("part has more than gradient_dim {} values ({} so far)", self.dim, self.values.len() + count),
             ));
         }
-        floats::extend_finite(&mut self.values, data, offset)
-            .map_err(|e| AccountantError::invalid("data", e.to_string()))?;
-        self.hasher.update(data);
+        floats::check_finite(&data, offset).map_err(|e| AccountantError::invalid("data", e.to_string()))?;
+        self.hasher.update(&data);
+        self.values.push(data);
         Ok(())
     }
 

@@ -79,6 +79,18 @@ impl ReleaseParts<'_> {
     }
 }
 
+/// The objects the ledger holds of one job, found by listing.
+#[derive(Default)]
+struct Found {
+    registration: bool,
+    charged: BTreeSet<u64>,
+    released: BTreeSet<u64>,
+    discarded: BTreeSet<u64>,
+    trimmed: bool,
+    generation: bool,
+    closed: bool,
+}
+
 impl Ledger {
     /// A ledger rooted at `root` inside `store`.
     pub fn new(store: Arc<dyn ObjectStore>, root: Path) -> Self {
@@ -352,20 +364,10 @@ impl Ledger {
             .unwrap_or(0))
     }
 
-    /// Reads back every job in the ledger.
-    pub async fn replay(&self) -> Result<Vec<JobRecord>, AccountantError> {
+    /// What the ledger holds of each job, by the names of its objects (nothing read yet).
+    async fn list_jobs(&self) -> Result<BTreeMap<String, Found>, AccountantError> {
         let prefix = Path::from(format!("{}/jobs", self.root).trim_start_matches('/'));
         let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
-        #[derive(Default)]
-        struct Found {
-            registration: bool,
-            charged: BTreeSet<u64>,
-            released: BTreeSet<u64>,
-            discarded: BTreeSet<u64>,
-            trimmed: bool,
-            generation: bool,
-            closed: bool,
-        }
         let mut found: BTreeMap<String, Found> = BTreeMap::new();
         for object in objects {
             let parts: Vec<_> = object
@@ -391,6 +393,12 @@ impl Ledger {
                 _ => tracing::warn!(path = %object.location, "ignoring unknown ledger object"),
             }
         }
+        Ok(found)
+    }
+
+    /// Reads back every job in the ledger.
+    pub async fn replay(&self) -> Result<Vec<JobRecord>, AccountantError> {
+        let found = self.list_jobs().await?;
         let mut jobs = Vec::with_capacity(found.len());
         for (job_id, f) in found {
             if !f.registration {

@@ -13,6 +13,7 @@ pub mod ahead;
 pub mod audit;
 pub mod composed;
 pub mod core;
+pub mod cost;
 pub mod datasets;
 pub mod error;
 pub mod exposition;

@@ -70,6 +70,6 @@ async fn main() -> anyhow::Result<()> {
         lazy_noise: args.lazy_noise,
     };
     let setup = dpcap_accountant::server::Setup { ledger, policy, capabilities };
-    dpcap_accountant::server::serve((grpc, metrics), server, setup, shutdown_signal()).await?;
+    dpcap_accountant::server::serve(dpcap_serve::Listeners { grpc, metrics }, server, setup, shutdown_signal()).await?;
     Ok(())
 }

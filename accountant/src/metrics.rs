@@ -54,10 +54,11 @@ pub fn record_budget_rejection(reason: &'static str) {
     metrics::counter!("dpcap_budget_rejections_total", "reason" => reason).increment(1);
 }
 
-/// Records a job's audit: its ε lower bound, and a violation when it passes the claimed ε.
-pub fn record_audit(job_id: &str, bound: f64, violation: bool) {
+/// Records a job's audit: its ε lower bound, and a violation (passing the claimed ε) the
+/// first time it is seen, so that asking again never inflates the alert counter.
+pub fn record_audit(job_id: &str, bound: f64, new_violation: bool) {
     metrics::gauge!("dpcap_audit_epsilon_lower_bound", "job_id" => job_id.to_owned()).set(bound);
-    if violation {
+    if new_violation {
         metrics::counter!("dpcap_audit_violations_total").increment(1);
     }
 }

@@ -4,6 +4,7 @@
 //! pattern of the underlying uniform. A seeded mode exists for tests only and is recorded in
 //! every ledger charge it produces.
 
+use bytes::Bytes;
 use rand_chacha::ChaCha20Rng;
 
 use crate::sum::Sum;
@@ -86,13 +87,42 @@ pub const BLOCK_BYTES: usize = 4 * BLOCK;
 /// ([`BLOCK_BYTES`]) on every core (memory-bound), each block handed to `sink` as soon as it
 /// is done, in about the order of the blocks. The f64 addition happens before the single
 /// rounding to f32. Noise may run past the sum: those coordinates (an audit's reserved ones)
-/// are noise alone.
-pub fn apply_each(sum: &Sum, noise: &[f64], sink: impl Fn(usize, Vec<u8>) + Sync) {
+/// are noise alone. A block is written once, as f32 values that become its bytes without a
+/// copy; the sum is read where it lies (a single part in the chunks it arrived in).
+pub fn apply_each(sum: &Sum, noise: &[f64], sink: impl Fn(usize, Bytes) + Sync) {
     assert!(sum.len() <= noise.len(), "noise drawn for another dimension");
-    match sum {
-        Sum::Empty => apply_blocks::<f32>(&[], noise, sink),
-        Sum::One(values) => apply_blocks(values, noise, sink),
-        Sum::Many(values) => apply_blocks(values, noise, sink),
+    par_each(0..noise.len().div_ceil(BLOCK), |index| {
+        let (start, end) = (index * BLOCK, ((index + 1) * BLOCK).min(noise.len()));
+        let summed = end.min(sum.len()).max(start); // this block's coordinates with a sum
+        let mut out = vec![0f32; end - start];
+        let (head, tail) = out.split_at_mut(summed - start);
+        match sum {
+            Sum::Empty => {}
+            Sum::One(chunks) => {
+                let mut at = start;
+                for bytes in chunks.slices(start..summed) {
+                    let n = bytes.len() / 4;
+                    add_le(&mut head[at - start..][..n], bytes, &noise[at..at + n]);
+                    at += n;
+                }
+            }
+            Sum::Many(values) => {
+                for ((y, x), n) in head.iter_mut().zip(&values[start..summed]).zip(&noise[start..summed]) {
+                    *y = (x + n) as f32;
+                }
+            }
+        }
+        for (y, n) in tail.iter_mut().zip(&noise[summed..end]) {
+            *y = *n as f32;
+        }
+        sink(index, dpcap_proto::floats::into_bytes(out));
+    });
+}
+
+/// `out[i] = (x[i] + noise[i]) as f32` for the little-endian f32 values `x` of `bytes`.
+fn add_le(out: &mut [f32], bytes: &[u8], noise: &[f64]) {
+    for ((y, b), n) in out.iter_mut().zip(bytes.chunks_exact(4)).zip(noise) {
+        *y = (f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])) + n) as f32;
     }
 }
 
@@ -104,23 +134,6 @@ pub fn apply(sum: &Sum, noise: &[f64]) -> Vec<u8> {
         out.lock().expect("out lock")[index * BLOCK_BYTES..][..block.len()].copy_from_slice(&block);
     });
     out.into_inner().expect("out lock")
-}
-
-fn apply_blocks<T: Copy + Into<f64> + Sync>(sum: &[T], noise: &[f64], sink: impl Fn(usize, Vec<u8>) + Sync) {
-    par_each(0..noise.len().div_ceil(BLOCK), |index| {
-        let (start, end) = (index * BLOCK, ((index + 1) * BLOCK).min(noise.len()));
-        let summed = end.min(sum.len()).max(start); // this block's coordinates with a sum
-        let values = sum.get(start..summed).unwrap_or_default();
-        let mut bytes = vec![0u8; 4 * (end - start)];
-        let (head, tail) = bytes.split_at_mut(4 * (summed - start));
-        for ((y, n), x) in head.chunks_exact_mut(4).zip(&noise[start..summed]).zip(values) {
-            y.copy_from_slice(&(((*x).into() + n) as f32).to_le_bytes());
-        }
-        for (y, n) in tail.chunks_exact_mut(4).zip(&noise[summed..end]) {
-            y.copy_from_slice(&(*n as f32).to_le_bytes());
-        }
-        sink(index, bytes);
-    });
 }
 
 fn fill_block(rng: &mut ChaCha20Rng, output: &mut [f64], std: f64) {
@@ -148,7 +161,7 @@ mod tests {
 
     fn ones(dim: usize) -> Sum {
         let mut sum = Sum::default();
-        sum.add(vec![1.0; dim]);
+        sum.add(crate::sum::Chunks::from(vec![1.0; dim]));
         sum
     }
 
@@ -188,6 +201,21 @@ mod tests {
         let last = dim - 1;
         let value = f32::from_le_bytes(released[last * 4..].try_into().unwrap());
         assert_eq!(value, (1.0 + noise[last]) as f32);
+    }
+
+    #[test]
+    fn a_part_in_chunks_that_straddle_blocks_releases_the_same_bytes_as_one_buffer() {
+        let dim = 2 * BLOCK + 77;
+        let values: Vec<f32> = (0..dim).map(|i| (i % 1013) as f32 * 1e-3).collect();
+        let mut chunked = crate::sum::Chunks::default();
+        for piece in values.chunks(BLOCK / 3 + 5) {
+            chunked.push(dpcap_proto::floats::to_bytes(piece));
+        }
+        let (mut whole, mut parts) = (Sum::default(), Sum::default());
+        whole.add(crate::sum::Chunks::from(values));
+        parts.add(chunked);
+        let noise = draw(dim, 1.0, NoiseMode::Seeded(9), 2).unwrap();
+        assert_eq!(apply(&parts, &noise), apply(&whole, &noise));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use dpcap_proto::v1::accountant_service_server::AccountantServiceServer;
-use tokio::net::TcpListener;
+use dpcap_serve::Listeners;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
@@ -61,7 +61,7 @@ pub fn open_ledger(location: &str) -> Result<Ledger, ServeError> {
 /// up so that health can report NOT_SERVING meanwhile. `server` carries TLS and the auth layer
 /// ([`dpcap_serve::ServerSecurity::server`]).
 pub async fn serve(
-    (grpc, metrics_listener): (TcpListener, TcpListener),
+    Listeners { grpc, metrics: metrics_listener }: Listeners,
     server: dpcap_serve::SecuredServer,
     setup: Setup,
     shutdown: impl Future<Output = ()> + Send + 'static,

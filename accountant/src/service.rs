@@ -178,7 +178,7 @@ impl AccountantService for AccountantGrpc {
         let mut assembler = PartAssembler::new(&job, first.step, first.part, attempt).map_err(to_status)?;
         let mut next = Some(first);
         while let Some(chunk) = next {
-            assembler.push(&chunk.job_id, chunk.step, chunk.part, chunk.offset, &chunk.data).map_err(to_status)?;
+            assembler.push(&chunk.job_id, chunk.step, chunk.part, chunk.offset, chunk.data).map_err(to_status)?;
             next = chunks.message().await?;
         }
         let part = assembler.finish().map_err(to_status)?;

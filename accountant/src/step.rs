@@ -6,7 +6,6 @@
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use tokio::sync::watch;
 
 use dpcap_proto::ErrorCode;
@@ -240,7 +239,7 @@ impl Accountant {
                 if let Some(canaries) = canaries {
                     canaries.inject(step, &mut noise, 1.0);
                 }
-                noise::apply_each(&sum, &noise, |index, block| release.fill(index, Bytes::from(block)));
+                noise::apply_each(&sum, &noise, |index, block| release.fill(index, block));
             })
         };
         job.keep_release(release.clone());

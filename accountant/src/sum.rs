@@ -1,6 +1,86 @@
 //! The sum of a step's W parts, built as they arrive. One part (the GPU path: rank 0 sends the
-//! all-reduced sum) is kept as it came, in f32, and never copied; a second part turns the sum
-//! into f64, so that adding W parts rounds once, at the release, not W times.
+//! all-reduced sum) is kept as it came: the chunks the transport decoded, never copied. A second
+//! part turns the sum into f64, so that adding W parts rounds once, at the release, not W times.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+
+/// One part's values: little-endian f32 bytes in the chunks they arrived in (zero-copy slices
+/// of the transport's buffers), already checked to be finite.
+#[derive(Debug, Clone, Default)]
+pub struct Chunks {
+    chunks: Vec<Bytes>,
+    /// The value index each chunk starts at, and the total after the last.
+    starts: Vec<usize>,
+}
+
+impl Chunks {
+    /// Appends a chunk of whole f32 values (the caller checked its length and values). An
+    /// empty chunk holds nothing and is not kept, so every kept chunk covers at least one value.
+    pub fn push(&mut self, chunk: Bytes) {
+        debug_assert!(chunk.len().is_multiple_of(4), "a chunk of whole f32 values");
+        if chunk.is_empty() {
+            return;
+        }
+        if self.starts.is_empty() {
+            self.starts.push(0);
+        }
+        let end = self.len() + chunk.len() / 4;
+        self.chunks.push(chunk);
+        self.starts.push(end);
+    }
+
+    /// Values held.
+    pub fn len(&self) -> usize {
+        self.starts.last().copied().unwrap_or(0)
+    }
+
+    /// True when no value is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes of values `range`, in order, as slices of the chunks that hold them.
+    pub fn slices(&self, range: Range<usize>) -> impl Iterator<Item = &[u8]> {
+        let first = self.starts.partition_point(|&start| start <= range.start).saturating_sub(1);
+        self.chunks
+            .iter()
+            .zip(self.starts.windows(2))
+            .skip(first)
+            .take_while(move |(_, bounds)| bounds[0] < range.end)
+            .map(move |(chunk, bounds)| {
+                let (start, end) = (bounds[0].max(range.start), bounds[1].min(range.end));
+                &chunk[4 * (start - bounds[0])..4 * (end - bounds[0])]
+            })
+    }
+
+    /// Every value, widened to f64.
+    fn to_f64(&self) -> Vec<f64> {
+        let mut out = Vec::with_capacity(self.len());
+        for chunk in &self.chunks {
+            out.extend(chunk.chunks_exact(4).map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))));
+        }
+        out
+    }
+
+    /// Adds every value to `sum` (of the same length).
+    fn add_to(&self, sum: &mut [f64]) {
+        for (chunk, bounds) in self.chunks.iter().zip(self.starts.windows(2)) {
+            for (s, b) in sum[bounds[0]..bounds[1]].iter_mut().zip(chunk.chunks_exact(4)) {
+                *s += f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            }
+        }
+    }
+}
+
+impl From<Vec<f32>> for Chunks {
+    fn from(values: Vec<f32>) -> Self {
+        let mut chunks = Chunks::default();
+        chunks.push(dpcap_proto::floats::into_bytes(values));
+        chunks
+    }
+}
 
 /// Σ of the parts received so far.
 #[derive(Debug, Default)]
@@ -8,20 +88,24 @@ pub enum Sum {
     /// No part yet.
     #[default]
     Empty,
-    /// Exactly one part.
-    One(Vec<f32>),
+    /// Exactly one part, as it arrived.
+    One(Chunks),
     /// Two or more parts, in f64.
     Many(Vec<f64>),
 }
 
 impl Sum {
     /// Adds a part (all parts of a step have the job's dimension).
-    pub fn add(&mut self, part: Vec<f32>) {
+    pub fn add(&mut self, part: Chunks) {
         *self = match std::mem::take(self) {
             Sum::Empty => Sum::One(part),
-            Sum::One(first) => Sum::Many(first.iter().zip(&part).map(|(a, b)| f64::from(*a) + f64::from(*b)).collect()),
+            Sum::One(first) => {
+                let mut sum = first.to_f64();
+                part.add_to(&mut sum);
+                Sum::Many(sum)
+            }
             Sum::Many(mut sum) => {
-                sum.iter_mut().zip(&part).for_each(|(s, v)| *s += f64::from(*v));
+                part.add_to(&mut sum);
                 Sum::Many(sum)
             }
         };
@@ -46,7 +130,10 @@ impl Sum {
     fn at(&self, i: usize) -> f64 {
         match self {
             Sum::Empty => 0.0,
-            Sum::One(v) => f64::from(v[i]),
+            Sum::One(v) => {
+                let b = v.slices(i..i + 1).next().expect("in range");
+                f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            }
             Sum::Many(v) => v[i],
         }
     }
@@ -56,15 +143,46 @@ impl Sum {
 mod tests {
     use super::*;
 
+    fn chunked(values: &[f32], sizes: &[usize]) -> Chunks {
+        let mut chunks = Chunks::default();
+        let mut at = 0;
+        for &n in sizes {
+            chunks.push(dpcap_proto::floats::to_bytes(&values[at..at + n]));
+            at += n;
+        }
+        chunks
+    }
+
     #[test]
     fn parts_add_up_in_f64_without_rounding_each_time() {
         let mut sum = Sum::default();
-        sum.add(vec![1.0e8, 1.0]);
+        sum.add(Chunks::from(vec![1.0e8, 1.0]));
         assert_eq!(sum.at(0), 1.0e8);
-        sum.add(vec![1.0, 2.0]);
-        sum.add(vec![1.0, 3.0]);
+        sum.add(chunked(&[1.0, 2.0], &[1, 1]));
+        sum.add(Chunks::from(vec![1.0, 3.0]));
         // 1e8 + 1 + 1 is not representable in f32 (it would round to 1e8 + 0 each time).
         assert_eq!(sum.at(0), 100_000_002.0);
         assert_eq!((sum.len(), sum.at(1)), (2, 6.0));
+    }
+
+    #[test]
+    fn a_range_is_read_across_the_chunks_that_hold_it() {
+        let values: Vec<f32> = (0..10).map(|v| v as f32).collect();
+        let chunks = chunked(&values, &[3, 4, 3]);
+        let read = |range: Range<usize>| -> Vec<f32> {
+            chunks.slices(range).flat_map(|s| dpcap_proto::floats::to_vec(s).unwrap()).collect()
+        };
+        assert_eq!(read(0..10), values);
+        assert_eq!(read(2..8), &values[2..8]);
+        assert_eq!(read(3..7), &values[3..7], "exactly the middle chunk");
+        assert_eq!(read(5..6), [5.0]);
+        assert!(read(4..4).is_empty());
+        assert_eq!(chunks.len(), 10);
+        // An empty chunk in the middle (a client may send one) changes nothing that is read.
+        let mut gapped = chunked(&values, &[3]);
+        gapped.push(Bytes::new());
+        gapped.push(dpcap_proto::floats::to_bytes(&values[3..]));
+        let read: Vec<f32> = gapped.slices(0..10).flat_map(|s| dpcap_proto::floats::to_vec(s).unwrap()).collect();
+        assert_eq!(read, values);
     }
 }

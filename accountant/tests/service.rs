@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{AccountantProcess, charged_steps, contract, job};
+use common::{AccountantProcess, charged_steps, contract, job, key};
 use dpcap_accountant::privacy::{AccountantKind, EpsilonCurve, max_steps, noise_multiplier};
 use dpcap_proto::ErrorCode;
 use dpcap_proto::floats::to_bytes;
@@ -587,20 +587,20 @@ async fn a_newer_attempt_replaces_pending_parts_and_an_older_one_is_refused() {
     let dim = 64;
     client.raw().register_job(job("regroup", 0.01, 1.0, 1.0, 10.0, dim as u64, 2, Some(3))).await.unwrap();
     // Generation 1 sends part 0 and is re-formed before part 1 arrives.
-    let old = client.submit_attempt("regroup", (0, 0, 1), &part(9, dim)).await.unwrap();
+    let old = client.submit_attempt("regroup", key(0, 0, 1), &part(9, dim)).await.unwrap();
     assert!(!old.released);
     // Generation 2 reruns the step with another split: its part 0 differs, and is not a conflict.
-    let new0 = client.submit_attempt("regroup", (0, 0, 2), &part(1, dim)).await.unwrap();
+    let new0 = client.submit_attempt("regroup", key(0, 0, 2), &part(1, dim)).await.unwrap();
     assert_eq!(new0.parts_received, 1, "older parts dropped: {new0:?}");
     // A rank of the re-formed generation 1 holds a capability the newer one superseded.
-    let stale = client.submit_attempt("regroup", (0, 1, 1), &part(9, dim)).await.unwrap_err();
+    let stale = client.submit_attempt("regroup", key(0, 1, 1), &part(9, dim)).await.unwrap_err();
     assert_eq!(stale.code(), Code::PermissionDenied, "{stale:?}");
     assert!(stale.message().contains("re-formed"), "{stale:?}");
-    assert!(client.submit_attempt("regroup", (0, 1, 2), &part(2, dim)).await.unwrap().released);
+    assert!(client.submit_attempt("regroup", key(0, 1, 2), &part(2, dim)).await.unwrap().released);
     let spend = client.raw().get_spend(GetSpendRequest { job_id: "regroup".into() }).await.unwrap().into_inner();
     assert_eq!(spend.steps_charged, 1);
     // An attempt out of range is refused by name instead of making every later part stale.
-    let hostile = client.submit_attempt("regroup", (1, 0, u64::MAX), &part(0, dim)).await.unwrap_err();
+    let hostile = client.submit_attempt("regroup", key(1, 0, u64::MAX), &part(0, dim)).await.unwrap_err();
     assert_eq!(hostile.code(), Code::InvalidArgument);
     assert!(hostile.message().starts_with("invalid attempt:"), "{hostile}");
 }
@@ -790,7 +790,7 @@ async fn a_capability_scopes_a_rank_to_its_job_part_and_generation_and_nothing_e
     coordinator.raw_for("job-a", 0).attach_job(attach(8, 1)).await.unwrap();
 
     // Generation 2 releases step 0; generation 1 (a group since re-formed) can no longer fetch.
-    assert!(coordinator.submit_attempt("job-a", (0, 0, 2), &values).await.unwrap().released);
+    assert!(coordinator.submit_attempt("job-a", key(0, 0, 2), &values).await.unwrap().released);
     let old = coordinator.capability("job-a", 0, Some(1));
     let stale = coordinator.with(Some(old)).fetch_release("job-a", 0).await.unwrap_err();
     assert_eq!(stale.code(), Code::PermissionDenied, "{stale}");
@@ -859,12 +859,12 @@ async fn parts_of_two_groups_are_never_summed_and_a_restart_remembers_the_newest
     let mut client = server.client().await;
     let dim = 16;
     client.raw().register_job(job("twins", 0.01, 1.0, 1.0, 10.0, dim as u64, 2, Some(1))).await.unwrap();
-    let first = client.submit_as("twins", (0, 0, 3, 111), &part(1, dim)).await.unwrap();
+    let first = client.submit_as("twins", key(0, 0, 3), 111, &part(1, dim)).await.unwrap();
     assert_eq!((first.parts_received, first.released), (1, false));
     // The other group's part 1 does not complete the first group's step.
-    let other = client.submit_as("twins", (0, 1, 3, 222), &part(2, dim)).await.unwrap();
+    let other = client.submit_as("twins", key(0, 1, 3), 222, &part(2, dim)).await.unwrap();
     assert_eq!((other.parts_received, other.released), (1, false), "a fresh pending step: {other:?}");
-    let done = client.submit_as("twins", (0, 0, 3, 222), &part(3, dim)).await.unwrap();
+    let done = client.submit_as("twins", key(0, 0, 3), 222, &part(3, dim)).await.unwrap();
     assert!(done.released && done.parts_received == 2, "{done:?}");
     server.kill();
     let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;

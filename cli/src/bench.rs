@@ -5,13 +5,9 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Subcommand;
-use dpcap_privacy::{self as privacy, AccountantKind, Segment};
+use dpcap_privacy::recipes::DP_CAP;
+use dpcap_privacy::{self as privacy, AccountantKind};
 use serde_json::json;
-
-/// DP-Cap (Sander et al. 2024): N = 233,804,767, B = 1,310,720, σ = 0.728, 5708 steps, δ = 1/N.
-pub const DPCAP_N: f64 = 233_804_767.0;
-/// DP-Cap expected batch size.
-pub const DPCAP_B: f64 = 1_310_720.0;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -55,8 +51,8 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Scale(opts) => crate::bench_scale::run(opts)?,
         BenchCommand::Images(opts) => crate::bench_images::run(opts)?,
         BenchCommand::Privacy { runs, json } => {
-            let segment = Segment::new(DPCAP_B / DPCAP_N, 0.728, 5708)?;
-            let delta = 1.0 / DPCAP_N;
+            let segment = DP_CAP.segment();
+            let delta = DP_CAP.delta();
             let eps = |kind| privacy::epsilon(kind, &[segment], delta).expect("valid recipe");
             let (pld_s, pld_eps) = median_seconds(runs, || eps(AccountantKind::Pld));
             let (rdp_s, rdp_eps) = median_seconds(runs, || eps(AccountantKind::Rdp));

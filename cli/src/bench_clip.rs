@@ -171,7 +171,7 @@ fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<T
 
 #[cfg(feature = "cuda")]
 fn run_cuda(opts: &ClipBench, index: usize) -> Result<Timings> {
-    dpcap_worker::cuda::check_device(index).map_err(|e| anyhow::anyhow!("invalid --device {e}"))?;
+    dpcap_worker::check_device(index).map_err(|e| anyhow::anyhow!("invalid --device {e}"))?;
     run_on::<dpcap_worker::CudaBackend>(opts, burn::backend::cuda::CudaDevice::new(index))
 }
 

@@ -5,32 +5,26 @@
 //! `StepWork` messages, and one release of P = 190,042,170 gradient coordinates through a real
 //! accountant on loopback, with noise drawn ahead as in production.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use dpcap_accountant::Policy;
-use dpcap_accountant::noise::{self, NoiseMode};
-use dpcap_accountant::server::ServeError;
+use dpcap_accountant::cost::{self, Breakdown, CostOptions, ReleaseCost, Writer};
 use dpcap_coordinator::work::example_units;
 use dpcap_coordinator::{JobSecret, PoissonSampler, split_work, step_work};
 use dpcap_dataset::index::ImageKind;
 use dpcap_dataset::index::{Layout, MANIFEST_VERSION, Manifest, ShardRecord, ShardTable, Skipped, Span, TableEntry};
-use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell};
-use dpcap_proto::v1::{AccountantKind, FetchReleaseRequest, Mechanism, PrivacyContract, RegisterJobRequest};
-use dpcap_serve::ServerSecurity;
-use dpcap_serve::{Capabilities, Capability};
 use prost::Message;
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use serde_json::json;
 
 /// DP-Cap's dataset: image–caption pairs.
-pub const PAPER_EXAMPLES: u64 = 233_804_767;
+pub const PAPER_EXAMPLES: u64 = dpcap_privacy::recipes::DP_CAP.examples;
 /// LAION-style shards of ~10k examples.
 pub const PAPER_SHARDS: u64 = 23_381;
 /// DP-Cap's expected batch.
-pub const PAPER_BATCH: u64 = 1_310_720;
+pub const PAPER_BATCH: u64 = dpcap_privacy::recipes::DP_CAP.batch;
 /// The base captioner's parameters (DP-Cap, ViT-B encoder + decoder).
 pub const PAPER_PARAMS: u64 = 190_042_170;
 
@@ -58,17 +52,6 @@ pub struct ScaleBench {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-}
-
-/// CPU seconds this process has used (user + system, every thread), from /proc: what a
-/// release costs the machine, beside how long it takes.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime and stime are the 12th and
-    // 13th, in clock ticks (100 per second on Linux).
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let ticks: u64 = after.split_whitespace().skip(11).take(2).filter_map(|t| t.parse::<u64>().ok()).sum();
-    ticks as f64 / 100.0
 }
 
 /// Resident set size now (not the peak), from /proc.
@@ -118,7 +101,11 @@ fn build_manifest(opts: &ScaleBench) -> Manifest {
                         skipped: 0,
                         table_bytes: encoded.len() as u64,
                         table_sha256: dpcap_proto::digest::sha256(&encoded),
-                        ..Default::default()
+                        // Pins of the size a LAION shard has (~30 KB an example); no bytes exist.
+                        bytes: counts[shard] * 30_000,
+                        sha256: dpcap_proto::digest::sha256(format!("shard {shard}").as_bytes()),
+                        e_tag: Some(format!("\"{shard:032x}\"")),
+                        store_version: None,
                     });
                 }
             });
@@ -133,177 +120,24 @@ fn build_manifest(opts: &ScaleBench) -> Manifest {
     }
 }
 
-/// What one release at size P costs through a real accountant on loopback (medians).
-struct ReleaseTiming {
-    /// First byte of the part in → last byte of the release out.
-    seconds: f64,
-    /// First byte of the part in → first byte of the release out (the part's transfer, the
-    /// charge and the first noised block).
-    first_chunk_s: f64,
-    /// First byte of the part in → the part's answer, which comes once the release is stored.
-    stored_s: f64,
-    /// CPU seconds the accountant and its client used together during the release.
-    cpu_s: f64,
-    noise_coords_per_s_per_core: f64,
-    /// Bytes per second the ledger's disk takes with an fsync (256 MiB written, then synced).
-    disk_fsync_bytes_per_s: f64,
-}
-
-/// The ledger disk's fsync'd write rate: what a durable release is bounded by.
-fn disk_fsync_rate(dir: &std::path::Path) -> Result<f64> {
-    use std::io::Write;
-    let path = dir.join("disk-probe");
-    let block = vec![0x5au8; 16 << 20];
-    let started = Instant::now();
-    let mut file = std::fs::File::create(&path)?;
-    for _ in 0..16 {
-        file.write_all(&block)?;
-    }
-    file.sync_all()?;
-    let rate = (16 * block.len()) as f64 / started.elapsed().as_secs_f64();
-    std::fs::remove_file(path)?;
-    Ok(rate)
-}
-
-/// Fetches `step`'s release whole, returning its values and when its first chunk came.
-async fn fetch_timed(client: &mut AccountantClient, step: u64) -> Result<(usize, Instant)> {
-    let request = FetchReleaseRequest { job_id: "scale".into(), step, chunk_values: 0 };
-    let mut stream = client.raw().fetch_release(request).await?.into_inner();
-    let (mut bytes, mut first) = (0, None);
-    while let Some(chunk) = stream.message().await? {
-        first.get_or_insert_with(Instant::now);
-        bytes += chunk.data.len();
-        if chunk.last {
-            return Ok((bytes / 4, first.expect("a chunk came")));
-        }
-    }
-    anyhow::bail!("the release of step {step} ended without its last chunk")
-}
-
-/// How the bench's accountant writes its stored releases.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Writer {
-    /// The production path for a local ledger: a file synced part by part while it is written.
-    Synced,
-    /// object_store's multipart upload over the same directory, synced once when it completes
-    /// (what the ledger does on any other object store): the side-by-side reference.
-    Multipart,
-}
-
-/// An accountant in this process over a ledger in `dir`, written by `writer`; a client acting
-/// as the one rank of the bench job (its unsigned capability, as a coordinator without keys
-/// would issue it); and the accountant's stop switch and task.
-async fn start_accountant(
-    dir: &std::path::Path,
-    writer: Writer,
-) -> Result<(AccountantClient, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), ServeError>>)> {
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = grpc.local_addr()?;
-    let location = dir.to_string_lossy().into_owned();
-    let ledger = match writer {
-        Writer::Synced => dpcap_accountant::server::open_ledger(&location)?,
-        Writer::Multipart => {
-            let (store, root) = dpcap_serve::open_durable_store(&location)?;
-            dpcap_accountant::ledger::Ledger::new(store, root)
-        }
-    };
-    let server = ServerSecurity::default().server(addr)?;
-    let policy = Policy { allow_unbudgeted_datasets: true, ..Default::default() };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let accountant = tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = stopped.await;
-        };
-        let setup = dpcap_accountant::server::Setup { ledger, policy, capabilities: Capabilities::new(None) };
-        dpcap_accountant::server::serve((grpc, metrics), server, setup, shutdown).await
-    });
-    let rank =
-        Capability { job_id: "scale".into(), rank: 0, generation: 0, group: 0, parts: 1, expires_unix_ms: u64::MAX };
-    let credentials =
-        CallCredentials::default().with_capability(CapabilityCell::new(Capabilities::new(None).issue(&rank)));
-    let client =
-        AccountantClient::lazy(tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?, credentials);
-    Ok((client, stop, accountant))
-}
-
-/// Registers the bench job: DP-Cap's mechanism at the bench's N and L.
-async fn register(client: &AccountantClient, opts: &ScaleBench) -> Result<()> {
-    let q = opts.batch as f64 / opts.examples as f64;
-    let register = RegisterJobRequest {
-        job_id: "scale".into(),
-        contract: Some(PrivacyContract {
-            mechanism: Some(Mechanism { sample_rate: q, noise_multiplier: 0.728, clipping_norm: 1.0 }),
-            delta: 1.0 / opts.examples as f64,
-            epsilon_target: 8.0,
-            accountant: AccountantKind::Rdp as i32,
-            ..Default::default()
-        }),
-        gradient_dim: opts.params,
-        ..Default::default()
-    };
-    // The accountant answers UNAVAILABLE until it has replayed its (empty) ledger.
-    let policy = dpcap_proto::RetryPolicy { deadline: Duration::from_secs(30), ..Default::default() };
-    dpcap_proto::retry(policy, "register", || {
-        let (mut client, register) = (client.clone(), register.clone());
-        async move { client.raw().register_job(register).await }
-    })
-    .await
-    .context("registering the bench job")?;
-    Ok(())
-}
-
-async fn time_release(opts: &ScaleBench, writer: Writer) -> Result<ReleaseTiming> {
-    let dim = usize::try_from(opts.params)?;
-    // Noise throughput first: it says how long a step must compute for noise to be ready.
-    let sample = dim.min(1 << 24);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let started = Instant::now();
-    std::hint::black_box(noise::draw(sample, 1.0, NoiseMode::OsEntropy, 0)?);
-    let noise_rate = sample as f64 / started.elapsed().as_secs_f64();
-    let noise_wait = Duration::from_secs_f64(dim as f64 / noise_rate * 1.2 + 0.5);
-
+/// The release at size P through a real accountant (the production writer, then object_store's
+/// multipart writer side by side), and each of its phases alone.
+async fn release_costs(opts: &ScaleBench) -> Result<(ReleaseCost, ReleaseCost, Breakdown)> {
     let dir = tempfile::tempdir()?;
-    let (client, stop, accountant) = start_accountant(dir.path(), writer).await?;
-    register(&client, opts).await?;
-    let part = dpcap_proto::floats::into_bytes((0..dim).map(|i| (i % 1013) as f32 * 1e-4).collect());
-    let (mut times, mut firsts, mut stores, mut cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for step in 0..opts.release_steps.max(1) {
-        // Between steps the ranks compute; the accountant draws the next step's noise meanwhile.
-        tokio::time::sleep(noise_wait).await;
-        let (started, cpu) = (Instant::now(), cpu_seconds());
-        let (mut submitter, mut fetcher) = (client.clone(), client.clone());
-        // The rank fetches while it submits, as the worker does: the release streams while the
-        // accountant stores it, and its last chunk comes once it is stored.
-        let submit = async {
-            let submitted = submitter.submit_bytes("scale", (step, 0, 0), part.clone()).await;
-            (submitted, started.elapsed().as_secs_f64())
-        };
-        let ((submitted, stored_s), fetched) = tokio::join!(submit, fetch_timed(&mut fetcher, step));
-        submitted.context("submitting the part")?;
-        let (values, first) = fetched.context("fetching the release")?;
-        times.push(started.elapsed().as_secs_f64());
-        cpus.push(cpu_seconds() - cpu);
-        firsts.push((first - started).as_secs_f64());
-        stores.push(stored_s);
-        anyhow::ensure!(values == dim, "release of {values} values");
-    }
-    let _ = stop.send(());
-    accountant.await??;
-    let disk_fsync_bytes_per_s = disk_fsync_rate(dir.path())?;
-    Ok(ReleaseTiming {
-        seconds: median(times),
-        first_chunk_s: median(firsts),
-        stored_s: median(stores),
-        cpu_s: median(cpus),
-        noise_coords_per_s_per_core: noise_rate / cores as f64,
-        disk_fsync_bytes_per_s,
-    })
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    let mut cost = CostOptions {
+        params: opts.params,
+        examples: opts.examples,
+        batch: opts.batch,
+        steps: opts.release_steps,
+        writer: Writer::Synced,
+    };
+    let release = cost::measure(&cost, &dir.path().join("synced")).await.map_err(|e| anyhow::anyhow!(e))?;
+    cost.writer = Writer::Multipart;
+    let multipart = cost::measure(&cost, &dir.path().join("multipart")).await.map_err(|e| anyhow::anyhow!(e))?;
+    let parts = cost::breakdown(usize::try_from(opts.params)?, &dir.path().join("breakdown"))
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+    Ok((release, multipart, parts))
 }
 
 /// Runs the benchmark and prints its table (or JSON).
@@ -340,22 +174,31 @@ pub fn run(opts: ScaleBench) -> Result<()> {
     drop((parsed, counts, layout));
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let release = runtime.block_on(time_release(&opts, Writer::Synced))?;
-    let multipart = runtime.block_on(time_release(&opts, Writer::Multipart))?;
-    let release_bytes_per_s = 2.0 * 4.0 * opts.params as f64 / release.seconds;
-    let report = json!({
+    let (release, multipart, parts) = runtime.block_on(release_costs(&opts))?;
+    let release_bytes_per_s = 2.0 * 4.0 * opts.params as f64 / release.release_s;
+    let mut report = json!({
         "examples": opts.examples, "shards": opts.shards, "expected_batch": opts.batch, "sampled": sample.len(),
         "ranks": opts.ranks, "params": opts.params, "index_bytes": index_bytes,
         "index_bytes_per_example": index_bytes as f64 / opts.examples as f64, "index_build_s": build_s,
         "manifest_bytes": body.len(), "layout_rss_bytes": layout_rss_bytes, "sample_s": sample_s, "split_s": split_s,
         "max_stepwork_bytes": max_stepwork_bytes, "single_rank_stepwork_bytes": single_rank_bytes,
-        "stepwork_limit_bytes": dpcap_proto::MAX_WORK_MESSAGE_BYTES, "release_s": release.seconds,
-        "release_bytes_per_s": release_bytes_per_s, "release_first_chunk_s": release.first_chunk_s,
-        "release_stored_s": release.stored_s, "disk_fsync_bytes_per_s": release.disk_fsync_bytes_per_s,
-        "release_cpu_s": release.cpu_s, "release_multipart_s": multipart.seconds, "release_multipart_first_chunk_s": multipart.first_chunk_s,
-        "noise_coords_per_s_per_core": release.noise_coords_per_s_per_core,
+        "stepwork_limit_bytes": dpcap_proto::MAX_WORK_MESSAGE_BYTES, "release_bytes_per_s": release_bytes_per_s,
+        "release_multipart_s": multipart.release_s, "release_multipart_first_chunk_s": multipart.release_first_chunk_s,
+        "release_transport_cpu_s_per_gb": parts.transport_cpu_s_per_gb(&release),
         "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
     });
+    let fields = report.as_object_mut().context("a JSON object")?;
+    for value in [serde_json::to_value(&release)?, serde_json::to_value(&parts)?] {
+        let serde_json::Value::Object(more) = value else { anyhow::bail!("costs serialise as objects") };
+        for (key, value) in more {
+            let key = if key.starts_with("release_") || key.starts_with("noise_") || key.starts_with("disk_") {
+                key
+            } else {
+                format!("release_{key}")
+            };
+            fields.insert(key, value);
+        }
+    }
     if opts.json {
         outln!("{report}");
     } else {

@@ -11,7 +11,7 @@ use dpcap_dataset::stream::{DEFAULT_PREFETCH, ExampleStream};
 use dpcap_dataset::synth;
 use dpcap_ml::clip::{ClipEngine, Precision};
 use dpcap_ml::optim::Schedule;
-use dpcap_ml::trainer::Trainer;
+use dpcap_ml::trainer::{ReplicaConfig, Trainer};
 use serde_json::json;
 
 /// Options of `dpctl bench share`.
@@ -50,14 +50,16 @@ pub fn run(opts: ShareBench) -> Result<()> {
         let engine = ClipEngine { clipping_norm: 1.0, micro_batch: opts.micro_batch, precision: Precision::F32 };
         let schedule = Schedule { peak: 1e-3, warmup_steps: 0, total_steps: 1, floor: 0.0 };
         let device = Default::default();
-        let trainer = Trainer::<dpcap_ml::CpuBackend>::new(
-            &opts.model,
-            dpcap_ml::trainer::Kind::Caption,
-            Some(tokenizer),
-            1,
-            (engine, opts.examples as f64, schedule),
-            &device,
-        )?;
+        let replica = ReplicaConfig {
+            model_name: &opts.model,
+            kind: dpcap_ml::trainer::Kind::Caption,
+            tokenizer: Some(tokenizer),
+            seed: 1,
+            engine,
+            expected_batch_size: opts.examples as f64,
+            schedule,
+        };
+        let trainer = Trainer::<dpcap_ml::CpuBackend>::new(replica, &device)?;
         let view = View::eval(trainer.model.encoder().config().image)?;
         let started = Instant::now();
         let values = if opts.materialise {

@@ -4,8 +4,9 @@
 //!
 //! It owns no service logic: it calls the services over gRPC, or embeds them whole (`demo`).
 
-/// `println!` for the commands' output: a closed stdout (`dpctl … | head`) ends the process
-/// quietly with exit 0 instead of a panic, as Unix filters do.
+/// `println!` for the commands' output: once stdout is a closed pipe (`dpctl … | head`) the
+/// rest of the output is dropped, without a panic, and the command still ends with its own
+/// exit code (`dpctl audit`'s 6, `dpctl wait`'s outcome).
 macro_rules! outln {
     ($($arg:tt)*) => {
         $crate::write_line(format_args!($($arg)*))
@@ -160,13 +161,21 @@ fn hide_all(command: clap::Command, hide: &impl Fn(clap::Command) -> clap::Comma
     command
 }
 
+/// Set once stdout turned out to be a closed pipe.
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Writes one line to stdout; see `outln!`. Any other write error ends the process with exit 2.
 fn write_line(line: std::fmt::Arguments<'_>) {
     use std::io::Write;
+    use std::sync::atomic::Ordering;
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return;
+    }
     let mut out = std::io::stdout().lock();
     if let Err(e) = out.write_fmt(line).and_then(|()| out.write_all(b"\n")) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
+            STDOUT_CLOSED.store(true, Ordering::Relaxed);
+            return;
         }
         eprintln!("error: writing to stdout: {e}");
         std::process::exit(2);

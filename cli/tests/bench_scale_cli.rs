@@ -30,10 +30,21 @@ fn a_small_scale_bench_reports_every_key_and_releases_through_both_writers() {
         "release_multipart_s",
         "release_cpu_s",
         "disk_fsync_bytes_per_s",
+        "release_cpu_s_per_gb",
+        "release_check_cpu_s_per_gb",
+        "release_noise_add_cpu_s_per_gb",
+        "release_encode_cpu_s_per_gb",
+        "release_store_cpu_s_per_gb",
+        "release_transport_cpu_s_per_gb",
     ] {
         assert!(v.get(key).is_some_and(|x| !x.is_null()), "missing {key}: {v}");
     }
     let num = |key: &str| v[key].as_f64().unwrap();
     assert!(num("max_stepwork_bytes") < num("stepwork_limit_bytes"), "{v}");
     assert_eq!((num("examples"), num("params"), num("ranks")), (20000.0, 5e6, 4.0), "{v}");
+    // Every phase of the breakdown is measured (at 10 ms ticks a small one can read 0).
+    for phase in ["check", "noise_add", "encode", "store"] {
+        let key = format!("release_{phase}_cpu_s_per_gb");
+        assert!(num(&key) >= 0.0 && num(&key).is_finite(), "{key}: {v}");
+    }
 }

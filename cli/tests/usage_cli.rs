@@ -46,4 +46,14 @@ fn a_pipe_closed_early_ends_the_command_without_a_panic() {
     let status = child.wait().unwrap();
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(status.code(), Some(0), "a reader that has gone is not an error: {stderr}");
+    // The command's own exit code survives a closed pipe: a refusal is still exit 2.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dpctl"))
+        .args(["privacy", "steps", "--sample-rate", "0.1", "--noise-multiplier", "1", "--epsilon", "0.001"])
+        .args(["--delta", "1e-5"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    assert_eq!(child.wait().unwrap().code(), Some(2));
 }

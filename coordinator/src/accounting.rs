@@ -180,9 +180,14 @@ impl Coordinator {
                 reason: "it was submitted without `audit: {canaries: M}`, so there is nothing to score".into(),
             });
         }
+        if let Some(report) = self.audits.lock().expect("audits lock").get(job_id) {
+            return Ok(report.clone());
+        }
         self.ask_audit(job_id).await.map_err(refusal)
     }
 
+    /// Asks the accountant to score the job's audit; a score is kept (an ended job's releases
+    /// never change), so viewers asking again cost nothing.
     async fn ask_audit(&self, job_id: &str) -> Result<AuditReport, tonic::Status> {
         let request = AuditJobRequest { job_id: job_id.to_owned() };
         let report = retry(self.accountant_retry(), "audit_job", || {
@@ -192,8 +197,10 @@ impl Coordinator {
             request.set_timeout(AUDIT_ATTEMPT_TIMEOUT);
             async move { client.audit_job(request).await }
         })
-        .await?;
-        Ok(report.into_inner())
+        .await?
+        .into_inner();
+        self.audits.lock().expect("audits lock").insert(job_id.to_owned(), report.clone());
+        Ok(report)
     }
 
     fn is_audited(&self, job_id: &str) -> bool {

@@ -64,6 +64,8 @@ pub struct Coordinator {
     pub(crate) changed: tokio::sync::watch::Sender<u64>,
     pub(crate) writes: tokio::sync::Mutex<()>,
     draining: tokio::sync::watch::Sender<bool>,
+    /// Ended jobs' audits, as computed once (served to `dpctl audit` without a new scoring).
+    pub(crate) audits: Mutex<std::collections::HashMap<String, dpcap_proto::v1::AuditReport>>,
 }
 
 /// N random bytes from the OS.
@@ -130,6 +132,7 @@ impl Coordinator {
             changed: tokio::sync::watch::channel(0).0,
             writes: tokio::sync::Mutex::new(()),
             draining: tokio::sync::watch::channel(false).0,
+            audits: Mutex::default(),
         }))
     }
 
@@ -559,5 +562,7 @@ fn entry_for(job: Job, private: &Private, clients: Option<Arc<Vec<Vec<u64>>>>) -
         phase_seconds: [0.0; 5],
         phase_reports: 0,
         version: 0,
+        held: Default::default(),
+        requeued_at: None,
     })
 }

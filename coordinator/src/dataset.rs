@@ -19,6 +19,8 @@ pub struct DatasetLayout {
     pub counts: Vec<u64>,
     /// [`Manifest::digest`] of the manifest.
     pub digest: String,
+    /// Whether the index pins every shard's bytes (version 3), not only its tables.
+    pub pins_bytes: bool,
 }
 
 /// Reads and validates the manifest under the dataset URL.
@@ -31,7 +33,8 @@ pub async fn read_layout(dataset: &str) -> Result<DatasetLayout, CoordinatorErro
         .map_err(|e| invalid(format!("cannot read {MANIFEST_PATH} in {dataset:?} (run `dpctl dataset index`): {e}")))?;
     let manifest = Manifest::parse(&bytes).map_err(|e| invalid(format!("{MANIFEST_PATH} in {dataset:?}: {e}")))?;
     let counts: Vec<u64> = manifest.shards.iter().map(|s| s.examples).collect();
-    Ok(DatasetLayout { layout: Layout::from_counts(&counts), counts, digest: Manifest::digest(&bytes) })
+    let pins_bytes = manifest.shards.iter().all(|s| s.pins_bytes());
+    Ok(DatasetLayout { layout: Layout::from_counts(&counts), counts, digest: Manifest::digest(&bytes), pins_bytes })
 }
 
 /// A user-level job's privacy units.

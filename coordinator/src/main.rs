@@ -86,6 +86,6 @@ async fn main() -> Result<()> {
             ttl => ttl.max(args.lease_seconds),
         }),
     };
-    serve((grpc, metrics), server, config, shutdown_signal()).await?;
+    serve(dpcap_serve::Listeners { grpc, metrics }, server, config, shutdown_signal()).await?;
     Ok(())
 }

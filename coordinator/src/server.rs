@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use dpcap_proto::v1::job_service_server::JobServiceServer;
 use dpcap_proto::v1::worker_service_server::WorkerServiceServer;
-use dpcap_serve::{SecuredServer, open_store};
-use tokio::net::TcpListener;
+use dpcap_serve::{Listeners, SecuredServer, open_store};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
@@ -22,7 +21,7 @@ use crate::store::JobStore;
 /// ([`dpcap_serve::ServerSecurity::server`]): JobService needs operator or viewer tokens,
 /// WorkerService worker tokens.
 pub async fn serve(
-    (grpc, metrics_listener): (TcpListener, TcpListener),
+    Listeners { grpc, metrics: metrics_listener }: Listeners,
     server: SecuredServer,
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,

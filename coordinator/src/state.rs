@@ -34,6 +34,19 @@ pub fn condition(job: &mut Job, kind: &str, reason: &str, message: impl Into<Str
     });
 }
 
+/// Adds left-out examples to the job's progress; the first dropped ones add a warning.
+fn show_counts(job: &mut Job, counts: HeldCounts) {
+    let progress = job.progress.get_or_insert_with(Default::default);
+    progress.nonfinite_examples = progress.nonfinite_examples.saturating_add(counts.nonfinite);
+    let first_drop = progress.dropped_examples == 0 && counts.dropped > 0;
+    progress.dropped_examples = progress.dropped_examples.saturating_add(counts.dropped);
+    if first_drop {
+        let message = "sampled examples could not be read or decoded and were left out (they add nothing); \
+                       progress.dropped_examples counts them: the data under the pinned index is damaged";
+        condition(job, "Warning", "ExamplesDropped", message);
+    }
+}
+
 /// Whether a worker's device is a CUDA GPU ("cuda:N").
 pub fn is_cuda(device: &str) -> bool {
     device.starts_with("cuda")
@@ -99,6 +112,26 @@ pub struct JobEntry {
     pub phase_reports: u64,
     /// Bumped on every change (watchers compare it).
     pub version: u64,
+    /// Under `telemetry: strict`, the counts of left-out examples, shown only when the job
+    /// ends: per step they would tell when a damaged example was sampled.
+    pub held: HeldCounts,
+    /// When its group last lost a worker (see [`REPLACEMENT_GRACE`]).
+    pub requeued_at: Option<Instant>,
+}
+
+/// How long a job whose group lost a worker holds the head of the queue for a replacement
+/// (a restarted pod, a returning worker) before later jobs may take free workers beside it:
+/// long enough for a process to restart, short enough that a worker gone for good never
+/// stalls the queue.
+pub const REPLACEMENT_GRACE: Duration = Duration::from_secs(120);
+
+/// Counts a strict job shows only at its end (in memory: a restart of the coordinator loses them).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeldCounts {
+    /// See `Progress.nonfinite_examples`.
+    pub nonfinite: u64,
+    /// See `Progress.dropped_examples`.
+    pub dropped: u64,
 }
 
 /// A registered worker.
@@ -202,6 +235,8 @@ impl State {
         self.queue.retain(|id| id != job_id);
         let Some(entry) = self.jobs.get_mut(job_id) else { return Effects::default() };
         entry.job.state = state as i32;
+        let held = std::mem::take(&mut entry.held);
+        show_counts(&mut entry.job, held);
         tracing::info!(job_id, state = ?state, reason, %message, "job finished");
         condition(&mut entry.job, "Finished", reason, message);
         self.touch(job_id);
@@ -241,26 +276,33 @@ impl State {
                 effects.persist.push(job_id);
                 continue;
             }
+            // A job whose group just lost a worker expects it (or a replacement) back: for a
+            // while, jobs behind it wait, or they could take the workers it is waiting for.
+            let replacing = entry.requeued_at.is_some_and(|at| at.elapsed() < REPLACEMENT_GRACE);
             let waiting = format!("waiting for {want} workers ({registered} registered, {} free)", free.len());
             if self.note_waiting(&job_id, waiting) {
                 effects.persist.push(job_id);
             }
-            if registered >= want {
-                break; // it starts as soon as busy workers free up: nobody overtakes it
+            if registered >= want || replacing {
+                break; // it starts as soon as workers free up or return: nobody overtakes it
             }
             position += 1;
         }
         effects
     }
 
-    /// Records why a queued job waits, once per different reason. Returns whether it did.
+    /// Records why a queued job waits: a new reason updates the job's last condition when that
+    /// one says it waits already (so conditions do not grow while workers come and go), else
+    /// adds one. Returns whether anything changed.
     fn note_waiting(&mut self, job_id: &str, message: String) -> bool {
         let Some(entry) = self.jobs.get_mut(job_id) else { return false };
-        let last = entry.job.conditions.iter().rev().find(|c| c.reason == "WaitingForWorkers");
-        if last.is_some_and(|c| c.message == message) {
-            return false;
+        match entry.job.conditions.last_mut() {
+            Some(last) if last.reason == "WaitingForWorkers" && last.message == message => return false,
+            Some(last) if last.reason == "WaitingForWorkers" => {
+                (last.message, last.time_unix_ms) = (message, now_ms());
+            }
+            _ => condition(&mut entry.job, "Pending", "WaitingForWorkers", message),
         }
-        condition(&mut entry.job, "Pending", "WaitingForWorkers", message);
         self.touch(job_id);
         true
     }
@@ -355,6 +397,7 @@ impl State {
         entry.job.state = JobState::Pending as i32;
         tracing::warn!(job_id, reason, %message, "re-forming the group");
         condition(&mut entry.job, "WorkerLost", reason, message);
+        entry.requeued_at = Some(Instant::now());
         self.queue.push_front(job_id.to_owned());
         self.touch(job_id);
         Some(job_id.to_owned())
@@ -480,19 +523,20 @@ impl State {
             }
             entry.phase_reports += 1;
         }
-        let progress = entry.job.progress.get_or_insert_with(Default::default);
-        // Counts, under any telemetry (see `Progress.nonfinite_examples`, `dropped_examples`).
-        progress.nonfinite_examples += report.nonfinite_examples;
-        let first_drop = progress.dropped_examples == 0 && report.dropped_examples > 0;
-        progress.dropped_examples += report.dropped_examples;
+        // A rank's counts are bounded by what it was assigned (it cannot inflate them).
+        let counts = HeldCounts {
+            nonfinite: report.nonfinite_examples.min(assigned as u64),
+            dropped: report.dropped_examples.min(assigned as u64),
+        };
+        if strict {
+            entry.held.nonfinite = entry.held.nonfinite.saturating_add(counts.nonfinite);
+            entry.held.dropped = entry.held.dropped.saturating_add(counts.dropped);
+        } else {
+            show_counts(&mut entry.job, counts);
+        }
         // Only rank 0 writes checkpoints; another rank's word is no reason to trim.
         if report.checkpoint_step > 0 && rank == 0 {
-            progress.checkpoint_step = report.checkpoint_step;
-        }
-        if first_drop {
-            let message = "sampled examples could not be read or decoded and were left out (they add nothing); \
-                           progress.dropped_examples counts them: the data under the pinned index is damaged";
-            condition(&mut entry.job, "Warning", "ExamplesDropped", message);
+            entry.job.progress.get_or_insert_with(Default::default).checkpoint_step = report.checkpoint_step;
         }
         entry.version += 1;
         if !strict && let Some(worker) = member.and_then(|id| self.workers.get_mut(&id)) {

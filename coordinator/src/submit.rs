@@ -26,6 +26,8 @@ struct Planned {
     /// A user-level job's clients.
     clients: Option<Arc<Vec<Vec<u64>>>>,
     init: Option<InitSource>,
+    /// Whether the dataset's index pins its shards' bytes.
+    pins_bytes: bool,
 }
 
 impl Coordinator {
@@ -42,7 +44,7 @@ impl Coordinator {
         if let Some(source) = &planned.init {
             self.check_init_source(source).await?;
         }
-        let Planned { spec, plan, counts, clients, init } = planned;
+        let Planned { spec, plan, counts, clients, init, pins_bytes } = planned;
         let mut job = Job {
             job_id: job_id.clone(),
             state: JobState::Pending as i32,
@@ -55,6 +57,11 @@ impl Coordinator {
             reduction: Reduction::Unspecified as i32,
         };
         describe(&mut job, init.as_ref());
+        if !pins_bytes {
+            let note = "the dataset's index (version 2) pins its tables, not its shards' bytes: a shard changed \
+                        since indexing would be read; re-index it (dpctl dataset index) to pin them";
+            condition(&mut job, "Warning", "ShardsNotPinned", note);
+        }
         // The contract exists at the accountant before the job does anywhere else.
         self.register(&job).await?;
         let private = Private { secret: hex(&random_bytes::<32>()), shard_counts: counts };
@@ -134,7 +141,7 @@ async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
     let contract = registration::contract(&spec, &plan, provenance)?;
     plan.contract = Some(contract_to_proto(&contract));
     let clients = users.map(|u| Arc::new(u.clients));
-    Ok(Planned { spec, plan, counts: layout.counts, clients, init })
+    Ok(Planned { spec, plan, counts: layout.counts, clients, init, pins_bytes: layout.pins_bytes })
 }
 
 /// The conditions a new job starts with: what was accepted, where its weights come from, its

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{done, job, running, submit, worker};
-use dpcap_coordinator::state::{Report, State};
+use dpcap_coordinator::state::{REPLACEMENT_GRACE, Report, State};
 use dpcap_coordinator::{JobSecret, PoissonSampler};
 use dpcap_dataset::index::Layout;
 use dpcap_proto::v1::{JobState, StepOutcome};
@@ -37,7 +37,42 @@ fn a_job_waiting_for_workers_to_arrive_says_so_and_lets_a_job_that_fits_run_besi
         "no worker in two groups"
     );
     let said = state.jobs["a"].job.conditions.iter().filter(|c| c.reason == "WaitingForWorkers").count();
-    assert_eq!(said, 2, "once per different reason, never per pass of the scheduler");
+    assert_eq!(said, 1, "one condition, updated as the reason changes: conditions never grow while waiting");
+}
+
+#[test]
+fn a_job_requeued_after_losing_a_worker_is_not_overtaken_while_it_waits_for_a_replacement() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 2, 5));
+    worker(&mut state, "w1");
+    worker(&mut state, "w2");
+    state.schedule();
+    assert!(running(&state, "a"));
+    submit(&mut state, job("b", 1, 5));
+    state.workers.get_mut("w2").unwrap().last_seen = Instant::now() - Duration::from_secs(60);
+    state.reap(Duration::from_secs(10)); // w2's lease lapsed: a is requeued at the head
+    state.schedule();
+    assert!(!running(&state, "a") && !running(&state, "b"), "w1 stays free for a's re-formed group");
+    worker(&mut state, "w3");
+    state.schedule();
+    assert!(running(&state, "a") && !running(&state, "b"));
+}
+
+#[test]
+fn a_worker_gone_for_good_holds_the_queue_only_for_the_replacement_grace() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 2, 5));
+    worker(&mut state, "w1");
+    worker(&mut state, "w2");
+    state.schedule();
+    submit(&mut state, job("b", 1, 5));
+    state.workers.get_mut("w2").unwrap().last_seen = Instant::now() - Duration::from_secs(60);
+    state.reap(Duration::from_secs(10));
+    assert!(!running(&state, "b"), "within the grace, b leaves w1 to a's re-formed group");
+    let lost = Instant::now() - REPLACEMENT_GRACE - Duration::from_secs(1);
+    state.jobs.get_mut("a").unwrap().requeued_at = Some(lost);
+    state.reap(Duration::from_secs(10));
+    assert!(running(&state, "b") && !running(&state, "a"), "past it, b runs beside the waiting a");
 }
 
 #[test]
@@ -191,6 +226,39 @@ fn a_nonfinite_count_adds_up_over_ranks_and_steps() {
     state.report("a", 0, &Report { nonfinite_examples: 2, ..done() });
     state.report("a", 1, &Report { nonfinite_examples: 1, ..done() });
     assert_eq!(state.jobs["a"].job.progress.as_ref().unwrap().nonfinite_examples, 3);
+}
+
+#[test]
+fn a_rank_counts_no_more_than_it_was_assigned_and_a_strict_job_shows_its_counts_only_at_its_end() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 1, 5));
+    worker(&mut state, "w1");
+    state.schedule();
+    state.jobs.get_mut("a").unwrap().group.as_mut().unwrap().step = Some(0);
+    let (_, units) = state.work_for("a", 0).unwrap();
+    let assigned: u64 = units.iter().map(|u| u.unit.indices.len() as u64).sum();
+    state.report("a", 0, &Report { dropped_examples: u64::MAX, nonfinite_examples: u64::MAX, ..done() });
+    let progress = state.jobs["a"].job.progress.clone().unwrap();
+    assert_eq!((progress.dropped_examples, progress.nonfinite_examples), (assigned, assigned));
+    assert_eq!(state.jobs["a"].job.conditions.iter().filter(|c| c.reason == "ExamplesDropped").count(), 1);
+
+    let mut strict = job("s", 1, 5);
+    strict.job.spec = Some(dpcap_proto::v1::JobSpec {
+        telemetry: dpcap_proto::v1::TelemetryMode::Strict as i32,
+        ..Default::default()
+    });
+    submit(&mut state, strict);
+    state.finish("a", JobState::Succeeded, "Succeeded", "done".into());
+    assert!(running(&state, "s"));
+    state.jobs.get_mut("s").unwrap().group.as_mut().unwrap().step = Some(0);
+    state.work_for("s", 0).unwrap();
+    state.report("s", 0, &Report { dropped_examples: 1, ..done() });
+    let shown = |state: &State| state.jobs["s"].job.progress.clone().unwrap_or_default().dropped_examples;
+    assert_eq!(shown(&state), 0, "not per step: it would say when a damaged example was sampled");
+    assert!(!state.jobs["s"].job.conditions.iter().any(|c| c.reason == "ExamplesDropped"));
+    state.finish("s", JobState::Cancelled, "Cancelled", "by the operator".into());
+    assert_eq!(shown(&state), 1, "the total, at the end");
+    assert!(state.jobs["s"].job.conditions.iter().any(|c| c.reason == "ExamplesDropped"));
 }
 
 #[test]

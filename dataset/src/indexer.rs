@@ -6,7 +6,7 @@
 //! reaches a job, and N counts only usable examples. The manifest is written last, so a
 //! crashed run leaves no index that a job could pin.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::index::{ImageKind, MANIFEST_PATH, MANIFEST_VERSION, Manifest, ShardRecord, ShardTable, Skipped};
 use crate::index::{Span, TableEntry, USERS_PATH, UserTable, UsersRecord, table_path};
@@ -226,6 +226,42 @@ async fn index_one(
     Ok(Indexed::Shard(Box::new((record, skipped, report, users)), encoded))
 }
 
+/// Leaves out a shard with the same bytes as one already indexed (`contents`: digest → path):
+/// a copy under another name would put each of its examples in twice.
+fn refuse_copies(shard: Indexed, contents: &mut HashMap<String, String>) -> Indexed {
+    match shard {
+        Indexed::Shard(outcome, _) if contents.contains_key(&outcome.0.sha256) => {
+            let reason = format!("the same bytes as {}", contents[&outcome.0.sha256]);
+            Indexed::Bad(BadShard { path: outcome.0.path.clone(), reason })
+        }
+        Indexed::Shard(outcome, table) => {
+            contents.insert(outcome.0.sha256.clone(), outcome.0.path.clone());
+            Indexed::Shard(outcome, table)
+        }
+        bad => bad,
+    }
+}
+
+/// Writes the user table of `(user, example)` pairs under `root` and returns its record.
+async fn write_users(
+    store: &dyn ObjectStore,
+    root: &Path,
+    pairs: Vec<(String, u64)>,
+    without_user: u64,
+) -> Result<UsersRecord, DataError> {
+    let table = UserTable::from_pairs(pairs);
+    let users = table.users() as u64;
+    let table = table.encode();
+    let record = UsersRecord {
+        users,
+        without_user,
+        table_bytes: table.len() as u64,
+        table_sha256: dpcap_proto::digest::sha256(&table),
+    };
+    store.put(&join(root, USERS_PATH), PutPayload::from(table)).await?;
+    Ok(record)
+}
+
 /// Indexes every `.tar` under `root` (in name order), `options.concurrency` shards at a time,
 /// writing one table per shard, the report and then the manifest under `root/index/`. A shard
 /// that is not a readable tar, or an empty file, is left out and reported (refused under
@@ -254,8 +290,9 @@ pub async fn build_index(
         users: None,
     };
     let (mut report, mut pairs, mut without_user, mut bad) = (Vec::new(), Vec::new(), 0u64, Vec::new());
+    let mut contents = HashMap::new();
     while let Some(shard) = shards.next().await {
-        let (outcome, table) = match shard? {
+        let (outcome, table) = match refuse_copies(shard?, &mut contents) {
             Indexed::Shard(outcome, table) => (outcome, table),
             Indexed::Bad(shard) if options.strict => {
                 return Err(DataError::Tar { shard: shard.path, reason: format!("{} (--strict)", shard.reason) });
@@ -288,16 +325,7 @@ pub async fn build_index(
         .put(&join(root, REPORT_PATH), PutPayload::from(serde_json::to_vec_pretty(&report_body).expect("json")))
         .await?;
     if !pairs.is_empty() {
-        let table = UserTable::from_pairs(pairs);
-        let users = table.users() as u64;
-        let table = table.encode();
-        manifest.users = Some(UsersRecord {
-            users,
-            without_user,
-            table_bytes: table.len() as u64,
-            table_sha256: dpcap_proto::digest::sha256(&table),
-        });
-        store.put(&join(root, USERS_PATH), PutPayload::from(table)).await?;
+        manifest.users = Some(write_users(store, root, pairs, without_user).await?);
     }
     let body = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
     let digest = Manifest::digest(&body);

@@ -3,9 +3,11 @@
 //! kept), and one example read by range requests for its members only, never whole shards.
 //!
 //! A dataset is its bytes: before its first read of a shard, a reader checks the shard against
-//! the manifest's pin — its size, and its ETag (or version), else its SHA-256 read whole once —
-//! and every range read then asks the store for exactly that ETag, so a shard replaced while a
-//! job reads it is refused too, naming the shard.
+//! the manifest's pin — its size, then its ETag and version where the store derives them from
+//! the content (object stores), else its SHA-256, streamed once — and every range read then asks
+//! the store for exactly that ETag (and version), so a shard replaced while a job reads it is
+//! refused too, naming the shard. A store that gives neither cannot hold a shard to its bytes
+//! while it is read, and is refused.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -40,9 +42,15 @@ pub struct RawExample {
 
 type TableCell = Arc<OnceCell<Arc<ShardTable>>>;
 
-/// A shard's checked identity at the store: the ETag range reads must match (None where the
-/// store gives none, or the manifest pins no bytes).
-type PinCell = Arc<OnceCell<Option<String>>>;
+/// A shard's checked identity at the store: the ETag and version its range reads must match
+/// (both None where the manifest pins no bytes: a version-2 index).
+#[derive(Debug, Clone, Default)]
+struct Pin {
+    e_tag: Option<String>,
+    version: Option<String>,
+}
+
+type PinCell = Arc<OnceCell<Pin>>;
 
 /// Tables by shard, and the order they were first asked for (the oldest is dropped first).
 type TableCache = (HashMap<usize, TableCell>, VecDeque<usize>);
@@ -57,6 +65,9 @@ pub struct ShardReader {
     digest: String,
     tables: Arc<Mutex<TableCache>>,
     pins: Arc<Mutex<HashMap<usize, PinCell>>>,
+    /// Whether the store's ETags change with the content (object stores). A local file's ETag
+    /// is its inode, mtime and size: a same-size rewrite can keep it, so local shards are hashed.
+    content_e_tags: bool,
 }
 
 impl ShardReader {
@@ -72,7 +83,15 @@ impl ShardReader {
             root,
             tables: Arc::default(),
             pins: Arc::default(),
+            content_e_tags: false,
         })
+    }
+
+    /// Trusts the store's ETags as content pins (see [`ShardReader`]'s field); without this,
+    /// each shard is hashed once per reader.
+    pub fn trusting_content_e_tags(mut self, trust: bool) -> Self {
+        self.content_e_tags = trust;
+        self
     }
 
     /// The manifest.
@@ -128,8 +147,8 @@ impl ShardReader {
         let entry = *table.entries.get(local as usize).ok_or(DataError::OutOfRange { index: global, examples })?;
         let record = &self.manifest.shards[shard];
         let key = format!("{}#{local}", record.path);
-        let e_tag = self.pinned(shard).await?;
-        let location = Location { path: join(&self.root, &record.path), shard: &record.path, e_tag };
+        let pin = self.pinned(shard).await?;
+        let location = Location { path: join(&self.root, &record.path), shard: &record.path, pin };
         let members = self.members(&location, &entry).await?;
         let decode = |member: &'static str, reason: String| DataError::Decode { key: key.clone(), member, reason };
         let caption = String::from_utf8(members.caption.to_vec()).map_err(|e| decode("caption", e.to_string()))?;
@@ -143,16 +162,16 @@ impl ShardReader {
     }
 
     /// The shard's checked identity (see the module docs), checked once per reader.
-    async fn pinned(&self, shard: usize) -> Result<Option<String>, DataError> {
+    async fn pinned(&self, shard: usize) -> Result<Pin, DataError> {
         let cell = self.pins.lock().expect("pins lock").entry(shard).or_default().clone();
         let pin = cell.get_or_try_init(|| self.check_pin(shard)).await?;
         Ok(pin.clone())
     }
 
-    async fn check_pin(&self, shard: usize) -> Result<Option<String>, DataError> {
+    async fn check_pin(&self, shard: usize) -> Result<Pin, DataError> {
         let record = &self.manifest.shards[shard];
         if !record.pins_bytes() {
-            return Ok(None); // a version-2 index: its tables are pinned, its shards are not
+            return Ok(Pin::default()); // a version-2 index: its tables are pinned, its shards are not
         }
         let changed = |reason: String| DataError::Changed { shard: record.path.clone(), reason };
         let path = join(&self.root, &record.path);
@@ -160,21 +179,33 @@ impl ShardReader {
         if meta.size != record.bytes {
             return Err(changed(format!("{} bytes, the index pinned {}", meta.size, record.bytes)));
         }
-        if record.e_tag.is_some() && meta.e_tag == record.e_tag && meta.version == record.store_version {
-            return Ok(meta.e_tag);
+        if self.content_e_tags
+            && record.e_tag.is_some()
+            && meta.e_tag == record.e_tag
+            && meta.version == record.store_version
+        {
+            return Ok(Pin { e_tag: meta.e_tag, version: meta.version });
         }
-        // Another ETag (a copy elsewhere, or a rewrite): the bytes decide, read whole once.
+        // Another ETag (a copy elsewhere, a rewrite) or a local file: the bytes decide, streamed
+        // through SHA-256 once (never held whole).
         let got = self.store.get(&path).await?;
-        let e_tag = got.meta.e_tag.clone();
-        let bytes = got.bytes().await?;
-        let sha256 = tokio::task::spawn_blocking(move || dpcap_proto::digest::sha256(&bytes))
-            .await
-            .map_err(|e| DataError::Index(format!("hashing task failed: {e}")))?;
+        let pin = Pin { e_tag: got.meta.e_tag.clone(), version: got.meta.version.clone() };
+        let mut stream = got.into_stream();
+        let mut hasher = dpcap_proto::digest::Sha256Stream::default();
+        while let Some(bytes) = futures::StreamExt::next(&mut stream).await {
+            hasher.update(&bytes?);
+        }
+        let sha256 = hasher.finish();
         if sha256 != record.sha256 {
             return Err(changed(format!("its bytes have digest {sha256}, the index pinned {}", record.sha256)));
         }
-        tracing::info!(shard = %record.path, "shard's ETag differs from the index's; its bytes are the pinned ones");
-        Ok(e_tag)
+        if pin.e_tag.is_none() && pin.version.is_none() {
+            return Err(changed(
+                "the store gives it no ETag or version, so reads cannot be held to these bytes".into(),
+            ));
+        }
+        tracing::debug!(shard = %record.path, "shard hashed: its bytes are the pinned ones");
+        Ok(pin)
     }
 
     async fn members(&self, shard: &Location<'_>, entry: &TableEntry) -> Result<Members, DataError> {
@@ -210,8 +241,12 @@ impl ShardReader {
     async fn range(&self, shard: &Location<'_>, range: Range<u64>) -> Result<bytes::Bytes, DataError> {
         let want = range.end - range.start;
         let changed = |reason: &str| DataError::Changed { shard: shard.shard.to_owned(), reason: reason.to_owned() };
-        let options =
-            GetOptions { range: Some(GetRange::Bounded(range)), if_match: shard.e_tag.clone(), ..Default::default() };
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(range)),
+            if_match: shard.pin.e_tag.clone(),
+            version: shard.pin.version.clone(),
+            ..Default::default()
+        };
         let bytes = match self.store.get_opts(&shard.path, options).await {
             Ok(got) => got.bytes().await?,
             Err(object_store::Error::Precondition { .. }) => return Err(changed("it changed while the job read it")),
@@ -228,11 +263,11 @@ impl ShardReader {
 }
 
 /// Where one example's members are read from: the shard's store path, its manifest path, and
-/// the ETag its range reads must match.
+/// the ETag and version its range reads must match.
 struct Location<'a> {
     path: Path,
     shard: &'a str,
-    e_tag: Option<String>,
+    pin: Pin,
 }
 
 struct Members {

@@ -114,7 +114,8 @@ async fn shards_index_compactly_and_one_range_read_fetches_just_an_example() {
     assert!(table_bytes <= 16 * 250, "{table_bytes} index bytes for 250 examples");
 
     let recording = Arc::new(Recording { inner: store, reads: Mutex::default(), heads: Mutex::default() });
-    let reader = ShardReader::open(recording.clone(), root.clone()).await.unwrap();
+    // As on an object store, whose ETags follow the content: a HEAD pins each shard.
+    let reader = ShardReader::open(recording.clone(), root.clone()).await.unwrap().trusting_content_e_tags(true);
     assert_eq!(reader.digest(), built.digest, "the manifest read back is the one written");
     for i in [0u64, 99, 100, 173, 249] {
         let got = reader.read(i).await.unwrap();
@@ -136,6 +137,15 @@ async fn shards_index_compactly_and_one_range_read_fetches_just_an_example() {
     assert_eq!(tables, 3, "each shard's table is read once and kept: {reads:?}");
     let heads = recording.heads.lock().unwrap().clone();
     assert_eq!(heads.len(), 3, "one HEAD checks each shard's pin (size and ETag), then never again: {heads:?}");
+    // A local file's ETag is metadata: without that trust each shard is hashed, once, streamed.
+    recording.reads.lock().unwrap().clear();
+    let hashing = ShardReader::open(recording.clone(), root.clone()).await.unwrap();
+    for i in [0u64, 99, 100, 249, 1] {
+        hashing.read(i).await.unwrap();
+    }
+    let whole: Vec<_> =
+        recording.reads.lock().unwrap().iter().filter(|(p, r)| p.ends_with(".tar") && r.is_none()).cloned().collect();
+    assert_eq!(whole.len(), 3, "each shard read whole once: {whole:?}");
     let err = reader.read(250).await.unwrap_err();
     assert!(matches!(err, DataError::OutOfRange { index: 250, examples: 250 }), "{err}");
 }
@@ -299,6 +309,24 @@ async fn a_shard_replaced_after_indexing_by_other_bytes_of_the_same_size_is_refu
 }
 
 #[tokio::test]
+async fn a_shard_rewritten_in_place_with_its_size_and_time_kept_is_still_refused_on_a_local_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, store) = indexed(dir.path()).await;
+    let shard = shard_file(&root, 0);
+    let modified = std::fs::metadata(&shard).unwrap().modified().unwrap();
+    // The same inode, size and mtime: only the bytes differ, so the local ETag is unchanged.
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[5000] ^= 0xff;
+    let file = std::fs::OpenOptions::new().write(true).open(&shard).unwrap();
+    std::io::Write::write_all(&mut &file, &bytes).unwrap();
+    file.set_modified(modified).unwrap();
+    drop(file);
+    let reader = ShardReader::open(store, Path::default()).await.unwrap();
+    let err = reader.read(3).await.unwrap_err();
+    assert!(err.to_string().contains("digest"), "{err}");
+}
+
+#[tokio::test]
 async fn a_truncated_shard_is_refused_by_its_size_and_one_changed_mid_job_by_its_etag() {
     let dir = tempfile::tempdir().unwrap();
     let (root, store) = indexed(dir.path()).await;
@@ -356,6 +384,17 @@ async fn an_empty_file_and_a_file_that_is_no_tar_are_left_out_and_reported_or_re
     assert_eq!(bad, ["zz-empty.tar", "zz-text.tar"]);
     let report = std::fs::read_to_string(root.join(REPORT_PATH)).unwrap();
     assert!(report.contains("zz-text.tar") && report.contains("an empty file"), "{report}");
+    // A copy of a shard under another name is left out: its examples would be in twice.
+    std::fs::remove_file(root.join("zz-empty.tar")).unwrap();
+    std::fs::remove_file(root.join("zz-text.tar")).unwrap();
+    let first = shard_file(&root, 0);
+    std::fs::copy(&first, root.join("zz-copy.tar")).unwrap();
+    let built = build_index(&store, &Path::default(), options(2), &|_| {}).await.unwrap();
+    assert_eq!(built.manifest.examples, 20, "the copy adds no example");
+    let copy = built.bad_shards.iter().find(|b| b.path == "zz-copy.tar").expect("the copy is reported");
+    assert!(copy.reason.starts_with("the same bytes as "), "{copy:?}");
+    std::fs::remove_file(root.join("zz-copy.tar")).unwrap();
+    std::fs::write(root.join("zz-empty.tar"), b"").unwrap();
     let strict = BuildOptions { concurrency: 2, strict: true };
     let err = build_index(&store, &Path::default(), strict, &|_| {}).await.unwrap_err();
     assert!(matches!(err, DataError::Tar { ref shard, .. } if shard == "zz-empty.tar"), "{err}");

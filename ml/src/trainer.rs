@@ -57,6 +57,25 @@ impl Model {
     }
 }
 
+/// What a fresh replica is made of (see [`Trainer::new`]).
+#[derive(Debug, Clone)]
+pub struct ReplicaConfig<'a> {
+    /// A model configuration's name (`dpcap-registry`).
+    pub model_name: &'a str,
+    /// The objective.
+    pub kind: Kind,
+    /// The caption objective's tokenizer (None for the others).
+    pub tokenizer: Option<CaptionTokenizer>,
+    /// The seed of the initial weights (every rank of a job uses the job's).
+    pub seed: u64,
+    /// Per-sample clipping: C as an L2 norm, the micro-batch, the precision.
+    pub engine: ClipEngine,
+    /// L = q·N, the divisor of every release (never the realised batch size).
+    pub expected_batch_size: f64,
+    /// The learning-rate schedule.
+    pub schedule: Schedule,
+}
+
 /// A replica: identical on every rank because it starts from the same seed or checkpoint and
 /// applies the same releases.
 #[derive(Debug)]
@@ -92,14 +111,8 @@ pub fn images_tensor<B: burn::tensor::backend::Backend>(
 
 impl<AB: AutodiffBackend> Trainer<AB> {
     /// A fresh replica for `model_name`/`objective` with weights from `seed`.
-    pub fn new(
-        model_name: &str,
-        kind: Kind,
-        tokenizer: Option<CaptionTokenizer>,
-        seed: u64,
-        (engine, expected_batch_size, schedule): (ClipEngine, f64, Schedule),
-        device: &AB::Device,
-    ) -> Result<Self, WorkError> {
+    pub fn new(replica: ReplicaConfig<'_>, device: &AB::Device) -> Result<Self, WorkError> {
+        let ReplicaConfig { model_name, kind, tokenizer, seed, engine, expected_batch_size, schedule } = replica;
         let unknown = || WorkError::Spec { field: "model", reason: format!("unknown configuration {model_name:?}") };
         let mut params = ParamSet::seeded(device, seed);
         let model = if kind == Kind::Mae {

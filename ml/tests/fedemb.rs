@@ -11,7 +11,7 @@ use dpcap_ml::fed::{LocalConfig, add_clipped, local_delta};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig};
 use dpcap_ml::optim::{AdamWConfig, Rule, Schedule};
 use dpcap_ml::params::ParamSet;
-use dpcap_ml::trainer::{Kind, Trainer};
+use dpcap_ml::trainer::{Kind, ReplicaConfig, Trainer};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 
@@ -32,7 +32,16 @@ fn trainer(local: LocalConfig, clipping_norm: f64) -> Trainer<AB> {
     let schedule = Schedule { peak: 1.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
     let server = AdamWConfig { rule: Rule::Momentum, weight_decay: 0.0, ..AdamWConfig::default() };
     let kind = Kind::FedEmb { local, head_scale: 10.0, server };
-    Trainer::<AB>::new("micro", kind, None, 3, (engine, 10.0, schedule), &Default::default()).unwrap()
+    let replica = ReplicaConfig {
+        model_name: "micro",
+        kind,
+        tokenizer: None,
+        seed: 3,
+        engine,
+        expected_batch_size: 10.0,
+        schedule,
+    };
+    Trainer::<AB>::new(replica, &Default::default()).unwrap()
 }
 
 /// A client's examples: `n` random 32 px images of two identities.

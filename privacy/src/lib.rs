@@ -3,14 +3,16 @@
 //!
 //! This crate owns the numbers every privacy claim rests on, so it must never under-report:
 //! every ε it returns is an upper bound. It is pure math — no I/O, no tokio, no clocks — so the
-//! accountant service, the coordinator's calibration and `dpctl` share one implementation. Two accountants: [`pld`] (tight, the default) and
-//! [`rdp`]; [`calibrate`] inverts them for σ or for the number of steps.
+//! accountant service, the coordinator's calibration and `dpctl` share one implementation.
+//! Two accountants: [`pld`] (tight, the default) and [`rdp`]; [`calibrate`] inverts them for σ
+//! or for the number of steps.
 
 pub mod audit;
 pub mod calibrate;
 pub mod contract;
 pub mod pld;
 pub mod rdp;
+pub mod recipes;
 pub mod special;
 
 use std::fmt;

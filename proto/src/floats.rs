@@ -85,6 +85,24 @@ pub fn extend_finite(out: &mut Vec<f32>, data: &[u8], offset: u64) -> Result<(),
     }
 }
 
+/// The number of f32 values in `data`, refusing any value that is not finite (`offset` is the
+/// index of the first value within its vector, for the error). Reads `data` in place: a part is
+/// checked where the transport decoded it, never copied to be checked.
+pub fn check_finite(data: &[u8], offset: u64) -> Result<usize, FloatsError> {
+    let count = count(data)?;
+    // All exponent bits set is NaN or ±inf. Blocks of 64 values are tested without a branch
+    // per value (the compiler vectorises the fold); a block with a bad value is searched again.
+    let bad = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7f80_0000 == 0x7f80_0000;
+    for (block_index, block) in data.chunks(256).enumerate() {
+        if block.chunks_exact(4).fold(false, |any, b| any | bad(b)) {
+            let i = block.chunks_exact(4).position(bad).unwrap_or(0);
+            let value = f32::from_le_bytes([block[4 * i], block[4 * i + 1], block[4 * i + 2], block[4 * i + 3]]);
+            return Err(FloatsError::NotFinite { value, index: offset + (block_index * 64 + i) as u64 });
+        }
+    }
+    Ok(count)
+}
+
 /// All the values of `data`.
 pub fn to_vec(data: &[u8]) -> Result<Vec<f32>, FloatsError> {
     let mut out = Vec::with_capacity(data.len() / 4);
@@ -112,5 +130,19 @@ mod tests {
         let err = extend_finite(&mut out, &to_bytes(&[2.0, f32::NAN]), 10).unwrap_err();
         assert!(matches!(err, FloatsError::NotFinite { index: 11, .. }), "{err}");
         assert_eq!(out, [1.0], "nothing of a refused chunk is kept");
+    }
+
+    #[test]
+    fn a_check_in_place_finds_the_first_bad_value_in_any_block() {
+        let mut values = vec![1.5f32; 1000];
+        assert_eq!(check_finite(&to_bytes(&values), 0), Ok(1000));
+        for (at, bad) in [(0, f32::NAN), (63, f32::INFINITY), (64, f32::NEG_INFINITY), (999, f32::NAN)] {
+            values[at] = bad;
+            let err = check_finite(&to_bytes(&values), 5).unwrap_err();
+            assert!(matches!(err, FloatsError::NotFinite { index, .. } if index == 5 + at as u64), "{at}: {err}");
+            values[at] = f32::MAX; // the largest finite value passes
+        }
+        assert_eq!(check_finite(&to_bytes(&values), 0), Ok(1000));
+        assert_eq!(check_finite(&[0; 6], 0), Err(FloatsError::Length(6)));
     }
 }

@@ -19,6 +19,7 @@ pub use auth::{Credentials, Role};
 pub use capability::{Capabilities, Capability, CapabilityArgs, KeyRing};
 pub use dpcap_proto::client::AttachToken;
 pub use metrics_http::{sample, serve_http};
+pub use process::Listeners;
 pub use security::{AuthArgs, SecuredServer, SecurityError, ServerSecurity};
 pub use store::{StoreError, open_durable_store, open_existing_store, open_store};
 pub use tls::{ClientTlsArgs, ServerTlsArgs, TlsError};

@@ -18,6 +18,16 @@ pub fn init_tracing_at(json: bool, default_filter: &str) {
     let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }
 
+/// A server's two listening sockets, bound before it serves so that their ephemeral ports can
+/// be published first: gRPC (with health and reflection) and the HTTP `/metrics` port.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The gRPC services.
+    pub grpc: tokio::net::TcpListener,
+    /// Prometheus's `/metrics`.
+    pub metrics: tokio::net::TcpListener,
+}
+
 /// Resolves on SIGTERM or Ctrl-C.
 pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();

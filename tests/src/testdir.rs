@@ -15,6 +15,10 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
 /// Lines of each log printed after a failure.
 const TAIL_LINES: usize = 60;
 
+/// Set (to anything) to keep every test's directory, passed or not: `scripts/loop-e2e.sh`
+/// keeps the component logs of the runs that were slow.
+pub const KEEP_ENV: &str = "DPCAP_E2E_KEEP_DIRS";
+
 /// A fresh directory for one test (see the module docs).
 #[derive(Debug)]
 pub struct TestDir {
@@ -75,7 +79,7 @@ impl Drop for TestDir {
         if std::thread::panicking() {
             print_logs(&self.path);
             eprintln!("kept for inspection: {}", self.path.display());
-        } else {
+        } else if std::env::var_os(KEEP_ENV).is_none() {
             let _ = std::fs::remove_dir_all(&self.path);
         }
     }

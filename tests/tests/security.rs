@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use dpcap_e2e::jobs::{spec, tempfile_dir};
 use dpcap_e2e::{Process, Services, binary, synth_dataset};
 use dpcap_proto::ErrorCode;
-use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell};
+use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell, PartKey};
 use dpcap_serve::ClientTlsArgs;
 use dpcap_serve::auth::{POLICY, ROLES, Role};
 use tonic::Code;
@@ -456,7 +456,9 @@ async fn a_worker_token_writes_no_contract_and_its_capability_opens_only_its_own
     denied(rank.raw().attach_job(attach(&job_b)).await.map(drop), "attach to B");
     let fetch = FetchReleaseRequest { job_id: job_b.job_id.clone(), step: 0, chunk_values: 0 };
     denied(rank.raw().fetch_release(fetch).await.map(drop), "fetch B's release");
-    let part = rank.submit_attempt(&job_b.job_id, (0, 0, assignment.generation), &[0.0; 8]).await;
+    let part = rank
+        .submit_attempt(&job_b.job_id, PartKey { step: 0, part: 0, attempt: assignment.generation }, &[0.0; 8])
+        .await;
     assert_eq!(part.unwrap_err().code(), Code::PermissionDenied, "a part for B");
     let spend = accountant(as_coordinator()).raw().get_spend(GetSpendRequest { job_id: job_b.job_id.clone() }).await;
     assert_eq!(spend.unwrap().into_inner().steps_charged, 0, "nothing charged to B");

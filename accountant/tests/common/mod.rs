@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell, RawClient};
+use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell, PartKey, RawClient};
 use dpcap_proto::v1::{self as pb, FetchReleaseRequest, JobSpend, Mechanism, RegisterJobRequest, SubmitPartResponse};
 use dpcap_serve::capability::{Capabilities, Capability, now_unix_ms};
 use tonic::Status;
@@ -233,29 +233,30 @@ impl Client {
         part: u32,
         values: &[f32],
     ) -> Result<SubmitPartResponse, Status> {
-        self.submit_attempt(job_id, (step, part, 0), values).await
+        self.submit_attempt(job_id, PartKey { step, part, attempt: 0 }, values).await
     }
 
     /// Part `part` of `step` as generation `attempt`.
     pub async fn submit_attempt(
         &mut self,
         job_id: &str,
-        (step, part, attempt): (u64, u32, u64),
+        key: PartKey,
         values: &[f32],
     ) -> Result<SubmitPartResponse, Status> {
-        let capability = self.capability(job_id, part, Some(attempt));
-        self.with(Some(capability)).submit_attempt(job_id, (step, part, attempt), values).await
+        let capability = self.capability(job_id, key.part, Some(key.attempt));
+        self.with(Some(capability)).submit_attempt(job_id, key, values).await
     }
 
-    /// Part `part` of `step` as generation `attempt` of the group with nonce `group`.
+    /// Part `key` as a member of the group with nonce `group`.
     pub async fn submit_as(
         &mut self,
         job_id: &str,
-        (step, part, attempt, group): (u64, u32, u64, u64),
+        key: PartKey,
+        group: u64,
         values: &[f32],
     ) -> Result<SubmitPartResponse, Status> {
-        let capability = Capability { group, ..self.capability(job_id, part, Some(attempt)) };
-        self.with(Some(capability)).submit_attempt(job_id, (step, part, attempt), values).await
+        let capability = Capability { group, ..self.capability(job_id, key.part, Some(key.attempt)) };
+        self.with(Some(capability)).submit_attempt(job_id, key, values).await
     }
 
     /// The release of `step`, as rank 0 of the newest generation.
@@ -284,4 +285,9 @@ pub fn charged_steps(ledger: &Path, job_id: &str) -> Vec<u64> {
         .unwrap_or_default();
     steps.sort();
     steps
+}
+
+/// Part `part` of `step`, computed by generation `attempt`.
+pub fn key(step: u64, part: u32, attempt: u64) -> PartKey {
+    PartKey { step, part, attempt }
 }

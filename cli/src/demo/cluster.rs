@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use dpcap_accountant::server::Setup;
 use dpcap_coordinator::coordinator::Config;
-use dpcap_serve::{Capabilities, KeyRing, ServerSecurity};
-use dpcap_worker::runtime::WorkerConfig;
+use dpcap_serve::{Capabilities, KeyRing, Listeners, ServerSecurity};
+use dpcap_worker::WorkerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -53,7 +53,10 @@ impl Cluster {
         let server = ServerSecurity::default().server(a_grpc.local_addr()?)?;
         let setup = Setup { ledger, policy: Default::default(), capabilities: capabilities.clone() };
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = dpcap_accountant::server::serve((a_grpc, a_metrics), server, setup, shutdown).await {
+            if let Err(e) =
+                dpcap_accountant::server::serve(Listeners { grpc: a_grpc, metrics: a_metrics }, server, setup, shutdown)
+                    .await
+            {
                 tracing::error!(error = %e, "accountant failed");
             }
         }));
@@ -72,7 +75,14 @@ impl Cluster {
         let shutdown = stopped(&stop);
         let server = ServerSecurity::default().server(c_grpc.local_addr()?)?;
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = dpcap_coordinator::server::serve((c_grpc, c_metrics), server, config, shutdown).await {
+            if let Err(e) = dpcap_coordinator::server::serve(
+                Listeners { grpc: c_grpc, metrics: c_metrics },
+                server,
+                config,
+                shutdown,
+            )
+            .await
+            {
                 tracing::error!(error = %e, "coordinator failed");
             }
         }));
@@ -84,14 +94,12 @@ impl Cluster {
                 device: "cpu".into(),
                 cluster_token: None,
                 tls: Default::default(),
-                collective_timeout: dpcap_worker::collective::DEFAULT_TIMEOUT,
+                collective_timeout: dpcap_worker::DEFAULT_COLLECTIVE_TIMEOUT,
                 precision: Default::default(),
             };
             let shutdown = stopped(&stop);
             tasks.push(tokio::spawn(async move {
-                if let Err(e) =
-                    dpcap_worker::runtime::run::<dpcap_ml::CpuBackend>(config, Default::default(), shutdown).await
-                {
+                if let Err(e) = dpcap_worker::run::<dpcap_ml::CpuBackend>(config, Default::default(), shutdown).await {
                     tracing::error!(error = %e, "worker failed");
                 }
             }));

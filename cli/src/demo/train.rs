@@ -12,7 +12,7 @@ use dpcap_ml::checkpoint::load_weights;
 use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
 use dpcap_ml::clip::ClipEngine;
 use dpcap_ml::optim::Schedule;
-use dpcap_ml::trainer::{Kind, Trainer};
+use dpcap_ml::trainer::{Kind, ReplicaConfig, Trainer};
 use dpcap_proto::v1::{GetSpendRequest, Job, JobSpend, JobState, SubmitJobRequest};
 
 use super::DemoArgs;
@@ -119,14 +119,16 @@ pub async fn run(server: &Server, accountant: &str, spec: SpecFile) -> Result<Fi
 pub fn fresh(args: &DemoArgs, tokenizer: &CaptionTokenizer) -> Result<Trainer<CpuBackend>> {
     let engine = ClipEngine { clipping_norm: 1.0, micro_batch: 1, precision: Default::default() };
     let schedule = Schedule { peak: 0.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
-    Ok(Trainer::<CpuBackend>::new(
-        "micro",
-        if args.objective == "mae" { Kind::Mae } else { Kind::Caption },
-        Some(tokenizer.clone()),
-        0,
-        (engine, 1.0, schedule),
-        &Default::default(),
-    )?)
+    let replica = ReplicaConfig {
+        model_name: "micro",
+        kind: if args.objective == "mae" { Kind::Mae } else { Kind::Caption },
+        tokenizer: Some(tokenizer.clone()),
+        seed: 0,
+        engine,
+        expected_batch_size: 1.0,
+        schedule,
+    };
+    Ok(Trainer::<CpuBackend>::new(replica, &Default::default())?)
 }
 
 /// The model `job` trained: its last checkpoint's weights and manifest.

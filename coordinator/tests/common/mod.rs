@@ -31,6 +31,8 @@ pub fn job(id: &str, workers: u32, steps: u64) -> JobEntry {
         phase_seconds: [0.0; 5],
         phase_reports: 0,
         version: 0,
+        held: Default::default(),
+        requeued_at: None,
     }
 }
 

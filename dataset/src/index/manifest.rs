@@ -38,6 +38,12 @@ pub struct ShardRecord {
     pub store_version: Option<String>,
 }
 
+/// Whether `digest` is `sha256:` and 64 lowercase hex digits.
+fn is_digest(digest: &str) -> bool {
+    let hex = digest.strip_prefix(DIGEST_PREFIX).unwrap_or_default();
+    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 impl ShardRecord {
     /// Whether the manifest pins the shard's bytes (version 3), not only its table.
     pub fn pins_bytes(&self) -> bool {
@@ -116,7 +122,7 @@ impl Manifest {
                 format!("version {} is not {MANIFEST_VERSION_MIN}..={MANIFEST_VERSION}", m.version),
             ));
         }
-        let (mut examples, mut skipped, mut seen) = (0u64, 0u64, HashSet::new());
+        let (mut examples, mut skipped, mut seen, mut contents) = (0u64, 0u64, HashSet::new(), HashSet::new());
         for (n, s) in m.shards.iter().enumerate() {
             // Canonical paths only: `a//x.tar` or `a/x.tar/` would name the same object as
             // `a/x.tar` in an object store, and a shard listed twice puts each of its examples
@@ -128,12 +134,24 @@ impl Manifest {
                     format!("shard {n} path {:?} is empty, absolute, not canonical, escaping or repeated", s.path),
                 ));
             }
-            let hex = s.table_sha256.strip_prefix(DIGEST_PREFIX).unwrap_or_default();
-            if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            if !is_digest(&s.table_sha256) {
                 return Err(field(
                     "table_sha256",
                     format!("shard {n} digest {:?} is not sha256:<64 hex>", s.table_sha256),
                 ));
+            }
+            // Version 3 pins every shard's bytes: a record without a pin would be read unchecked,
+            // and two shards with the same bytes put each example in twice.
+            if m.version >= 3 {
+                if !is_digest(&s.sha256) || s.bytes == 0 {
+                    return Err(field(
+                        "sha256",
+                        format!("shard {n} ({}) pins no bytes: size {}, digest {:?}", s.path, s.bytes, s.sha256),
+                    ));
+                }
+                if !contents.insert(s.sha256.as_str()) {
+                    return Err(field("sha256", format!("shard {n} ({}) has the same bytes as another shard", s.path)));
+                }
             }
             let overflow = || field("examples", format!("shard {n} counts overflow u64"));
             examples = examples.checked_add(s.examples).ok_or_else(overflow)?;

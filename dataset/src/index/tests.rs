@@ -137,6 +137,8 @@ fn manifest() -> (Manifest, Vec<Vec<u8>>) {
             skipped: 1,
             table_bytes: t.len() as u64,
             table_sha256: dpcap_proto::digest::sha256(t),
+            bytes: 10_240 * (i as u64 + 1),
+            sha256: dpcap_proto::digest::sha256(format!("shard {i}").as_bytes()),
             ..Default::default()
         })
         .collect();
@@ -174,6 +176,14 @@ fn manifest_parse_rejects_wrong_totals_bad_digests_escaping_paths_and_version_1(
         assert_eq!(rejected_field(&m), "path", "{path:?}");
     }
     assert!(matches!(Manifest::parse(b"{"), Err(IndexError::Field { field: "manifest", .. })));
+    // Version 3 pins every shard's bytes, each shard's its own; version 2 pinned none.
+    assert_eq!(broken(|m| m.shards[1].sha256 = String::new()), "sha256");
+    assert_eq!(broken(|m| m.shards[1].bytes = 0), "sha256");
+    assert_eq!(broken(|m| m.shards[2].sha256 = m.shards[0].sha256.clone()), "sha256");
+    let mut v2 = good.clone();
+    v2.version = 2;
+    v2.shards.iter_mut().for_each(|s| (s.bytes, s.sha256) = (0, String::new()));
+    assert!(Manifest::parse(&serde_json::to_vec(&v2).unwrap()).is_ok(), "a version-2 index still loads");
     assert_eq!(Manifest::digest(b""), dpcap_proto::digest::sha256(b""));
 }
 

@@ -70,6 +70,9 @@ pub fn chernoff_bounds(probs: &[f64], times: u64, tail_mass: f64) -> Option<(i64
     Some((lo.min(hi), hi))
 }
 
+/// Below this, e^x is exactly 0 in f64 (the smallest subnormal is about e^-744.4).
+const EXP_UNDERFLOW: f64 = -746.0;
+
 /// The `times`-fold self-convolution of `probs`, on index sums lo..=hi only, by one real FFT,
 /// a complex power, and one inverse FFT. Mass outside [lo, hi] aliases into the window; it is
 /// bounded by the Chernoff tail and accounted for by the caller.
@@ -85,8 +88,15 @@ pub fn self_convolve_window(probs: &[f64], times: u64, lo: i64, hi: i64) -> Vec<
     forward.process(&mut input, &mut spectrum).expect("fft buffers are sized by their plan");
     let t = times as f64;
     for z in spectrum.iter_mut() {
-        let r = z.norm();
-        *z = if r == 0.0 { Complex::new(0.0, 0.0) } else { Complex::from_polar((t * r.ln()).exp(), t * z.arg()) };
+        // |z|^t underflows to exactly 0 for most bins of a smooth PMF's spectrum (|z| < 0.88
+        // at t = 5708): those skip the angle (atan2) and sin_cos, the costly part.
+        let log_magnitude = 0.5 * t * z.norm_sqr().ln();
+        // A NaN takes the full path, so it reaches the caller's finiteness check.
+        *z = if log_magnitude <= EXP_UNDERFLOW {
+            Complex::new(0.0, 0.0)
+        } else {
+            Complex::from_polar(log_magnitude.exp(), t * z.arg())
+        };
     }
     zero_edge_imaginary(&mut spectrum, len);
     let mut output = inverse.make_output_vec();

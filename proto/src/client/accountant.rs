@@ -22,6 +22,19 @@ pub struct AccountantClient {
     inner: RawClient,
 }
 
+/// Which part a submission carries: part `part` (a rank, or 0 for an all-reduced sum) of
+/// `step`, computed by group generation `attempt` (a newer attempt replaces pending parts of an
+/// older one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartKey {
+    /// The step number the ledger will charge.
+    pub step: u64,
+    /// The part's index, 0 <= part < W.
+    pub part: u32,
+    /// The group generation that computed it.
+    pub attempt: u64,
+}
+
 impl AccountantClient {
     /// Connects to `endpoint` (e.g. "http://127.0.0.1:7070") in plaintext without a token.
     pub async fn connect(endpoint: String) -> Result<Self, tonic::transport::Error> {
@@ -61,7 +74,7 @@ impl AccountantClient {
         part: u32,
         values: &[f32],
     ) -> Result<SubmitPartResponse, Status> {
-        self.submit_attempt(job_id, (step, part, 0), values).await
+        self.submit_attempt(job_id, PartKey { step, part, attempt: 0 }, values).await
     }
 
     /// Streams part `part` of `step`, computed by group generation `attempt`: a newer attempt
@@ -69,10 +82,10 @@ impl AccountantClient {
     pub async fn submit_attempt(
         &mut self,
         job_id: &str,
-        (step, part, attempt): (u64, u32, u64),
+        key: PartKey,
         values: &[f32],
     ) -> Result<SubmitPartResponse, Status> {
-        self.submit_bytes(job_id, (step, part, attempt), floats::to_bytes(values)).await
+        self.submit_bytes(job_id, key, floats::to_bytes(values)).await
     }
 
     /// Streams a part given as little-endian f32 bytes ([`floats::into_bytes`] makes them from
@@ -80,7 +93,7 @@ impl AccountantClient {
     pub async fn submit_bytes(
         &mut self,
         job_id: &str,
-        (step, part, attempt): (u64, u32, u64),
+        PartKey { step, part, attempt }: PartKey,
         data: bytes::Bytes,
     ) -> Result<SubmitPartResponse, Status> {
         let values = data.len() / 4;

@@ -18,7 +18,7 @@ use tonic::{Request, Status};
 
 use crate::v1::worker_service_client::WorkerServiceClient;
 
-pub use accountant::{AccountantClient, CHUNK_VALUES, RawClient};
+pub use accountant::{AccountantClient, CHUNK_VALUES, PartKey, RawClient};
 
 /// Metadata carrying a rank's capability for one job (see `Assignment.capability`).
 pub const CAPABILITY_HEADER: &str = "x-dpcap-capability";

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use dpcap_proto::client::{AccountantClient, CoordinatorClient};
+use dpcap_proto::client::{AccountantClient, CoordinatorClient, PartKey};
 use dpcap_proto::floats;
 use dpcap_proto::retry::backoff;
 use dpcap_proto::v1::{Assignment, JobSpend, Reduction};
@@ -14,8 +14,14 @@ use dpcap_proto::{ErrorCode, RetryPolicy, is_transient};
 use crate::collective::Reducer;
 use crate::runtime::RuntimeError;
 
-/// Where a step's part goes: (job, step, rank, generation).
-pub type StepKey<'a> = (&'a str, u64, u32, u64);
+/// Where a step's part goes: the job, and which part of which step (`part.part` is the rank).
+#[derive(Debug, Clone, Copy)]
+pub struct StepKey<'a> {
+    /// The job.
+    pub job_id: &'a str,
+    /// The step, the rank and the group generation.
+    pub part: PartKey,
+}
 
 /// What became of a step's part.
 pub enum Outcome {
@@ -111,9 +117,10 @@ pub async fn release(
 /// arrives once it is stored, so storing is not paid twice on the step's critical path.
 async fn through_accountant(
     accountant: &mut AccountantClient,
-    (job_id, step, part, generation): StepKey<'_>,
+    StepKey { job_id, part: key }: StepKey<'_>,
     sum: Vec<f32>,
 ) -> Result<Outcome, RuntimeError> {
+    let PartKey { step, part, .. } = key;
     let policy = RetryPolicy::default();
     let started = Instant::now();
     let data = floats::into_bytes(sum); // one buffer for every attempt, never copied
@@ -121,9 +128,9 @@ async fn through_accountant(
     loop {
         let t = Instant::now();
         let mut fetcher = accountant.clone();
-        let fetch = fetcher.fetch_release(job_id, step);
+        let fetch = fetcher.fetch_release(job_id, key.step);
         tokio::pin!(fetch);
-        let submit = accountant.submit_bytes(job_id, (step, part, generation), data.clone());
+        let submit = accountant.submit_bytes(job_id, key, data.clone());
         // Until the submit answers, a fetch that ends is the answer (the step was released).
         let (submitted, fetched) = tokio::select! {
             submitted = submit => (Some(submitted), None),
@@ -172,9 +179,10 @@ async fn through_accountant(
 async fn over_nccl(
     group: &std::sync::Arc<crate::collective::nccl::NcclGroup>,
     accountant: &mut AccountantClient,
-    (job_id, step, rank, generation): StepKey<'_>,
+    StepKey { job_id, part: key }: StepKey<'_>,
     part: Vec<f32>,
 ) -> Result<Outcome, RuntimeError> {
+    let PartKey { step, part: rank, .. } = key;
     use crate::collective::ReleaseStatus;
     let t = Instant::now();
     let dim = part.len();
@@ -182,7 +190,7 @@ async fn over_nccl(
     let mut reduce_seconds = t.elapsed().as_secs_f64();
     if rank == 0 {
         // Rank 0 alone talks to the accountant (parts = 1), then tells the others what happened.
-        let fetched = through_accountant(accountant, (job_id, step, 0, generation), sum).await;
+        let fetched = through_accountant(accountant, StepKey { job_id, part: PartKey { part: 0, ..key } }, sum).await;
         let status = match &fetched {
             Ok(Outcome::Released(_)) => ReleaseStatus::Released,
             Ok(Outcome::Discarded) => ReleaseStatus::Discarded,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
-use dpcap_proto::client::{AccountantClient, CapabilityCell, CoordinatorClient};
+use dpcap_proto::client::{AccountantClient, CapabilityCell, CoordinatorClient, PartKey};
 use dpcap_proto::v1::{
     Assignment, AttachJobRequest, Augment, GetStepRequest, JobSpec, Objective, Privacy, ReportStepRequest, StepOutcome,
     TelemetryMode, step_work::Action,
@@ -28,7 +28,7 @@ use dpcap_ml::clip::{ClipEngine, Telemetry};
 use dpcap_ml::fed::LocalConfig;
 use dpcap_ml::optim::Schedule;
 use dpcap_ml::optim::{AdamWConfig, Rule};
-use dpcap_ml::trainer::{Kind, Trainer};
+use dpcap_ml::trainer::{Kind, ReplicaConfig, Trainer};
 
 /// Seconds of each phase of one step.
 #[derive(Debug, Default, Clone, Copy)]
@@ -165,14 +165,16 @@ impl<AB: AutodiffBackend> Session<AB> {
             precision: config.precision,
         };
         let mut trainer = tokio::task::block_in_place(|| {
-            Trainer::<AB>::new(
-                &spec.model,
+            let replica = ReplicaConfig {
+                model_name: &spec.model,
                 kind,
                 tokenizer,
-                spec.seed,
-                (engine, plan.expected_batch_size, schedule),
-                device,
-            )
+                seed: spec.seed,
+                engine,
+                expected_batch_size: plan.expected_batch_size,
+                schedule,
+            };
+            Trainer::<AB>::new(replica, device)
         })?;
         let side = trainer.model.encoder().config().image as u32;
         let pipeline = Arc::new(Pipeline::clip(side).map_err(|e| RuntimeError::Data(e.to_string()))?);
@@ -332,9 +334,13 @@ impl<AB: AutodiffBackend> Session<AB> {
         let computed = self.compute(step, units).await?;
         phases.compute = since(t);
 
-        let outcome =
-            reduce::release(&self.reducer, &mut self.accountant, (&job_id, step, rank, generation), computed.part)
-                .await?;
+        let outcome = reduce::release(
+            &self.reducer,
+            &mut self.accountant,
+            reduce::StepKey { job_id: &job_id, part: PartKey { step, part: rank, attempt: generation } },
+            computed.part,
+        )
+        .await?;
         let released = match outcome {
             Outcome::Released(released) => released,
             Outcome::Discarded => {

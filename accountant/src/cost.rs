@@ -1,0 +1,338 @@
+//! What one release costs, measured on the real thing: an accountant server in this process on
+//! loopback, one rank that streams its part in and fetches the release while it is stored
+//! (noise drawn ahead, as in production), and each phase of the release run alone on the same
+//! P for the breakdown. CPU-seconds per GB of gradient released (4·P bytes) is the figure that
+//! carries to another machine; wall time here is set by this machine's cores.
+//! `dpctl bench scale` and `cargo bench -p dpcap-accountant --bench release` report it.
+//!
+//! Benchmark code, not service code: nothing in the service calls it.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use prost::Message;
+use serde::Serialize;
+use xxhash_rust::xxh3::Xxh3;
+
+use dpcap_proto::client::{AccountantClient, CHUNK_VALUES, CallCredentials, CapabilityCell, PartKey};
+use dpcap_proto::floats;
+use dpcap_proto::v1::{
+    AccountantKind, FetchReleaseRequest, Mechanism, PrivacyContract, RegisterJobRequest, ReleaseChunk,
+};
+use dpcap_serve::{Capabilities, Capability, ServerSecurity};
+
+use crate::noise::{self, BLOCK_BYTES, NoiseMode};
+use crate::release::Release;
+use crate::server::{ServeError, Setup};
+use crate::sum::{Chunks, Sum};
+use crate::{Policy, server};
+
+/// A failed measurement.
+pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
+
+/// CPU seconds this process has used (user + system, every thread), from /proc: what a
+/// release costs the machine, beside how long it takes. Ticks are 10 ms.
+pub fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime and stime are the 12th and
+    // 13th, in clock ticks (100 per second on Linux).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after.split_whitespace().skip(11).take(2).filter_map(|t| t.parse::<u64>().ok()).sum();
+    ticks as f64 / 100.0
+}
+
+/// How the measured accountant writes its stored releases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    /// The production path for a local ledger: a file synced part by part while it is written.
+    Synced,
+    /// object_store's multipart upload over the same directory, synced once when it completes
+    /// (what the ledger does on any other object store): the side-by-side reference.
+    Multipart,
+}
+
+/// What to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct CostOptions {
+    /// Gradient coordinates P.
+    pub params: u64,
+    /// Examples N: with `batch`, the job's sampling rate q = L/N and δ = 1/N.
+    pub examples: u64,
+    /// Expected batch L.
+    pub batch: u64,
+    /// Releases timed; medians are reported.
+    pub steps: u64,
+    /// How the ledger stores releases.
+    pub writer: Writer,
+}
+
+/// One release at size P through the real accountant (medians over the steps).
+#[derive(Debug, Clone, Serialize)]
+pub struct ReleaseCost {
+    /// First byte of the part in → last byte of the release out.
+    pub release_s: f64,
+    /// First byte of the part in → first byte of the release out (the part's transfer, the
+    /// charge and the first noised block).
+    pub release_first_chunk_s: f64,
+    /// First byte of the part in → the part's answer, which comes once the release is stored.
+    pub release_stored_s: f64,
+    /// CPU seconds the accountant and its client used together during the release.
+    pub release_cpu_s: f64,
+    /// The same per GB of gradient released (4·P bytes).
+    pub release_cpu_s_per_gb: f64,
+    /// Noise drawn per second per core (off the critical path: drawn while ranks compute).
+    pub noise_coords_per_s_per_core: f64,
+    /// Bytes per second the ledger's disk takes with an fsync (256 MiB written, then synced).
+    pub disk_fsync_bytes_per_s: f64,
+}
+
+/// CPU-seconds per GB of each phase of a release, each run alone on the same P.
+#[derive(Debug, Clone, Serialize)]
+pub struct Breakdown {
+    /// The part's chunks checked finite and hashed where they were decoded (per part).
+    pub check_cpu_s_per_gb: f64,
+    /// Sum + noise → the release's f32 blocks, on every core.
+    pub noise_add_cpu_s_per_gb: f64,
+    /// The release's chunks encoded as gRPC messages (per rank that fetches it).
+    pub encode_cpu_s_per_gb: f64,
+    /// The release written to the ledger's disk and synced.
+    pub store_cpu_s_per_gb: f64,
+}
+
+impl Breakdown {
+    /// What the measured phases leave of a release's cost: the transport (HTTP/2 framing and
+    /// flow control, the copies between its buffers, the client's encode and decode) and the
+    /// tasks around it, per GB.
+    pub fn transport_cpu_s_per_gb(&self, release: &ReleaseCost) -> f64 {
+        let phases =
+            self.check_cpu_s_per_gb + self.noise_add_cpu_s_per_gb + self.encode_cpu_s_per_gb + self.store_cpu_s_per_gb;
+        (release.release_cpu_s_per_gb - phases).max(0.0)
+    }
+}
+
+fn gigabytes(params: usize) -> f64 {
+    4.0 * params as f64 / 1e9
+}
+
+/// CPU seconds `work` takes (the process's, so `work` should be all that runs).
+fn cpu_of<T>(work: impl FnOnce() -> T) -> (T, f64) {
+    let before = cpu_seconds();
+    let out = work();
+    (out, cpu_seconds() - before)
+}
+
+/// A part of `params` values in the chunks a rank sends.
+fn part_chunks(params: usize) -> Vec<Bytes> {
+    let data = floats::into_bytes((0..params).map(|i| (i % 1013) as f32 * 1e-4).collect());
+    (0..params.div_ceil(CHUNK_VALUES))
+        .map(|i| data.slice(4 * i * CHUNK_VALUES..(4 * (i + 1) * CHUNK_VALUES).min(data.len())))
+        .collect()
+}
+
+/// Each phase of a release alone, on P = `params` values, with the ledger under `dir`.
+pub async fn breakdown(params: usize, dir: &Path) -> Result<Breakdown, BenchError> {
+    let gb = gigabytes(params);
+    let chunks = part_chunks(params);
+    let (checked, check_s) = cpu_of(|| {
+        let mut hasher = Xxh3::new();
+        for (i, chunk) in chunks.iter().enumerate() {
+            floats::check_finite(chunk, (i * CHUNK_VALUES) as u64)?;
+            hasher.update(chunk);
+        }
+        Ok::<_, floats::FloatsError>(hasher.digest())
+    });
+    std::hint::black_box(checked?);
+
+    let mut part = Chunks::default();
+    chunks.into_iter().for_each(|chunk| part.push(chunk));
+    let sum = Sum::One(part);
+    let noise = noise::draw(params, 1.0, NoiseMode::OsEntropy, 0)?;
+    let blocks = std::sync::Mutex::new(vec![Bytes::new(); params.div_ceil(BLOCK_BYTES / 4)]);
+    let ((), add_s) = cpu_of(|| noise::apply_each(&sum, &noise, |i, b| blocks.lock().expect("blocks")[i] = b));
+    drop((sum, noise));
+    let blocks = blocks.into_inner().expect("blocks");
+
+    let (encoded, encode_s) = cpu_of(|| {
+        let mut buffer = BytesMut::new();
+        let mut total = 0;
+        for block in &blocks {
+            for (i, data) in block.chunks(4 * CHUNK_VALUES).enumerate() {
+                let chunk = ReleaseChunk { offset: i as u64, data: block.slice_ref(data), ..Default::default() };
+                buffer.clear();
+                chunk.encode(&mut buffer).map_err(|e| e.to_string())?;
+                total += buffer.len();
+            }
+        }
+        Ok::<_, String>(total)
+    });
+    std::hint::black_box(encoded?);
+
+    let data: Bytes = blocks.concat().into();
+    let release = Release::from_store(0, data, 1.0, BLOCK_BYTES);
+    let ledger = server::open_ledger(&dir.to_string_lossy())?;
+    let before = cpu_seconds();
+    ledger.put_release("breakdown", 0, &release).await?;
+    let store_s = cpu_seconds() - before;
+    Ok(Breakdown {
+        check_cpu_s_per_gb: check_s / gb,
+        noise_add_cpu_s_per_gb: add_s / gb,
+        encode_cpu_s_per_gb: encode_s / gb,
+        store_cpu_s_per_gb: store_s / gb,
+    })
+}
+
+/// The ledger disk's fsync'd write rate: what a durable release is bounded by.
+fn disk_fsync_rate(dir: &Path) -> Result<f64, BenchError> {
+    use std::io::Write;
+    let path = dir.join("disk-probe");
+    let block = vec![0x5au8; 16 << 20];
+    let started = Instant::now();
+    let mut file = std::fs::File::create(&path)?;
+    for _ in 0..16 {
+        file.write_all(&block)?;
+    }
+    file.sync_all()?;
+    let rate = (16 * block.len()) as f64 / started.elapsed().as_secs_f64();
+    std::fs::remove_file(path)?;
+    Ok(rate)
+}
+
+/// Fetches `step`'s release whole, returning its values and when its first chunk came.
+async fn fetch_timed(client: &mut AccountantClient, step: u64) -> Result<(usize, Instant), BenchError> {
+    let request = FetchReleaseRequest { job_id: "scale".into(), step, chunk_values: 0 };
+    let mut stream = client.raw().fetch_release(request).await?.into_inner();
+    let (mut bytes, mut first) = (0, None);
+    while let Some(chunk) = stream.message().await? {
+        let first = *first.get_or_insert_with(Instant::now);
+        bytes += chunk.data.len();
+        if chunk.last {
+            return Ok((bytes / 4, first));
+        }
+    }
+    Err(format!("the release of step {step} ended without its last chunk").into())
+}
+
+/// A running accountant: its client (acting as the one rank of the job), stop switch and task.
+struct Running {
+    client: AccountantClient,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+}
+
+/// An accountant in this process over a ledger in `dir`, written by `writer`, and a client with
+/// the unsigned capability of rank 0 (as a coordinator without keys would issue it).
+async fn start(dir: &Path, writer: Writer) -> Result<Running, BenchError> {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = grpc.local_addr()?;
+    let location = dir.to_string_lossy().into_owned();
+    let ledger = match writer {
+        Writer::Synced => server::open_ledger(&location)?,
+        Writer::Multipart => {
+            let (store, root) = dpcap_serve::open_durable_store(&location)?;
+            crate::ledger::Ledger::new(store, root)
+        }
+    };
+    let secured = ServerSecurity::default().server(addr)?;
+    let policy = Policy { allow_unbudgeted_datasets: true, ..Default::default() };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let setup = Setup { ledger, policy, capabilities: Capabilities::new(None) };
+        server::serve(dpcap_serve::Listeners { grpc, metrics }, secured, setup, shutdown).await
+    });
+    let rank =
+        Capability { job_id: "scale".into(), rank: 0, generation: 0, group: 0, parts: 1, expires_unix_ms: u64::MAX };
+    let credentials =
+        CallCredentials::default().with_capability(CapabilityCell::new(Capabilities::new(None).issue(&rank)));
+    let client =
+        AccountantClient::lazy(tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?, credentials);
+    Ok(Running { client, stop, task })
+}
+
+/// Registers the measured job: DP-Cap's mechanism at the options' N and L.
+async fn register(client: &AccountantClient, opts: &CostOptions) -> Result<(), BenchError> {
+    let register = RegisterJobRequest {
+        job_id: "scale".into(),
+        contract: Some(PrivacyContract {
+            mechanism: Some(Mechanism {
+                sample_rate: opts.batch as f64 / opts.examples as f64,
+                noise_multiplier: dpcap_privacy::recipes::DP_CAP.noise_multiplier,
+                clipping_norm: 1.0,
+            }),
+            delta: 1.0 / opts.examples as f64,
+            epsilon_target: 8.0,
+            accountant: AccountantKind::Rdp as i32,
+            ..Default::default()
+        }),
+        gradient_dim: opts.params,
+        ..Default::default()
+    };
+    // The accountant answers UNAVAILABLE until it has replayed its (empty) ledger.
+    let policy = dpcap_proto::RetryPolicy { deadline: Duration::from_secs(30), ..Default::default() };
+    dpcap_proto::retry(policy, "register", || {
+        let (mut client, register) = (client.clone(), register.clone());
+        async move { client.raw().register_job(register).await }
+    })
+    .await?;
+    Ok(())
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Times `opts.steps` releases of P values through a real accountant with its ledger under
+/// `dir`. Between steps it waits, as ranks compute, while the next step's noise is drawn.
+pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, BenchError> {
+    let dim = usize::try_from(opts.params)?;
+    // Noise throughput first: it says how long a step must compute for noise to be ready.
+    let sample = dim.min(1 << 24);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let started = Instant::now();
+    std::hint::black_box(noise::draw(sample, 1.0, NoiseMode::OsEntropy, 0)?);
+    let noise_rate = sample as f64 / started.elapsed().as_secs_f64();
+    let noise_wait = Duration::from_secs_f64(dim as f64 / noise_rate * 1.2 + 0.5);
+
+    let Running { client, stop, task } = start(dir, opts.writer).await?;
+    register(&client, opts).await?;
+    let part = floats::into_bytes((0..dim).map(|i| (i % 1013) as f32 * 1e-4).collect());
+    let (mut times, mut firsts, mut stores, mut cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for step in 0..opts.steps.max(1) {
+        tokio::time::sleep(noise_wait).await;
+        let (started, cpu) = (Instant::now(), cpu_seconds());
+        let (mut submitter, mut fetcher) = (client.clone(), client.clone());
+        // The rank fetches while it submits, as the worker does: the release streams while the
+        // accountant stores it, and its last chunk comes once it is stored.
+        let submit = async {
+            let submitted = submitter.submit_bytes("scale", PartKey { step, part: 0, attempt: 0 }, part.clone()).await;
+            (submitted, started.elapsed().as_secs_f64())
+        };
+        let ((submitted, stored_s), fetched) = tokio::join!(submit, fetch_timed(&mut fetcher, step));
+        submitted?;
+        let (values, first) = fetched?;
+        times.push(started.elapsed().as_secs_f64());
+        cpus.push(cpu_seconds() - cpu);
+        firsts.push((first - started).as_secs_f64());
+        stores.push(stored_s);
+        if values != dim {
+            return Err(format!("release of {values} values, expected {dim}").into());
+        }
+    }
+    let _ = stop.send(());
+    task.await??;
+    let cpu_s = median(cpus);
+    Ok(ReleaseCost {
+        release_s: median(times),
+        release_first_chunk_s: median(firsts),
+        release_stored_s: median(stores),
+        release_cpu_s: cpu_s,
+        release_cpu_s_per_gb: cpu_s / gigabytes(dim),
+        noise_coords_per_s_per_core: noise_rate / cores as f64,
+        disk_fsync_bytes_per_s: disk_fsync_rate(dir)?,
+    })
+}
