@@ -1,5 +1,5 @@
 //! `dpctl bench privacy`: how long the accountants take on the DP-Cap recipe. Compare against
-//! Google's dp-accounting with `scripts/bench_privacy.py`, which runs both side by side.
+//! Google's dp-accounting with `scripts/bench-privacy.sh`, which runs both side by side.
 
 use std::time::Instant;
 

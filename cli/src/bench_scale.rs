@@ -188,16 +188,10 @@ pub fn run(opts: ScaleBench) -> Result<()> {
         "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
     });
     let fields = report.as_object_mut().context("a JSON object")?;
-    for value in [serde_json::to_value(&release)?, serde_json::to_value(&parts)?] {
+    // The release's own keys are named already; its phases get the `release_` prefix.
+    for (value, prefix) in [(serde_json::to_value(&release)?, ""), (serde_json::to_value(&parts)?, "release_")] {
         let serde_json::Value::Object(more) = value else { anyhow::bail!("costs serialise as objects") };
-        for (key, value) in more {
-            let key = if key.starts_with("release_") || key.starts_with("noise_") || key.starts_with("disk_") {
-                key
-            } else {
-                format!("release_{key}")
-            };
-            fields.insert(key, value);
-        }
+        fields.extend(more.into_iter().map(|(key, value)| (format!("{prefix}{key}"), value)));
     }
     if opts.json {
         outln!("{report}");

@@ -2,7 +2,7 @@
 //! probability q over N_clients; a sampled client's examples all go, together, to one rank;
 //! and the split never mixes two clients in a unit.
 
-mod common;
+use super::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

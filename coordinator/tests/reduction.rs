@@ -1,7 +1,7 @@
 //! The reduction path and the NCCL rendezvous: all-CUDA groups reduce over NCCL (and keep doing
 //! so), rank 0 publishes one id per generation, and a peer-lost report re-forms the group.
 
-mod common;
+use super::common;
 
 use common::{done, job, submit, worker, worker_on};
 use dpcap_coordinator::CoordinatorError;

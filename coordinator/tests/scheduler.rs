@@ -1,7 +1,7 @@
 //! The scheduler's pure transitions: FIFO gang allocation, lease expiry re-forming a group,
 //! the step barrier, and outcomes.
 
-mod common;
+use super::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,12 @@
+//! Every integration test of this crate in one binary: each file below is a module, so the
+//! workspace links one test executable here instead of one per file. Run one file's tests
+//! with `cargo test -p CRATE --test suite FILE::`.
+
+mod clip_vs_naive;
+mod configs;
+mod fedemb;
+mod nonfinite;
+mod optim_checkpoint;
+mod precision;
+mod reference;
+mod timm_export;
