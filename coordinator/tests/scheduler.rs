@@ -40,8 +40,9 @@ fn a_job_waiting_for_workers_to_arrive_says_so_and_lets_a_job_that_fits_run_besi
     assert_eq!(said, 1, "one condition, updated as the reason changes: conditions never grow while waiting");
 }
 
-#[test]
-fn a_job_requeued_after_losing_a_worker_is_not_overtaken_while_it_waits_for_a_replacement() {
+/// Job a runs on w1 and w2, job b (one worker) queues behind it, and w2's lease lapses: a is
+/// requeued at the head, with w1 free.
+fn a_loses_a_worker_with_b_queued() -> State {
     let mut state = State::default();
     submit(&mut state, job("a", 2, 5));
     worker(&mut state, "w1");
@@ -50,7 +51,13 @@ fn a_job_requeued_after_losing_a_worker_is_not_overtaken_while_it_waits_for_a_re
     assert!(running(&state, "a"));
     submit(&mut state, job("b", 1, 5));
     state.workers.get_mut("w2").unwrap().last_seen = Instant::now() - Duration::from_secs(60);
-    state.reap(Duration::from_secs(10)); // w2's lease lapsed: a is requeued at the head
+    state.reap(Duration::from_secs(10));
+    state
+}
+
+#[test]
+fn a_job_requeued_after_losing_a_worker_is_not_overtaken_while_it_waits_for_a_replacement() {
+    let mut state = a_loses_a_worker_with_b_queued();
     state.schedule();
     assert!(!running(&state, "a") && !running(&state, "b"), "w1 stays free for a's re-formed group");
     worker(&mut state, "w3");
@@ -60,14 +67,7 @@ fn a_job_requeued_after_losing_a_worker_is_not_overtaken_while_it_waits_for_a_re
 
 #[test]
 fn a_worker_gone_for_good_holds_the_queue_only_for_the_replacement_grace() {
-    let mut state = State::default();
-    submit(&mut state, job("a", 2, 5));
-    worker(&mut state, "w1");
-    worker(&mut state, "w2");
-    state.schedule();
-    submit(&mut state, job("b", 1, 5));
-    state.workers.get_mut("w2").unwrap().last_seen = Instant::now() - Duration::from_secs(60);
-    state.reap(Duration::from_secs(10));
+    let mut state = a_loses_a_worker_with_b_queued();
     assert!(!running(&state, "b"), "within the grace, b leaves w1 to a's re-formed group");
     let lost = Instant::now() - REPLACEMENT_GRACE - Duration::from_secs(1);
     state.jobs.get_mut("a").unwrap().requeued_at = Some(lost);
