@@ -121,8 +121,8 @@ pub fn apply_each(sum: &Sum, noise: &[f64], sink: impl Fn(usize, Bytes) + Sync) 
 
 /// `out[i] = (x[i] + noise[i]) as f32` for the little-endian f32 values `x` of `bytes`.
 fn add_le(out: &mut [f32], bytes: &[u8], noise: &[f64]) {
-    for ((y, b), n) in out.iter_mut().zip(bytes.chunks_exact(4)).zip(noise) {
-        *y = (f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])) + n) as f32;
+    for ((y, x), n) in out.iter_mut().zip(dpcap_proto::floats::le_values(bytes)).zip(noise) {
+        *y = (f64::from(x) + n) as f32;
     }
 }
 

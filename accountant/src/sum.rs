@@ -5,6 +5,7 @@
 use std::ops::Range;
 
 use bytes::Bytes;
+use dpcap_proto::floats::le_values;
 
 /// One part's values: little-endian f32 bytes in the chunks they arrived in (zero-copy slices
 /// of the transport's buffers), already checked to be finite.
@@ -59,7 +60,7 @@ impl Chunks {
     fn to_f64(&self) -> Vec<f64> {
         let mut out = Vec::with_capacity(self.len());
         for chunk in &self.chunks {
-            out.extend(chunk.chunks_exact(4).map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))));
+            out.extend(le_values(chunk).map(f64::from));
         }
         out
     }
@@ -67,8 +68,8 @@ impl Chunks {
     /// Adds every value to `sum` (of the same length).
     fn add_to(&self, sum: &mut [f64]) {
         for (chunk, bounds) in self.chunks.iter().zip(self.starts.windows(2)) {
-            for (s, b) in sum[bounds[0]..bounds[1]].iter_mut().zip(chunk.chunks_exact(4)) {
-                *s += f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            for (s, v) in sum[bounds[0]..bounds[1]].iter_mut().zip(le_values(chunk)) {
+                *s += f64::from(v);
             }
         }
     }
@@ -130,10 +131,7 @@ impl Sum {
     fn at(&self, i: usize) -> f64 {
         match self {
             Sum::Empty => 0.0,
-            Sum::One(v) => {
-                let b = v.slices(i..i + 1).next().expect("in range");
-                f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            }
+            Sum::One(v) => f64::from(v.slices(i..i + 1).flat_map(le_values).next().expect("in range")),
             Sum::Many(v) => v[i],
         }
     }

@@ -65,7 +65,7 @@ pub fn count(data: &[u8]) -> Result<usize, FloatsError> {
 /// Appends the values of `data` to `out`.
 pub fn extend(out: &mut Vec<f32>, data: &[u8]) -> Result<(), FloatsError> {
     count(data)?;
-    out.extend(data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+    out.extend(le_values(data));
     Ok(())
 }
 
@@ -101,6 +101,12 @@ pub fn check_finite(data: &[u8], offset: u64) -> Result<usize, FloatsError> {
         }
     }
     Ok(count)
+}
+
+/// The little-endian f32 values of `data`, read in place (a trailing partial value is
+/// ignored: callers check the length with [`count`]).
+pub fn le_values(data: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 /// All the values of `data`.
