@@ -20,10 +20,11 @@ use dpcap_serve::AttachToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-/// The components' log filter: `warn`, or `DPCAP_E2E_LOG` (e.g. `info`) when a run needs more.
-/// Each component logs to `<name>.log` in its test's directory.
+/// The components' log filter: `info` (a stalled job's logs must say where it stopped: at
+/// `warn` a slow step leaves nothing), or `DPCAP_E2E_LOG` (`debug`, `warn`). Each component logs
+/// to `<name>.log` in its test's directory, a few lines a step.
 fn log_filter() -> String {
-    std::env::var("DPCAP_E2E_LOG").unwrap_or_else(|_| "warn".into())
+    std::env::var("DPCAP_E2E_LOG").unwrap_or_else(|_| "info,h2=warn,hyper=warn,tower=warn".into())
 }
 
 /// A running component; SIGKILLed on drop.
@@ -194,7 +195,16 @@ pub fn dpctl(args: &[&str]) -> Output {
         if started.elapsed() > DPCTL_TIMEOUT {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("dpctl {} did not finish in {} s", args.join(" "), DPCTL_TIMEOUT.as_secs());
+            // What it printed so far (`wait` prints a line per progress change) says where the
+            // job stood.
+            let (out, err) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
+            panic!(
+                "dpctl {} did not finish in {} s; its stdout:\n{}\nits stderr:\n{}",
+                args.join(" "),
+                DPCTL_TIMEOUT.as_secs(),
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&err)
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
