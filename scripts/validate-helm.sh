@@ -76,10 +76,13 @@ grep -q "kind: ServiceMonitor" "$OUT/gpu.yaml" || { echo "ServiceMonitor missing
 grep -q "publishNotReadyAddresses: true" "$OUT/default.yaml" || { echo "headless worker service missing"; exit 1; }
 grep -q "type: Recreate" "$OUT/default.yaml" || { echo "coordinator must use Recreate"; exit 1; }
 grep -q '"--precision", "bf16"' "$OUT/gpu.yaml" || { echo "GPU workers must run bf16 in the example"; exit 1; }
+# A read-only root leaves cubecl nowhere to cache kernels: the worker mounts a volume there.
+grep -q 'mountPath: /var/cache/dpcap/kernels' "$OUT/gpu.yaml" && grep -q 'name: DPCAP_KERNEL_CACHE' "$OUT/gpu.yaml" \
+  || { echo "GPU workers need the kernel cache volume and DPCAP_KERNEL_CACHE"; exit 1; }
 
 # values.schema.json must reject wrong types.
 for bad in "workers.replicas=two" "workers.device=tpu" "workers.precision=fp8" "workers.collectiveTimeoutSeconds=0" \
-  "coordinator.leaseSeconds=0" "image.tag="; do
+  "coordinator.leaseSeconds=0" "image.tag=" "workers.kernelCache.autotuneLevel=max"; do
   if "$HELM" template dpcap "$CHART" "${TLS[@]}" --set "$bad" >/dev/null 2>&1; then
     echo "values.schema.json accepted --set $bad"; exit 1
   fi

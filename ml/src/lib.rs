@@ -10,6 +10,7 @@
 
 pub mod checkpoint;
 pub mod clip;
+pub mod device;
 pub mod eval;
 pub mod fed;
 pub mod init;

@@ -171,3 +171,119 @@ async fn sigterm_re_forms_a_workers_group_at_once_and_drains_a_coordinator_with_
     let restored = get(&services, &job.job_id).await;
     assert!(!dpcap_coordinator::state::is_terminal(restored.state), "{restored:#?}");
 }
+
+/// `scripts/gpu-check.sh run-job` as the GPU machine runs it, over this build's binaries.
+struct GpuCheck {
+    status: std::process::ExitStatus,
+    summary: String,
+    results: std::path::PathBuf,
+}
+
+impl GpuCheck {
+    /// Runs the script's one-rank job on `device`; the script bounds itself, and `timeout`
+    /// bounds the script.
+    fn run_job(dir: &std::path::Path, device: &str) -> Self {
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for name in dpcap_e2e::binaries::BINARIES {
+            std::os::unix::fs::symlink(dpcap_e2e::binary(name), bin.join(name)).unwrap();
+        }
+        let results = dir.join("results");
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-check.sh");
+        let output = std::process::Command::new("timeout")
+            .args(["--kill-after=10", "420", "bash"])
+            .arg(&script)
+            .arg("run-job")
+            .env("GPU_CHECK_BIN", &bin)
+            .env("GPU_CHECK_RESULTS", &results)
+            .env("GPU_CHECK_DEVICE", device)
+            .output()
+            .expect("bash runs the script");
+        let summary = std::fs::read_to_string(results.join("summary.txt")).unwrap_or_default();
+        Self { status: output.status, summary, results }
+    }
+
+    /// The summary and every component log, for a failed assertion.
+    fn evidence(&self) -> String {
+        let mut text = format!("exit {:?}; summary:\n{}", self.status.code(), self.summary);
+        for name in ["accountant", "coordinator", "worker"] {
+            let log = std::fs::read_to_string(self.results.join("job").join(format!("{name}.log"))).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            text += &format!("\n---- {name}.log\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+        }
+        text
+    }
+
+    /// Live processes whose command line names the results directory: none may outlive the script.
+    fn leftovers(&self) -> Vec<String> {
+        let needle = self.results.to_string_lossy().into_owned();
+        let procs = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+        procs
+            .filter_map(|p| std::fs::read(p.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.contains(&needle))
+            .collect()
+    }
+}
+
+#[test]
+fn the_gpu_check_scripts_job_passes_on_a_cpu_worker_and_leaves_no_process_behind() {
+    let dir = tempfile_dir("gpu-check-cpu");
+    let run = GpuCheck::run_job(&dir, "cpu");
+    assert!(run.status.success(), "{}", run.evidence());
+    assert!(
+        run.summary.starts_with("ok one-rank job on cpu (5 steps, bf16, reduction accountant)"),
+        "{}",
+        run.evidence()
+    );
+    assert_eq!(run.leftovers(), Vec::<String>::new(), "every process the script started is stopped");
+}
+
+/// On a build without `cuda`, a `cuda:0` worker exits at start: the script must say so in its
+/// summary, with the worker's own error, and stop the accountant and coordinator it started.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn the_gpu_check_script_reports_a_component_that_dies_at_start_and_stops_the_others() {
+    let dir = tempfile_dir("gpu-check-dies");
+    let run = GpuCheck::run_job(&dir, "cuda:0");
+    assert_eq!(run.status.code(), Some(1), "{}", run.evidence());
+    let line = run.summary.lines().next().unwrap_or_default();
+    assert!(line.starts_with("FAILED one-rank job on cuda:0 (worker exited (exit 1)"), "{}", run.evidence());
+    assert!(line.contains("built without the `cuda` feature"), "the worker's own error reaches the summary: {line}");
+    assert_eq!(run.leftovers(), Vec::<String>::new(), "the accountant and coordinator are stopped");
+}
+
+/// The worker's preflight names every missing piece of a CUDA machine at once, as JSON an
+/// operator's script can read, and exits 1; the file-system checks run even without CUDA.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn the_worker_preflight_reports_each_missing_cuda_piece_with_its_fix_and_exits_1() {
+    let dir = tempfile_dir("preflight");
+    let toolkit = dir.join("cuda");
+    std::fs::create_dir_all(toolkit.join("include")).unwrap();
+    std::fs::write(toolkit.join("include/cuda_runtime.h"), "").unwrap();
+    let run = |device: &str| {
+        std::process::Command::new(dpcap_e2e::binary("dpcap-worker"))
+            .args(["preflight", "--device", device, "--json"])
+            .env("CUDA_PATH", &toolkit)
+            .env("DPCAP_KERNEL_CACHE", dir.join("kernels"))
+            .output()
+            .unwrap()
+    };
+    let out = run("cuda:0");
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the report is JSON");
+    let status = |name: &str| {
+        let check = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == name).cloned();
+        check.unwrap_or_else(|| panic!("no {name} check in {report:#}"))
+    };
+    assert_eq!(report["ok"], false);
+    assert_eq!(status("build")["status"], "failed");
+    assert_eq!(status("nccl")["status"], "skipped");
+    let headers = status("headers");
+    assert_eq!(headers["status"], "failed");
+    assert!(headers["detail"].as_str().unwrap().contains("lacks cuda_fp16.h, cuda_bf16.h"), "{headers:#}");
+    assert_eq!(status("kernel cache")["status"], "ok", "the cache directory is created: {report:#}");
+    assert!(dir.join("kernels").is_dir());
+    assert_eq!(run("cpu").status.code(), Some(0), "a CPU worker needs nothing");
+}

@@ -10,13 +10,12 @@
 pub mod collective;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod preflight;
 pub mod runtime;
 
 /// The runtime's surface for embedders (`dpctl demo`, the binary): start a worker with its
 /// configuration, and the collective's default bound.
 pub use collective::DEFAULT_TIMEOUT as DEFAULT_COLLECTIVE_TIMEOUT;
-#[cfg(feature = "cuda")]
-pub use cuda::check_device;
 pub use dpcap_ml::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use dpcap_ml::CudaBackend;

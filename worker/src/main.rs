@@ -36,11 +36,44 @@ struct Args {
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Check what the device needs (driver, NVRTC, CUDA headers, NCCL, kernel cache) and exit:
+    /// 0 when it can run, 1 when a check failed (each failure says what to do).
+    Preflight {
+        /// The device to check: cpu or cuda:N.
+        #[arg(long, default_value = "cuda:0")]
+        device: String,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Prints the preflight of `device` and exits 1 when it failed.
+fn preflight(device: &str, json: bool) -> Result<()> {
+    let report = dpcap_worker::preflight::run(device, dpcap_worker::preflight::Needs { nccl: true });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.to_text());
+    }
+    if !report.ok {
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(Command::Preflight { device, json }) = &args.command {
+        return preflight(device, *json);
+    }
     init_tracing(args.log_json);
     let name = args.name.unwrap_or_else(|| {
         format!("{}-{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id())
@@ -69,7 +102,14 @@ async fn main() -> Result<()> {
 
 #[cfg(feature = "cuda")]
 async fn run_cuda(config: WorkerConfig, index: usize) -> Result<()> {
-    dpcap_worker::cuda::check_device(index).map_err(|e| anyhow::anyhow!("invalid --device {e}"))?;
+    let report = dpcap_worker::preflight::run(&config.device, dpcap_worker::preflight::Needs { nccl: true });
+    for check in report.checks.iter().filter(|c| c.status == dpcap_worker::preflight::Status::Warn) {
+        tracing::warn!(check = check.name, "{}", check.detail);
+    }
+    if !report.ok {
+        bail!("invalid --device {}: the preflight failed: {}", config.device, report.failures());
+    }
+    dpcap_ml::device::configure_kernel_cache();
     let device = burn::backend::cuda::CudaDevice::new(index);
     run::<dpcap_worker::CudaBackend>(config, device, shutdown_signal()).await?;
     Ok(())
