@@ -172,11 +172,7 @@ fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<T
 #[cfg(feature = "cuda")]
 fn run_cuda(opts: &ClipBench, index: usize) -> Result<Timings> {
     let device = format!("cuda:{index}");
-    let report = dpcap_worker::preflight::run(&device, dpcap_worker::preflight::Needs { nccl: false });
-    if !report.ok {
-        bail!("invalid --device {device}: the preflight failed: {}", report.failures());
-    }
-    dpcap_ml::device::configure_kernel_cache();
+    dpcap_worker::preflight::require(&device, dpcap_worker::preflight::Needs { nccl: false })?;
     run_on::<dpcap_worker::CudaBackend>(opts, burn::backend::cuda::CudaDevice::new(index))
 }
 

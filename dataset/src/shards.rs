@@ -175,7 +175,10 @@ impl ShardReader {
         }
         let changed = |reason: String| DataError::Changed { shard: record.path.clone(), reason };
         let path = join(&self.root, &record.path);
-        let meta = self.store.head(&path).await?;
+        // A versioned store keeps the pinned version after a replacement: ask for it, so the job
+        // reads the bytes it was planned on (None asks for the current object).
+        let pinned = || GetOptions { version: record.store_version.clone(), ..Default::default() };
+        let meta = self.store.get_opts(&path, GetOptions { head: true, ..pinned() }).await?.meta;
         if meta.size != record.bytes {
             return Err(changed(format!("{} bytes, the index pinned {}", meta.size, record.bytes)));
         }
@@ -188,7 +191,7 @@ impl ShardReader {
         }
         // Another ETag (a copy elsewhere, a rewrite) or a local file: the bytes decide, streamed
         // through SHA-256 once (never held whole).
-        let got = self.store.get(&path).await?;
+        let got = self.store.get_opts(&path, pinned()).await?;
         let pin = Pin { e_tag: got.meta.e_tag.clone(), version: got.meta.version.clone() };
         let mut stream = got.into_stream();
         let mut hasher = dpcap_proto::digest::Sha256Stream::default();

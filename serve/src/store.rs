@@ -21,13 +21,23 @@ pub struct StoreError {
 /// Opens `location` for writing, returning the store and the root path inside it (a local
 /// directory is created if missing).
 pub fn open_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
-    open(location, false, true)
+    open(location, false, true, None)
+}
+
+/// [`open_store`] configured by `options` (object_store's keys, as the environment
+/// names them: `AWS_ENDPOINT`, `AWS_ACCESS_KEY_ID`, ...) instead of the process environment: for a tool that holds several
+/// stores' settings at once.
+pub fn open_store_with(
+    location: &str,
+    options: &[(String, String)],
+) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
+    open(location, false, true, Some(options))
 }
 
 /// Opens `location` to read what is already there: a local directory must exist. Locations
 /// that come from requests (a job's dataset) open here, so that naming a path never creates it.
 pub fn open_existing_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
-    open(location, false, false)
+    open(location, false, false, None)
 }
 
 /// The bytes of one existing object named by `location`: a file path or an object URL (its
@@ -47,7 +57,7 @@ pub async fn read_object(location: &str) -> Result<bytes::Bytes, StoreError> {
 /// object stores are durable once a put succeeds). The ledger's charges are such records: a
 /// charge lost with the page cache would leave a released step unaccounted.
 pub fn open_durable_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
-    open(location, true, true)
+    open(location, true, true, None)
 }
 
 /// [`open_durable_store`] for a local directory, as the concrete store (the ledger writes its
@@ -76,7 +86,12 @@ fn open_local(location: &str, dir: &str, fsync: bool, create: bool) -> Result<Lo
     Ok(LocalFileSystem::new_with_prefix(dir).map_err(|e| store_error(e.to_string()))?.with_fsync(fsync))
 }
 
-fn open(location: &str, fsync: bool, create: bool) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
+fn open(
+    location: &str,
+    fsync: bool,
+    create: bool,
+    options: Option<&[(String, String)]>,
+) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
     let store_error = |reason: String| StoreError { url: location.to_owned(), reason };
     if location.is_empty() {
         return Err(store_error("empty location".into()));
@@ -85,11 +100,25 @@ fn open(location: &str, fsync: bool, create: bool) -> Result<(Arc<dyn ObjectStor
         return Ok((Arc::new(open_local(location, dir, fsync, create)?), Path::default()));
     }
     let url = url::Url::parse(location).map_err(|e| store_error(e.to_string()))?;
+    install_tls_provider();
     // Cloud stores read their configuration from the environment, as object_store names it
     // (AWS_ACCESS_KEY_ID, AWS_REGION, AWS_ENDPOINT, GOOGLE_SERVICE_ACCOUNT,
     // AZURE_STORAGE_ACCOUNT_NAME, ...); without it they fall back to the platform's
     // instance credentials. Unknown variables are ignored.
-    let (store, root): (Box<dyn ObjectStore>, Path) =
-        object_store::parse_url_opts(&url, std::env::vars()).map_err(|e| store_error(e.to_string()))?;
+    let parsed = match options {
+        Some(options) => object_store::parse_url_opts(&url, options.iter().map(|(k, v)| (k, v))),
+        None => object_store::parse_url_opts(&url, std::env::vars()),
+    };
+    let (store, root): (Box<dyn ObjectStore>, Path) = parsed.map_err(|e| store_error(e.to_string()))?;
     Ok((Arc::from(store), root))
 }
+
+/// object_store's HTTP client takes rustls's process-wide provider (the `cloud` feature builds
+/// reqwest without one of its own): ring, as the gRPC TLS uses. Installing it twice is a no-op.
+#[cfg(feature = "cloud")]
+fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[cfg(not(feature = "cloud"))]
+fn install_tls_provider() {}

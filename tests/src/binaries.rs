@@ -20,7 +20,7 @@ pub const BUILD: &str = "cargo test --workspace --no-run";
 pub const BINARIES: [&str; 4] = ["dpcap-accountant", "dpcap-coordinator", "dpcap-worker", "dpctl"];
 
 /// `target/debug` (or wherever this test binary was built): target/debug/deps/this → target/debug.
-fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     exe.parent().and_then(Path::parent).expect("target directory").to_owned()
 }

@@ -7,6 +7,7 @@
 pub mod binaries;
 pub mod chaos;
 pub mod jobs;
+pub mod s3;
 pub mod testdir;
 
 pub use binaries::binary;
@@ -39,6 +40,18 @@ pub struct Process {
 impl Process {
     /// Starts `binary` with `args` plus `--addr-file`, and waits until `service` is SERVING.
     pub async fn server(binary_name: &str, args: &[String], dir: &Path, service: &str) -> Self {
+        Self::server_with_env(binary_name, args, dir, service, &[]).await
+    }
+
+    /// [`Process::server`] with `env` added to the environment (an object store's endpoint and
+    /// keys).
+    pub async fn server_with_env(
+        binary_name: &str,
+        args: &[String],
+        dir: &Path,
+        service: &str,
+        env: &[(String, String)],
+    ) -> Self {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let addr_file =
             dir.join(format!("{binary_name}-{}.addr", NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
@@ -47,6 +60,7 @@ impl Process {
             .arg("--addr-file")
             .arg(&addr_file)
             .env("RUST_LOG", log_filter())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log_file(dir, binary_name))
             .spawn()
@@ -75,10 +89,22 @@ impl Process {
 
     /// A worker process with `extra` arguments (a token, TLS flags).
     pub fn worker_with(coordinator: &str, name: &str, dir: &Path, extra: &[&str]) -> Self {
+        Self::worker_with_env(coordinator, name, dir, extra, &[])
+    }
+
+    /// [`Process::worker_with`] with `env` added to the environment.
+    pub fn worker_with_env(
+        coordinator: &str,
+        name: &str,
+        dir: &Path,
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> Self {
         let child = Command::new(binary("dpcap-worker"))
             .args(["--coordinator", coordinator, "--name", name, "--device", "cpu"])
             .args(extra)
             .env("RUST_LOG", log_filter())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log_file(dir, name))
             .spawn()
@@ -167,9 +193,15 @@ pub const DPCTL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Runs `dpctl` with `args` to completion, or panics after [`DPCTL_TIMEOUT`].
 pub fn dpctl(args: &[&str]) -> Output {
+    dpctl_with_env(args, &[])
+}
+
+/// [`dpctl`] with `env` added to the environment.
+pub fn dpctl_with_env(args: &[&str], env: &[(String, String)]) -> Output {
     let mut child = Command::new(binary("dpctl"))
         .args(args)
         .env("RUST_LOG", log_filter())
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -265,21 +297,55 @@ pub fn capability_keys(dir: &Path) -> PathBuf {
     path
 }
 
+/// How a test cluster's servers start: their lease, extra flags, where they keep state and
+/// what they find in their environment. Restarts keep all of it.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// The coordinator's lease in seconds.
+    pub lease_seconds: u64,
+    /// Extra accountant flags (tokens, TLS, budgets).
+    pub accountant_extra: Vec<String>,
+    /// Extra coordinator flags.
+    pub coordinator_extra: Vec<String>,
+    /// The ledger's location (a directory or an object-store URL); None: `dir/ledger`.
+    pub ledger: Option<String>,
+    /// The job store's location; None: `dir/store`.
+    pub store: Option<String>,
+    /// Variables added to both servers' environment (an object store's endpoint and keys).
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for Cluster {
+    /// A 3 s lease; jobs on datasets without a budget are accepted.
+    fn default() -> Self {
+        Self {
+            lease_seconds: 3,
+            accountant_extra: vec!["--allow-unbudgeted-datasets".into()],
+            coordinator_extra: Vec::new(),
+            ledger: None,
+            store: None,
+            env: Vec::new(),
+        }
+    }
+}
+
 /// The accountant and coordinator of a test cluster (workers are started separately).
 pub struct Services {
     /// The accountant process.
     pub accountant: Process,
     /// The coordinator process.
     pub coordinator: Process,
-    /// The coordinator's job store directory.
+    /// The coordinator's job store directory (for a cluster on an object store, its URL as a
+    /// path: read such a cluster through its servers).
     pub store: PathBuf,
-    /// The accountant's ledger directory.
+    /// The accountant's ledger directory (as `store`).
     pub ledger: PathBuf,
     /// The coordinator's lease in seconds.
     pub lease_seconds: u64,
     dir: PathBuf,
     accountant_extra: Vec<String>,
     coordinator_extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Services {
@@ -292,7 +358,7 @@ impl Services {
     /// The accountant accepts jobs on datasets without a budget (tests of datasets' budgets
     /// start it through [`Services::with_args`] without the flag).
     pub async fn with_lease(dir: &Path, lease_seconds: u64) -> Self {
-        Self::with_args(dir, lease_seconds, &["--allow-unbudgeted-datasets"], &[]).await
+        Self::with_cluster(dir, Cluster { lease_seconds, ..Cluster::default() }).await
     }
 
     /// Starts both with `accountant_extra` and `coordinator_extra` arguments (tokens, TLS);
@@ -303,41 +369,54 @@ impl Services {
         accountant_extra: &[&str],
         coordinator_extra: &[&str],
     ) -> Self {
-        let ledger = dir.join("ledger");
+        let owned = |a: &[&str]| a.iter().map(|s| s.to_string()).collect();
+        let (accountant_extra, coordinator_extra) = (owned(accountant_extra), owned(coordinator_extra));
+        Self::with_cluster(dir, Cluster { lease_seconds, accountant_extra, coordinator_extra, ..Cluster::default() })
+            .await
+    }
+
+    /// Starts both as `cluster` says.
+    pub async fn with_cluster(dir: &Path, cluster: Cluster) -> Self {
+        let local = |name: &str| dir.join(name).to_string_lossy().into_owned();
+        let ledger = cluster.ledger.unwrap_or_else(|| local("ledger"));
+        let store = cluster.store.unwrap_or_else(|| local("store"));
         // Workers' capabilities are signed, as in production: one key file shared by the
         // coordinator and the accountant only.
         let keys = capability_keys(dir);
-        let extra = |a: &[&str]| {
+        let flags = |extra: Vec<String>, state: &str, location: &str| {
             ["--capability-key-file".to_owned(), keys.to_string_lossy().into_owned()]
                 .into_iter()
-                .chain(a.iter().map(|s| s.to_string()))
+                .chain(extra)
+                .chain([state.to_owned(), location.to_owned()])
                 .collect::<Vec<_>>()
         };
-        let (accountant_extra, coordinator_extra) = (extra(accountant_extra), extra(coordinator_extra));
-        let accountant = Self::accountant_on(dir, &ledger, "127.0.0.1:0", &accountant_extra).await;
-        let store = dir.join("store");
+        let accountant_extra = flags(cluster.accountant_extra, "--ledger", &ledger);
+        let coordinator_extra = flags(cluster.coordinator_extra, "--store", &store);
+        let env = cluster.env;
+        let accountant = Self::accountant_on(dir, "127.0.0.1:0", &accountant_extra, &env).await;
+        let lease = cluster.lease_seconds;
         let coordinator =
-            Self::coordinator_on(dir, &store, &accountant.grpc, lease_seconds, "127.0.0.1:0", &coordinator_extra).await;
+            Self::coordinator_on(dir, &accountant.grpc, lease, "127.0.0.1:0", &coordinator_extra, &env).await;
         Self {
             accountant,
             coordinator,
-            store,
-            ledger,
-            lease_seconds,
+            store: PathBuf::from(store),
+            ledger: PathBuf::from(ledger),
+            lease_seconds: lease,
             dir: dir.to_owned(),
             accountant_extra,
             coordinator_extra,
+            env,
         }
     }
 
-    async fn accountant_on(dir: &Path, ledger: &Path, listen: &str, extra: &[String]) -> Process {
-        let args: Vec<String> = ["--listen", listen, "--metrics-listen", "127.0.0.1:0", "--ledger"]
+    async fn accountant_on(dir: &Path, listen: &str, extra: &[String], env: &[(String, String)]) -> Process {
+        let args: Vec<String> = ["--listen", listen, "--metrics-listen", "127.0.0.1:0"]
             .iter()
             .map(|s| s.to_string())
-            .chain([ledger.to_string_lossy().into_owned()])
             .chain(extra.iter().cloned())
             .collect();
-        Process::server("dpcap-accountant", &args, dir, "dpcap.v1.AccountantService").await
+        Process::server_with_env("dpcap-accountant", &args, dir, "dpcap.v1.AccountantService", env).await
     }
 
     /// SIGKILLs the accountant and starts a new one on the same port and ledger (workers and
@@ -346,7 +425,7 @@ impl Services {
         let listen = self.accountant.grpc.trim_start_matches("http://").to_owned();
         self.accountant.kill();
         tokio::time::sleep(down).await;
-        self.accountant = Self::accountant_on(&self.dir, &self.ledger, &listen, &self.accountant_extra).await;
+        self.accountant = Self::accountant_on(&self.dir, &listen, &self.accountant_extra, &self.env).await;
     }
 
     /// SIGKILLs the coordinator and starts a new one on the same port and store.
@@ -356,28 +435,33 @@ impl Services {
         tokio::time::sleep(down).await;
         self.coordinator = Self::coordinator_on(
             &self.dir,
-            &self.store,
             &self.accountant.grpc,
             self.lease_seconds,
             &listen,
             &self.coordinator_extra,
+            &self.env,
         )
         .await;
     }
 
     /// Starts a coordinator on `store` with a 3 s lease (also used to restart one).
     pub async fn coordinator(dir: &Path, store: &Path, accountant: &str) -> Process {
-        let keys = ["--capability-key-file".to_owned(), capability_keys(dir).to_string_lossy().into_owned()];
-        Self::coordinator_on(dir, store, accountant, 3, "127.0.0.1:0", &keys).await
+        let args = [
+            "--capability-key-file".to_owned(),
+            capability_keys(dir).to_string_lossy().into_owned(),
+            "--store".to_owned(),
+            store.to_string_lossy().into_owned(),
+        ];
+        Self::coordinator_on(dir, accountant, 3, "127.0.0.1:0", &args, &[]).await
     }
 
     async fn coordinator_on(
         dir: &Path,
-        store: &Path,
         accountant: &str,
         lease_seconds: u64,
         listen: &str,
         extra: &[String],
+        env: &[(String, String)],
     ) -> Process {
         let lease = lease_seconds.to_string();
         let args: Vec<String> = [
@@ -389,14 +473,12 @@ impl Services {
             &lease,
             "--accountant",
             accountant,
-            "--store",
         ]
         .iter()
         .map(|s| s.to_string())
-        .chain([store.to_string_lossy().into_owned()])
         .chain(extra.iter().cloned())
         .collect();
-        Process::server("dpcap-coordinator", &args, dir, "dpcap.v1.JobService").await
+        Process::server_with_env("dpcap-coordinator", &args, dir, "dpcap.v1.JobService", env).await
     }
 
     /// Steps of `job_id` the ledger records as discarded.

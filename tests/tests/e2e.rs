@@ -1,7 +1,11 @@
 //! The product end to end with real processes: `dpcap-accountant`, `dpcap-coordinator`, two
-//! `dpcap-worker`s and `dpctl`, on 127.0.0.1 ephemeral ports over local directories.
+//! `dpcap-worker`s and `dpctl`, on 127.0.0.1 ephemeral ports over local directories (and, in
+//! `e2e/s3.rs`, over the buckets of a real S3 server).
 
 use std::time::{Duration, Instant};
+
+#[path = "e2e/s3.rs"]
+mod s3;
 
 use dpcap_coordinator::SpecFile;
 use dpcap_e2e::jobs::{ended, get, is, spec, spend, step, submit, tempfile_dir, wait_until, within};

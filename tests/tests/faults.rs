@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use dpcap_e2e::jobs::{ended, get, spec, spend, step, submit, tempfile_dir, wait_until};
+use dpcap_e2e::jobs::{ended, get, spec, spend, step, submit, tempfile_dir, wait_until, within};
 use dpcap_e2e::{Process, Services, dpctl, synth_dataset};
 use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
 use dpcap_proto::v1::{Job, JobState};
@@ -45,7 +45,8 @@ async fn a_job_whose_steps_outlast_three_leases_finishes_without_a_lease_expirin
     // The `bench` captioner over 200 examples computes for well over 3 s per step on 2 cores.
     (long.model, long.batch_size, long.workers, long.micro_batch) = ("bench".into(), Some(200), Some(1), Some(32));
     let job = submit(&services, long).await;
-    let job = wait_until(&services, &job.job_id, Duration::from_secs(600), ended).await;
+    // Each `bench` step computes for seconds by design: six times a micro step's bound.
+    let job = wait_until(&services, &job.job_id, within(2) * 6, ended).await;
     assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
     assert!(job.conditions.iter().all(|c| c.reason != "LeaseExpired"), "{job:#?}");
     assert_eq!(job.progress.as_ref().unwrap().generation, 1, "the group never re-formed");
@@ -72,9 +73,9 @@ async fn an_accountant_killed_mid_job_and_restarted_lets_the_job_succeed_chargin
         Process::worker(&services.coordinator.grpc, "w1", &dir),
     ];
     let job = submit(&services, spec(&dataset, 12)).await;
-    wait_until(&services, &job.job_id, Duration::from_secs(300), |j| step(j) >= 4).await;
+    wait_until(&services, &job.job_id, within(4), |j| step(j) >= 4).await;
     services.restart_accountant(Duration::from_secs(2)).await;
-    let job = wait_until(&services, &job.job_id, Duration::from_secs(300), ended).await;
+    let job = wait_until(&services, &job.job_id, within(12), ended).await;
     assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
     assert_every_charge_accounted(&services, &job, 12).await;
 }
@@ -89,10 +90,10 @@ async fn a_worker_killed_far_from_its_checkpoint_is_replaced_and_no_charged_step
     let mut far = spec(&dataset, 12);
     far.checkpoint_interval = Some(50);
     let job = submit(&services, far).await;
-    wait_until(&services, &job.job_id, Duration::from_secs(300), |j| step(j) >= 6).await;
+    wait_until(&services, &job.job_id, within(6), |j| step(j) >= 6).await;
     lost.kill();
     let _replacement = Process::worker(&services.coordinator.grpc, "w2", &dir);
-    let job = wait_until(&services, &job.job_id, Duration::from_secs(300), ended).await;
+    let job = wait_until(&services, &job.job_id, within(12), ended).await;
     assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
     assert!(job.progress.as_ref().unwrap().generation >= 2, "the group was re-formed");
     assert_every_charge_accounted(&services, &job, 12).await;
@@ -118,18 +119,18 @@ async fn a_failed_job_resumes_at_its_ledger_position_and_never_reuses_a_step_num
         Process::worker(&services.coordinator.grpc, "w1", &dir),
     ];
     let job = submit(&services, spec(&dataset, 10)).await;
-    wait_until(&services, &job.job_id, Duration::from_secs(300), |j| step(j) >= 3).await;
+    wait_until(&services, &job.job_id, within(3), |j| step(j) >= 3).await;
     // The data goes away mid-job: a permanent error, so the job fails with the reason.
     let hidden = dataset.with_extension("hidden");
     std::fs::rename(&dataset, &hidden).unwrap();
-    let failed = wait_until(&services, &job.job_id, Duration::from_secs(120), ended).await;
+    let failed = wait_until(&services, &job.job_id, within(1), ended).await;
     assert_eq!(failed.state, JobState::Failed as i32, "{failed:#?}");
     let charged_before = services.charged_steps(&job.job_id).len() as u64;
     std::fs::rename(&hidden, &dataset).unwrap();
 
     let resumed = dpctl(&["--coordinator", &services.coordinator.grpc, "resume", &job.job_id]);
     assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
-    let job = wait_until(&services, &job.job_id, Duration::from_secs(300), ended).await;
+    let job = wait_until(&services, &job.job_id, within(10), ended).await;
     assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
     assert!(job.conditions.iter().any(|c| c.reason == "ResumedByOperator"), "{job:#?}");
     assert!(charged_before >= 3, "the failed run had charged steps: {charged_before}");
@@ -147,7 +148,7 @@ async fn sigterm_re_forms_a_workers_group_at_once_and_drains_a_coordinator_with_
     let _stays = Process::worker(&services.coordinator.grpc, "w0", &dir);
     let mut stops = Process::worker(&services.coordinator.grpc, "w1", &dir);
     let job = submit(&services, spec(&dataset, 400)).await;
-    wait_until(&services, &job.job_id, Duration::from_secs(300), |j| step(j) >= 2).await;
+    wait_until(&services, &job.job_id, within(2), |j| step(j) >= 2).await;
     let exited = stops.terminate(Duration::from_secs(30));
     assert!(exited.is_some(), "the worker exits on SIGTERM");
     let reformed = wait_until(&services, &job.job_id, Duration::from_secs(15), |j| {

@@ -102,14 +102,7 @@ async fn main() -> Result<()> {
 
 #[cfg(feature = "cuda")]
 async fn run_cuda(config: WorkerConfig, index: usize) -> Result<()> {
-    let report = dpcap_worker::preflight::run(&config.device, dpcap_worker::preflight::Needs { nccl: true });
-    for check in report.checks.iter().filter(|c| c.status == dpcap_worker::preflight::Status::Warn) {
-        tracing::warn!(check = check.name, "{}", check.detail);
-    }
-    if !report.ok {
-        bail!("invalid --device {}: the preflight failed: {}", config.device, report.failures());
-    }
-    dpcap_ml::device::configure_kernel_cache();
+    dpcap_worker::preflight::require(&config.device, dpcap_worker::preflight::Needs { nccl: true })?;
     let device = burn::backend::cuda::CudaDevice::new(index);
     run::<dpcap_worker::CudaBackend>(config, device, shutdown_signal()).await?;
     Ok(())

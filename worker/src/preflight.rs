@@ -113,6 +113,34 @@ pub fn run(device: &str, needs: Needs) -> Report {
     Report::new(device, checks)
 }
 
+/// A preflight with a failed check: the device cannot be used until each named fix is made.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid --device {device}: the preflight failed: {failures}")]
+pub struct PreflightFailed {
+    /// The device checked.
+    pub device: String,
+    /// Each failed check with its fix, joined ([`Report::failures`]).
+    pub failures: String,
+}
+
+/// What a process that is about to use `device` runs first: the preflight, a warning logged per
+/// `Warn` check, refusal on any failure, and (on CUDA) cubecl's kernel caches pointed at
+/// `DPCAP_KERNEL_CACHE` before anything reads cubecl's configuration.
+pub fn require(device: &str, needs: Needs) -> Result<Report, PreflightFailed> {
+    let report = run(device, needs);
+    for check in report.checks.iter().filter(|c| c.status == Status::Warn) {
+        tracing::warn!(check = check.name, "{}", check.detail);
+    }
+    if !report.ok {
+        return Err(PreflightFailed { device: device.to_owned(), failures: report.failures() });
+    }
+    #[cfg(feature = "cuda")]
+    if device != "cpu" {
+        dpcap_ml::device::configure_kernel_cache();
+    }
+    Ok(report)
+}
+
 /// The driver, the device, NVRTC and NCCL, through cudarc.
 #[cfg(feature = "cuda")]
 fn libraries(ordinal: usize, needs: Needs) -> Vec<Check> {
@@ -182,5 +210,7 @@ mod tests {
         );
         assert!(report.failures().contains("--features cuda"), "{}", report.to_text());
         assert!(!run("cuda:0", Needs { nccl: false }).checks.iter().any(|c| c.name == "nccl"));
+        let refused = require("cuda:0", Needs { nccl: false }).unwrap_err().to_string();
+        assert!(refused.starts_with("invalid --device cuda:0: the preflight failed: build:"), "{refused}");
     }
 }

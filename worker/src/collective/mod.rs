@@ -9,6 +9,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod nccl;
+pub mod settle;
 
 use std::time::Duration;
 

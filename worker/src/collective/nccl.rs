@@ -3,8 +3,14 @@
 //! host f32 and the optimizer takes the release as host f32, so each collective copies 4·P bytes
 //! to the device and back (docs/gpu.md).
 //!
-//! The watchdog: a collective is enqueued under a lock, then its completion is polled (a CUDA
-//! event plus `ncclCommGetAsyncError`) until a deadline. On timeout, on an NCCL error, or when
+//! The communicator is non-blocking (`blocking = 0`): init and every enqueue return at once and
+//! are then polled ([`super::settle`]) until they settle, so no thread is ever parked inside
+//! NCCL. NCCL >= 2.22 connects lazily, inside the first collective's enqueue; a blocking
+//! communicator would hold its lock there while a peer never arrived, and a timed-out blocking
+//! init would leave its thread in `ncclCommInitRank` for good.
+//!
+//! The watchdog: after an enqueue settles, the stream's completion is polled (a CUDA event plus
+//! `ncclCommGetAsyncError`) until a deadline. On timeout, on an NCCL error, or when
 //! [`NcclGroup::abort`] is called from another thread (the session was dropped because the group
 //! re-formed), the communicator is aborted with `ncclCommAbort` and the wait returns an error.
 //! A communicator is never reused after an abort.
@@ -20,6 +26,67 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, DeviceRepr, result a
 use cudarc::nccl::{result as nccl, sys};
 
 use super::CollectiveError;
+use super::settle::{Progress, Watch, config_bytes, settle};
+
+// The sizes `config_bytes` gives each NCCL release, checked against cudarc's layout.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(offset_of!(sys::ncclConfig_t, trafficClass) + 4 == 48);
+    assert!(offset_of!(sys::ncclConfig_t, nvlsCTAs) + 4 == 72);
+    assert!(offset_of!(sys::ncclConfig_t, nvlinkCentricSched) + 4 == 80);
+    assert!(offset_of!(sys::ncclConfig_t, numRmaCtx) + 4 == 88);
+    assert!(size_of::<sys::ncclConfig_t>() == 96);
+};
+
+/// `NCCL_CONFIG_UNDEF_INT`: NCCL chooses the field.
+const UNDEF: ::core::ffi::c_int = i32::MIN;
+
+/// A non-blocking communicator's configuration, as `NCCL_CONFIG_INITIALIZER` fills it for the
+/// NCCL that is loaded: its size is that library's, and its version never claims a layout
+/// newer than cudarc's (2.30).
+fn nonblocking_config() -> Result<sys::ncclConfig_t, CollectiveError> {
+    let version = nccl::get_nccl_version().map_err(nccl_err)?;
+    let size = config_bytes(version)?;
+    Ok(sys::ncclConfig_t {
+        size,
+        magic: 0xcafe_beef,
+        version: version.min(23000) as ::core::ffi::c_uint,
+        blocking: 0,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+        graphUsageMode: UNDEF,
+        numRmaCtx: UNDEF,
+        maxP2pPeers: UNDEF,
+    })
+}
+
+/// Where a communicator's pending work stands: `ncclCommGetAsyncError`.
+///
+/// # Safety
+/// `raw` must be a live (not aborted) communicator.
+unsafe fn async_progress(raw: sys::ncclComm_t, op: &'static str) -> Progress {
+    let mut result = sys::ncclResult_t::ncclSuccess;
+    // SAFETY: the caller's.
+    let status = unsafe { sys::ncclCommGetAsyncError(raw, &mut result) };
+    match (status, result) {
+        (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess) => Progress::Done,
+        (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclInProgress) => Progress::Pending,
+        (sys::ncclResult_t::ncclSuccess, error) | (error, _) => {
+            Progress::Failed(CollectiveError::Nccl(format!("{op}: {error:?}")))
+        }
+    }
+}
 
 /// Bytes of an NCCL unique id.
 pub const ID_BYTES: usize = 128;
@@ -83,8 +150,9 @@ enum Op {
 }
 
 impl NcclGroup {
-    /// Joins the communicator of `id` as `rank` of `world_size` on CUDA device `ordinal`.
-    /// Blocks until every rank has joined; call it on a blocking thread under a timeout.
+    /// Joins the communicator of `id` as `rank` of `world_size` on CUDA device `ordinal`,
+    /// waiting until every rank has joined or `timeout` passes (the half-made communicator is
+    /// then aborted, so nothing is left running).
     pub fn join(
         ordinal: usize,
         (rank, world_size): (usize, usize),
@@ -97,13 +165,24 @@ impl NcclGroup {
         let id = sys::ncclUniqueId { internal: bytes.map(|b| b as ::core::ffi::c_char) };
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
         let stream = ctx.new_stream().map_err(cuda_err)?;
+        let mut config = nonblocking_config()?;
         let mut raw = std::mem::MaybeUninit::uninit();
         let (n, r) = (world_size as i32, rank as i32);
-        // SAFETY: `raw` is written by NCCL before it is read; the id is 128 valid bytes.
+        // SAFETY: `raw` is written by NCCL before it is read (on success and on ncclInProgress
+        // alike); the id is 128 valid bytes; `config` outlives the call.
         let raw = unsafe {
-            nccl::comm_init_rank(raw.as_mut_ptr(), n, id, r).map_err(nccl_err)?;
+            nccl::comm_init_rank_config(raw.as_mut_ptr(), n, id, r, &mut config).map_err(nccl_err)?;
             raw.assume_init()
         };
+        let never = AtomicBool::new(false);
+        let watch = Watch { op: "init", deadline: Instant::now() + timeout, timeout, interval: POLL, aborted: &never };
+        // SAFETY: `raw` is live until aborted below.
+        if let Err(e) = settle(&watch, || unsafe { async_progress(raw, "init") }) {
+            tracing::error!(rank, world_size, error = %e, "nccl init did not settle; communicator aborted");
+            // SAFETY: `raw` is live and no other thread has it.
+            let _ = unsafe { nccl::comm_abort(raw) };
+            return Err(e);
+        }
         Ok(Self {
             comm: Mutex::new(Comm { raw }),
             aborted: AtomicBool::new(false),
@@ -133,7 +212,8 @@ impl NcclGroup {
     pub fn abort(&self) {
         let comm = self.lock();
         if !self.aborted.swap(true, Ordering::SeqCst) {
-            // SAFETY: the communicator is live (not yet aborted) and no enqueue holds the lock.
+            // SAFETY: the communicator is live (not yet aborted); holders of the lock only make
+            // non-blocking calls, so taking it never waits on NCCL.
             if let Err(e) = unsafe { nccl::comm_abort(comm.raw) } {
                 tracing::warn!(rank = self.rank, error = ?e, "ncclCommAbort failed");
             }
@@ -153,6 +233,7 @@ impl NcclGroup {
     fn run<T: Element>(&self, values: &mut [T], op: Op, name: &'static str) -> Result<(), CollectiveError> {
         self.ctx.bind_to_thread().map_err(cuda_err)?;
         let mut buffer = self.stream.clone_htod(&*values).map_err(cuda_err)?;
+        let deadline = Instant::now() + self.timeout;
         {
             let comm = self.lock();
             if self.aborted.load(Ordering::SeqCst) {
@@ -172,60 +253,62 @@ impl NcclGroup {
             };
             enqueued.map_err(nccl_err)?;
         }
-        self.wait(name)?;
+        // A non-blocking enqueue may still be connecting to its peers: its kernel is on the
+        // stream only once the communicator's pending work settles.
+        self.settle(name, deadline, || self.progress(name))?;
+        self.wait(name, deadline)?;
         self.stream.memcpy_dtoh(&buffer, values).map_err(cuda_err)?;
         self.stream.synchronize().map_err(cuda_err)
     }
 
-    /// Polls the stream's completion until the deadline, aborting on timeout or NCCL error.
-    fn wait(&self, op: &'static str) -> Result<(), CollectiveError> {
+    /// [`settle`] under this group's abort flag; the communicator is aborted on any failure.
+    fn settle(
+        &self,
+        op: &'static str,
+        deadline: Instant,
+        poll: impl FnMut() -> Progress,
+    ) -> Result<(), CollectiveError> {
+        let watch = Watch { op, deadline, timeout: self.timeout, interval: POLL, aborted: &self.aborted };
+        let result = settle(&watch, poll);
+        match &result {
+            Err(CollectiveError::Aborted) | Ok(()) => {}
+            Err(e) => {
+                tracing::error!(rank = self.rank, op, error = %e, "collective watchdog fired");
+                self.abort();
+            }
+        }
+        result
+    }
+
+    /// Polls the stream's completion (and the communicator's errors) until the deadline.
+    fn wait(&self, op: &'static str, deadline: Instant) -> Result<(), CollectiveError> {
         let event = self.ctx.new_event(None).map_err(cuda_err)?;
         event.record(&self.stream).map_err(cuda_err)?;
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            if self.aborted.load(Ordering::SeqCst) {
-                return Err(CollectiveError::Aborted);
-            }
+        self.settle(op, deadline, || {
             // SAFETY: the event is live for this call.
             match unsafe { driver::event::query(event.cu_event()) } {
-                Ok(()) => return Ok(()),
-                Err(driver::DriverError(cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NOT_READY)) => {}
-                Err(e) => {
-                    self.abort();
-                    return Err(cuda_err(e));
+                Ok(()) => Progress::Done,
+                Err(driver::DriverError(cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NOT_READY)) => {
+                    match self.progress(op) {
+                        Progress::Done => Progress::Pending,
+                        other => other,
+                    }
                 }
+                Err(e) => Progress::Failed(cuda_err(e)),
             }
-            if let Some(error) = self.async_error() {
-                self.abort();
-                return Err(CollectiveError::Nccl(format!("{op}: {error:?}")));
-            }
-            if Instant::now() > deadline {
-                tracing::error!(rank = self.rank, op, timeout_s = self.timeout.as_secs(), "collective watchdog fired");
-                self.abort();
-                return Err(CollectiveError::Timeout { op, seconds: self.timeout.as_secs() });
-            }
-            std::thread::sleep(POLL);
-        }
+        })
     }
 
-    /// An asynchronous NCCL error (a peer failed, the network broke), if any.
-    fn async_error(&self) -> Option<sys::ncclResult_t> {
+    /// The communicator's pending work, under the lock (an aborted one reports the abort).
+    fn progress(&self, op: &'static str) -> Progress {
         let comm = self.lock();
         if self.aborted.load(Ordering::SeqCst) {
-            return None;
+            return Progress::Failed(CollectiveError::Aborted);
         }
-        let mut result = sys::ncclResult_t::ncclSuccess;
         // SAFETY: the communicator is live while `aborted` is false under the lock.
-        let status = unsafe { sys::ncclCommGetAsyncError(comm.raw, &mut result) };
-        match (status, result) {
-            (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => {
-                None
-            }
-            (sys::ncclResult_t::ncclSuccess, error) | (error, _) => Some(error),
-        }
+        unsafe { async_progress(comm.raw, op) }
     }
 }
-
 /// Aborts the group if dropped while armed: a session dropped mid-collective (its group was
 /// re-formed) must not leave the blocking thread waiting forever.
 struct AbortOnDrop(Option<Arc<NcclGroup>>);
@@ -239,9 +322,8 @@ impl Drop for AbortOnDrop {
 }
 
 impl NcclGroup {
-    /// [`NcclGroup::join`] on a blocking thread, under the watchdog. On timeout the joining
-    /// thread stays blocked in `ncclCommInitRank` (NCCL offers no way to abort a communicator
-    /// it has not returned); the id is never used again, since a new generation brings a new id.
+    /// [`NcclGroup::join`] on a blocking thread. The join bounds itself by `timeout` and aborts
+    /// what it made, so its thread always returns.
     pub async fn join_async(
         ordinal: usize,
         ranks: (usize, usize),
@@ -249,10 +331,9 @@ impl NcclGroup {
         timeout: Duration,
     ) -> Result<Arc<Self>, CollectiveError> {
         let joining = tokio::task::spawn_blocking(move || Self::join(ordinal, ranks, &id, timeout));
-        match tokio::time::timeout(timeout, joining).await {
-            Ok(Ok(result)) => result.map(Arc::new),
-            Ok(Err(e)) => Err(CollectiveError::Nccl(format!("init thread: {e}"))),
-            Err(_) => Err(CollectiveError::Timeout { op: "init", seconds: timeout.as_secs() }),
+        match joining.await {
+            Ok(result) => result.map(Arc::new),
+            Err(e) => Err(CollectiveError::Nccl(format!("init thread: {e}"))),
         }
     }
 
