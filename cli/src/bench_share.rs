@@ -47,7 +47,12 @@ pub fn run(opts: ShareBench) -> Result<()> {
         let rss_before = crate::bench_clip::peak_rss_bytes();
         let dataset = Dataset::open(&url).await?;
         let tokenizer = dataset.tokenizer("").await?;
-        let engine = ClipEngine { clipping_norm: 1.0, micro_batch: opts.micro_batch, precision: Precision::F32 };
+        let engine = ClipEngine {
+            clipping_norm: 1.0,
+            micro_batch: opts.micro_batch,
+            precision: Precision::F32,
+            matmul_inputs: Default::default(),
+        };
         let schedule = Schedule { peak: 1e-3, warmup_steps: 0, total_steps: 1, floor: 0.0 };
         let device = Default::default();
         let replica = ReplicaConfig {

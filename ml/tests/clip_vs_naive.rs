@@ -8,7 +8,7 @@ use std::ops::Range;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use dpcap_ml::CpuBackend;
-use dpcap_ml::clip::{ClipEngine, ClippedSum, Objective, Precision, Tape, naive_clipped_sum, norms};
+use dpcap_ml::clip::{ClipEngine, ClippedSum, MatmulInputs, Objective, Precision, Tape, naive_clipped_sum, norms};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig, Mae, MaeBatch, MaeConfig};
 use dpcap_ml::params::{Init, ParamId, ParamSet};
 
@@ -77,7 +77,8 @@ fn assert_matches_naive<M: Objective<AB>>(model: &M, params: &ParamSet<Inner>, b
     let c = f64::from(sorted[sorted.len() / 2]);
     let naive = naive_clipped_sum(model, params, batch, c);
     let ghost =
-        ClipEngine { clipping_norm: c, micro_batch, precision: Precision::F32 }.clipped_sum(model, params, batch);
+        ClipEngine { clipping_norm: c, micro_batch, precision: Precision::F32, matmul_inputs: Default::default() }
+            .clipped_sum(model, params, batch);
     let fraction = ghost.telemetry.clipped_fraction(c);
     assert!(fraction > 0.0 && fraction < 1.0, "C = {c} must clip some examples and not others: {fraction}");
     for (g, n) in ghost.telemetry.norms.iter().zip(&naive.telemetry.norms) {
@@ -167,6 +168,32 @@ fn mae_matches_naive_with_per_example_masks() {
     let image = config.encoder.image;
     let batch = MaeBatch::new(random([6, 3, image, image], 1.0), config.encoder.patches());
     assert_matches_naive(&model, &ps, &batch, 4);
+}
+
+/// ‖Σ‖ of a clipped sum, in f64.
+fn l2(sum: &ClippedSum<Inner>) -> f64 {
+    let values: Vec<f32> = sum.sum.flatten().into_data().to_vec().unwrap();
+    values.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>().sqrt()
+}
+
+#[test]
+fn the_tf32_norm_bound_only_clips_harder_and_keeps_each_contribution_within_c() {
+    let config = CaptionerConfig::named("micro").unwrap();
+    let mut ps = ParamSet::<Inner>::new(&device());
+    let model = Captioner::new(&mut ps, config);
+    let batch = CaptionBatch::<AB>::random(config, 4, &device());
+    let norms = naive_clipped_sum(&model, &ps, &batch, f64::INFINITY).telemetry.norms;
+    let c = f64::from(norms.iter().copied().fold(f32::INFINITY, f32::min)) / 2.0;
+    let engine =
+        |matmul_inputs| ClipEngine { clipping_norm: c, micro_batch: 1, precision: Precision::F32, matmul_inputs };
+    for i in 0..4 {
+        let one = model.slice(&batch, i..i + 1);
+        let exact = l2(&engine(MatmulInputs::F32).clipped_sum(&model, &ps, &one));
+        let bounded = l2(&engine(MatmulInputs::Tf32).clipped_sum(&model, &ps, &one));
+        assert!(bounded <= c * (1.0 + 1e-5), "example {i}: {bounded} exceeds C = {c}");
+        assert!(bounded < exact * (1.0 - 1e-4), "example {i}: the bound must clip harder ({bounded} vs {exact})");
+        assert!(bounded >= 0.9 * exact, "example {i}: the bound is too loose ({bounded} vs {exact})");
+    }
 }
 
 #[test]

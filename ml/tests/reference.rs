@@ -74,7 +74,12 @@ fn the_captioner_matches_an_independent_pytorch_implementation() {
     let reference: Value = serde_json::from_str(include_str!("data/captioner_reference.json")).expect("valid JSON");
     let (model, params) = reference_model();
     let batch = reference_batch();
-    let unclipped = ClipEngine { clipping_norm: 1e9, micro_batch: 2, precision: Default::default() };
+    let unclipped = ClipEngine {
+        clipping_norm: 1e9,
+        micro_batch: 2,
+        precision: Default::default(),
+        matmul_inputs: Default::default(),
+    };
     let out = unclipped.clipped_sum(&model, &params, &batch);
     for (b, want) in numbers(&reference["losses"]).into_iter().enumerate() {
         assert_close(&format!("loss of example {b}"), f64::from(out.telemetry.losses[b]), want, 1e-5, 0.0);

@@ -117,7 +117,12 @@ pub async fn run(server: &Server, accountant: &str, spec: SpecFile) -> Result<Fi
 
 /// A `micro` model of the demo's objective with fresh weights (seed 0, the jobs' own init).
 pub fn fresh(args: &DemoArgs, tokenizer: &CaptionTokenizer) -> Result<Trainer<CpuBackend>> {
-    let engine = ClipEngine { clipping_norm: 1.0, micro_batch: 1, precision: Default::default() };
+    let engine = ClipEngine {
+        clipping_norm: 1.0,
+        micro_batch: 1,
+        precision: Default::default(),
+        matmul_inputs: Default::default(),
+    };
     let schedule = Schedule { peak: 0.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
     let replica = ReplicaConfig {
         model_name: "micro",

@@ -5,6 +5,7 @@ use burn::tensor::{ElementConversion, FloatDType, Tensor};
 
 use super::Objective;
 use super::norms;
+use super::rounding::{self, MatmulInputs};
 use super::tape::{Mode, Precision, Record, Tape};
 use crate::params::{ParamId, ParamSet};
 
@@ -100,6 +101,9 @@ pub struct ClipEngine {
     pub micro_batch: usize,
     /// Dtype of the matrix products; norms, factors and sums are f32 either way.
     pub precision: Precision,
+    /// What the backend's f32 matmuls do to their inputs: with TF32 the clip factors come from
+    /// a certified upper bound on each norm ([`super::rounding`]), so ‖c_i g_i‖ ≤ C still holds.
+    pub matmul_inputs: MatmulInputs,
 }
 
 impl ClipEngine {
@@ -152,7 +156,7 @@ impl ClipEngine {
                 (r, delta)
             })
             .collect();
-        let sq_t = sq_norms(&records, model.batch_len(batch), params);
+        let sq_t = sq_norms(&records, model.batch_len(batch), params, self.matmul_inputs);
         // Decided on the raw squared norms, before any clamp: a clamp may map NaN to its bound
         // (max(NaN, 0) is 0 on some backends), which would keep the example unclipped.
         let (sq, losses) = (to_vec(sq_t.clone()), to_vec(losses.inner()));
@@ -195,28 +199,57 @@ fn probe_of<AB: AutodiffBackend>(record: &Record<AB>) -> &Tensor<AB, 3> {
     }
 }
 
-/// Per-example squared gradient norms, summed over every layer's parameters.
+/// Per-example squared gradient norms, summed over every layer's parameters; with rounded
+/// matmul inputs, their certified upper bounds.
 fn sq_norms<AB: AutodiffBackend>(
     records: &[Delta<AB>],
     b: usize,
     params: &ParamSet<Inner<AB>>,
+    inputs: MatmulInputs,
 ) -> Tensor<Inner<AB>, 1> {
     let mut sq = Tensor::<Inner<AB>, 1>::zeros([b], params.device());
     for (record, delta) in records {
         sq = sq
             + match record {
                 Record::Linear { input, bias, .. } => {
-                    let w = norms::linear_weight_sq_norms(input, delta);
+                    let w = bounded(norms::linear_weight_sq_norms(input, delta), inputs, |u| {
+                        let ([_, t, d_in], d_out) = (input.dims(), delta.dims()[2]);
+                        let shape = rounding::LinearShape { t, d_in, d_out };
+                        let bound = match norms::use_ghost(t, d_in, d_out) {
+                            true => rounding::ghost(u, shape),
+                            false => rounding::materialised(u, shape),
+                        };
+                        (bound, norms::linear_weight_s(input, delta))
+                    });
                     if bias.is_some() { w + norms::bias_sq_norms(delta) } else { w }
                 }
                 Record::LayerNorm { normalized, .. } => {
                     norms::layer_norm_gamma_sq_norms(normalized, delta) + norms::bias_sq_norms(delta)
                 }
-                Record::Embedding { tokens, .. } => norms::embedding_sq_norms(tokens, delta),
+                Record::Embedding { tokens, .. } => bounded(norms::embedding_sq_norms(tokens, delta), inputs, |u| {
+                    let [_, t, d] = delta.dims();
+                    (rounding::embedding(u, t, d), norms::embedding_s(delta))
+                }),
                 Record::Free { .. } => norms::free_sq_norms(delta),
             };
     }
     sq
+}
+
+/// `sq` as computed with exact inputs, else (1 + ρ)·sq + κ·S² from `bound(u)`. No clamp: a
+/// NaN must stay NaN so that its example is left out.
+fn bounded<B: Backend>(
+    sq: Tensor<B, 1>,
+    inputs: MatmulInputs,
+    bound: impl FnOnce(f64) -> (rounding::Bound, Tensor<B, 1>),
+) -> Tensor<B, 1> {
+    match inputs.unit() {
+        None => sq,
+        Some(u) => {
+            let (bound, s) = bound(u);
+            sq.mul_scalar(1.0 + bound.rho) + s.powi_scalar(2).mul_scalar(bound.kappa)
+        }
+    }
 }
 
 /// The record and δ of the examples `rows` only (the probe, no longer needed, is kept).

@@ -6,12 +6,14 @@
 
 mod engine;
 pub mod norms;
+pub mod rounding;
 mod tape;
 
 pub use engine::{
     ClipEngine, ClippedSum, GradSum, NORM_EPSILON, Telemetry, clip_factor, naive_clipped_sum, nonprivate_sum,
     plain_grads,
 };
+pub use rounding::MatmulInputs;
 pub use tape::{Mode, Precision, Record, Tape};
 
 use std::ops::Range;

@@ -31,6 +31,22 @@ pub fn linear_weight_sq_norms<B: Backend>(a: &Tensor<B, 3>, delta: &Tensor<B, 3>
     }
 }
 
+/// ‖x_t‖ per position, [B, T, 1], elementwise (no matmul, so no tensor-core rounding).
+fn row_norms<B: Backend>(x: &Tensor<B, 3>) -> Tensor<B, 3> {
+    x.clone().powi_scalar(2).sum_dim(2).sqrt()
+}
+
+/// S = Σ_t ‖a_t‖·‖δ_t‖ per example for a Linear weight: it bounds ‖Σ_t a_tᵀ δ_t‖ and scales
+/// its matmuls' rounding error ([`super::rounding`]).
+pub fn linear_weight_s<B: Backend>(a: &Tensor<B, 3>, delta: &Tensor<B, 3>) -> Tensor<B, 1> {
+    per_example(row_norms(a) * row_norms(delta))
+}
+
+/// S = Σ_t ‖δ_t‖ per example for an embedding table (its inputs are one-hot, of norm 1).
+pub fn embedding_s<B: Backend>(delta: &Tensor<B, 3>) -> Tensor<B, 1> {
+    per_example(row_norms(delta))
+}
+
 /// ‖Σ_t δ_t‖² per example for a bias.
 pub fn bias_sq_norms<B: Backend>(delta: &Tensor<B, 3>) -> Tensor<B, 1> {
     per_example(delta.clone().sum_dim(1).powi_scalar(2))

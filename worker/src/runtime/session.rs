@@ -163,6 +163,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             clipping_norm: plan.clipping_norm,
             micro_batch: plan.micro_batch as usize,
             precision: config.precision,
+            matmul_inputs: dpcap_ml::clip::MatmulInputs::for_device(&config.device),
         };
         let mut trainer = tokio::task::block_in_place(|| {
             let replica = ReplicaConfig {
