@@ -245,6 +245,15 @@ pub fn dpctl_with_env(args: &[&str], env: &[(String, String)]) -> Output {
 
 /// Writes a synthetic dataset of `examples` training examples under `dir` and indexes it.
 pub fn synth_dataset(dir: &Path, examples: u64) -> PathBuf {
+    let train = synth_shards(dir, examples);
+    let o = dpctl(&["dataset", "index", "--train-tokenizer", train.to_str().unwrap()]);
+    assert!(o.status.success(), "dataset index: {}", String::from_utf8_lossy(&o.stderr));
+    train
+}
+
+/// Writes the shards of a synthetic dataset of `examples` training examples under `dir`, not
+/// indexed (a test that moves them first indexes them where they end up).
+pub fn synth_shards(dir: &Path, examples: u64) -> PathBuf {
     let out = dir.join("data");
     let o = dpctl(&[
         "dataset",
@@ -259,10 +268,7 @@ pub fn synth_dataset(dir: &Path, examples: u64) -> PathBuf {
         "100",
     ]);
     assert!(o.status.success(), "dataset synth: {}", String::from_utf8_lossy(&o.stderr));
-    let train = out.join("train");
-    let o = dpctl(&["dataset", "index", "--train-tokenizer", train.to_str().unwrap()]);
-    assert!(o.status.success(), "dataset index: {}", String::from_utf8_lossy(&o.stderr));
-    train
+    out.join("train")
 }
 
 /// Writes a user-partitioned identity dataset of `users` users (two identities, four images

@@ -2,24 +2,14 @@
 //! secrets and checkpoints in buckets of a real S3-protocol server (moto, `dpcap_e2e::s3`), read
 //! and written by the shipped binaries through object_store's S3 client.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use dpcap_e2e::jobs::{ended, spec, spend, submit, tempfile_dir, wait_until, within};
 use dpcap_e2e::s3::S3Server;
-use dpcap_e2e::{Cluster, Process, Services, dpctl, dpctl_with_env};
+use dpcap_e2e::{Cluster, Process, Services, dpctl_with_env, synth_shards};
 use dpcap_proto::v1::JobState;
 use object_store::ObjectStore;
-
-/// Writes a synthetic dataset of `examples` under `dir` (not indexed).
-fn synth(dir: &Path, examples: u64) -> PathBuf {
-    let out = dir.join("data");
-    let examples = examples.to_string();
-    let args = ["dataset", "synth", "--out", out.to_str().unwrap(), "--examples", &examples, "--eval-examples", "0"];
-    let o = dpctl(&[&args[..], &["--shard-size", "100"]].concat());
-    assert!(o.status.success(), "dataset synth: {}", String::from_utf8_lossy(&o.stderr));
-    out.join("train")
-}
 
 /// Uploads the shards under `local` to `url` and indexes them there with `dpctl dataset index`.
 async fn indexed_in_bucket(s3: &S3Server, local: &Path, url: &str) {
@@ -52,7 +42,7 @@ async fn a_cluster_on_s3_trains_with_data_ledger_jobs_and_checkpoints_in_buckets
     let s3 = S3Server::start(&dir);
     s3.create_bucket("dpcap", false);
     s3.create_bucket("dpcap-secrets", false);
-    let local = synth(&dir, 240);
+    let local = synth_shards(&dir, 240);
     indexed_in_bucket(&s3, &local, "s3://dpcap/data/train").await;
     let cluster = Cluster {
         ledger: Some("s3://dpcap/ledger".into()),
@@ -96,7 +86,7 @@ async fn a_shard_replaced_in_a_bucket_fails_its_job_by_name_unless_the_bucket_ke
     let s3 = S3Server::start(&dir);
     s3.create_bucket("plain", false);
     s3.create_bucket("versioned", true);
-    let local = synth(&dir, 240);
+    let local = synth_shards(&dir, 240);
     indexed_in_bucket(&s3, &local, "s3://plain/train").await;
     indexed_in_bucket(&s3, &local, "s3://versioned/train").await;
     // After indexing, the same shard is overwritten in both buckets (same size, other bytes).
