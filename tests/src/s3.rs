@@ -149,6 +149,7 @@ impl S3Server {
     fn request(&self, method: &str, path: &str, body: &str) {
         let host = self.endpoint.trim_start_matches("http://");
         let mut stream = std::net::TcpStream::connect(host).expect("moto's port");
+        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("a read timeout");
         let head = format!(
             "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()

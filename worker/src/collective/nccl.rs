@@ -166,14 +166,24 @@ impl NcclGroup {
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
         let stream = ctx.new_stream().map_err(cuda_err)?;
         let mut config = nonblocking_config()?;
-        let mut raw = std::mem::MaybeUninit::uninit();
+        // NCCL_COMM_BLOCKING=1 overrides `blocking = 0`: the init and every enqueue would then
+        // block inside NCCL, out of the watchdog's reach.
+        if std::env::var("NCCL_COMM_BLOCKING").is_ok_and(|v| v.trim() != "0") {
+            return Err(CollectiveError::Nccl(
+                "NCCL_COMM_BLOCKING is set: unset it, the watchdog needs non-blocking communicators".into(),
+            ));
+        }
+        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
         let (n, r) = (world_size as i32, rank as i32);
-        // SAFETY: `raw` is written by NCCL before it is read (on success and on ncclInProgress
-        // alike); the id is 128 valid bytes; `config` outlives the call.
-        let raw = unsafe {
-            nccl::comm_init_rank_config(raw.as_mut_ptr(), n, id, r, &mut config).map_err(nccl_err)?;
-            raw.assume_init()
-        };
+        // SAFETY: NCCL writes `raw` (on success and on ncclInProgress alike, and possibly before
+        // a later error); the id is 128 valid bytes; `config` outlives the call.
+        if let Err(e) = unsafe { nccl::comm_init_rank_config(&mut raw, n, id, r, &mut config) } {
+            if !raw.is_null() {
+                // SAFETY: a handle NCCL returned, used by no other thread.
+                let _ = unsafe { nccl::comm_abort(raw) };
+            }
+            return Err(nccl_err(e));
+        }
         let never = AtomicBool::new(false);
         let watch = Watch { op: "init", deadline: Instant::now() + timeout, timeout, interval: POLL, aborted: &never };
         // SAFETY: `raw` is live until aborted below.
@@ -251,7 +261,12 @@ impl NcclGroup {
                     Op::FromRankZero => nccl::broadcast(ptr, ptr, values.len(), T::NCCL, 0, comm.raw, stream),
                 }
             };
-            enqueued.map_err(nccl_err)?;
+            if let Err(e) = enqueued {
+                drop(comm);
+                // A refused enqueue leaves a non-blocking communicator in an error state.
+                self.abort();
+                return Err(nccl_err(e));
+            }
         }
         // A non-blocking enqueue may still be connecting to its peers: its kernel is on the
         // stream only once the communicator's pending work settles.

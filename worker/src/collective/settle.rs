@@ -63,8 +63,9 @@ pub fn settle(watch: &Watch<'_>, mut poll: impl FnMut() -> Progress) -> Result<(
 pub const OLDEST_NCCL: i32 = 22200;
 
 /// The bytes of `ncclConfig_t` that NCCL `version` (`ncclGetVersion`'s code, 22703 for
-/// 2.27.3) reads. NCCL copies `config.size` bytes into its own struct, so passing the newest
-/// layout to an older library would overrun it: the size must be the library's. The layout
+/// 2.27.3) knows. NCCL caps its copy at its own struct's size, but it then reads fields of the
+/// version claimed: giving each library exactly its layout keeps size and version consistent
+/// whatever a release does with them. The layout
 /// only ever grew by appending fields (on 64-bit targets: 48 bytes through 2.26, 72 in 2.27,
 /// 80 in 2.28, 88 in 2.29, 96 from 2.30, cudarc's newest; `nccl.rs` checks these against
 /// cudarc's struct at compile time).
