@@ -23,7 +23,7 @@ mod budget;
 mod checkpoint;
 mod dataset;
 mod demo;
-mod eval;
+pub mod eval;
 mod export;
 mod jobs;
 mod model;

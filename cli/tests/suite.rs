@@ -6,5 +6,6 @@ mod bench_clip_cli;
 mod bench_scale_cli;
 mod dataset_cli;
 mod eval_cli;
+mod eval_units;
 mod privacy_cli;
 mod usage_cli;

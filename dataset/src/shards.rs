@@ -177,8 +177,23 @@ impl ShardReader {
         let path = join(&self.root, &record.path);
         // A versioned store keeps the pinned version after a replacement: ask for it, so the job
         // reads the bytes it was planned on (None asks for the current object).
-        let pinned = || GetOptions { version: record.store_version.clone(), ..Default::default() };
-        let meta = self.store.get_opts(&path, GetOptions { head: true, ..pinned() }).await?.meta;
+        let mut version = record.store_version.clone();
+        let meta = match self
+            .store
+            .get_opts(&path, GetOptions { head: true, version: version.clone(), ..Default::default() })
+            .await
+        {
+            Ok(got) => got.meta,
+            // A copy of the dataset in another bucket (a sync, a restore) has its own version
+            // ids, so the pinned one is unknown there: read the current object, and let its
+            // bytes decide below (a matching ETag alone is not trusted across versions).
+            Err(object_store::Error::NotFound { .. }) if version.is_some() => {
+                version = None;
+                self.store.head(&path).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let pinned = || GetOptions { version: version.clone(), ..Default::default() };
         if meta.size != record.bytes {
             return Err(changed(format!("{} bytes, the index pinned {}", meta.size, record.bytes)));
         }

@@ -70,7 +70,11 @@ pub fn check_nvrtc() -> Result<String, String> {
 pub fn check_nccl() -> Result<String, String> {
     // SAFETY: only probes whether the shared library can be opened.
     if unsafe { cudarc::nccl::sys::is_culib_present() } {
-        Ok("NCCL loads".to_owned())
+        // The communicators are non-blocking, which needs NCCL 2.22 or newer; refusing an older
+        // library here names it before the model is built.
+        let version = cudarc::nccl::result::get_nccl_version().map_err(|e| format!("ncclGetVersion: {e:?}"))?;
+        crate::collective::settle::config_bytes(version).map_err(|e| e.to_string())?;
+        Ok(format!("NCCL {}.{}.{} loads", version / 10000, version / 100 % 100, version % 100))
     } else {
         // cudarc 0.19 asks for libnccl.so, .so.13, .so.12 … .so.9 and .so.1, never .so.2: the
         // only name Debian's libnccl2 and the nvidia-nccl-cu12/13 wheels install.

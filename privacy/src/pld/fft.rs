@@ -1,26 +1,66 @@
 //! FFT convolutions of probability vectors (indices are losses in units of the grid width).
 
-use realfft::RealFftPlanner;
-use realfft::num_complex::Complex;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
-/// The smallest 2^a·3^b·5^c ≥ n: lengths the FFT handles at full speed.
-pub fn fast_len(n: usize) -> usize {
-    let n = n.max(1);
-    let mut best = n.next_power_of_two();
-    let mut p5 = 1usize;
-    while p5 < best {
-        let mut p35 = p5;
-        while p35 < best {
-            let mut m = p35;
-            while m < n {
-                m *= 2;
-            }
-            best = best.min(m);
-            p35 *= 3;
+use realfft::num_complex::Complex;
+use realfft::{ComplexToReal, RealFftPlanner, RealToComplex};
+
+/// A forward and inverse real FFT of one length.
+#[derive(Clone)]
+struct Plan {
+    len: usize,
+    forward: Arc<dyn RealToComplex<f64>>,
+    inverse: Arc<dyn ComplexToReal<f64>>,
+}
+
+/// Most FFT points the plan cache keeps, over all its plans (a plan's twiddles take about
+/// 24 bytes a point for both directions: about 50 MB here). Computing the twiddles (a sine and
+/// cosine each) costs more than the transforms themselves, and the same lengths recur: an
+/// accountant recomputes ε at each step with the same grid, a calibration retries nearby σ.
+const CACHED_POINTS: usize = 1 << 21;
+
+/// Recently used plans, newest first, within [`CACHED_POINTS`].
+static PLANS: Mutex<VecDeque<Plan>> = Mutex::new(VecDeque::new());
+
+/// The plan of length `len`: from the cache, or made (outside the lock) and cached.
+fn plan(len: usize) -> Plan {
+    let cached = {
+        let mut plans = PLANS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let found = plans.iter().position(|p| p.len == len).and_then(|i| plans.remove(i));
+        if let Some(p) = &found {
+            plans.push_front(p.clone());
         }
-        p5 *= 5;
+        found
+    };
+    if let Some(p) = cached {
+        return p;
     }
-    best
+    let mut planner = RealFftPlanner::<f64>::new();
+    let made = Plan { len, forward: planner.plan_fft_forward(len), inverse: planner.plan_fft_inverse(len) };
+    if len <= CACHED_POINTS {
+        let mut plans = PLANS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !plans.iter().any(|p| p.len == len) {
+            plans.push_front(made.clone());
+        }
+        let mut kept = 0;
+        plans.retain(|p| {
+            kept += p.len;
+            kept <= CACHED_POINTS
+        });
+    }
+    made
+}
+
+/// The smallest length ≥ n of the form 2^k·m/8 with m in {8, 9, 10, 12, 15}: 2-, 3- and
+/// 5-smooth (the FFT runs at full speed), at most 1.25× n, and sparse enough that the windows
+/// of nearby step counts share a length, and so a cached plan (see [`plan`]).
+pub fn fast_len(n: usize) -> usize {
+    if n <= 16 {
+        return n.max(1);
+    }
+    let octave = n.next_power_of_two() / 2; // octave < n <= 2·octave
+    [9, 10, 12, 15, 16].iter().map(|m| octave / 8 * m).find(|&len| len >= n).unwrap_or(2 * octave)
 }
 
 /// Chernoff bounds [lo, hi] on the index sum of `times` independent draws from `probs` such
@@ -75,34 +115,47 @@ const EXP_UNDERFLOW: f64 = -746.0;
 
 /// The `times`-fold self-convolution of `probs`, on index sums lo..=hi only, by one real FFT,
 /// a complex power, and one inverse FFT. Mass outside [lo, hi] aliases into the window; it is
-/// bounded by the Chernoff tail and accounted for by the caller.
+/// bounded by the Chernoff tail and accounted for by the caller. `times` is at most
+/// [`super::MAX_POWER`].
 pub fn self_convolve_window(probs: &[f64], times: u64, lo: i64, hi: i64) -> Vec<f64> {
     let n = (hi - lo + 1) as usize;
     let len = fast_len(n.max(probs.len()));
-    let mut planner = RealFftPlanner::<f64>::new();
-    let forward = planner.plan_fft_forward(len);
-    let inverse = planner.plan_fft_inverse(len);
-    let mut input = forward.make_input_vec();
-    input[..probs.len()].copy_from_slice(probs);
+    let Plan { forward, inverse, .. } = plan(len);
+    // One signal buffer (input, then output) and one scratch for both transforms: every fresh
+    // buffer of this size costs its pages' first-touch faults, a large share of the time.
+    let mut signal = vec![0.0; len];
+    signal[..probs.len()].copy_from_slice(probs);
     let mut spectrum = forward.make_output_vec();
-    forward.process(&mut input, &mut spectrum).expect("fft buffers are sized by their plan");
-    let t = times as f64;
-    for z in spectrum.iter_mut() {
-        // |z|^t underflows to exactly 0 for most bins of a smooth PMF's spectrum (|z| < 0.88
-        // at t = 5708): those skip the angle (atan2) and sin_cos, the costly part.
-        let log_magnitude = 0.5 * t * z.norm_sqr().ln();
-        // A NaN takes the full path, so it reaches the caller's finiteness check.
-        *z = if log_magnitude <= EXP_UNDERFLOW {
-            Complex::new(0.0, 0.0)
-        } else {
-            Complex::from_polar(log_magnitude.exp(), t * z.arg())
-        };
-    }
+    let mut scratch = vec![Complex::new(0.0, 0.0); forward.get_scratch_len().max(inverse.get_scratch_len())];
+    forward
+        .process_with_scratch(&mut signal, &mut spectrum, &mut scratch)
+        .expect("fft buffers are sized by their plan");
+    power(&mut spectrum, times);
     zero_edge_imaginary(&mut spectrum, len);
-    let mut output = inverse.make_output_vec();
-    inverse.process(&mut spectrum, &mut output).expect("fft buffers are sized by their plan");
+    inverse
+        .process_with_scratch(&mut spectrum, &mut signal, &mut scratch)
+        .expect("fft buffers are sized by their plan");
+    // Index sum lo + k sits at (lo + k) mod len: rotate it to k, keep the window, rescale.
+    signal.rotate_left(lo.rem_euclid(len as i64) as usize);
+    signal.truncate(n);
     let scale = 1.0 / len as f64;
-    (0..n).map(|k| output[(lo + k as i64).rem_euclid(len as i64) as usize] * scale).collect()
+    signal.iter_mut().for_each(|v| *v *= scale);
+    signal
+}
+
+/// Raises every transformed value to the power `times` in place. |z|^t underflows to exactly 0
+/// for most bins of a smooth PMF's spectrum (|z| < 0.88 at t = 5708): those are set to 0 by
+/// one comparison of |z|² with the bound. The others are raised by repeated squaring (about
+/// 2·log2 t complex products, with the rounding of t products, as the polar form's t·arg has),
+/// which costs less than the logarithm, arctangent, exponential and sine/cosine of the polar
+/// form. A NaN fails the comparison and stays NaN, so it reaches the caller's finiteness check.
+fn power(spectrum: &mut [Complex<f64>], times: u64) {
+    let exponent = u32::try_from(times).expect("at most MAX_POWER runs reach the FFT power");
+    // |z|^t <= e^EXP_UNDERFLOW  <=>  |z|² <= e^(2·EXP_UNDERFLOW / t).
+    let vanishes = (2.0 * EXP_UNDERFLOW / times as f64).exp();
+    for z in spectrum.iter_mut() {
+        *z = if z.norm_sqr() <= vanishes { Complex::new(0.0, 0.0) } else { z.powu(exponent) };
+    }
 }
 
 /// The full linear convolution of two probability vectors.
@@ -121,9 +174,7 @@ pub fn convolve(a: &[f64], b: &[f64]) -> Vec<f64> {
         return out;
     }
     let len = fast_len(n);
-    let mut planner = RealFftPlanner::<f64>::new();
-    let forward = planner.plan_fft_forward(len);
-    let inverse = planner.plan_fft_inverse(len);
+    let Plan { forward, inverse, .. } = plan(len);
     let transform = |x: &[f64]| {
         let mut input = forward.make_input_vec();
         input[..x.len()].copy_from_slice(x);
@@ -158,12 +209,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fast_len_is_smooth_and_minimal() {
+    fn fast_lengths_are_smooth_sparse_and_within_a_quarter_of_the_need() {
         assert_eq!(fast_len(1), 1);
-        assert_eq!(fast_len(7), 8);
-        assert_eq!(fast_len(11), 12);
-        assert_eq!(fast_len(1000), 1000);
-        assert_eq!(fast_len(1001), 1024);
+        assert_eq!(fast_len(11), 11);
+        assert_eq!(fast_len(17), 18);
+        assert_eq!(fast_len(1000), 1024);
+        assert_eq!(fast_len(1025), 1152);
+        assert_eq!(fast_len(345_224), 393_216);
+        for n in [17, 100, 97, 1000, 4097, 345_224, 468_499, 1 << 20, (1 << 20) + 1] {
+            let len = fast_len(n);
+            assert!(len >= n && (len as f64) <= 1.25 * n as f64, "{n} -> {len}");
+            let mut rest = len;
+            for p in [2, 3, 5] {
+                while rest % p == 0 {
+                    rest /= p;
+                }
+            }
+            assert_eq!(rest, 1, "{len} is not 5-smooth");
+        }
     }
 
     #[test]
@@ -175,6 +238,35 @@ mod tests {
             let direct: f64 = (0..a.len()).filter(|&i| k >= i && k - i < b.len()).map(|i| a[i] * b[k - i]).sum();
             assert!((fast[k] - direct).abs() < 1e-8 * direct.max(1.0), "k={k}");
         }
+    }
+
+    #[test]
+    fn the_power_by_squaring_matches_the_polar_form_and_zeroes_what_underflows() {
+        let t = 5708u64;
+        let values: Vec<Complex<f64>> = (0..2000)
+            .map(|i| Complex::from_polar(1.0 - i as f64 * 1e-5, i as f64 * 0.37))
+            .chain([Complex::new(0.5, 0.5), Complex::new(f64::NAN, 0.0)])
+            .collect();
+        let mut raised = values.clone();
+        power(&mut raised, t);
+        for (z, got) in values.iter().zip(&raised).take(2000) {
+            let want = Complex::from_polar(z.norm().powf(t as f64), z.arg() * t as f64);
+            assert!((got - want).norm() <= 1e-11, "{z}^{t}: {got} vs {want}");
+        }
+        assert_eq!(raised[2000], Complex::new(0.0, 0.0), "0.71^5708 is below the smallest f64");
+        assert!(raised[2001].re.is_nan(), "a NaN must reach the finiteness check");
+    }
+
+    #[test]
+    fn cached_plans_give_the_same_convolutions_and_stay_within_their_bound() {
+        let p: Vec<f64> = (0..3000).map(|i| ((i * 7919) % 1000) as f64 / 1e6).collect();
+        let first = self_convolve_window(&p, 50, 0, 40_000);
+        for len in [1 << 20, 3 << 18, 5 << 17] {
+            plan(len); // other lengths push the first plan towards eviction
+        }
+        assert_eq!(first, self_convolve_window(&p, 50, 0, 40_000));
+        let plans = PLANS.lock().unwrap();
+        assert!(plans.iter().map(|p| p.len).sum::<usize>() <= CACHED_POINTS);
     }
 
     #[test]

@@ -27,6 +27,20 @@ async fn listed(s3: &S3Server, url: &str) -> Vec<String> {
     objects.into_iter().map(|o| o.location.to_string().trim_start_matches(&prefix).to_owned()).collect()
 }
 
+/// Copies every object under `from` to `to`, as a bucket sync would: the copies get the target
+/// bucket's own version ids, so the versions an index pinned are unknown there.
+async fn copied(s3: &S3Server, from: &str, to: &str) {
+    use object_store::ObjectStoreExt;
+    let (source, source_root) = s3.store(from);
+    let (target, target_root) = s3.store(to);
+    for name in listed(s3, from).await {
+        let from = object_store::path::Path::from(format!("{source_root}/{name}"));
+        let bytes = source.get(&from).await.expect("reading an object").bytes().await.expect("its bytes");
+        let to = object_store::path::Path::from(format!("{target_root}/{name}"));
+        target.put(&to, bytes.into()).await.expect("copying an object");
+    }
+}
+
 /// The bytes of one shard with one byte flipped in its middle: the same size, other content.
 fn rewritten(shard: &Path) -> Vec<u8> {
     let mut bytes = std::fs::read(shard).unwrap();
@@ -81,7 +95,8 @@ async fn a_cluster_on_s3_trains_with_data_ledger_jobs_and_checkpoints_in_buckets
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shard_replaced_in_a_bucket_fails_its_job_by_name_unless_the_bucket_kept_the_pinned_version() {
+async fn a_shard_replaced_in_a_bucket_fails_its_job_by_name_unless_the_bucket_kept_the_pinned_version_and_a_copy_is_held_to_its_digests()
+ {
     let dir = tempfile_dir("s3-pinning");
     let s3 = S3Server::start(&dir);
     s3.create_bucket("plain", false);
@@ -89,6 +104,8 @@ async fn a_shard_replaced_in_a_bucket_fails_its_job_by_name_unless_the_bucket_ke
     let local = synth_shards(&dir, 240);
     indexed_in_bucket(&s3, &local, "s3://plain/train").await;
     indexed_in_bucket(&s3, &local, "s3://versioned/train").await;
+    s3.create_bucket("copy", true);
+    copied(&s3, "s3://versioned/train", "s3://copy/train").await;
     // After indexing, the same shard is overwritten in both buckets (same size, other bytes).
     let replacement = rewritten(&local.join("shard-00001.tar"));
     for bucket in ["plain", "versioned"] {
@@ -112,4 +129,10 @@ async fn a_shard_replaced_in_a_bucket_fails_its_job_by_name_unless_the_bucket_ke
     let versioned = submit(&services, spec(Path::new("s3://versioned/train"), 2)).await;
     let versioned = wait_until(&services, &versioned.job_id, within(2), ended).await;
     assert_eq!(versioned.state, JobState::Succeeded as i32, "{versioned:#?}");
+
+    // A versioned copy in another bucket: the pinned version ids are the source bucket's, so
+    // the shards are held to their digests instead, and the untouched copy trains.
+    let copy = submit(&services, spec(Path::new("s3://copy/train"), 2)).await;
+    let copy = wait_until(&services, &copy.job_id, within(2), ended).await;
+    assert_eq!(copy.state, JobState::Succeeded as i32, "{copy:#?}");
 }

@@ -151,13 +151,14 @@ enum Op {
 
 impl NcclGroup {
     /// Joins the communicator of `id` as `rank` of `world_size` on CUDA device `ordinal`,
-    /// waiting until every rank has joined or `timeout` passes (the half-made communicator is
-    /// then aborted, so nothing is left running).
+    /// waiting until every rank has joined, `timeout` passes or `cancel` is set (the half-made
+    /// communicator is then aborted, so nothing is left running).
     pub fn join(
         ordinal: usize,
         (rank, world_size): (usize, usize),
         id: &[u8],
         timeout: Duration,
+        cancel: &AtomicBool,
     ) -> Result<Self, CollectiveError> {
         let bytes: [u8; ID_BYTES] = id
             .try_into()
@@ -184,8 +185,7 @@ impl NcclGroup {
             }
             return Err(nccl_err(e));
         }
-        let never = AtomicBool::new(false);
-        let watch = Watch { op: "init", deadline: Instant::now() + timeout, timeout, interval: POLL, aborted: &never };
+        let watch = Watch { op: "init", deadline: Instant::now() + timeout, timeout, interval: POLL, aborted: cancel };
         // SAFETY: `raw` is live until aborted below.
         if let Err(e) = settle(&watch, || unsafe { async_progress(raw, "init") }) {
             tracing::error!(rank, world_size, error = %e, "nccl init did not settle; communicator aborted");
@@ -328,6 +328,15 @@ impl NcclGroup {
 /// re-formed) must not leave the blocking thread waiting forever.
 struct AbortOnDrop(Option<Arc<NcclGroup>>);
 
+/// Sets its flag when dropped: an init still polling sees it and aborts.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         if let Some(group) = self.0.take() {
@@ -338,14 +347,17 @@ impl Drop for AbortOnDrop {
 
 impl NcclGroup {
     /// [`NcclGroup::join`] on a blocking thread. The join bounds itself by `timeout` and aborts
-    /// what it made, so its thread always returns.
+    /// what it made, so its thread always returns; dropping this future (the group re-forms)
+    /// cancels the join at its next poll instead of leaving it to wait out the timeout.
     pub async fn join_async(
         ordinal: usize,
         ranks: (usize, usize),
         id: Vec<u8>,
         timeout: Duration,
     ) -> Result<Arc<Self>, CollectiveError> {
-        let joining = tokio::task::spawn_blocking(move || Self::join(ordinal, ranks, &id, timeout));
+        let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));
+        let flag = cancel.0.clone();
+        let joining = tokio::task::spawn_blocking(move || Self::join(ordinal, ranks, &id, timeout, &flag));
         match joining.await {
             Ok(result) => result.map(Arc::new),
             Err(e) => Err(CollectiveError::Nccl(format!("init thread: {e}"))),
