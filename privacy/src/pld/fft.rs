@@ -221,7 +221,7 @@ mod tests {
             assert!(len >= n && (len as f64) <= 1.25 * n as f64, "{n} -> {len}");
             let mut rest = len;
             for p in [2, 3, 5] {
-                while rest % p == 0 {
+                while rest.is_multiple_of(p) {
                     rest /= p;
                 }
             }
