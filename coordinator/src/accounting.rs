@@ -19,6 +19,10 @@ use crate::state::{Closing, Effects, condition};
 /// One attempt of an ended job's audit (scoring is milliseconds; a stalled call is retried).
 const AUDIT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The coordinator's bound on one attempt of any other accountant call: each is a small unary
+/// call (register, spend, close, trim) that answers in milliseconds.
+const ACCOUNTANT_ATTEMPT: Duration = Duration::from_secs(10);
+
 /// An accountant's refusal, with its code kept (a bad contract is the submitter's to fix, a
 /// missing budget its privacy admin's), or UNAVAILABLE when it could not be reached.
 fn refusal(status: tonic::Status) -> CoordinatorError {
@@ -33,7 +37,11 @@ fn refusal(status: tonic::Status) -> CoordinatorError {
 impl Coordinator {
     /// Retries of accountant calls: bounded well below a lease.
     pub(crate) fn accountant_retry(&self) -> RetryPolicy {
-        RetryPolicy { deadline: self.config.lease.max(Duration::from_secs(5)), ..RetryPolicy::default() }
+        // Every call here is a small unary one made inside a transition's effects, and watchers
+        // wake only after those: one answer that never comes (seen in the e2e loop: a CloseJob
+        // or AuditJob the accountant had carried out) must not hold `dpctl wait` forever.
+        let deadline = self.config.lease.max(Duration::from_secs(5));
+        RetryPolicy { deadline, attempt: Some(ACCOUNTANT_ATTEMPT), ..RetryPolicy::default() }
     }
 
     /// Registers the job's contract (idempotent for an identical one).
@@ -190,7 +198,11 @@ impl Coordinator {
     /// never change), so viewers asking again cost nothing.
     async fn ask_audit(&self, job_id: &str) -> Result<AuditReport, tonic::Status> {
         let request = AuditJobRequest { job_id: job_id.to_owned() };
-        let report = retry(self.accountant_retry(), "audit_job", || {
+        // The accountant ends an attempt at AUDIT_ATTEMPT_TIMEOUT; the client's own bound, a
+        // little later, covers an answer that never leaves it.
+        let policy =
+            RetryPolicy { attempt: Some(AUDIT_ATTEMPT_TIMEOUT + ACCOUNTANT_ATTEMPT), ..self.accountant_retry() };
+        let report = retry(policy, "audit_job", || {
             let (mut client, mut request) = (self.accountant.clone(), tonic::Request::new(request.clone()));
             // A stalled attempt ends DEADLINE_EXCEEDED and is retried: the job's watchers wake
             // only after its audit, so one stuck call must never hold them.

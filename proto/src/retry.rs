@@ -20,13 +20,22 @@ pub struct RetryPolicy {
     pub max: Duration,
     /// Give up (returning the last status) once this much time has passed since the first try.
     pub deadline: Duration,
+    /// Each attempt's bound, after which it ends DEADLINE_EXCEEDED (retried like any transient
+    /// failure). None leaves the bound to the call: right for long streams, wrong for a small
+    /// unary call, which would otherwise wait forever on an answer that never comes.
+    pub attempt: Option<Duration>,
 }
 
 impl Default for RetryPolicy {
     /// 100 ms doubling to 5 s, for up to 10 minutes: long enough for a service to be restarted
     /// by its supervisor and replay its state, short enough that a dead peer surfaces.
     fn default() -> Self {
-        Self { initial: Duration::from_millis(100), max: Duration::from_secs(5), deadline: Duration::from_secs(600) }
+        Self {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(5),
+            deadline: Duration::from_secs(600),
+            attempt: None,
+        }
     }
 }
 
@@ -132,7 +141,13 @@ where
     let started = Instant::now();
     let mut attempt = 0u32;
     loop {
-        match call().await {
+        let outcome = match policy.attempt {
+            None => call().await,
+            Some(bound) => tokio::time::timeout(bound, call()).await.unwrap_or_else(|_| {
+                Err(Status::deadline_exceeded(format!("{what}: no answer within {:.1} s", bound.as_secs_f64())))
+            }),
+        };
+        match outcome {
             Ok(value) => return Ok(value),
             Err(status) if is_transient(&status) && started.elapsed() < policy.deadline => {
                 let wait = backoff(&policy, attempt);
@@ -167,7 +182,32 @@ mod tests {
             initial: Duration::from_millis(1),
             max: Duration::from_millis(2),
             deadline: Duration::from_secs(5),
+            attempt: None,
         }
+    }
+
+    #[tokio::test]
+    async fn an_attempt_that_never_answers_is_cut_at_its_bound_and_retried() {
+        let calls = AtomicU32::new(0);
+        let policy = RetryPolicy { attempt: Some(Duration::from_millis(20)), ..quick() };
+        let answered = retry(policy, "close_job", || {
+            let first = calls.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                if first {
+                    std::future::pending::<()>().await; // an answer that never comes
+                }
+                Ok::<_, Status>(7)
+            }
+        })
+        .await;
+        assert_eq!(answered.unwrap(), 7);
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "the stuck attempt was cut and retried once");
+        // Never answering at all ends DEADLINE_EXCEEDED at the policy's deadline, naming the call.
+        let policy =
+            RetryPolicy { attempt: Some(Duration::from_millis(10)), deadline: Duration::from_millis(50), ..quick() };
+        let stuck = retry(policy, "audit_job", || std::future::pending::<Result<(), Status>>()).await.unwrap_err();
+        assert_eq!(stuck.code(), Code::DeadlineExceeded);
+        assert!(stuck.message().starts_with("audit_job: no answer within"), "{stuck:?}");
     }
 
     #[tokio::test]
