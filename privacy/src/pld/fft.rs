@@ -54,7 +54,8 @@ fn plan(len: usize) -> Plan {
 
 /// The smallest length ≥ n of the form 2^k·m/8 with m in {8, 9, 10, 12, 15}: 2-, 3- and
 /// 5-smooth (the FFT runs at full speed), at most 1.25× n, and sparse enough that the windows
-/// of nearby step counts share a length, and so a cached plan (see [`plan`]).
+/// of nearby step counts share a length, and so a cached plan (see [`plan`]). Up to 16 points,
+/// n itself: a transform that small costs nothing whatever its factors.
 pub fn fast_len(n: usize) -> usize {
     if n <= 16 {
         return n.max(1);
