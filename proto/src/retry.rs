@@ -205,7 +205,7 @@ mod tests {
         // Never answering at all ends DEADLINE_EXCEEDED at the policy's deadline, naming the call.
         let policy =
             RetryPolicy { attempt: Some(Duration::from_millis(10)), deadline: Duration::from_millis(50), ..quick() };
-        let stuck = retry(policy, "audit_job", || std::future::pending::<Result<(), Status>>()).await.unwrap_err();
+        let stuck = retry(policy, "audit_job", std::future::pending::<Result<(), Status>>).await.unwrap_err();
         assert_eq!(stuck.code(), Code::DeadlineExceeded);
         assert!(stuck.message().starts_with("audit_job: no answer within"), "{stuck:?}");
     }
