@@ -64,7 +64,8 @@ fn checkpoint(root: &Path, step: u64, seed: u64) {
         .unwrap();
 }
 
-const METRICS: [&str; 8] = [
+/// The suite's metrics, as `dpctl eval` and the report keys name them.
+pub(crate) const METRICS: [&str; 8] = [
     "zero_shot",
     "aro_relation",
     "aro_attribution",

@@ -66,16 +66,7 @@ mod report {
         let (dp, random, nonprivate) = (report(0.7, true), report(0.1, true), report(0.9, false));
         let keys = named_keys(&[("dp", &dp), ("random", &random), ("nonprivate", &nonprivate)]);
         for m in ["dp", "random", "nonprivate"] {
-            for metric in [
-                "zero_shot",
-                "aro_relation",
-                "aro_attribution",
-                "layout",
-                "probe_accuracy",
-                "few_shot_1",
-                "few_shot_5",
-                "few_shot_10",
-            ] {
+            for metric in crate::eval_cli::METRICS {
                 assert!(keys.contains_key(&format!("{metric}_{m}")), "{metric}_{m}");
             }
             assert!(keys["caption_slot_accuracy"].get(m).is_some(), "{m}");
