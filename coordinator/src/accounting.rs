@@ -14,7 +14,7 @@ use dpcap_proto::{ErrorCode, RetryPolicy, retry};
 
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
-use crate::state::{Closing, Effects, condition};
+use crate::state::{AUDIT_FAILED, AUDIT_PASSED, AUDIT_VIOLATION, Closing, Effects, condition};
 
 /// One attempt of an ended job's audit (scoring is milliseconds; a stalled call is retried).
 const AUDIT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -226,8 +226,7 @@ impl Coordinator {
     pub(crate) async fn record_audit(&self, job_id: &str) {
         let (kind, reason, message) = match self.ask_audit(job_id).await {
             Ok(r) => {
-                let (kind, reason) =
-                    if r.violation { ("Warning", "AuditViolation") } else { ("Audited", "AuditPassed") };
+                let (kind, reason) = if r.violation { ("Warning", AUDIT_VIOLATION) } else { ("Audited", AUDIT_PASSED) };
                 let message = format!(
                     "epsilon lower bound {:.4} vs claimed {:.4} at delta {:.2e} (95 % confidence): {} of {} guesses \
                      right on {} canaries over {} releases; {}",
@@ -242,13 +241,14 @@ impl Coordinator {
                 );
                 (kind, reason, message)
             }
-            Err(s) => ("Warning", "AuditFailed", format!("the accountant could not audit the job: {}", s.message())),
+            Err(s) => ("Warning", AUDIT_FAILED, format!("the accountant could not audit the job: {}", s.message())),
         };
         tracing::info!(job_id, reason, message, "audit");
         let snapshot = {
             let mut state = self.lock();
             state.jobs.get_mut(job_id).map(|entry| {
                 condition(&mut entry.job, kind, reason, message);
+                entry.version += 1;
                 entry.job.clone()
             })
         };

@@ -3,7 +3,7 @@
 //! accountant about ended jobs, and wakes watchers and waiting ranks. Submitting is in
 //! [`crate::submit`], the calls to the accountant in [`crate::accounting`].
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use dpcap_proto::client::{AccountantClient, CallCredentials, RawClient};
@@ -13,7 +13,7 @@ use dpcap_serve::{Capabilities, Capability};
 use crate::dataset;
 use crate::error::CoordinatorError;
 use crate::sampler::{JobSecret, PoissonSampler};
-use crate::state::{Effects, JobEntry, Report, State, WorkerEntry, condition, is_terminal};
+use crate::state::{AUDIT_REASONS, Effects, JobEntry, Report, State, WorkerEntry, condition, is_terminal};
 use crate::store::{JobStore, Private, hex};
 
 /// How the coordinator is set up.
@@ -66,6 +66,22 @@ pub struct Coordinator {
     draining: tokio::sync::watch::Sender<bool>,
     /// Ended jobs' audits, as computed once (served to `dpctl audit` without a new scoring).
     pub(crate) audits: Mutex<std::collections::HashMap<String, dpcap_proto::v1::AuditReport>>,
+    /// Itself, for the tasks that carry a transition's effects out (see [`Coordinator::apply`]).
+    me: Weak<Coordinator>,
+}
+
+/// Ends a transition's effects, however they end (done, panicked, or dropped with the
+/// runtime): its ended jobs are shown to watchers, and watchers and waiting ranks are woken.
+struct Settle {
+    coordinator: Arc<Coordinator>,
+    jobs: Vec<String>,
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        self.coordinator.lock().settled(&self.jobs);
+        self.coordinator.changed.send_modify(|v| *v += 1);
+    }
 }
 
 /// N random bytes from the OS.
@@ -124,7 +140,8 @@ impl Coordinator {
             state.jobs.insert(entry.job.job_id.clone(), entry);
         }
         tracing::info!(jobs = state.jobs.len(), queued = state.queue.len(), "job store restored");
-        Ok(Arc::new(Self {
+        Ok(Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             accountant,
             config,
             store,
@@ -134,6 +151,27 @@ impl Coordinator {
             draining: tokio::sync::watch::channel(false).0,
             audits: Mutex::default(),
         }))
+        .inspect(|coordinator| coordinator.audit_unaudited())
+    }
+
+    /// Records the audit of every ended, audited job whose audit was never recorded (the
+    /// coordinator stopped between its end and its audit), in the background.
+    fn audit_unaudited(self: &Arc<Self>) {
+        let unaudited: Vec<String> = self
+            .lock()
+            .jobs
+            .values()
+            .filter(|e| is_terminal(e.job.state) && e.job.spec.as_ref().is_some_and(|s| s.audit.is_some()))
+            .filter(|e| !e.job.conditions.iter().any(|c| AUDIT_REASONS.contains(&c.reason.as_str())))
+            .map(|e| e.job.job_id.clone())
+            .collect();
+        for job_id in unaudited {
+            let this = self.clone();
+            tokio::spawn(async move {
+                this.record_audit(&job_id).await;
+                this.changed.send_modify(|v| *v += 1);
+            });
+        }
     }
 
     /// Starts draining: long polls (GetStep, WatchJob) end with UNAVAILABLE so that the
@@ -151,21 +189,34 @@ impl Coordinator {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Reads spends, persists, closes and notifies after a transition.
+    /// Reads spends, persists, closes and notifies after a transition. The effects run on
+    /// their own task, to the end, whatever becomes of the call that caused them: a caller
+    /// that goes away (a worker whose session ended while its report of the final step was in
+    /// flight) must not leave a job closed at the accountant but never shown as ended, nor
+    /// its audit unrecorded.
     pub(crate) async fn apply(&self, effects: Effects) -> Result<(), CoordinatorError> {
+        let Some(this) = self.me.upgrade() else { return Err(CoordinatorError::Draining) };
+        let settle =
+            Settle { coordinator: this.clone(), jobs: effects.close.iter().map(|c| c.job_id.clone()).collect() };
+        tokio::spawn(async move {
+            let _settle = settle;
+            this.carry_out(effects).await
+        })
+        .await
+        .unwrap_or_else(|e| Err(CoordinatorError::Store(format!("a transition's effects failed: {e}"))))
+    }
+
+    async fn carry_out(&self, effects: Effects) -> Result<(), CoordinatorError> {
         // ε comes from the ledger, read before the record is written.
         for job_id in &effects.spend {
             self.refresh_spend(job_id).await;
         }
-        // Watchers are woken after the record is durable and ended jobs are closed at the
-        // accountant, so a watcher that sees SUCCEEDED can rely on both.
         let result = self.persist(&effects.persist).await;
         let audits = self.settle(&effects).await;
         // An audited job's audit is in its conditions before any watcher sees it ended.
         for job_id in &audits {
             self.record_audit(job_id).await;
         }
-        self.changed.send_modify(|v| *v += 1);
         result
     }
 
@@ -209,11 +260,12 @@ impl Coordinator {
         jobs
     }
 
-    /// The job's version and snapshot, for watchers.
-    pub fn snapshot(&self, job_id: &str) -> Result<(u64, Job), CoordinatorError> {
+    /// The job's version and record as watchers may see them: None while its end settles
+    /// (see [`JobEntry::settling`]).
+    pub fn snapshot(&self, job_id: &str) -> Result<Option<(u64, Job)>, CoordinatorError> {
         let state = self.lock();
         let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
-        Ok((entry.version, entry.job.clone()))
+        Ok(entry.shown().map(|(version, job)| (version, job.clone())))
     }
 
     /// A receiver that changes whenever any job or worker does.
@@ -564,5 +616,6 @@ fn entry_for(job: Job, private: &Private, clients: Option<Arc<Vec<Vec<u64>>>>) -
         version: 0,
         held: Default::default(),
         requeued_at: None,
+        settling: false,
     })
 }

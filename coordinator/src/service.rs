@@ -90,13 +90,14 @@ fn async_stream(coordinator: Arc<Coordinator>, job_id: String) -> impl Stream<It
             if *draining.borrow_and_update() {
                 return Some((Err(to_status(CoordinatorError::Draining)), (c, id, seen, true)));
             }
-            let (version, job) = match c.snapshot(&id) {
-                Ok(v) => v,
+            match c.snapshot(&id) {
+                Ok(Some((version, job))) if seen != Some(version) => {
+                    let end = is_terminal(job.state);
+                    return Some((Ok(job), (c, id, Some(version), end)));
+                }
+                // Seen already, or an end still settling: its effects' end wakes us.
+                Ok(_) => {}
                 Err(e) => return Some((Err(to_status(e)), (c, id, seen, true))),
-            };
-            if seen != Some(version) {
-                let end = is_terminal(job.state);
-                return Some((Ok(job), (c, id, Some(version), end)));
             }
             tokio::select! {
                 result = changed.changed() => if result.is_err() { return None },

@@ -92,6 +92,13 @@ pub struct Group {
     pub nccl_id: Option<Vec<u8>>,
 }
 
+/// The reasons of an audit's condition: passed, violated, or not scored.
+pub(crate) const AUDIT_PASSED: &str = "AuditPassed";
+pub(crate) const AUDIT_VIOLATION: &str = "AuditViolation";
+pub(crate) const AUDIT_FAILED: &str = "AuditFailed";
+/// Every reason an audit's condition may carry.
+pub(crate) const AUDIT_REASONS: [&str; 3] = [AUDIT_PASSED, AUDIT_VIOLATION, AUDIT_FAILED];
+
 /// A job and what the coordinator derives from it.
 #[derive(Debug)]
 pub struct JobEntry {
@@ -117,6 +124,18 @@ pub struct JobEntry {
     pub held: HeldCounts,
     /// When its group last lost a worker (see [`REPLACEMENT_GRACE`]).
     pub requeued_at: Option<Instant>,
+    /// The job has ended and the effects of its end (the record made durable, the job closed
+    /// at the accountant, its audit recorded) are still being carried out: watchers are not
+    /// shown its final state until they are, so a watcher that sees an ended job can rely on
+    /// all three.
+    pub settling: bool,
+}
+
+impl JobEntry {
+    /// The version and record watchers may be shown: None while its end is settling.
+    pub fn shown(&self) -> Option<(u64, &Job)> {
+        (!self.settling).then_some((self.version, &self.job))
+    }
 }
 
 /// How long a job whose group lost a worker holds the head of the queue for a replacement
@@ -213,6 +232,16 @@ impl Effects {
 }
 
 impl State {
+    /// The ended jobs' effects are carried out (or abandoned): watchers may see them now.
+    pub fn settled(&mut self, job_ids: &[String]) {
+        for job_id in job_ids {
+            if let Some(entry) = self.jobs.get_mut(job_id) {
+                entry.settling = false;
+                entry.version += 1;
+            }
+        }
+    }
+
     fn touch(&mut self, job_id: &str) {
         if let Some(entry) = self.jobs.get_mut(job_id) {
             entry.version += 1;
@@ -239,6 +268,7 @@ impl State {
         show_counts(&mut entry.job, held);
         tracing::info!(job_id, state = ?state, reason, %message, "job finished");
         condition(&mut entry.job, "Finished", reason, message);
+        entry.settling = true;
         self.touch(job_id);
         let mut effects = Effects { persist: vec![job_id.to_owned()], ..Effects::default() };
         // FAILED and CANCELLED jobs can be resumed: only a job that can never run again is

@@ -344,3 +344,19 @@ fn work_follows_measured_throughput_after_a_step() {
     let share = m0 as f64 / (m0 + m1) as f64;
     assert!((share - 0.75).abs() < 0.08, "rank 0 gets about 3/4 of step 1: {m0} vs {m1}");
 }
+
+#[test]
+fn an_ended_job_is_shown_to_watchers_only_once_the_effects_of_its_end_are_settled() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 1, 5));
+    worker(&mut state, "w1");
+    state.schedule();
+    let (before, _) = state.jobs["a"].shown().expect("a running job is shown");
+    let effects = state.finish("a", JobState::Succeeded, "Succeeded", "5 steps done".into());
+    assert_eq!(effects.close.iter().map(|c| c.job_id.as_str()).collect::<Vec<_>>(), ["a"]);
+    assert!(state.jobs["a"].shown().is_none(), "not shown ended before it is closed and audited");
+    state.settled(&["a".into()]);
+    let (after, shown) = state.jobs["a"].shown().expect("shown once settled");
+    assert!(after > before, "a new version wakes the watchers: {before} -> {after}");
+    assert_eq!(shown.state, JobState::Succeeded as i32);
+}

@@ -144,6 +144,13 @@ where
         let outcome = match policy.attempt {
             None => call().await,
             Some(bound) => tokio::time::timeout(bound, call()).await.unwrap_or_else(|_| {
+                // A small call that outlives its bound is an anomaly worth seeing, not noise.
+                tracing::warn!(
+                    call = what,
+                    attempt,
+                    bound_s = bound.as_secs_f64(),
+                    "no answer within the attempt's bound"
+                );
                 Err(Status::deadline_exceeded(format!("{what}: no answer within {:.1} s", bound.as_secs_f64())))
             }),
         };

@@ -151,6 +151,23 @@ impl Process {
         self.child.as_ref().map(Child::id)
     }
 
+    /// SIGSTOP: the process stops answering while its connections stay open (a stalled
+    /// disk, a long pause, a peer partitioned away); [`Process::resume`] lets it go on.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`Process::pause`].
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("the process runs").to_string();
+        let status = Command::new("kill").args([signal, &pid]).status().expect("kill runs");
+        assert!(status.success(), "kill {signal} {pid}: {status}");
+    }
+
     /// SIGKILL: a crash, no drain.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -8,7 +8,13 @@ use std::time::Duration;
 use dpcap_e2e::jobs::{ended, get, spec, spend, step, submit, tempfile_dir, wait_until, within};
 use dpcap_e2e::{Process, Services, dpctl, synth_dataset};
 use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
-use dpcap_proto::v1::{Job, JobState};
+use dpcap_proto::v1::{CancelJobRequest, Job, JobState, WatchJobRequest};
+
+/// A WatchJob stream of `job_id`.
+async fn watch(services: &Services, job_id: &str) -> tonic::Streaming<Job> {
+    let request = WatchJobRequest { job_id: job_id.into() };
+    services.jobs().await.watch_job(request).await.expect("watch").into_inner()
+}
 
 /// The final checkpoint's manifest.
 async fn final_manifest(job: &Job) -> Manifest {
@@ -157,16 +163,11 @@ async fn sigterm_re_forms_a_workers_group_at_once_and_drains_a_coordinator_with_
     .await;
     assert_eq!(reformed.state, JobState::Pending as i32, "waiting for a second worker: {reformed:#?}");
 
-    let mut watch = std::process::Command::new(dpcap_e2e::binary("dpctl"))
-        .args(["--coordinator", &services.coordinator.grpc, "watch", &job.job_id])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A connected watch: its first message has arrived.
+    let mut watch = watch(&services, &job.job_id).await;
+    watch.message().await.expect("the watch answers").expect("the job now");
     let drained = services.coordinator.terminate(Duration::from_secs(10));
-    let _ = watch.kill();
-    let _ = watch.wait();
+    drop(watch);
     assert!(drained.is_some(), "the coordinator exits within the drain timeout with a watch connected");
     services.restart_coordinator(Duration::ZERO).await;
     let restored = get(&services, &job.job_id).await;
@@ -287,4 +288,42 @@ fn the_worker_preflight_reports_each_missing_cuda_piece_with_its_fix_and_exits_1
     assert_eq!(status("kernel cache")["status"], "ok", "the cache directory is created: {report:#}");
     assert!(dir.join("kernels").is_dir());
     assert_eq!(run("cpu").status.code(), Some(0), "a CPU worker needs nothing");
+}
+
+/// A call whose caller goes away while its transition's effects are carried out (a worker
+/// whose session ended while its report of the final step waited on the job's close and
+/// audit) still settles the job: the accountant is paused, so the cancel's CloseJob waits;
+/// the cancel call is dropped; a watcher already waiting is shown the end once the accountant
+/// answers, and only after the accountant has acted on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transition_whose_caller_goes_away_is_still_carried_out_and_wakes_its_watchers() {
+    let dir = tempfile_dir("caller-gone");
+    let dataset = synth_dataset(&dir, 100);
+    let services = Services::start(&dir).await;
+    let job = submit(&services, spec(&dataset, 3)).await; // no worker: it stays PENDING
+    let mut watch = watch(&services, &job.job_id).await;
+    let first = watch.message().await.expect("the watch answers").expect("the job now");
+    assert_eq!(first.state, JobState::Pending as i32, "{first:#?}");
+
+    services.accountant.pause();
+    let request = CancelJobRequest { job_id: job.job_id.clone() };
+    let mut jobs = services.jobs().await;
+    let cancel = tokio::time::timeout(Duration::from_secs(2), jobs.cancel_job(request)).await;
+    assert!(cancel.is_err(), "the cancel waits on the paused accountant: {cancel:?}");
+    drop(jobs); // the caller is gone
+    services.accountant.resume();
+
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let job = watch.message().await.expect("the watch answers").expect("the watch ends with the job's end");
+            if dpcap_coordinator::state::is_terminal(job.state) {
+                return job;
+            }
+        }
+    })
+    .await
+    .expect("the waiting watcher was shown the end of the dropped call's transition");
+    assert_eq!(ended.state, JobState::Cancelled as i32, "{ended:#?}");
+    let log = std::fs::read_to_string(dir.join("dpcap-accountant.log")).unwrap_or_default();
+    assert!(log.contains("suspended job"), "the accountant released the job's noise before the watcher woke: {log}");
 }
