@@ -4,6 +4,7 @@
 
 mod clip_vs_naive;
 mod configs;
+mod efficiency;
 mod fedemb;
 mod nonfinite;
 mod optim_checkpoint;

@@ -155,6 +155,24 @@ impl Process {
     /// disk, a long pause, a peer partitioned away); [`Process::resume`] lets it go on.
     pub fn pause(&self) {
         self.signal("-STOP");
+        // kill(2) returns once the signal is queued; the group stop takes hold only when one
+        // of the process's threads handles it, and until then its other threads run on.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.stopped() {
+            assert!(Instant::now() < deadline, "the process never stopped after SIGSTOP");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Every thread of the process is stopped (state T in /proc).
+    fn stopped(&self) -> bool {
+        let Some(pid) = self.pid() else { return false };
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+        tasks.flatten().all(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the command name, which is in parentheses and may hold spaces.
+            stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()).is_some_and(|s| s == 'T' || s == 't')
+        })
     }
 
     /// SIGCONT after [`Process::pause`].

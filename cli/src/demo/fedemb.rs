@@ -27,6 +27,11 @@ use crate::jobs::Server;
 
 type Inner = <CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
 
+/// The NOT PRIVATE baseline's server learning rate (see `--baseline-server-learning-rate`).
+pub const BASELINE_SERVER_LEARNING_RATE: f64 = 1.0;
+/// The NOT PRIVATE baseline's server SGD momentum.
+pub const BASELINE_SERVER_MOMENTUM: f64 = 0.9;
+
 /// The demo's identity set: `--users` users, two identities each, four images of each.
 fn layout(args: &DemoArgs) -> IdentityLayout {
     IdentityLayout { users: args.users, identities_per_user: 4, images_per_identity: 3 }
@@ -69,7 +74,7 @@ fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool, init: Option<&str>
         batch_size: Some(args.clients_per_step),
         steps: Some(args.steps()),
         clipping_norm: Some(args.client_clipping_norm),
-        learning_rate: Some(args.server_learning_rate),
+        learning_rate: Some(if not_private { args.baseline_server_learning_rate } else { args.server_learning_rate }),
         warmup_steps: Some(0),
         workers: Some(args.workers),
         checkpoint_interval: Some(args.steps()),
@@ -78,6 +83,7 @@ fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool, init: Option<&str>
             local_epochs: Some(1),
             local_batch: Some(6),
             local_learning_rate: Some(args.local_learning_rate),
+            server_momentum: Some(if not_private { args.baseline_server_momentum } else { args.server_momentum }),
             ..Default::default()
         }),
         ..Default::default()
@@ -138,6 +144,26 @@ pub async fn train_and_report(
     started: Instant,
 ) -> Result<()> {
     let init = warm.map(|w| w.job.checkpoint_root.as_str());
+    if let Ok(grid) = std::env::var("DPCAP_TUNE_BASELINE") {
+        let layout = layout(args);
+        let pipeline = Pipeline::clip(32)?;
+        let images = identities::heldout(0, &layout, args.heldout_identities, 4, 32);
+        let heldout = heldout::prepare(&images, &pipeline)?;
+        for point in grid.split(',') {
+            let (lr, m) = point.split_once(':').unwrap();
+            let mut tuned = args.clone();
+            (tuned.baseline_server_learning_rate, tuned.baseline_server_momentum) = (lr.parse()?, m.parse()?);
+            let b = train::run(server, accountant, spec(&tuned, train_dir, true, init)).await?;
+            let r = evaluate(&format!("TUNE lr {lr} m {m}"), &trained(&b).await?, &heldout)?;
+            eprintln!(
+                "TUNE lr {lr} m {m}: recall@1 {:.3} recall@5 {:.3} loss {:?}",
+                r.at_1,
+                r.at_5,
+                b.job.progress.as_ref().and_then(|p| p.loss)
+            );
+        }
+        return Ok(());
+    }
     let dp = train::run(server, accountant, spec(args, train_dir, false, init)).await?;
     let baseline = match args.no_baseline {
         true => None,
@@ -177,6 +203,8 @@ pub async fn train_and_report(
         "heldout_images": heldout.len(),
         "nonprivate_job_id": baseline.as_ref().map(|b| b.job.job_id.clone()),
         "nonprivate_privacy": baseline.as_ref().map(|_| "NOT PRIVATE: sigma = 0, same rounds, clients and schedule"),
+        "nonprivate_server_learning_rate": baseline.as_ref().map(|_| args.baseline_server_learning_rate),
+        "nonprivate_server_momentum": baseline.as_ref().map(|_| args.baseline_server_momentum),
         "warm_start_job_id": warm.map(|w| w.job.job_id.clone()),
         "checkpoint": dp.job.checkpoint_root,
         "wall_s": started.elapsed().as_secs_f64(),

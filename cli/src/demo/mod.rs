@@ -23,6 +23,7 @@ use serde_json::json;
 use crate::eval::report::named_keys;
 use crate::eval::suite::{SuiteOptions, SuiteReport, run_suite};
 use crate::jobs::{self, Server};
+use fedemb::{BASELINE_SERVER_LEARNING_RATE, BASELINE_SERVER_MOMENTUM};
 
 /// Options of `dpctl demo`.
 #[derive(Debug, Clone, Args)]
@@ -68,9 +69,20 @@ pub struct DemoArgs {
     /// fedemb: clipping norm C of each user's backbone delta (L2).
     #[arg(long, default_value_t = 0.5)]
     pub client_clipping_norm: f64,
-    /// fedemb: server learning rate on the averaged delta (server SGD, momentum 0.9).
+    /// fedemb: the DP job's server learning rate on the averaged delta (server SGD).
     #[arg(long, default_value_t = 1.0)]
     pub server_learning_rate: f64,
+    /// fedemb: the DP job's server SGD momentum.
+    #[arg(long, default_value_t = 0.9)]
+    pub server_momentum: f64,
+    /// fedemb: the NOT PRIVATE baseline's server learning rate, tuned on its own: without
+    /// noise in the averaged delta, a larger step is stable, and the DP job's rate leaves the
+    /// baseline under-trained (it would not be a ceiling).
+    #[arg(long, default_value_t = BASELINE_SERVER_LEARNING_RATE)]
+    pub baseline_server_learning_rate: f64,
+    /// fedemb: the NOT PRIVATE baseline's server SGD momentum.
+    #[arg(long, default_value_t = BASELINE_SERVER_MOMENTUM)]
+    pub baseline_server_momentum: f64,
     /// fedemb: local SGD learning rate on each user's examples.
     #[arg(long, default_value_t = 0.5)]
     pub local_learning_rate: f64,

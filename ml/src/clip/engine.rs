@@ -4,9 +4,10 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, FloatDType, Tensor};
 
 use super::Objective;
+use super::counters;
 use super::norms;
 use super::rounding::{self, MatmulInputs};
-use super::tape::{Mode, Precision, Record, Tape};
+use super::tape::{LoweredWeights, Mode, Precision, Record, Tape};
 use crate::params::{ParamId, ParamSet};
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
@@ -36,7 +37,16 @@ impl<B: Backend> GradSum<B> {
 
     /// Adds `g` to parameter `id`'s sum.
     pub fn add(&mut self, id: ParamId, g: Tensor<B, 1>) {
-        self.grads[id.0] = self.grads[id.0].clone() + g;
+        self.update(id, |running| running + g);
+    }
+
+    /// Replaces parameter `id`'s sum by `f(sum)`. The sum is taken out of its slot first, so
+    /// that `f` holds the only handle to its buffer and the backend updates it in place (a
+    /// clone would make every add allocate a fresh tensor of the parameter's size).
+    pub fn update(&mut self, id: ParamId, f: impl FnOnce(Tensor<B, 1>) -> Tensor<B, 1>) {
+        let device = self.grads[id.0].device();
+        let running = std::mem::replace(&mut self.grads[id.0], Tensor::empty([0], &device));
+        self.grads[id.0] = f(running);
     }
 
     /// Every gradient concatenated in parameter order: the P-vector sent to the accountant.
@@ -130,21 +140,24 @@ impl ClipEngine {
     ) {
         let n = model.batch_len(batch);
         let step = self.micro_batch.max(1);
+        // Weights are constants for the whole share: cast to bf16 once, not per micro-batch.
+        let lowered = LoweredWeights::default();
         for start in (0..n).step_by(step) {
             let micro = model.slice(batch, start..(start + step).min(n));
-            self.micro_batch_into(model, params, &micro, &mut into.sum, &mut into.telemetry);
+            let tape = Tape::new(Mode::Ghost, params).with_precision(self.precision).with_lowered(&lowered);
+            self.micro_batch_into(model, tape, &micro, &mut into.sum, &mut into.telemetry);
         }
     }
 
     fn micro_batch_into<AB: AutodiffBackend, M: Objective<AB>>(
         &self,
         model: &M,
-        params: &ParamSet<Inner<AB>>,
+        mut tape: Tape<'_, AB>,
         batch: &M::Batch,
         sum: &mut GradSum<Inner<AB>>,
         telemetry: &mut Telemetry,
     ) {
-        let mut tape = Tape::new(Mode::Ghost, params).with_precision(self.precision);
+        let params = tape.params();
         let losses = model.losses(&mut tape, batch);
         let grads = losses.clone().sum().backward();
         let records: Vec<Delta<AB>> = tape
@@ -159,7 +172,9 @@ impl ClipEngine {
         let sq_t = sq_norms(&records, model.batch_len(batch), params, self.matmul_inputs);
         // Decided on the raw squared norms, before any clamp: a clamp may map NaN to its bound
         // (max(NaN, 0) is 0 on some backends), which would keep the example unclipped.
-        let (sq, losses) = (to_vec(sq_t.clone()), to_vec(losses.inner()));
+        // One device→host read for both: each read drains the device's queue.
+        let read = to_vec(Tensor::cat(vec![sq_t.clone(), losses.inner()], 0));
+        let (sq, losses) = read.split_at(read.len() / 2);
         // An example whose loss or gradient is not finite is left out by selection: scaling it
         // by 0 would still give NaN (0·NaN), and one NaN voids the whole part. A non-finite
         // activation or output gradient anywhere in an example makes its squared norm
@@ -175,6 +190,7 @@ impl ClipEngine {
         let (records, norms_t) = if kept.len() == sq.len() {
             (records, norms_t)
         } else {
+            counters::count(|c| c.uploads += 1);
             let rows = Tensor::<Inner<AB>, 1, burn::tensor::Int>::from_data(
                 burn::tensor::TensorData::new(kept.iter().map(|&i| i as i64).collect::<Vec<_>>(), [kept.len()]),
                 params.device(),
@@ -183,7 +199,7 @@ impl ClipEngine {
             (records, norms_t.select(0, rows))
         };
         let factors = (norms_t + NORM_EPSILON).recip().mul_scalar(self.clipping_norm).clamp_max(1.0);
-        add_clipped_sums(&records, &factors, params, sum);
+        add_clipped_sums(&records, &factors, sum);
     }
 }
 
@@ -277,7 +293,6 @@ fn select_rows<AB: AutodiffBackend>(
 fn add_clipped_sums<AB: AutodiffBackend>(
     records: &[Delta<AB>],
     factors: &Tensor<Inner<AB>, 1>,
-    params: &ParamSet<Inner<AB>>,
     sum: &mut GradSum<Inner<AB>>,
 ) {
     for (record, delta) in records {
@@ -294,8 +309,7 @@ fn add_clipped_sums<AB: AutodiffBackend>(
                 sum.add(*beta, norms::bias_sum(&scaled));
             }
             Record::Embedding { table, tokens, .. } => {
-                let rows = params.spec(*table).shape[0];
-                sum.add(*table, norms::embedding_sum(tokens, &scaled, rows));
+                sum.update(*table, |running| norms::add_embedding_sum(running, tokens, &scaled));
             }
             Record::Free { param, .. } => sum.add(*param, norms::free_sum(&scaled)),
         }
@@ -314,6 +328,7 @@ fn widen_record<AB: AutodiffBackend>(record: Record<AB>) -> Record<AB> {
 }
 
 fn to_vec<B: Backend>(t: Tensor<B, 1>) -> Vec<f32> {
+    counters::count(|c| c.syncs += 1);
     t.into_data().convert::<f32>().to_vec().expect("f32 data")
 }
 

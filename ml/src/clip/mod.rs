@@ -4,6 +4,7 @@
 //!
 //! Clip factor c_i = min(1, C / (‖g_i‖ + 1e-6)), with C the L2 clipping norm.
 
+pub mod counters;
 mod engine;
 pub mod norms;
 pub mod rounding;
@@ -14,7 +15,7 @@ pub use engine::{
     plain_grads,
 };
 pub use rounding::MatmulInputs;
-pub use tape::{Mode, Precision, Record, Tape};
+pub use tape::{LoweredWeights, Mode, Precision, Record, Tape};
 
 use std::ops::Range;
 

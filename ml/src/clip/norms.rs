@@ -94,12 +94,21 @@ pub fn layer_norm_gamma_sum<B: Backend>(normalized: &Tensor<B, 3>, scaled: &Tens
     bias_sum(&(scaled.clone() * normalized.clone()))
 }
 
-/// Σ_i c_i Σ_t onehot(tok_{i,t}) δ_{i,t}ᵀ for a table of `rows` rows, by scatter-add.
-pub fn embedding_sum<B: Backend>(tokens: &Tensor<B, 2, Int>, scaled: &Tensor<B, 3>, rows: usize) -> Tensor<B, 1> {
+/// `running` (a table's running sum, flat [rows·d]) plus Σ_i c_i Σ_t onehot(tok_{i,t}) δ_{i,t}ᵀ,
+/// scattered into it: no zeroed table of the vocabulary's size (30522×768 for `base`) per
+/// micro-batch, and no second pass to add one.
+pub fn add_embedding_sum<B: Backend>(
+    running: Tensor<B, 1>,
+    tokens: &Tensor<B, 2, Int>,
+    scaled: &Tensor<B, 3>,
+) -> Tensor<B, 1> {
     let [b, t, d] = scaled.dims();
-    let table = Tensor::<B, 2>::zeros([rows, d], &scaled.device());
+    let rows = running.dims()[0] / d;
     let indices = tokens.clone().reshape([b * t]);
-    table.select_assign(0, indices, scaled.clone().reshape([b * t, d]), IndexingUpdateOp::Add).reshape([rows * d])
+    running
+        .reshape([rows, d])
+        .select_assign(0, indices, scaled.clone().reshape([b * t, d]), IndexingUpdateOp::Add)
+        .reshape([rows * d])
 }
 
 /// Σ_i c_i δ_i for a free parameter [T, d].

@@ -6,9 +6,10 @@
 
 use std::collections::HashMap;
 
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{FloatDType, Int, Tensor};
 
+use super::counters;
 use crate::params::{ParamId, ParamSet};
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
@@ -77,12 +78,39 @@ pub enum Record<AB: AutodiffBackend> {
     Free { param: ParamId, probe: Tensor<AB, 3> },
 }
 
+/// Weights in bf16, cast once per step and shared by its micro-batches: in ghost mode weights
+/// are constants, so casting them per micro-batch would repeat the same pass over every
+/// weight (on a GPU, one kernel and one P-sized allocation per weight per micro-batch).
+#[derive(Debug)]
+pub struct LoweredWeights<B: Backend>(std::sync::Mutex<HashMap<ParamId, Tensor<B, 1>>>);
+
+impl<B: Backend> Default for LoweredWeights<B> {
+    fn default() -> Self {
+        Self(std::sync::Mutex::default())
+    }
+}
+
+impl<B: Backend> LoweredWeights<B> {
+    /// Weight `id` in bf16, cast on first use.
+    fn get(&self, params: &ParamSet<B>, id: ParamId) -> Tensor<B, 1> {
+        let mut lowered = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        lowered
+            .entry(id)
+            .or_insert_with(|| {
+                counters::count(|c| c.weight_casts += 1);
+                params.value(id).cast(FloatDType::BF16)
+            })
+            .clone()
+    }
+}
+
 /// Records one forward pass over a micro-batch.
 #[derive(Debug)]
 pub struct Tape<'p, AB: AutodiffBackend> {
     mode: Mode,
     precision: Precision,
     params: &'p ParamSet<Inner<AB>>,
+    lowered: Option<&'p LoweredWeights<Inner<AB>>>,
     records: Vec<Record<AB>>,
     leaves: HashMap<ParamId, Tensor<AB, 1>>,
 }
@@ -90,7 +118,12 @@ pub struct Tape<'p, AB: AutodiffBackend> {
 impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
     /// A fresh tape over `params`.
     pub fn new(mode: Mode, params: &'p ParamSet<Inner<AB>>) -> Self {
-        Self { mode, precision: Precision::F32, params, records: Vec::new(), leaves: HashMap::new() }
+        Self { mode, precision: Precision::F32, params, lowered: None, records: Vec::new(), leaves: HashMap::new() }
+    }
+
+    /// The same tape reading its bf16 weights from `lowered` (ghost mode; the step's cache).
+    pub fn with_lowered(self, lowered: &'p LoweredWeights<Inner<AB>>) -> Self {
+        Self { lowered: Some(lowered), ..self }
     }
 
     /// The same tape computing its matrix products in `precision`.
@@ -102,7 +135,10 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
     fn lower<const D: usize>(&self, t: Tensor<AB, D>) -> Tensor<AB, D> {
         match self.precision {
             Precision::F32 => t,
-            Precision::Bf16 => t.cast(FloatDType::BF16),
+            Precision::Bf16 => {
+                counters::count(|c| c.activation_casts += 1);
+                t.cast(FloatDType::BF16)
+            }
         }
     }
 
@@ -110,7 +146,10 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
     fn widen<const D: usize>(&self, t: Tensor<AB, D>) -> Tensor<AB, D> {
         match self.precision {
             Precision::F32 => t,
-            Precision::Bf16 => t.cast(FloatDType::F32),
+            Precision::Bf16 => {
+                counters::count(|c| c.activation_casts += 1);
+                t.cast(FloatDType::F32)
+            }
         }
     }
 
@@ -142,6 +181,22 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
         flat.reshape(shape)
     }
 
+    /// A linear layer's weight in the compute dtype: from the step's cache when there is one
+    /// (ghost mode: a constant), else cast here (plain mode: the cast is on the graph).
+    fn weight(&mut self, id: ParamId) -> Tensor<AB, 2> {
+        match (self.mode, self.precision, self.lowered) {
+            (Mode::Ghost, Precision::Bf16, Some(lowered)) => {
+                let shape: [usize; 2] = self.params.spec(id).shape.clone().try_into().expect("weight rank");
+                Tensor::from_inner(lowered.get(self.params, id)).reshape(shape)
+            }
+            (_, Precision::F32, _) => self.param(id),
+            _ => {
+                counters::count(|c| c.weight_casts += 1);
+                self.param::<2>(id).cast(FloatDType::BF16)
+            }
+        }
+    }
+
     fn probe(&self, y: Tensor<AB, 3>) -> (Tensor<AB, 3>, Option<Tensor<AB, 3>>) {
         match self.mode {
             Mode::Plain | Mode::Frozen => (y, None),
@@ -154,12 +209,12 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
 
     /// y = x W + b for x of shape [B, T, d_in].
     pub fn linear(&mut self, weight: ParamId, bias: Option<ParamId>, x: Tensor<AB, 3>) -> Tensor<AB, 3> {
-        let w: Tensor<AB, 2> = self.param(weight);
+        let w = self.weight(weight);
         // One [B·T, d_in] × [d_in, d_out] gemm: far faster than B broadcast matmuls.
         let [batch, t, d_in] = x.dims();
         let d_out = w.dims()[1];
         let x = self.lower(x);
-        let mut y = self.widen(x.clone().reshape([batch * t, d_in]).matmul(self.lower(w)).reshape([batch, t, d_out]));
+        let mut y = self.widen(x.clone().reshape([batch * t, d_in]).matmul(w).reshape([batch, t, d_out]));
         if let Some(b) = bias {
             y = y + self.param::<1>(b).unsqueeze::<3>();
         }

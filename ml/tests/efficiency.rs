@@ -1,0 +1,47 @@
+//! What one clipped step costs beyond its arithmetic, counted on CPU so that it cannot regress
+//! unseen before a GPU run: device→host reads (each drains a GPU's queue), uploads, and casts.
+
+use burn::tensor::backend::AutodiffBackend;
+use dpcap_ml::CpuBackend;
+use dpcap_ml::clip::counters::{Counts, counts};
+use dpcap_ml::clip::{ClipEngine, Precision};
+use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig};
+use dpcap_ml::params::ParamSet;
+
+type AB = CpuBackend;
+type Inner = <AB as AutodiffBackend>::InnerBackend;
+
+/// The counts of one bf16 clipped step of `examples` examples in micro-batches of `micro`.
+fn step(examples: usize, micro: usize) -> Counts {
+    let config = CaptionerConfig::named("micro").unwrap();
+    let mut params = ParamSet::<Inner>::new(&Default::default());
+    let model = Captioner::new(&mut params, config);
+    let batch = CaptionBatch::<AB>::random(config, examples, &Default::default());
+    let engine = ClipEngine {
+        clipping_norm: 0.05,
+        micro_batch: micro,
+        precision: Precision::Bf16,
+        matmul_inputs: Default::default(),
+    };
+    let before = counts();
+    let sum = engine.clipped_sum(&model, &params, &batch);
+    let after = counts();
+    assert_eq!(sum.telemetry.norms.len(), examples, "every example was finite and kept");
+    after - before
+}
+
+#[test]
+fn a_bf16_clipped_step_reads_the_device_once_per_micro_batch_and_casts_each_weight_once() {
+    let one = step(2, 2);
+    let three = step(6, 2);
+    eprintln!("one micro-batch: {one:?}; three: {three:?}");
+    assert_eq!((one.syncs, three.syncs), (1, 3), "one device read per micro-batch: {one:?} {three:?}");
+    assert_eq!((one.uploads, three.uploads), (0, 0), "nothing uploaded while every example is finite");
+    assert!(one.weight_casts > 0, "the weights were cast to bf16: {one:?}");
+    assert_eq!(three.weight_casts, one.weight_casts, "weights are cast once per step, not per micro-batch");
+    assert_eq!(
+        three.activation_casts,
+        3 * one.activation_casts,
+        "activations are cast in each micro-batch only (a lower and a widen per product)"
+    );
+}
