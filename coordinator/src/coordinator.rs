@@ -154,20 +154,26 @@ impl Coordinator {
         .inspect(|coordinator| coordinator.audit_unaudited())
     }
 
-    /// Records the audit of every ended, audited job whose audit was never recorded (the
-    /// coordinator stopped between its end and its audit), in the background.
+    /// Settles, in the background, every audited job that ended for good (SUCCEEDED or
+    /// BUDGET_EXHAUSTED) but whose audit was never recorded: the coordinator stopped between
+    /// its end and its audit, perhaps before closing it at the accountant (which audits only
+    /// closed jobs), so it is closed again (idempotent) and then audited.
     fn audit_unaudited(self: &Arc<Self>) {
+        let for_good = |state: i32| state == JobState::Succeeded as i32 || state == JobState::BudgetExhausted as i32;
         let unaudited: Vec<String> = self
             .lock()
             .jobs
             .values()
-            .filter(|e| is_terminal(e.job.state) && e.job.spec.as_ref().is_some_and(|s| s.audit.is_some()))
+            .filter(|e| for_good(e.job.state) && e.job.spec.as_ref().is_some_and(|s| s.audit.is_some()))
             .filter(|e| !e.job.conditions.iter().any(|c| AUDIT_REASONS.contains(&c.reason.as_str())))
             .map(|e| e.job.job_id.clone())
             .collect();
         for job_id in unaudited {
             let this = self.clone();
             tokio::spawn(async move {
+                let reason = "ended before the coordinator restarted".to_owned();
+                let closing = crate::state::Closing { job_id: job_id.clone(), reason, resumable: false };
+                this.settle(&Effects { close: vec![closing], ..Effects::default() }).await;
                 this.record_audit(&job_id).await;
                 this.changed.send_modify(|v| *v += 1);
             });
@@ -195,9 +201,13 @@ impl Coordinator {
     /// flight) must not leave a job closed at the accountant but never shown as ended, nor
     /// its audit unrecorded.
     pub(crate) async fn apply(&self, effects: Effects) -> Result<(), CoordinatorError> {
-        let Some(this) = self.me.upgrade() else { return Err(CoordinatorError::Draining) };
-        let settle =
-            Settle { coordinator: this.clone(), jobs: effects.close.iter().map(|c| c.job_id.clone()).collect() };
+        let ended: Vec<String> = effects.close.iter().map(|c| c.job_id.clone()).collect();
+        let Some(this) = self.me.upgrade() else {
+            // Only while the coordinator itself is being dropped: nobody is left to watch.
+            self.lock().settled(&ended);
+            return Err(CoordinatorError::Draining);
+        };
+        let settle = Settle { coordinator: this.clone(), jobs: ended };
         tokio::spawn(async move {
             let _settle = settle;
             this.carry_out(effects).await
@@ -616,6 +626,6 @@ fn entry_for(job: Job, private: &Private, clients: Option<Arc<Vec<Vec<u64>>>>) -
         version: 0,
         held: Default::default(),
         requeued_at: None,
-        settling: false,
+        settling: 0,
     })
 }

@@ -124,17 +124,18 @@ pub struct JobEntry {
     pub held: HeldCounts,
     /// When its group last lost a worker (see [`REPLACEMENT_GRACE`]).
     pub requeued_at: Option<Instant>,
-    /// The job has ended and the effects of its end (the record made durable, the job closed
-    /// at the accountant, its audit recorded) are still being carried out: watchers are not
-    /// shown its final state until they are, so a watcher that sees an ended job can rely on
-    /// all three.
-    pub settling: bool,
+    /// Ends of the job whose effects (the record made durable, the job closed at the
+    /// accountant, its audit recorded) are still being carried out: watchers are not shown
+    /// the job until there are none, so a watcher that sees an ended job can rely on all
+    /// three. A count, not a flag: a job resumed and ended again while its first end settles
+    /// must wait for both.
+    pub settling: u32,
 }
 
 impl JobEntry {
-    /// The version and record watchers may be shown: None while its end is settling.
+    /// The version and record watchers may be shown: None while an end is settling.
     pub fn shown(&self) -> Option<(u64, &Job)> {
-        (!self.settling).then_some((self.version, &self.job))
+        (self.settling == 0).then_some((self.version, &self.job))
     }
 }
 
@@ -232,11 +233,12 @@ impl Effects {
 }
 
 impl State {
-    /// The ended jobs' effects are carried out (or abandoned): watchers may see them now.
+    /// One end of each of these jobs is carried out (or abandoned): watchers see each job
+    /// once none of its ends is settling.
     pub fn settled(&mut self, job_ids: &[String]) {
         for job_id in job_ids {
             if let Some(entry) = self.jobs.get_mut(job_id) {
-                entry.settling = false;
+                entry.settling = entry.settling.saturating_sub(1);
                 entry.version += 1;
             }
         }
@@ -268,7 +270,7 @@ impl State {
         show_counts(&mut entry.job, held);
         tracing::info!(job_id, state = ?state, reason, %message, "job finished");
         condition(&mut entry.job, "Finished", reason, message);
-        entry.settling = true;
+        entry.settling += 1;
         self.touch(job_id);
         let mut effects = Effects { persist: vec![job_id.to_owned()], ..Effects::default() };
         // FAILED and CANCELLED jobs can be resumed: only a job that can never run again is

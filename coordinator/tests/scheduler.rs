@@ -360,3 +360,18 @@ fn an_ended_job_is_shown_to_watchers_only_once_the_effects_of_its_end_are_settle
     assert!(after > before, "a new version wakes the watchers: {before} -> {after}");
     assert_eq!(shown.state, JobState::Succeeded as i32);
 }
+
+#[test]
+fn a_job_that_ends_again_while_its_first_end_settles_is_shown_only_after_both() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 1, 5));
+    worker(&mut state, "w1");
+    state.schedule();
+    state.finish("a", JobState::Cancelled, "Cancelled", "by the operator".into());
+    // Resumed and failed before the cancel's effects were done: two ends in flight.
+    state.finish("a", JobState::Failed, "WorkerFailed", "a rank failed".into());
+    state.settled(&["a".into()]);
+    assert!(state.jobs["a"].shown().is_none(), "the second end's close and audit are still running");
+    state.settled(&["a".into()]);
+    assert_eq!(state.jobs["a"].shown().map(|(_, job)| job.state), Some(JobState::Failed as i32));
+}

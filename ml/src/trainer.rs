@@ -4,7 +4,7 @@
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use crate::clip::{ClipEngine, ClippedSum, GradSum, Telemetry};
+use crate::clip::{ClipEngine, ClippedSum, Telemetry};
 use crate::fed::{LocalConfig, add_clipped, batch_ranges, local_delta};
 use crate::model::embedder::prototypes;
 use crate::model::{CaptionBatch, Captioner, CaptionerConfig, EmbedBatch, Embedder, EmbedderConfig, Encoder, Mae};
@@ -163,7 +163,7 @@ impl<AB: AutodiffBackend> Trainer<AB> {
 
     /// An empty part (zeros) to stream examples into.
     pub fn begin_part(&self) -> ClippedSum<Inner<AB>> {
-        ClippedSum { sum: GradSum::zeros(&self.params), telemetry: Telemetry::default() }
+        ClippedSum::zeros(&self.params)
     }
 
     /// Adds the clipped gradients of `examples` (one micro-batch or a few) to `part`; only

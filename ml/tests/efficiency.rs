@@ -4,7 +4,7 @@
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_ml::CpuBackend;
 use dpcap_ml::clip::counters::{Counts, counts};
-use dpcap_ml::clip::{ClipEngine, Precision};
+use dpcap_ml::clip::{ClipEngine, ClippedSum, Objective, Precision};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig};
 use dpcap_ml::params::ParamSet;
 
@@ -24,7 +24,12 @@ fn step(examples: usize, micro: usize) -> Counts {
         matmul_inputs: Default::default(),
     };
     let before = counts();
-    let sum = engine.clipped_sum(&model, &params, &batch);
+    // As a rank streams its share: one part, one `accumulate` per chunk of a micro-batch.
+    let mut sum = ClippedSum::zeros(&params);
+    for start in (0..examples).step_by(micro) {
+        let chunk = Objective::<AB>::slice(&model, &batch, start..(start + micro).min(examples));
+        engine.accumulate(&model, &params, &chunk, &mut sum);
+    }
     let after = counts();
     assert_eq!(sum.telemetry.norms.len(), examples, "every example was finite and kept");
     after - before

@@ -6,7 +6,7 @@
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_dataset::Example;
 use dpcap_ml::CpuBackend;
-use dpcap_ml::clip::{ClipEngine, ClippedSum, GradSum, Objective, Telemetry, naive_clipped_sum};
+use dpcap_ml::clip::{ClipEngine, ClippedSum, GradSum, Objective, naive_clipped_sum};
 use dpcap_ml::fed::{LocalConfig, add_clipped, local_delta};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig};
 use dpcap_ml::optim::{AdamWConfig, Rule, Schedule};
@@ -110,7 +110,7 @@ fn with_one_example_per_user_one_local_step_and_no_head_the_update_is_dp_sgd() {
     let naive = flat(&naive_clipped_sum(&model, &params, &batch, c).sum);
 
     let local = LocalConfig { steps: 1, epochs: 1, learning_rate: 1.0, batch: 1 };
-    let mut fed = ClippedSum { sum: GradSum::zeros(&params), telemetry: Telemetry::default() };
+    let mut fed = ClippedSum::zeros(&params);
     for i in 0..6 {
         let example = Objective::<AB>::slice(&model, &batch, i..i + 1);
         let delta = local_delta::<AB, _>(&model, &params, &local, |_| vec![example.clone()]);

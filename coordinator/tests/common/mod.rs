@@ -33,7 +33,7 @@ pub fn job(id: &str, workers: u32, steps: u64) -> JobEntry {
         version: 0,
         held: Default::default(),
         requeued_at: None,
-        settling: false,
+        settling: 0,
     }
 }
 

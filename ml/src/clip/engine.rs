@@ -100,6 +100,21 @@ pub struct ClippedSum<B: Backend> {
     pub sum: GradSum<B>,
     /// Non-DP telemetry.
     pub telemetry: Telemetry,
+    /// The step's weights in bf16, cast on first use and shared by every micro-batch the part
+    /// streams through (a rank calls [`ClipEngine::accumulate`] once per chunk of its share).
+    lowered: LoweredWeights<B>,
+}
+
+impl<B: Backend> ClippedSum<B> {
+    /// An empty part shaped like `params` (the parameters must not change until it is done).
+    pub fn zeros(params: &ParamSet<B>) -> Self {
+        Self::of(GradSum::zeros(params), Telemetry::default())
+    }
+
+    /// A part holding `sum` and `telemetry`.
+    pub fn of(sum: GradSum<B>, telemetry: Telemetry) -> Self {
+        Self { sum, telemetry, lowered: LoweredWeights::default() }
+    }
 }
 
 /// Per-example clipping by book-keeping with ghost norms.
@@ -124,7 +139,7 @@ impl ClipEngine {
         params: &ParamSet<Inner<AB>>,
         batch: &M::Batch,
     ) -> ClippedSum<Inner<AB>> {
-        let mut out = ClippedSum { sum: GradSum::zeros(params), telemetry: Telemetry::default() };
+        let mut out = ClippedSum::zeros(params);
         self.accumulate(model, params, batch, &mut out);
         out
     }
@@ -140,11 +155,10 @@ impl ClipEngine {
     ) {
         let n = model.batch_len(batch);
         let step = self.micro_batch.max(1);
-        // Weights are constants for the whole share: cast to bf16 once, not per micro-batch.
-        let lowered = LoweredWeights::default();
         for start in (0..n).step_by(step) {
             let micro = model.slice(batch, start..(start + step).min(n));
-            let tape = Tape::new(Mode::Ghost, params).with_precision(self.precision).with_lowered(&lowered);
+            // Weights are constants for the whole part: cast to bf16 once, not per micro-batch.
+            let tape = Tape::new(Mode::Ghost, params).with_precision(self.precision).with_lowered(&into.lowered);
             self.micro_batch_into(model, tape, &micro, &mut into.sum, &mut into.telemetry);
         }
     }
@@ -173,6 +187,7 @@ impl ClipEngine {
         // Decided on the raw squared norms, before any clamp: a clamp may map NaN to its bound
         // (max(NaN, 0) is 0 on some backends), which would keep the example unclipped.
         // One device→host read for both: each read drains the device's queue.
+        assert_eq!(sq_t.dims(), losses.dims(), "one squared norm and one loss per example");
         let read = to_vec(Tensor::cat(vec![sq_t.clone(), losses.inner()], 0));
         let (sq, losses) = read.split_at(read.len() / 2);
         // An example whose loss or gradient is not finite is left out by selection: scaling it
@@ -391,7 +406,7 @@ pub fn naive_clipped_sum<AB: AutodiffBackend, M: Objective<AB>>(
         telemetry.losses.extend(losses);
         telemetry.norms.push(norm as f32);
     }
-    ClippedSum { sum, telemetry }
+    ClippedSum::of(sum, telemetry)
 }
 
 #[cfg(test)]

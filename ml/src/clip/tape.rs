@@ -90,6 +90,12 @@ impl<B: Backend> Default for LoweredWeights<B> {
     }
 }
 
+impl<B: Backend> Clone for LoweredWeights<B> {
+    fn clone(&self) -> Self {
+        Self(std::sync::Mutex::new(self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()))
+    }
+}
+
 impl<B: Backend> LoweredWeights<B> {
     /// Weight `id` in bf16, cast on first use.
     fn get(&self, params: &ParamSet<B>, id: ParamId) -> Tensor<B, 1> {
