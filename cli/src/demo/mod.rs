@@ -157,7 +157,6 @@ async fn warm_start(
         let options = crate::dataset::IndexOptions::synthetic(256);
         crate::dataset::index_dataset(&procedural.to_string_lossy(), &options).await?;
     }
-    let mut client = dpcap_proto::client::AccountantClient::connect(accountant.to_owned()).await?;
     let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
         dataset_id: crate::budget::dataset_digest(&procedural.to_string_lossy()).await?,
         epsilon: args.epsilon,
@@ -166,7 +165,7 @@ async fn warm_start(
         allow_not_private: true,
         unit: dpcap_proto::v1::PrivacyUnit::Example as i32,
     };
-    client.raw().set_dataset_budget(budget).await.map_err(jobs::status)?;
+    set_dataset_budget(accountant, budget).await?;
     train::run(server, accountant, train::warm_start_spec(args, &procedural, steps)).await
 }
 
@@ -267,7 +266,6 @@ async fn train_and_report(
 /// synthetic, so its owner also lets the NOT PRIVATE baseline train on it.
 async fn set_budget(args: &DemoArgs, train_dir: &Path, accountant: &str) -> Result<()> {
     let dataset_id = crate::budget::dataset_digest(&train_dir.to_string_lossy()).await?;
-    let mut client = dpcap_proto::client::AccountantClient::connect(accountant.to_owned()).await?;
     let fedemb = args.objective == "fedemb";
     let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
         dataset_id,
@@ -279,7 +277,20 @@ async fn set_budget(args: &DemoArgs, train_dir: &Path, accountant: &str) -> Resu
         // fedemb protects users: its budget is a user-level one.
         unit: if fedemb { dpcap_proto::v1::PrivacyUnit::User } else { dpcap_proto::v1::PrivacyUnit::Example } as i32,
     };
-    client.raw().set_dataset_budget(budget).await.map_err(jobs::status)?;
+    set_dataset_budget(accountant, budget).await
+}
+
+/// Sets a budget as the data's owner, retrying while the embedded accountant is still
+/// replaying its ledger (it serves health before it serves jobs).
+async fn set_dataset_budget(accountant: &str, budget: dpcap_proto::v1::SetDatasetBudgetRequest) -> Result<()> {
+    let client = dpcap_proto::client::AccountantClient::connect(accountant.to_owned()).await?;
+    let policy = dpcap_proto::RetryPolicy { deadline: std::time::Duration::from_secs(60), ..Default::default() };
+    dpcap_proto::retry(policy, "set_dataset_budget", || {
+        let (mut client, budget) = (client.clone(), budget.clone());
+        async move { client.raw().set_dataset_budget(budget).await }
+    })
+    .await
+    .map_err(jobs::status)?;
     Ok(())
 }
 
