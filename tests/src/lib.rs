@@ -524,12 +524,7 @@ impl Services {
 
     /// Steps of `job_id` the ledger records as discarded.
     pub fn discarded_steps(&self, job_id: &str) -> Vec<u64> {
-        let dir = self.ledger.join("jobs").join(job_id).join("discarded");
-        let mut steps: Vec<u64> = std::fs::read_dir(dir)
-            .map(|d| d.filter_map(|e| e.ok()?.path().file_stem()?.to_str()?.parse().ok()).collect())
-            .unwrap_or_default();
-        steps.sort_unstable();
-        steps
+        ledger_steps(&self.ledger.join("jobs").join(job_id).join("discarded"))
     }
 
     /// A JobService client.
@@ -544,11 +539,17 @@ impl Services {
 
     /// Charge records in the ledger for `job_id`, by step number.
     pub fn charged_steps(&self, job_id: &str) -> Vec<u64> {
-        let dir = self.ledger.join("jobs").join(job_id).join("charges");
-        let mut steps: Vec<u64> = std::fs::read_dir(dir)
-            .map(|d| d.filter_map(|e| e.ok()?.path().file_stem()?.to_str()?.parse().ok()).collect())
-            .unwrap_or_default();
-        steps.sort_unstable();
-        steps
+        ledger_steps(&self.ledger.join("jobs").join(job_id).join("charges"))
     }
+}
+
+/// The steps of a ledger directory's committed records, `STEP.json`, in order. A put the
+/// accountant was killed in the middle of leaves object_store's staging file `STEP.json#N`,
+/// which was never committed (the ledger's replay ignores it too) and is not a record.
+fn ledger_steps(dir: &Path) -> Vec<u64> {
+    let mut steps: Vec<u64> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".json")?.parse().ok()).collect())
+        .unwrap_or_default();
+    steps.sort_unstable();
+    steps
 }
