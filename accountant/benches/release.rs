@@ -1,7 +1,8 @@
 //! What one release costs: CPU-seconds per GB of gradient released through a real accountant on
 //! loopback (one rank, noise drawn ahead), and each phase alone, side by side in one run.
-//! Run: `cargo bench -p dpcap-accountant --bench release` (P from `PARAMS`, default 50M;
-//! `dpctl bench scale` runs the same at the paper's P = 190M).
+//! Run: `cargo bench -p dpcap-accountant --bench release` (P from `PARAMS`, default 50M; timed
+//! releases from `STEPS`, untimed ones first from `WARMUP`; `dpctl bench scale` runs the same
+//! at the paper's P = 190M).
 
 use dpcap_accountant::cost::{self, CostOptions, Writer};
 use dpcap_privacy::recipes::DP_CAP;
@@ -19,6 +20,7 @@ async fn main() -> Result<(), cost::BenchError> {
         examples: DP_CAP.examples,
         batch: DP_CAP.batch,
         steps: env_or("STEPS", 3),
+        warmup: env_or("WARMUP", cost::WARMUP_STEPS),
         writer: Writer::Synced,
     };
     let release = cost::measure(&opts, &dir.path().join("release")).await?;
@@ -33,7 +35,7 @@ async fn main() -> Result<(), cost::BenchError> {
         release.release_s, release.release_first_chunk_s, release.release_stored_s
     );
     println!("  CPU-s per GB released      {:>6.3}", release.release_cpu_s_per_gb);
-    println!("    check (finite, hash)     {:>6.3}", parts.check_cpu_s_per_gb);
+    println!("    check (copy, finite, hash) {:>4.3}", parts.check_cpu_s_per_gb);
     println!("    noise add                {:>6.3}", parts.noise_add_cpu_s_per_gb);
     println!("    encode                   {:>6.3}", parts.encode_cpu_s_per_gb);
     println!("    store (write, fsync)     {:>6.3}", parts.store_cpu_s_per_gb);

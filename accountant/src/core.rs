@@ -12,6 +12,7 @@ use dpcap_proto::ErrorCode;
 
 use crate::ahead::NoiseAhead;
 use crate::audit::{AuditOutcome, Canaries, Placement};
+use crate::blocks::BlockPool;
 use crate::composed::{self, Composed};
 use crate::datasets::{BudgetSetting, Datasets};
 use crate::error::AccountantError;
@@ -65,6 +66,8 @@ pub struct Accountant {
     pub(crate) policy: Policy,
     ready: AtomicBool,
     pub(crate) draining: watch::Sender<bool>,
+    /// Release blocks, reused from one release to the next (every job's blocks are one size).
+    pub(crate) blocks: BlockPool,
 }
 
 impl Accountant {
@@ -79,6 +82,7 @@ impl Accountant {
             policy,
             ready: AtomicBool::new(false),
             draining: watch::channel(false).0,
+            blocks: BlockPool::new(noise::BLOCK_BYTES / 4),
         }
     }
 

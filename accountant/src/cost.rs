@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use prost::Message;
 use serde::Serialize;
+use tokio::sync::watch;
 use xxhash_rust::xxh3::Xxh3;
 
 use dpcap_proto::client::{AccountantClient, CHUNK_VALUES, CallCredentials, CapabilityCell, PartKey};
@@ -22,8 +23,9 @@ use dpcap_proto::v1::{
 };
 use dpcap_serve::{Capabilities, Capability, ServerSecurity};
 
+use crate::blocks::BlockPool;
 use crate::noise::{self, BLOCK_BYTES, NoiseMode};
-use crate::release::Release;
+use crate::release::{Release, Stored};
 use crate::server::{ServeError, Setup};
 use crate::sum::{Chunks, Sum};
 use crate::{Policy, server};
@@ -34,12 +36,37 @@ pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
 /// CPU seconds this process has used (user + system, every thread), from /proc: what a
 /// release costs the machine, beside how long it takes. Ticks are 10 ms.
 pub fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime and stime are the 12th and
-    // 13th, in clock ticks (100 per second on Linux).
+    stat_cpu_seconds(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default())
+}
+
+/// User + system seconds in a `/proc/…/stat` line. Fields after the command name (which may
+/// hold spaces): utime and stime are the 12th and 13th, in clock ticks (100 per second).
+fn stat_cpu_seconds(stat: &str) -> f64 {
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let ticks: u64 = after.split_whitespace().skip(11).take(2).filter_map(|t| t.parse::<u64>().ok()).sum();
     ticks as f64 / 100.0
+}
+
+/// CPU seconds of each live thread of this process named `name`, by thread id.
+fn threads_cpu_seconds(name: &str) -> std::collections::HashMap<String, f64> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Default::default() };
+    tasks
+        .filter_map(|task| {
+            let path = task.ok()?.path();
+            let comm = std::fs::read_to_string(path.join("comm")).ok()?;
+            (comm.trim_end() == name).then_some(())?;
+            let cpu = stat_cpu_seconds(&std::fs::read_to_string(path.join("stat")).ok()?);
+            Some((path.file_name()?.to_string_lossy().into_owned(), cpu))
+        })
+        .collect()
+}
+
+/// CPU seconds spent since `before` by threads drawing noise ahead: the next step's noise
+/// starts once this one is stored, while the rank still reads the release's last chunks, and
+/// is not the release's cost. A draw thread that ended in between is not subtracted.
+fn drawing_ahead_since(before: &std::collections::HashMap<String, f64>) -> f64 {
+    let now = threads_cpu_seconds(noise::DRAW_THREAD);
+    now.iter().map(|(tid, cpu)| cpu - before.get(tid).copied().unwrap_or(0.0)).sum()
 }
 
 /// How the measured accountant writes its stored releases.
@@ -63,6 +90,8 @@ pub struct CostOptions {
     pub batch: u64,
     /// Releases timed; medians are reported.
     pub steps: u64,
+    /// Releases run first, untimed ([`WARMUP_STEPS`] for a running job's steady state).
+    pub warmup: u64,
     /// How the ledger stores releases.
     pub writer: Writer,
 }
@@ -77,7 +106,8 @@ pub struct ReleaseCost {
     pub release_first_chunk_s: f64,
     /// First byte of the part in → the part's answer, which comes once the release is stored.
     pub release_stored_s: f64,
-    /// CPU seconds the accountant and its client used together during the release.
+    /// CPU seconds the accountant and its client used together during the release, less what
+    /// the next step's noise, drawn ahead once this release is stored, took meanwhile.
     pub release_cpu_s: f64,
     /// The same per GB of gradient released (4·P bytes).
     pub release_cpu_s_per_gb: f64,
@@ -90,7 +120,8 @@ pub struct ReleaseCost {
 /// CPU-seconds per GB of each phase of a release, each run alone on the same P.
 #[derive(Debug, Clone, Serialize)]
 pub struct Breakdown {
-    /// The part's chunks checked finite and hashed where they were decoded (per part).
+    /// The part's chunks copied out of the transport's buffers into blocks, checked finite
+    /// and hashed (per part).
     pub check_cpu_s_per_gb: f64,
     /// Sum + noise → the release's f32 blocks, on every core.
     pub noise_add_cpu_s_per_gb: f64,
@@ -134,24 +165,29 @@ fn part_chunks(params: usize) -> Vec<Bytes> {
 pub async fn breakdown(params: usize, dir: &Path) -> Result<Breakdown, BenchError> {
     let gb = gigabytes(params);
     let chunks = part_chunks(params);
-    let (checked, check_s) = cpu_of(|| {
-        let mut hasher = Xxh3::new();
-        for (i, chunk) in chunks.iter().enumerate() {
-            floats::check_finite(chunk, (i * CHUNK_VALUES) as u64)?;
-            hasher.update(chunk);
-        }
-        Ok::<_, floats::FloatsError>(hasher.digest())
-    });
-    std::hint::black_box(checked?);
-
-    let mut part = Chunks::default();
-    chunks.into_iter().for_each(|chunk| part.push(chunk));
-    let sum = Sum::One(part);
+    let pool = BlockPool::new(BLOCK_BYTES / 4);
+    pool.expect_step(params);
     let noise = noise::draw(params, 1.0, NoiseMode::OsEntropy, 0)?;
-    let blocks = std::sync::Mutex::new(vec![Bytes::new(); params.div_ceil(BLOCK_BYTES / 4)]);
-    let ((), add_s) = cpu_of(|| noise::apply_each(&sum, &noise, |i, b| blocks.lock().expect("blocks")[i] = b));
-    drop((sum, noise));
-    let blocks = blocks.into_inner().expect("blocks");
+    // Each phase twice, the second timed: in a running job the blocks are reused, not new.
+    let (mut check_s, mut add_s, mut blocks) = (0.0, 0.0, Vec::new());
+    for _ in 0..2 {
+        let checked;
+        (checked, check_s) = cpu_of(|| {
+            let (mut part, mut hasher) = (Chunks::default(), Xxh3::new());
+            for block in chunks.iter().flat_map(|chunk| pool.copy(chunk)) {
+                floats::check_finite(&block, part.len() as u64)?;
+                hasher.update(&block);
+                part.push(block);
+            }
+            Ok::<_, floats::FloatsError>((part, hasher.digest()))
+        });
+        let sum = Sum::One(checked?.0);
+        drop(blocks); // the last pass's release, back to the pool
+        let filled = std::sync::Mutex::new(vec![Bytes::new(); params.div_ceil(BLOCK_BYTES / 4)]);
+        ((), add_s) = cpu_of(|| noise::apply_each(&sum, &noise, &pool, |i, b| filled.lock().expect("blocks")[i] = b));
+        blocks = filled.into_inner().expect("blocks");
+    }
+    drop((chunks, noise));
 
     let (encoded, encode_s) = cpu_of(|| {
         let mut buffer = BytesMut::new();
@@ -168,8 +204,8 @@ pub async fn breakdown(params: usize, dir: &Path) -> Result<Breakdown, BenchErro
     });
     std::hint::black_box(encoded?);
 
-    let data: Bytes = blocks.concat().into();
-    let release = Release::from_store(0, data, 1.0, BLOCK_BYTES);
+    let release = Release::filling(0, 1.0, 4 * params, 4 * params, BLOCK_BYTES, watch::channel(Stored::Done).1);
+    blocks.into_iter().enumerate().for_each(|(index, block)| release.fill(index, block));
     let ledger = server::open_ledger(&dir.to_string_lossy())?;
     let before = cpu_seconds();
     ledger.put_release("breakdown", 0, &release).await?;
@@ -286,8 +322,14 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-/// Times `opts.steps` releases of P values through a real accountant with its ledger under
-/// `dir`. Between steps it waits, as ranks compute, while the next step's noise is drawn.
+/// Releases run before the timed ones: a job runs thousands of steps, and its first ones
+/// allocate the blocks that later ones reuse (a step's part and release, and the releases kept
+/// in memory for late fetches, [`crate::job::RELEASES_KEPT`]).
+pub const WARMUP_STEPS: u64 = crate::job::RELEASES_KEPT as u64 + 2;
+
+/// Times `opts.steps` releases of P values (after `opts.warmup` untimed) through a real
+/// accountant with its ledger under `dir`. Between steps it waits, as ranks compute, while the
+/// next step's noise is drawn.
 pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, BenchError> {
     let dim = usize::try_from(opts.params)?;
     // Noise throughput first: it says how long a step must compute for noise to be ready.
@@ -302,9 +344,10 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
     register(&client, opts).await?;
     let part = floats::into_bytes((0..dim).map(|i| (i % 1013) as f32 * 1e-4).collect());
     let (mut times, mut firsts, mut stores, mut cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for step in 0..opts.steps.max(1) {
+    let warmup = opts.warmup;
+    for step in 0..warmup + opts.steps.max(1) {
         tokio::time::sleep(noise_wait).await;
-        let (started, cpu) = (Instant::now(), cpu_seconds());
+        let (started, cpu, drawing) = (Instant::now(), cpu_seconds(), threads_cpu_seconds(noise::DRAW_THREAD));
         let (mut submitter, mut fetcher) = (client.clone(), client.clone());
         // The rank fetches while it submits, as the worker does: the release streams while the
         // accountant stores it, and its last chunk comes once it is stored.
@@ -315,13 +358,16 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
         let ((submitted, stored_s), fetched) = tokio::join!(submit, fetch_timed(&mut fetcher, step));
         submitted?;
         let (values, first) = fetched?;
-        times.push(started.elapsed().as_secs_f64());
-        cpus.push(cpu_seconds() - cpu);
-        firsts.push((first - started).as_secs_f64());
-        stores.push(stored_s);
         if values != dim {
             return Err(format!("release of {values} values, expected {dim}").into());
         }
+        if step < warmup {
+            continue;
+        }
+        times.push(started.elapsed().as_secs_f64());
+        cpus.push(cpu_seconds() - cpu - drawing_ahead_since(&drawing));
+        firsts.push((first - started).as_secs_f64());
+        stores.push(stored_s);
     }
     let _ = stop.send(());
     task.await??;

@@ -10,6 +10,7 @@ use tokio::sync::{Mutex, watch};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::ahead::NoiseAhead;
+use crate::blocks::BlockPool;
 use crate::error::AccountantError;
 use crate::noise::NoiseMode;
 use crate::records::Registration;
@@ -164,7 +165,11 @@ pub struct Attempt {
     pub group: u64,
 }
 
-/// Collects one part's chunks, checking every chunk against the job's shape.
+/// Collects one part's chunks, checking every chunk against the job's shape. The values are
+/// copied out of the transport's buffers into reused release-sized blocks
+/// ([`BlockPool`]): a part is held until its step's release is filled, and held in the
+/// transport's buffers it would make the transport allocate (and the kernel fault in and
+/// clear) fresh memory for every part; one copy, checked while it is hot, costs less.
 pub struct PartAssembler {
     job_id: String,
     step: u64,
@@ -175,6 +180,7 @@ pub struct PartAssembler {
     attempt: u64,
     parts: u32,
     group: u64,
+    blocks: BlockPool,
 }
 
 impl std::fmt::Debug for PartAssembler {
@@ -189,8 +195,9 @@ impl std::fmt::Debug for PartAssembler {
 }
 
 impl PartAssembler {
-    /// Starts part `part` of `step` of `job`, computed by the group of `attempt`.
-    pub fn new(job: &Job, step: u64, part: u32, attempt: Attempt) -> Result<Self, AccountantError> {
+    /// Starts part `part` of `step` of `job`, computed by the group of `attempt`, to be held in
+    /// blocks of `blocks`.
+    pub fn new(job: &Job, step: u64, part: u32, attempt: Attempt, blocks: &BlockPool) -> Result<Self, AccountantError> {
         let Attempt { generation: attempt, parts, group } = attempt;
         let r = &job.registration;
         // Attempts are group generations: a huge one would make every legitimate part stale.
@@ -205,6 +212,7 @@ impl PartAssembler {
         }
         let dim = usize::try_from(r.gradient_dim)
             .map_err(|_| AccountantError::invalid("gradient_dim", "too large for this host"))?;
+        blocks.expect_step(dim);
         Ok(Self {
             job_id: r.job_id.clone(),
             step,
@@ -215,10 +223,11 @@ impl PartAssembler {
             attempt,
             parts,
             group,
+            blocks: blocks.clone(),
         })
     }
 
-    /// Appends one chunk (`data`: little-endian f32, kept without a copy); its header must
+    /// Appends one chunk (`data`: little-endian f32, copied into blocks); its header must
     /// repeat the part's and its offset must follow on.
     pub fn push(
         &mut self,
@@ -250,9 +259,12 @@ impl PartAssembler {
                 format!("part has more than gradient_dim {} values ({} so far)", self.dim, self.values.len() + count),
             ));
         }
-        floats::check_finite(&data, offset).map_err(|e| AccountantError::invalid("data", e.to_string()))?;
-        self.hasher.update(&data);
-        self.values.push(data);
+        for block in self.blocks.copy(&data) {
+            let at = self.values.len() as u64;
+            floats::check_finite(&block, at).map_err(|e| AccountantError::invalid("data", e.to_string()))?;
+            self.hasher.update(&block);
+            self.values.push(block);
+        }
         Ok(())
     }
 

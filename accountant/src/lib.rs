@@ -11,6 +11,7 @@ pub use dpcap_privacy as privacy;
 
 pub mod ahead;
 pub mod audit;
+pub mod blocks;
 pub mod composed;
 pub mod core;
 pub mod cost;

@@ -7,6 +7,7 @@
 use bytes::Bytes;
 use rand_chacha::ChaCha20Rng;
 
+use crate::blocks::BlockPool;
 use crate::sum::Sum;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 
@@ -48,8 +49,9 @@ impl NoiseMode {
 
 /// Runs `work` on every item on every core. Items are taken in order, one at a time, so
 /// the first results are ready first (a release streams its blocks in order); an item is
-/// always the same work, so results never depend on the number of threads.
-fn par_each<T: Send>(items: impl Iterator<Item = T> + Send, work: impl Fn(T) + Sync) {
+/// always the same work, so results never depend on the number of threads. The threads carry
+/// `name`, so that a profile (and the release bench, [`DRAW_THREAD`]) can tell them apart.
+fn par_each<T: Send>(name: &str, items: impl Iterator<Item = T> + Send, work: impl Fn(T) + Sync) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let items = std::sync::Mutex::new(items);
     // The lock is held only to take the next item, never while working on it.
@@ -57,14 +59,20 @@ fn par_each<T: Send>(items: impl Iterator<Item = T> + Send, work: impl Fn(T) + S
     let (next, work) = (&next, &work);
     std::thread::scope(|scope| {
         for _ in 0..cores {
-            scope.spawn(move || {
-                while let Some(item) = next() {
-                    work(item);
-                }
-            });
+            let thread = std::thread::Builder::new().name(name.to_owned());
+            thread
+                .spawn_scoped(scope, move || {
+                    while let Some(item) = next() {
+                        work(item);
+                    }
+                })
+                .expect("a noise thread starts");
         }
     });
 }
+
+/// The name of the threads that draw noise: ahead of a step, off its release's critical path.
+pub const DRAW_THREAD: &str = "noise-draw";
 
 /// `dim` coordinates of N(0, std²) noise for `step` (f64), drawn on every core. `std` is σ·C.
 /// Noise does not depend on the gradient, so it can be drawn before the step's parts arrive;
@@ -72,7 +80,7 @@ fn par_each<T: Send>(items: impl Iterator<Item = T> + Send, work: impl Fn(T) + S
 pub fn draw(dim: usize, std: f64, mode: NoiseMode, step: u64) -> Result<Vec<f64>, getrandom::Error> {
     let key = mode.key(step)?;
     let mut out = vec![0.0f64; dim];
-    par_each(out.chunks_mut(BLOCK).enumerate(), |(index, block)| {
+    par_each(DRAW_THREAD, out.chunks_mut(BLOCK).enumerate(), |(index, block)| {
         let mut rng = ChaCha20Rng::from_seed(key);
         rng.set_stream(index as u64);
         fill_block(&mut rng, block, std);
@@ -88,14 +96,15 @@ pub const BLOCK_BYTES: usize = 4 * BLOCK;
 /// is done, in about the order of the blocks. The f64 addition happens before the single
 /// rounding to f32. Noise may run past the sum: those coordinates (an audit's reserved ones)
 /// are noise alone. A block is written once, as f32 values that become its bytes without a
-/// copy; the sum is read where it lies (a single part in the chunks it arrived in).
-pub fn apply_each(sum: &Sum, noise: &[f64], sink: impl Fn(usize, Bytes) + Sync) {
+/// copy; the sum is read where it lies (a single part in the chunks it arrived in). Blocks come
+/// from `pool` and hold another release's bytes until every value is written here.
+pub fn apply_each(sum: &Sum, noise: &[f64], pool: &BlockPool, sink: impl Fn(usize, Bytes) + Sync) {
     assert!(sum.len() <= noise.len(), "noise drawn for another dimension");
-    par_each(0..noise.len().div_ceil(BLOCK), |index| {
+    par_each("noise-add", 0..noise.len().div_ceil(BLOCK), |index| {
         let (start, end) = (index * BLOCK, ((index + 1) * BLOCK).min(noise.len()));
         let summed = end.min(sum.len()).max(start); // this block's coordinates with a sum
-        let mut out = vec![0f32; end - start];
-        let (head, tail) = out.split_at_mut(summed - start);
+        let mut block = pool.block(end - start);
+        let (head, tail) = block.values_mut().split_at_mut(summed - start);
         match sum {
             Sum::Empty => {}
             Sum::One(chunks) => {
@@ -105,9 +114,12 @@ pub fn apply_each(sum: &Sum, noise: &[f64], sink: impl Fn(usize, Bytes) + Sync) 
                     add_le(&mut head[at - start..][..n], bytes, &noise[at..at + n]);
                     at += n;
                 }
+                assert_eq!(at, summed, "the part's chunks cover the block's summed values");
             }
             Sum::Many(values) => {
-                for ((y, x), n) in head.iter_mut().zip(&values[start..summed]).zip(&noise[start..summed]) {
+                let (values, noise) = (&values[start..summed], &noise[start..summed]);
+                assert_eq!((values.len(), noise.len()), (head.len(), head.len()), "every summed value");
+                for ((y, x), n) in head.iter_mut().zip(values).zip(noise) {
                     *y = (x + n) as f32;
                 }
             }
@@ -115,7 +127,7 @@ pub fn apply_each(sum: &Sum, noise: &[f64], sink: impl Fn(usize, Bytes) + Sync) 
         for (y, n) in tail.iter_mut().zip(&noise[summed..end]) {
             *y = *n as f32;
         }
-        sink(index, dpcap_proto::floats::into_bytes(out));
+        sink(index, block.into_bytes());
     });
 }
 
@@ -130,7 +142,7 @@ fn add_le(out: &mut [f32], bytes: &[u8], noise: &[f64]) {
 #[cfg(test)]
 pub fn apply(sum: &Sum, noise: &[f64]) -> Vec<u8> {
     let out = std::sync::Mutex::new(vec![0u8; noise.len() * 4]);
-    apply_each(sum, noise, |index, block| {
+    apply_each(sum, noise, &BlockPool::new(BLOCK), |index, block| {
         out.lock().expect("out lock")[index * BLOCK_BYTES..][..block.len()].copy_from_slice(&block);
     });
     out.into_inner().expect("out lock")
@@ -231,6 +243,32 @@ mod tests {
         }
         for i in [dim, dim + 1, BLOCK * 2, dim + extra - 1] {
             assert_eq!(at(i), noise[i] as f32, "reserved coordinate {i}");
+        }
+    }
+
+    #[test]
+    fn a_release_from_reused_blocks_holds_nothing_of_what_they_held_before() {
+        // Blocks that held another job's values (here NaN, which no release can hold) are
+        // reused: every value of every kind of sum must be written over.
+        let pool = BlockPool::new(BLOCK);
+        pool.expect_step(3 * BLOCK);
+        let poisoned: Vec<_> = (0..6).map(|_| pool.block(BLOCK)).collect();
+        let poisoned = poisoned.into_iter().map(|mut block| {
+            block.values_mut().fill(f32::NAN);
+            block
+        });
+        drop(poisoned.collect::<Vec<_>>());
+        let dim = BLOCK + 321;
+        let noise = draw(dim + 17, 1.0, NoiseMode::Seeded(3), 0).unwrap();
+        let mut many = ones(dim);
+        many.add(crate::sum::Chunks::from(vec![2.0; dim]));
+        for sum in [Sum::default(), ones(dim), many] {
+            let fresh = apply(&sum, &noise);
+            let reused = std::sync::Mutex::new(vec![0u8; fresh.len()]);
+            apply_each(&sum, &noise, &pool, |index, block| {
+                reused.lock().unwrap()[index * BLOCK_BYTES..][..block.len()].copy_from_slice(&block);
+            });
+            assert_eq!(reused.into_inner().unwrap(), fresh, "a sum of {} values", sum.len());
         }
     }
 }

@@ -175,7 +175,8 @@ impl AccountantService for AccountantGrpc {
             })));
         }
         let attempt = Attempt { generation: first.attempt, parts: capability.parts, group: capability.group };
-        let mut assembler = PartAssembler::new(&job, first.step, first.part, attempt).map_err(to_status)?;
+        let mut assembler =
+            PartAssembler::new(&job, first.step, first.part, attempt, &self.accountant.blocks).map_err(to_status)?;
         let mut next = Some(first);
         while let Some(chunk) = next {
             assembler.push(&chunk.job_id, chunk.step, chunk.part, chunk.offset, chunk.data).map_err(to_status)?;

@@ -233,13 +233,13 @@ impl Accountant {
         ));
         let pass = {
             let (release, canaries, sum) = (release.clone(), job.audit.clone(), std::mem::take(&mut pending.sum));
-            let mut noise = noise;
+            let (mut noise, blocks) = (noise, self.blocks.clone());
             tokio::task::spawn_blocking(move || {
                 // An audit's canaries are gradients like any example's: in the sum, under the noise.
                 if let Some(canaries) = canaries {
                     canaries.inject(step, &mut noise, 1.0);
                 }
-                noise::apply_each(&sum, &noise, |index, block| release.fill(index, block));
+                noise::apply_each(&sum, &noise, &blocks, |index, block| release.fill(index, block));
             })
         };
         job.keep_release(release.clone());

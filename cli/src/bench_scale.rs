@@ -49,6 +49,10 @@ pub struct ScaleBench {
     /// Released steps timed (the median is reported).
     #[arg(long, default_value_t = 3)]
     release_steps: u64,
+    /// Releases run before the timed ones, untimed: a running job reuses its first steps'
+    /// memory, and the timed releases should cost what a running job's do.
+    #[arg(long, default_value_t = cost::WARMUP_STEPS)]
+    release_warmup: u64,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -129,6 +133,7 @@ async fn release_costs(opts: &ScaleBench) -> Result<(ReleaseCost, ReleaseCost, B
         examples: opts.examples,
         batch: opts.batch,
         steps: opts.release_steps,
+        warmup: opts.release_warmup,
         writer: Writer::Synced,
     };
     let release = cost::measure(&cost, &dir.path().join("synced")).await.map_err(|e| anyhow::anyhow!(e))?;

@@ -1,0 +1,184 @@
+//! Release blocks, page-aligned and reused from one release to the next. At P = 190M a release
+//! is 760 MB of blocks; allocated fresh each step, every page is faulted in and cleared by the
+//! kernel again (on a VM whose memory is ballooned, a host-side fill too), which cost more than
+//! the noise pass that writes them. A block whose release is dropped returns here instead, and
+//! the next release's pass writes over it.
+//!
+//! Blocks start on a page boundary ([`ALIGN`] bytes) so that the ledger can write them to disk
+//! with `O_DIRECT`, from where they lie, without a copy into the page cache.
+//!
+//! What this must never do: hand out a block that a release still holds (a block returns only
+//! when the last `Bytes` that views it is dropped), or let bytes a pass did not write reach a
+//! rank: [`Block::values_mut`] gives the pass the whole block, and the pass writes every value.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+/// Alignment of every block's first byte: a page, and a multiple of any disk's logical block,
+/// as `O_DIRECT` requires of a buffer.
+pub const ALIGN: usize = 4096;
+
+/// f32 values of slack allocated before a block, so that an aligned start always exists.
+const SLACK: usize = ALIGN / 4;
+
+#[derive(Debug, Default)]
+struct Idle {
+    buffers: Vec<Vec<f32>>,
+    /// Most buffers kept idle: what the largest step announced so far needs
+    /// ([`BlockPool::expect_step`]).
+    keep: usize,
+}
+
+/// Blocks of `values` f32 each, handed out and taken back. Cloning shares the pool.
+#[derive(Debug, Clone)]
+pub struct BlockPool {
+    values: usize,
+    idle: Arc<Mutex<Idle>>,
+}
+
+impl BlockPool {
+    /// A pool of blocks of `values` f32 (a release's block size, `noise::BLOCK_BYTES / 4`).
+    pub fn new(values: usize) -> Self {
+        Self { values, idle: Arc::default() }
+    }
+
+    /// A step of `dim` coordinates is under way. It holds its part's blocks while its release
+    /// fills as many again, and the release it pushes out of memory returns its own: keep that
+    /// many idle (two steps' worth of blocks) so that the next step allocates nothing. Idle
+    /// memory is then at most 8·`dim` bytes for the largest job, what a step would otherwise
+    /// allocate afresh.
+    pub fn expect_step(&self, dim: usize) {
+        let mut idle = self.idle.lock().expect("block pool lock");
+        idle.keep = idle.keep.max(2 * dim.div_ceil(self.values));
+    }
+
+    /// Values per block.
+    pub fn block_values(&self) -> usize {
+        self.values
+    }
+
+    /// `data` (little-endian f32) copied into blocks, as chunks of at most one block each.
+    pub fn copy<'a>(&'a self, data: &'a [u8]) -> impl Iterator<Item = Bytes> + 'a {
+        data.chunks(4 * self.values).map(|piece| {
+            let mut block = self.block(piece.len() / 4);
+            bytemuck::cast_slice_mut::<f32, u8>(block.values_mut()).copy_from_slice(&piece[..piece.len() / 4 * 4]);
+            block.into_bytes()
+        })
+    }
+
+    /// A block of `len` values (at most the pool's block size), reused when one is idle. Its
+    /// values are whatever it last held: the caller writes all of them.
+    pub fn block(&self, len: usize) -> Block {
+        assert!(len <= self.values, "a block of {len} values from a pool of {}-value blocks", self.values);
+        let reused = self.idle.lock().expect("block pool lock").buffers.pop();
+        let buffer = reused.unwrap_or_else(|| vec![0f32; self.values + SLACK]);
+        // In values, not bytes: a value's address is 4-aligned, so an aligned one is ≤ SLACK on.
+        let start = buffer.as_ptr().align_offset(ALIGN);
+        assert!(start < SLACK, "an aligned start within the slack");
+        Block { buffer, start, len, pool: self.clone() }
+    }
+
+    /// Blocks idle now (tests).
+    #[cfg(test)]
+    fn idle(&self) -> usize {
+        self.idle.lock().expect("block pool lock").buffers.len()
+    }
+
+    fn give_back(&self, buffer: Vec<f32>) {
+        let mut idle = self.idle.lock().expect("block pool lock");
+        if idle.buffers.len() < idle.keep {
+            idle.buffers.push(buffer);
+        }
+    }
+}
+
+/// One block's values, page-aligned; back to its pool when the last view of it is dropped.
+#[derive(Debug)]
+pub struct Block {
+    buffer: Vec<f32>,
+    start: usize,
+    len: usize,
+    pool: BlockPool,
+}
+
+impl Block {
+    /// The block's values, for the pass to write.
+    pub fn values_mut(&mut self) -> &mut [f32] {
+        &mut self.buffer[self.start..self.start + self.len]
+    }
+
+    /// The block as little-endian bytes, without a copy; its buffer returns to the pool when
+    /// the last slice of them is dropped.
+    pub fn into_bytes(self) -> Bytes {
+        if cfg!(target_endian = "little") {
+            Bytes::from_owner(self)
+        } else {
+            dpcap_proto::floats::to_bytes(&self.buffer[self.start..self.start + self.len])
+        }
+    }
+}
+
+impl AsRef<[u8]> for Block {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.buffer[self.start..self.start + self.len])
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        self.pool.give_back(std::mem::take(&mut self.buffer));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_is_page_aligned_and_its_bytes_are_its_values() {
+        let pool = BlockPool::new(3000);
+        let mut block = pool.block(1000);
+        block.values_mut().iter_mut().enumerate().for_each(|(i, v)| *v = i as f32);
+        let bytes = block.into_bytes();
+        assert_eq!(bytes.as_ptr().align_offset(ALIGN), 0);
+        assert_eq!(bytes.len(), 4000);
+        assert_eq!(&bytes[4 * 999..], &999f32.to_le_bytes());
+    }
+
+    #[test]
+    fn a_block_returns_only_when_its_last_view_is_dropped_and_only_as_many_as_expected() {
+        let pool = BlockPool::new(1024);
+        pool.expect_step(512); // two blocks: the part's and the release's
+        let bytes = pool.block(1024).into_bytes();
+        let slice = bytes.slice(8..16);
+        drop(bytes);
+        assert_eq!(pool.idle(), 0, "a slice still views the block");
+        drop(slice);
+        assert_eq!(pool.idle(), 1);
+        let blocks: Vec<Block> = (0..3).map(|_| pool.block(1024)).collect();
+        drop(blocks);
+        assert_eq!(pool.idle(), 2, "no more kept than a step needs");
+    }
+
+    #[test]
+    fn a_returned_block_is_handed_out_again() {
+        let pool = BlockPool::new(1024);
+        pool.expect_step(1024);
+        let first = pool.block(1024).into_bytes();
+        let at = first.as_ptr();
+        drop(first);
+        let again = pool.block(512).into_bytes();
+        assert_eq!((again.as_ptr(), again.len()), (at, 2048), "the same memory, cut to the length asked");
+    }
+
+    #[test]
+    fn copied_bytes_are_cut_into_blocks_that_hold_the_same_bytes() {
+        let pool = BlockPool::new(1000);
+        let data: Vec<u8> = (0..2500 * 4).map(|i| (i % 251) as u8).collect();
+        let copied: Vec<Bytes> = pool.copy(&data).collect();
+        assert_eq!(copied.iter().map(Bytes::len).collect::<Vec<_>>(), [4000, 4000, 2000]);
+        assert!(copied.iter().all(|b| b.as_ptr().align_offset(ALIGN) == 0));
+        assert_eq!(copied.concat(), data);
+    }
+}
