@@ -327,3 +327,40 @@ async fn a_transition_whose_caller_goes_away_is_still_carried_out_and_wakes_its_
     let log = std::fs::read_to_string(dir.join("dpcap-accountant.log")).unwrap_or_default();
     assert!(log.contains("suspended job"), "the accountant released the job's noise before the watcher woke: {log}");
 }
+
+/// A coordinator stopped between an audited job's end and its audit leaves a record that says
+/// SUCCEEDED with no audit among its conditions. Restarted, it closes the job again at the
+/// accountant (idempotent: it may never have been closed) and records the audit, so the run's
+/// privacy evidence is not lost with the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audited_job_that_ended_without_its_audit_recorded_is_audited_when_the_coordinator_restarts() {
+    use prost::Message;
+    let dir = tempfile_dir("unaudited");
+    let dataset = synth_dataset(&dir, 100);
+    let mut services = Services::start(&dir).await;
+    let mut worker = Process::worker(&services.coordinator.grpc, "w0", &dir);
+    let audit = dpcap_coordinator::spec::AuditFile { canaries: 100, kind: Some("gradient".into()), coordinates: None };
+    let job =
+        submit(&services, dpcap_coordinator::SpecFile { audit: Some(audit), workers: Some(1), ..spec(&dataset, 2) })
+            .await;
+    let audited = |job: &Job| job.conditions.iter().any(|c| c.r#type == "Audited" && c.reason == "AuditPassed");
+    let done = wait_until(&services, &job.job_id, within(2), |j| ended(j) && audited(j)).await;
+    assert_eq!(done.state, JobState::Succeeded as i32, "{done:#?}");
+    worker.kill();
+
+    // What a coordinator killed after persisting the end, before the audit, leaves on disk
+    // (edited while no coordinator runs, so that none writes it back).
+    services.coordinator.kill();
+    let record = dir.join("store/jobs").join(&job.job_id).join("job.binpb");
+    let mut stored = Job::decode(std::fs::read(&record).expect("the job's record").as_slice()).expect("a Job");
+    stored.conditions.retain(|c| c.r#type != "Audited");
+    std::fs::write(&record, stored.encode_to_vec()).expect("record written");
+    services.restart_coordinator(Duration::ZERO).await;
+
+    let again = wait_until(&services, &job.job_id, Duration::from_secs(30), audited).await;
+    assert_eq!(again.state, JobState::Succeeded as i32, "{again:#?}");
+    let audits = again.conditions.iter().filter(|c| c.r#type == "Audited").count();
+    assert_eq!(audits, 1, "audited once: {again:#?}");
+    let stored = Job::decode(std::fs::read(&record).expect("the job's record").as_slice()).expect("a Job");
+    assert!(audited(&stored), "the audit is durable again: {stored:#?}");
+}
