@@ -10,6 +10,7 @@
 #[cfg(feature = "cuda")]
 pub mod nccl;
 pub mod settle;
+pub mod staging;
 
 use std::time::Duration;
 

@@ -1,7 +1,8 @@
 //! An NCCL communicator for one generation of a job's group, through cudarc's dynamically
 //! loaded NCCL. Values are staged through host memory: the ClipEngine hands over its part as
-//! host f32 and the optimizer takes the release as host f32, so each collective copies 4·P bytes
-//! to the device and back (docs/gpu.md).
+//! host f32 and the optimizer takes the release as host f32. The staging buffers, one
+//! page-locked host buffer and one device buffer, live as long as the communicator, and each
+//! collective copies only what its rank needs ([`super::staging`], docs/gpu.md).
 //!
 //! The communicator is non-blocking (`blocking = 0`): init and every enqueue return at once and
 //! are then polled ([`super::settle`]) until they settle, so no thread is ever parked inside
@@ -22,11 +23,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, DeviceRepr, result as driver};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, PinnedHostSlice, result as driver};
 use cudarc::nccl::{result as nccl, sys};
 
 use super::CollectiveError;
 use super::settle::{Progress, Watch, config_bytes, settle};
+use super::staging::{Op, Transfers, grown};
 
 // The sizes `config_bytes` gives each NCCL release, checked against cudarc's layout.
 const _: () = {
@@ -115,9 +117,20 @@ struct Comm {
 // SAFETY: an ncclComm_t may be used from any thread; every use goes through the Mutex.
 unsafe impl Send for Comm {}
 
+/// The staging buffers, reused by every collective of a communicator.
+#[derive(Default)]
+struct Buffers {
+    /// Page-locked (not write-combined: the host reads the results back), so copies are DMA.
+    host: Option<PinnedHostSlice<u8>>,
+    device: Option<CudaSlice<u8>>,
+    /// Bytes each holds.
+    capacity: usize,
+}
+
 /// One rank's communicator.
 pub struct NcclGroup {
     comm: Mutex<Comm>,
+    buffers: Mutex<Buffers>,
     aborted: AtomicBool,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -127,7 +140,7 @@ pub struct NcclGroup {
 }
 
 /// Element types the group moves.
-pub trait Element: DeviceRepr + Copy + Send + 'static {
+pub trait Element: DeviceRepr + bytemuck::Pod + Send + 'static {
     /// NCCL's name for the type.
     const NCCL: sys::ncclDataType_t;
 }
@@ -138,15 +151,6 @@ impl Element for f32 {
 
 impl Element for u32 {
     const NCCL: sys::ncclDataType_t = sys::ncclDataType_t::ncclUint32;
-}
-
-/// The collective to run.
-#[derive(Debug, Clone, Copy)]
-enum Op {
-    /// In-place sum over every rank.
-    Sum,
-    /// In-place copy of rank 0's buffer to every rank.
-    FromRankZero,
 }
 
 impl NcclGroup {
@@ -195,6 +199,7 @@ impl NcclGroup {
         }
         Ok(Self {
             comm: Mutex::new(Comm { raw }),
+            buffers: Mutex::new(Buffers::default()),
             aborted: AtomicBool::new(false),
             ctx,
             stream,
@@ -242,14 +247,25 @@ impl NcclGroup {
 
     fn run<T: Element>(&self, values: &mut [T], op: Op, name: &'static str) -> Result<(), CollectiveError> {
         self.ctx.bind_to_thread().map_err(cuda_err)?;
-        let mut buffer = self.stream.clone_htod(&*values).map_err(cuda_err)?;
+        let transfers = Transfers::of(op, self.rank);
+        let bytes = std::mem::size_of_val(values);
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut buffers = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+        let (host, device) = self.staged(&mut buffers, bytes)?;
+        let (host, mut device) = (&mut host[..bytes], device.slice_mut(..bytes));
+        if transfers.upload {
+            host.copy_from_slice(bytemuck::cast_slice(values));
+            self.stream.memcpy_htod(&*host, &mut device).map_err(cuda_err)?;
+        }
         let deadline = Instant::now() + self.timeout;
         {
             let comm = self.lock();
             if self.aborted.load(Ordering::SeqCst) {
                 return Err(CollectiveError::Aborted);
             }
-            let (ptr, _sync) = buffer.device_ptr_mut(&self.stream);
+            let (ptr, _sync) = device.device_ptr_mut(&self.stream);
             let (ptr, stream) = (ptr as *mut ::core::ffi::c_void, self.stream.cu_stream() as sys::cudaStream_t);
             // SAFETY: `ptr` holds `values.len()` elements of T on this communicator's device,
             // and stays alive until the stream has completed (we wait below).
@@ -269,11 +285,38 @@ impl NcclGroup {
             }
         }
         // A non-blocking enqueue may still be connecting to its peers: its kernel is on the
-        // stream only once the communicator's pending work settles.
+        // stream only once the communicator's pending work settles. The wait also covers the
+        // upload, which ran before it on the same stream.
         self.settle(name, deadline, || self.progress(name))?;
         self.wait(name, deadline)?;
-        self.stream.memcpy_dtoh(&buffer, values).map_err(cuda_err)?;
-        self.stream.synchronize().map_err(cuda_err)
+        if transfers.download {
+            self.stream.memcpy_dtoh(&device, &mut *host).map_err(cuda_err)?;
+            self.stream.synchronize().map_err(cuda_err)?;
+            bytemuck::cast_slice_mut(values).copy_from_slice(host);
+        }
+        Ok(())
+    }
+
+    /// The staging buffers, grown to hold `bytes` when they do not (the old ones are freed
+    /// first: at P = 190M two of each would not be small).
+    fn staged<'b>(
+        &self,
+        buffers: &'b mut Buffers,
+        bytes: usize,
+    ) -> Result<(&'b mut [u8], &'b mut CudaSlice<u8>), CollectiveError> {
+        if let Some(capacity) = grown(buffers.capacity, bytes) {
+            (buffers.host, buffers.device, buffers.capacity) = (None, None, 0);
+            // SAFETY: the memory is uninitialised until written; every collective writes the
+            // bytes it reads (an upload, or NCCL's result before a download).
+            let host = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(capacity, 0) }.map_err(cuda_err)?;
+            // SAFETY: as above, for the device buffer.
+            let device = unsafe { self.stream.alloc::<u8>(capacity) }.map_err(cuda_err)?;
+            (buffers.host, buffers.device, buffers.capacity) = (Some(host), Some(device), capacity);
+        }
+        let (Some(host), Some(device)) = (&mut buffers.host, &mut buffers.device) else {
+            return Err(CollectiveError::Cuda(format!("no staging buffers for a collective of {bytes} bytes")));
+        };
+        Ok((host.as_mut_slice().map_err(cuda_err)?, device))
     }
 
     /// [`settle`] under this group's abort flag; the communicator is aborted on any failure.
