@@ -8,7 +8,7 @@ use anyhow::{Result, bail};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Device, Distribution, Tensor};
 use dpcap_ml::CpuBackend;
-use dpcap_ml::clip::{ClipEngine, MatmulInputs, Objective, Precision, naive_clipped_sum, nonprivate_sum};
+use dpcap_ml::clip::{ClipEngine, MatmulInputs, Objective, Precision, Reads, naive_clipped_sum, nonprivate_sum};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig, Mae, MaeBatch, MaeConfig};
 use dpcap_ml::params::ParamSet;
 use serde_json::json;
@@ -25,7 +25,8 @@ pub struct ClipBench {
     /// Training objective: caption or mae.
     #[arg(long, default_value = "caption")]
     objective: String,
-    /// Device: cpu, or cuda[:N] in a build with the `cuda` feature.
+    /// Device: cpu, cuda[:N] in a build with the `cuda` feature, or wgpu (the default Vulkan
+    /// adapter, e.g. lavapipe) in a build with the `wgpu` feature.
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Matrix products in f32 or bf16 (norms, clip factors and sums stay f32).
@@ -115,7 +116,13 @@ fn verify_against_cpu<AB: AutodiffBackend>(
         images: Tensor::from_data(batch.images.to_data(), &cpu),
         tokens: Tensor::from_data(batch.tokens.to_data(), &cpu),
     };
-    let engine = ClipEngine { clipping_norm: 1.0, micro_batch: 1, precision: Precision::F32, matmul_inputs };
+    let engine = ClipEngine {
+        clipping_norm: 1.0,
+        micro_batch: 1,
+        precision: Precision::F32,
+        matmul_inputs,
+        reads: Reads::default(),
+    };
     let reference = clipped_values::<CpuBackend>(&model, &params, &batch, engine);
     let scale = reference.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs()))).max(f64::MIN_POSITIVE);
     let worst = reference.iter().zip(device_values).fold(0.0f64, |m, (a, b)| m.max(f64::from((a - b).abs())));
@@ -129,6 +136,7 @@ fn engine(opts: &ClipBench) -> ClipEngine {
         micro_batch: opts.batch,
         precision: opts.precision,
         matmul_inputs: MatmulInputs::for_device(&opts.device),
+        reads: Reads::for_device(&opts.device),
     }
 }
 
@@ -198,6 +206,16 @@ fn run_cuda(_: &ClipBench, _: usize) -> Result<Timings> {
     bail!("invalid --device cuda: this dpctl was built without the cuda feature (cargo build --features cuda)")
 }
 
+#[cfg(feature = "wgpu")]
+fn run_wgpu(opts: &ClipBench) -> Result<Timings> {
+    run_on::<dpcap_ml::WgpuBackend>(opts, burn::backend::wgpu::WgpuDevice::DefaultDevice)
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn run_wgpu(_: &ClipBench) -> Result<Timings> {
+    bail!("invalid --device wgpu: this dpctl was built without the wgpu feature (cargo build --features wgpu)")
+}
+
 /// Runs the benchmark.
 pub fn run(opts: ClipBench) -> Result<()> {
     if opts.batch == 0 {
@@ -212,7 +230,8 @@ pub fn run(opts: ClipBench) -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("invalid --device {d}: {e}"))?;
             run_cuda(&opts, index)?
         }
-        other => bail!("invalid --device {other}: use cpu or cuda[:N]"),
+        "wgpu" => run_wgpu(&opts)?,
+        other => bail!("invalid --device {other}: use cpu, cuda[:N] or wgpu"),
     };
     let ratio = t.clip_s / t.nonprivate_s;
     let examples_per_s = opts.batch as f64 / t.clip_s;

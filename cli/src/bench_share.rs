@@ -52,6 +52,7 @@ pub fn run(opts: ShareBench) -> Result<()> {
             micro_batch: opts.micro_batch,
             precision: Precision::F32,
             matmul_inputs: Default::default(),
+            reads: Default::default(),
         };
         let schedule = Schedule { peak: 1e-3, warmup_steps: 0, total_steps: 1, floor: 0.0 };
         let device = Default::default();

@@ -26,3 +26,8 @@ pub type CpuBackend = burn::backend::Autodiff<burn::backend::Flex>;
 /// The CUDA training backend (feature `cuda`).
 #[cfg(feature = "cuda")]
 pub type CudaBackend = burn::backend::Autodiff<burn::backend::Cuda>;
+
+/// burn-wgpu with autodiff: the JIT path (cubecl IR, fusion, autotune) on any Vulkan device,
+/// Mesa's lavapipe included, so that CUDA's kernels' shared machinery runs without a GPU.
+#[cfg(feature = "wgpu")]
+pub type WgpuBackend = burn::backend::Autodiff<burn::backend::Wgpu>;

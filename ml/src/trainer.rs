@@ -240,8 +240,10 @@ impl<AB: AutodiffBackend> Trainer<AB> {
         Ok(add_clipped(part, client, self.engine.clipping_norm))
     }
 
-    /// The part as P values (the one device-to-host copy of the step) and its telemetry.
-    pub fn finish_part(&self, part: ClippedSum<Inner<AB>>) -> Result<(Vec<f32>, Telemetry), WorkError> {
+    /// The part as P values (the step's one device-to-host copy of P values) and its telemetry
+    /// (under [`crate::clip::Reads::PerPart`], the one read of every micro-batch's norms).
+    pub fn finish_part(&self, mut part: ClippedSum<Inner<AB>>) -> Result<(Vec<f32>, Telemetry), WorkError> {
+        part.settle();
         let values = part.sum.flatten().into_data().into_vec::<f32>().map_err(|e| WorkError::Data(format!("{e:?}")))?;
         Ok((values, part.telemetry))
     }

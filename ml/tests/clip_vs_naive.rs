@@ -8,7 +8,9 @@ use std::ops::Range;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use dpcap_ml::CpuBackend;
-use dpcap_ml::clip::{ClipEngine, ClippedSum, MatmulInputs, Objective, Precision, Tape, naive_clipped_sum, norms};
+use dpcap_ml::clip::{
+    ClipEngine, ClippedSum, MatmulInputs, Objective, Precision, Reads, Tape, naive_clipped_sum, norms,
+};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig, Mae, MaeBatch, MaeConfig};
 use dpcap_ml::params::{Init, ParamId, ParamSet};
 
@@ -76,15 +78,25 @@ fn assert_matches_naive<M: Objective<AB>>(model: &M, params: &ParamSet<Inner>, b
     sorted.sort_by(f32::total_cmp);
     let c = f64::from(sorted[sorted.len() / 2]);
     let naive = naive_clipped_sum(model, params, batch, c);
-    let ghost =
-        ClipEngine { clipping_norm: c, micro_batch, precision: Precision::F32, matmul_inputs: Default::default() }
-            .clipped_sum(model, params, batch);
-    let fraction = ghost.telemetry.clipped_fraction(c);
-    assert!(fraction > 0.0 && fraction < 1.0, "C = {c} must clip some examples and not others: {fraction}");
-    for (g, n) in ghost.telemetry.norms.iter().zip(&naive.telemetry.norms) {
-        assert!((g - n).abs() <= 1e-4 * n.max(1e-3), "norm {g} vs naive {n}");
+    // Both ways of leaving out non-finite examples: by selection after a read per micro-batch,
+    // and by masking on the device with one read per part.
+    for reads in [Reads::PerMicroBatch, Reads::PerPart] {
+        let engine = ClipEngine {
+            clipping_norm: c,
+            micro_batch,
+            precision: Precision::F32,
+            matmul_inputs: Default::default(),
+            reads,
+        };
+        let ghost = engine.clipped_sum(model, params, batch);
+        let fraction = ghost.telemetry.clipped_fraction(c);
+        assert!(fraction > 0.0 && fraction < 1.0, "C = {c} must clip some examples and not others: {fraction}");
+        assert_eq!(ghost.telemetry.norms.len(), naive.telemetry.norms.len(), "{reads:?}");
+        for (g, n) in ghost.telemetry.norms.iter().zip(&naive.telemetry.norms) {
+            assert!((g - n).abs() <= 1e-4 * n.max(1e-3), "{reads:?}: norm {g} vs naive {n}");
+        }
+        compare_sums(&ghost, &naive, params);
     }
-    compare_sums(&ghost, &naive, params);
 }
 
 /// Per parameter, max |ghost − naive| ≤ 1e-4 × max |naive|; parameters whose true gradient is
@@ -184,8 +196,13 @@ fn the_tf32_norm_bound_only_clips_harder_and_keeps_each_contribution_within_c() 
     let batch = CaptionBatch::<AB>::random(config, 4, &device());
     let norms = naive_clipped_sum(&model, &ps, &batch, f64::INFINITY).telemetry.norms;
     let c = f64::from(norms.iter().copied().fold(f32::INFINITY, f32::min)) / 2.0;
-    let engine =
-        |matmul_inputs| ClipEngine { clipping_norm: c, micro_batch: 1, precision: Precision::F32, matmul_inputs };
+    let engine = |matmul_inputs| ClipEngine {
+        clipping_norm: c,
+        micro_batch: 1,
+        precision: Precision::F32,
+        matmul_inputs,
+        reads: Default::default(),
+    };
     for i in 0..4 {
         let one = model.slice(&batch, i..i + 1);
         let exact = l2(&engine(MatmulInputs::F32).clipped_sum(&model, &ps, &one));

@@ -4,15 +4,16 @@
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_ml::CpuBackend;
 use dpcap_ml::clip::counters::{Counts, counts};
-use dpcap_ml::clip::{ClipEngine, ClippedSum, Objective, Precision};
+use dpcap_ml::clip::{ClipEngine, ClippedSum, Objective, Precision, Reads};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig};
 use dpcap_ml::params::ParamSet;
 
 type AB = CpuBackend;
 type Inner = <AB as AutodiffBackend>::InnerBackend;
 
-/// The counts of one bf16 clipped step of `examples` examples in micro-batches of `micro`.
-fn step(examples: usize, micro: usize) -> Counts {
+/// The counts of one bf16 clipped step of `examples` examples in micro-batches of `micro`:
+/// while the part streams, and in settling it once it is complete.
+fn step(examples: usize, micro: usize, reads: Reads) -> (Counts, Counts) {
     let config = CaptionerConfig::named("micro").unwrap();
     let mut params = ParamSet::<Inner>::new(&Default::default());
     let model = Captioner::new(&mut params, config);
@@ -22,6 +23,7 @@ fn step(examples: usize, micro: usize) -> Counts {
         micro_batch: micro,
         precision: Precision::Bf16,
         matmul_inputs: Default::default(),
+        reads,
     };
     let before = counts();
     // As a rank streams its share: one part, one `accumulate` per chunk of a micro-batch.
@@ -30,17 +32,20 @@ fn step(examples: usize, micro: usize) -> Counts {
         let chunk = Objective::<AB>::slice(&model, &batch, start..(start + micro).min(examples));
         engine.accumulate(&model, &params, &chunk, &mut sum);
     }
-    let after = counts();
+    let streamed = counts();
+    sum.settle();
+    let settled = counts();
     assert_eq!(sum.telemetry.norms.len(), examples, "every example was finite and kept");
-    after - before
+    (streamed - before, settled - streamed)
 }
 
 #[test]
 fn a_bf16_clipped_step_reads_the_device_once_per_micro_batch_and_casts_each_weight_once() {
-    let one = step(2, 2);
-    let three = step(6, 2);
+    let (one, _) = step(2, 2, Reads::PerMicroBatch);
+    let (three, settled) = step(6, 2, Reads::PerMicroBatch);
     eprintln!("one micro-batch: {one:?}; three: {three:?}");
     assert_eq!((one.syncs, three.syncs), (1, 3), "one device read per micro-batch: {one:?} {three:?}");
+    assert_eq!(settled, Counts::default(), "nothing is left to read once the part is complete");
     assert_eq!((one.uploads, three.uploads), (0, 0), "nothing uploaded while every example is finite");
     assert!(one.weight_casts > 0, "the weights were cast to bf16: {one:?}");
     assert_eq!(three.weight_casts, one.weight_casts, "weights are cast once per step, not per micro-batch");
@@ -49,4 +54,15 @@ fn a_bf16_clipped_step_reads_the_device_once_per_micro_batch_and_casts_each_weig
         3 * one.activation_casts,
         "activations are cast in each micro-batch only (a lower and a widen per product)"
     );
+}
+
+#[test]
+fn on_a_gpu_no_micro_batch_waits_for_the_host_and_the_part_is_read_once_when_complete() {
+    let (streamed, settled) = step(6, 2, Reads::PerPart);
+    let (per_micro_batch, _) = step(6, 2, Reads::PerMicroBatch);
+    eprintln!("three micro-batches: {streamed:?}, then settled: {settled:?}");
+    assert_eq!((streamed.syncs, streamed.uploads), (0, 0), "no read and no upload while the part streams");
+    assert_eq!(settled.syncs, 1, "one read of every micro-batch's norms and losses, once the part is complete");
+    assert_eq!(streamed.weight_casts, per_micro_batch.weight_casts, "the same casts either way");
+    assert_eq!(streamed.activation_casts, per_micro_batch.activation_casts);
 }

@@ -28,8 +28,13 @@ fn norm(v: &[f32]) -> f64 {
 
 /// A fedemb replica of `micro` whose clients train with `local`.
 fn trainer(local: LocalConfig, clipping_norm: f64) -> Trainer<AB> {
-    let engine =
-        ClipEngine { clipping_norm, micro_batch: 8, precision: Default::default(), matmul_inputs: Default::default() };
+    let engine = ClipEngine {
+        clipping_norm,
+        micro_batch: 8,
+        precision: Default::default(),
+        matmul_inputs: Default::default(),
+        reads: Default::default(),
+    };
     let schedule = Schedule { peak: 1.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
     let server = AdamWConfig { rule: Rule::Momentum, weight_decay: 0.0, ..AdamWConfig::default() };
     let kind = Kind::FedEmb { local, head_scale: 10.0, server };

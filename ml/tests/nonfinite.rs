@@ -1,12 +1,14 @@
 //! One bad example cannot stop a job: an example whose loss or gradient is NaN or infinite is
-//! left out of the clipped sum by selection (never by multiplying: 0·NaN is NaN), and counted.
+//! left out of the clipped sum by selection or by masking its rows to zero (never by
+//! multiplying: 0·NaN is NaN), and counted. Both ways are tested: selection after a read per
+//! micro-batch (a CPU), masking with one read per part (a GPU).
 //! The images here carry the NaN and the ∞ directly, a test-only input: real images decode to
 //! finite pixels, and diverged weights reach the same code path.
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use dpcap_ml::CpuBackend;
-use dpcap_ml::clip::{ClipEngine, MatmulInputs, Objective, Precision};
+use dpcap_ml::clip::{ClipEngine, MatmulInputs, Objective, Precision, Reads};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig};
 use dpcap_ml::params::ParamSet;
 
@@ -32,8 +34,11 @@ fn a_nan_and_an_infinite_example_add_nothing_are_counted_and_leave_a_part_the_ac
     let poisoned = CaptionBatch { images: Tensor::from_data(TensorData::new(pixels, dims), &device), ..batch.clone() };
     // With the TF32 norm bound too: its terms keep a NaN a NaN, so the example is still left out.
     let mut got_flat = Vec::new();
-    for matmul_inputs in [MatmulInputs::F32, MatmulInputs::Tf32] {
-        let engine = ClipEngine { clipping_norm: 0.5, micro_batch: 4, precision: Precision::F32, matmul_inputs };
+    let ways = [MatmulInputs::F32, MatmulInputs::Tf32]
+        .into_iter()
+        .flat_map(|m| [(m, Reads::PerMicroBatch), (m, Reads::PerPart)]);
+    for (matmul_inputs, reads) in ways {
+        let engine = ClipEngine { clipping_norm: 0.5, micro_batch: 4, precision: Precision::F32, matmul_inputs, reads };
         let got = engine.clipped_sum(&model, &params, &poisoned);
         assert_eq!(got.telemetry.nonfinite, 2, "both counted");
         assert_eq!(got.telemetry.losses.len(), 4, "telemetry of the finite examples only");
@@ -48,7 +53,7 @@ fn a_nan_and_an_infinite_example_add_nothing_are_counted_and_leave_a_part_the_ac
         got_flat = flat(&got.sum);
         let scale = want.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
         for (i, (g, w)) in got_flat.iter().zip(&want).enumerate() {
-            assert!((g - w).abs() <= 1e-4 * scale, "coordinate {i}: {g} vs {w}");
+            assert!((g - w).abs() <= 1e-4 * scale, "{reads:?}, coordinate {i}: {g} vs {w}");
         }
     }
     // The accountant's own check of a part's bytes.
@@ -91,16 +96,23 @@ fn an_example_with_a_finite_loss_but_a_nan_gradient_is_left_out_too() {
     let mut x: Vec<f32> = (0..3 * 2 * 4).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
     x[8] = f32::INFINITY; // example 1, token 0, feature 0
     let batch = Tensor::<CpuBackend, 3>::from_data(TensorData::new(x, [3, 2, 4]), &device);
-    let engine =
-        ClipEngine { clipping_norm: 1.0, micro_batch: 3, precision: Precision::F32, matmul_inputs: Default::default() };
-    let got = engine.clipped_sum(&model, &params, &batch);
-    assert_eq!(got.telemetry.nonfinite, 1, "{:?}", got.telemetry);
-    assert!(got.telemetry.losses.iter().all(|l| l.is_finite()));
-    let values = flat(&got.sum);
-    assert!(values.iter().all(|v| v.is_finite()), "{values:?}");
-    let finite = [0, 2].map(|i| engine.clipped_sum(&model, &params, &model.slice(&batch, i..i + 1)));
-    let want: Vec<f32> = flat(&finite[0].sum).iter().zip(flat(&finite[1].sum)).map(|(a, b)| a + b).collect();
-    for (g, w) in values.iter().zip(&want) {
-        assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{g} vs {w}");
+    for reads in [Reads::PerMicroBatch, Reads::PerPart] {
+        let engine = ClipEngine {
+            clipping_norm: 1.0,
+            micro_batch: 3,
+            precision: Precision::F32,
+            matmul_inputs: Default::default(),
+            reads,
+        };
+        let got = engine.clipped_sum(&model, &params, &batch);
+        assert_eq!(got.telemetry.nonfinite, 1, "{reads:?}: {:?}", got.telemetry);
+        assert!(got.telemetry.losses.iter().all(|l| l.is_finite()));
+        let values = flat(&got.sum);
+        assert!(values.iter().all(|v| v.is_finite()), "{reads:?}: {values:?}");
+        let finite = [0, 2].map(|i| engine.clipped_sum(&model, &params, &model.slice(&batch, i..i + 1)));
+        let want: Vec<f32> = flat(&finite[0].sum).iter().zip(flat(&finite[1].sum)).map(|(a, b)| a + b).collect();
+        for (g, w) in values.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{reads:?}: {g} vs {w}");
+        }
     }
 }

@@ -122,6 +122,7 @@ pub fn fresh(args: &DemoArgs, tokenizer: &CaptionTokenizer) -> Result<Trainer<Cp
         micro_batch: 1,
         precision: Default::default(),
         matmul_inputs: Default::default(),
+        reads: Default::default(),
     };
     let schedule = Schedule { peak: 0.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
     let replica = ReplicaConfig {

@@ -5,6 +5,7 @@ use burn::tensor::{ElementConversion, FloatDType, Tensor};
 
 use super::Objective;
 use super::counters;
+use super::finite::{self, Reads};
 use super::norms;
 use super::rounding::{self, MatmulInputs};
 use super::tape::{LoweredWeights, Mode, Precision, Record, Tape};
@@ -68,6 +69,16 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
+    /// Adds one micro-batch's squared norms `sq` and `losses` (read from the device) and
+    /// returns the examples that are finite ([`finite::kept`]); the others are counted.
+    pub fn record(&mut self, sq: &[f32], losses: &[f32]) -> Vec<usize> {
+        let kept = finite::kept(sq, losses);
+        self.nonfinite += (sq.len() - kept.len()) as u64;
+        self.losses.extend(kept.iter().map(|&i| losses[i]));
+        self.norms.extend(kept.iter().map(|&i| sq[i].max(0.0).sqrt()));
+        kept
+    }
+
     /// Mean per-example loss.
     pub fn mean_loss(&self) -> f64 {
         mean(&self.losses)
@@ -103,6 +114,9 @@ pub struct ClippedSum<B: Backend> {
     /// The step's weights in bf16, cast on first use and shared by every micro-batch the part
     /// streams through (a rank calls [`ClipEngine::accumulate`] once per chunk of its share).
     lowered: LoweredWeights<B>,
+    /// Under [`Reads::PerPart`]: each micro-batch's example count and its squared norms and
+    /// losses, concatenated, still on the device until [`ClippedSum::settle`].
+    pending: Vec<(usize, Tensor<B, 1>)>,
 }
 
 impl<B: Backend> ClippedSum<B> {
@@ -113,7 +127,24 @@ impl<B: Backend> ClippedSum<B> {
 
     /// A part holding `sum` and `telemetry`.
     pub fn of(sum: GradSum<B>, telemetry: Telemetry) -> Self {
-        Self { sum, telemetry, lowered: LoweredWeights::default() }
+        Self { sum, telemetry, lowered: LoweredWeights::default(), pending: Vec::new() }
+    }
+
+    /// Reads what [`Reads::PerPart`] left on the device into [`Self::telemetry`]: one
+    /// device→host read for the whole part. Call it once the part is complete, before reading
+    /// the telemetry; without pending micro-batches it reads nothing.
+    pub fn settle(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let (lens, pending): (Vec<usize>, Vec<_>) = std::mem::take(&mut self.pending).into_iter().unzip();
+        let read = to_vec(Tensor::cat(pending, 0));
+        let mut at = 0;
+        for b in lens {
+            let (sq, losses) = read[at..at + 2 * b].split_at(b);
+            self.telemetry.record(sq, losses);
+            at += 2 * b;
+        }
     }
 }
 
@@ -129,6 +160,9 @@ pub struct ClipEngine {
     /// What the backend's f32 matmuls do to their inputs: with TF32 the clip factors come from
     /// a certified upper bound on each norm ([`super::rounding`]), so ‖c_i g_i‖ ≤ C still holds.
     pub matmul_inputs: MatmulInputs,
+    /// When the host learns which examples were not finite ([`finite`]): after each
+    /// micro-batch (selection, for a CPU), or once per part (masking, so that a GPU never waits).
+    pub reads: Reads,
 }
 
 impl ClipEngine {
@@ -141,11 +175,14 @@ impl ClipEngine {
     ) -> ClippedSum<Inner<AB>> {
         let mut out = ClippedSum::zeros(params);
         self.accumulate(model, params, batch, &mut out);
+        out.settle();
         out
     }
 
     /// Adds Σ_i clip_C(g_i) over `batch` (in micro-batches) to `into`: a rank streams its
     /// share through this one micro-batch at a time, so memory never grows with the share.
+    /// Under [`Reads::PerPart`], `into`'s telemetry is complete only after
+    /// [`ClippedSum::settle`].
     pub fn accumulate<AB: AutodiffBackend, M: Objective<AB>>(
         &self,
         model: &M,
@@ -159,7 +196,8 @@ impl ClipEngine {
             let micro = model.slice(batch, start..(start + step).min(n));
             // Weights are constants for the whole part: cast to bf16 once, not per micro-batch.
             let tape = Tape::new(Mode::Ghost, params).with_precision(self.precision).with_lowered(&into.lowered);
-            self.micro_batch_into(model, tape, &micro, &mut into.sum, &mut into.telemetry);
+            let sink = Sink { sum: &mut into.sum, telemetry: &mut into.telemetry, pending: &mut into.pending };
+            self.micro_batch_into(model, tape, &micro, sink);
         }
     }
 
@@ -168,8 +206,7 @@ impl ClipEngine {
         model: &M,
         mut tape: Tape<'_, AB>,
         batch: &M::Batch,
-        sum: &mut GradSum<Inner<AB>>,
-        telemetry: &mut Telemetry,
+        sink: Sink<'_, Inner<AB>>,
     ) {
         let params = tape.params();
         let losses = model.losses(&mut tape, batch);
@@ -184,38 +221,73 @@ impl ClipEngine {
             })
             .collect();
         let sq_t = sq_norms(&records, model.batch_len(batch), params, self.matmul_inputs);
+        assert_eq!(sq_t.dims(), losses.dims(), "one squared norm and one loss per example");
+        match self.reads {
+            Reads::PerMicroBatch => self.select_and_add(records, (sq_t, losses.inner()), sink),
+            Reads::PerPart => self.mask_and_add(records, (sq_t, losses.inner()), sink),
+        }
+    }
+
+    /// Reads the squared norms and losses (one device→host read for both: each read drains
+    /// the device's queue), then sums the finite examples only, selected by index.
+    fn select_and_add<AB: AutodiffBackend>(
+        &self,
+        records: Vec<Delta<AB>>,
+        (sq_t, losses): (Tensor<Inner<AB>, 1>, Tensor<Inner<AB>, 1>),
+        sink: Sink<'_, Inner<AB>>,
+    ) {
         // Decided on the raw squared norms, before any clamp: a clamp may map NaN to its bound
         // (max(NaN, 0) is 0 on some backends), which would keep the example unclipped.
-        // One device→host read for both: each read drains the device's queue.
-        assert_eq!(sq_t.dims(), losses.dims(), "one squared norm and one loss per example");
-        let read = to_vec(Tensor::cat(vec![sq_t.clone(), losses.inner()], 0));
+        let read = to_vec(Tensor::cat(vec![sq_t.clone(), losses], 0));
         let (sq, losses) = read.split_at(read.len() / 2);
-        // An example whose loss or gradient is not finite is left out by selection: scaling it
-        // by 0 would still give NaN (0·NaN), and one NaN voids the whole part. A non-finite
-        // activation or output gradient anywhere in an example makes its squared norm
-        // non-finite (a·a or δ·δ is, and ∞·0 is NaN), so it is caught here too.
-        let kept: Vec<usize> = (0..sq.len()).filter(|&i| sq[i].is_finite() && losses[i].is_finite()).collect();
-        telemetry.nonfinite += (sq.len() - kept.len()) as u64;
-        telemetry.losses.extend(kept.iter().map(|&i| losses[i]));
-        telemetry.norms.extend(kept.iter().map(|&i| sq[i].max(0.0).sqrt()));
-        let norms_t = sq_t.clamp_min(0.0).sqrt();
+        let kept = sink.telemetry.record(sq, losses);
         if kept.is_empty() {
             return;
         }
+        let norms_t = sq_t.clamp_min(0.0).sqrt();
         let (records, norms_t) = if kept.len() == sq.len() {
             (records, norms_t)
         } else {
             counters::count(|c| c.uploads += 1);
+            let device = norms_t.device();
             let rows = Tensor::<Inner<AB>, 1, burn::tensor::Int>::from_data(
                 burn::tensor::TensorData::new(kept.iter().map(|&i| i as i64).collect::<Vec<_>>(), [kept.len()]),
-                params.device(),
+                &device,
             );
             let records = records.into_iter().map(|(r, delta)| select_rows(r, delta, &rows)).collect();
             (records, norms_t.select(0, rows))
         };
-        let factors = (norms_t + NORM_EPSILON).recip().mul_scalar(self.clipping_norm).clamp_max(1.0);
-        add_clipped_sums(&records, &factors, sum);
+        add_clipped_sums(&records, &self.factors(norms_t), sink.sum);
     }
+
+    /// Sums every example with the non-finite ones' rows zeroed on the device, and leaves the
+    /// squared norms and losses there for [`ClippedSum::settle`]: no read, no upload.
+    fn mask_and_add<AB: AutodiffBackend>(
+        &self,
+        records: Vec<Delta<AB>>,
+        (sq_t, losses): (Tensor<Inner<AB>, 1>, Tensor<Inner<AB>, 1>),
+        sink: Sink<'_, Inner<AB>>,
+    ) {
+        // Decided on the raw squared norms, before any clamp (as above).
+        let bad = finite::bad_rows(&sq_t, &losses);
+        sink.pending.push((sq_t.dims()[0], Tensor::cat(vec![sq_t.clone(), losses], 0)));
+        let factors = finite::zero_entries(self.factors(sq_t.clamp_min(0.0).sqrt()), &bad);
+        let records: Vec<Delta<AB>> = records.into_iter().map(|(r, delta)| mask_rows(r, delta, &bad)).collect();
+        add_clipped_sums(&records, &factors, sink.sum);
+    }
+
+    /// c_i = min(1, C / (‖g_i‖ + 1e-6)) from the norms ‖g_i‖.
+    fn factors<B: Backend>(&self, norms: Tensor<B, 1>) -> Tensor<B, 1> {
+        (norms + NORM_EPSILON).recip().mul_scalar(self.clipping_norm).clamp_max(1.0)
+    }
+}
+
+/// Where a micro-batch's results go: the part's running sum, its telemetry, and what
+/// [`Reads::PerPart`] leaves on the device.
+struct Sink<'a, B: Backend> {
+    sum: &'a mut GradSum<B>,
+    telemetry: &'a mut Telemetry,
+    pending: &'a mut Vec<(usize, Tensor<B, 1>)>,
 }
 
 /// A record with its probe's gradient δ (the layer's output gradient per example).
@@ -302,6 +374,25 @@ fn select_rows<AB: AutodiffBackend>(
         free @ Record::Free { .. } => free,
     };
     (record, delta.select(0, rows.clone()))
+}
+
+/// The record and δ with the examples `bad` zeroed wherever an activation or δ is summed
+/// (tokens are indices and free parameters have no activations: δ alone carries them).
+fn mask_rows<AB: AutodiffBackend>(
+    record: Record<AB>,
+    delta: Tensor<Inner<AB>, 3>,
+    bad: &Tensor<Inner<AB>, 1, burn::tensor::Bool>,
+) -> Delta<AB> {
+    let record = match record {
+        Record::Linear { weight, bias, input, probe } => {
+            Record::Linear { weight, bias, input: finite::zero_rows(input, bad), probe }
+        }
+        Record::LayerNorm { gamma, beta, normalized, probe } => {
+            Record::LayerNorm { gamma, beta, normalized: finite::zero_rows(normalized, bad), probe }
+        }
+        other @ (Record::Embedding { .. } | Record::Free { .. }) => other,
+    };
+    (record, finite::zero_rows(delta, bad))
 }
 
 /// Adds Σ_i c_i·g_i per layer, computed directly from the records (one matmul per Linear).
@@ -422,5 +513,13 @@ mod tests {
         assert_eq!((t.norm_quantile(0.0), t.norm_quantile(1.0)), (0.5, 4.0));
         assert_eq!(t.norm_quantile(0.5), 2.0);
         assert_eq!(Telemetry::default().clipped_fraction(1.0), 0.0);
+    }
+
+    #[test]
+    fn recorded_telemetry_keeps_the_finite_examples_and_counts_the_others() {
+        let mut t = Telemetry::default();
+        let kept = t.record(&[4.0, f32::NAN, 9.0, 1.0], &[0.5, 0.1, f32::INFINITY, 0.25]);
+        assert_eq!(kept, [0, 3]);
+        assert_eq!((t.norms, t.losses, t.nonfinite), (vec![2.0, 1.0], vec![0.5, 0.25], 2));
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod counters;
 mod engine;
+pub mod finite;
 pub mod norms;
 pub mod rounding;
 mod tape;
@@ -14,6 +15,7 @@ pub use engine::{
     ClipEngine, ClippedSum, GradSum, NORM_EPSILON, Telemetry, clip_factor, naive_clipped_sum, nonprivate_sum,
     plain_grads,
 };
+pub use finite::Reads;
 pub use rounding::MatmulInputs;
 pub use tape::{LoweredWeights, Mode, Precision, Record, Tape};
 

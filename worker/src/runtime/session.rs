@@ -164,6 +164,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             micro_batch: plan.micro_batch as usize,
             precision: config.precision,
             matmul_inputs: dpcap_ml::clip::MatmulInputs::for_device(&config.device),
+            reads: dpcap_ml::clip::Reads::for_device(&config.device),
         };
         let mut trainer = tokio::task::block_in_place(|| {
             let replica = ReplicaConfig {
