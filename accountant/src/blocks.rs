@@ -58,15 +58,6 @@ impl BlockPool {
         self.values
     }
 
-    /// `data` (little-endian f32) copied into blocks, as chunks of at most one block each.
-    pub fn copy<'a>(&'a self, data: &'a [u8]) -> impl Iterator<Item = Bytes> + 'a {
-        data.chunks(4 * self.values).map(|piece| {
-            let mut block = self.block(piece.len() / 4);
-            bytemuck::cast_slice_mut::<f32, u8>(block.values_mut()).copy_from_slice(&piece[..piece.len() / 4 * 4]);
-            block.into_bytes()
-        })
-    }
-
     /// A block of `len` values (at most the pool's block size), reused when one is idle. Its
     /// values are whatever it last held: the caller writes all of them.
     pub fn block(&self, len: usize) -> Block {
@@ -90,6 +81,54 @@ impl BlockPool {
         if idle.buffers.len() < idle.keep {
             idle.buffers.push(buffer);
         }
+    }
+}
+
+/// `total` values that arrive in chunks of any size, gathered into whole blocks of the pool: a
+/// block is handed on once full (the last, shorter one once all `total` values are in), so the
+/// sender's chunking never decides how many blocks are held (a part sent in 4-byte chunks takes
+/// the same ⌈total / block⌉ blocks as one sent in 4 MiB chunks).
+#[derive(Debug)]
+pub struct Filler {
+    pool: BlockPool,
+    total: usize,
+    /// Values in blocks already handed on.
+    sealed: usize,
+    /// The block being filled and the values written into it.
+    open: Option<(Block, usize)>,
+}
+
+impl Filler {
+    /// A filler of `total` values from `pool`.
+    pub fn new(pool: &BlockPool, total: usize) -> Self {
+        Self { pool: pool.clone(), total, sealed: 0, open: None }
+    }
+
+    /// Values received so far.
+    pub fn received(&self) -> usize {
+        self.sealed + self.open.as_ref().map_or(0, |(_, n)| *n)
+    }
+
+    /// Copies `data` (little-endian f32, whole values; the caller has checked that they fit in
+    /// `total`) and hands each block that fills to `full`, in order; stops at `full`'s error.
+    pub fn fill<E>(&mut self, mut data: &[u8], mut full: impl FnMut(Bytes) -> Result<(), E>) -> Result<(), E> {
+        debug_assert!(self.received() + data.len() / 4 <= self.total, "checked by the caller");
+        while data.len() >= 4 && self.received() < self.total {
+            let (pool, left) = (&self.pool, self.total - self.sealed);
+            let (block, written) = self.open.get_or_insert_with(|| (pool.block(left.min(pool.values)), 0));
+            let values = block.values_mut();
+            let take = (values.len() - *written).min(data.len() / 4);
+            bytemuck::cast_slice_mut::<f32, u8>(&mut values[*written..*written + take])
+                .copy_from_slice(&data[..4 * take]);
+            (*written, data) = (*written + take, &data[4 * take..]);
+            if *written == values.len()
+                && let Some((block, written)) = self.open.take()
+            {
+                self.sealed += written;
+                full(block.into_bytes())?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -172,13 +211,47 @@ mod tests {
         assert_eq!((again.as_ptr(), again.len()), (at, 2048), "the same memory, cut to the length asked");
     }
 
+    /// Filled blocks, from `data` sent in chunks of `chunk` bytes.
+    fn filled(pool: &BlockPool, data: &[u8], chunk: usize) -> Vec<Bytes> {
+        let mut filler = Filler::new(pool, data.len() / 4);
+        let mut blocks = Vec::new();
+        for piece in data.chunks(chunk) {
+            filler
+                .fill(piece, |b| {
+                    blocks.push(b);
+                    Ok::<_, ()>(())
+                })
+                .unwrap();
+        }
+        assert_eq!(filler.received(), data.len() / 4);
+        blocks
+    }
+
     #[test]
-    fn copied_bytes_are_cut_into_blocks_that_hold_the_same_bytes() {
+    fn filled_blocks_hold_the_same_bytes_in_whole_aligned_blocks_however_the_data_was_chunked() {
         let pool = BlockPool::new(1000);
         let data: Vec<u8> = (0..2500 * 4).map(|i| (i % 251) as u8).collect();
-        let copied: Vec<Bytes> = pool.copy(&data).collect();
-        assert_eq!(copied.iter().map(Bytes::len).collect::<Vec<_>>(), [4000, 4000, 2000]);
-        assert!(copied.iter().all(|b| b.as_ptr().align_offset(ALIGN) == 0));
-        assert_eq!(copied.concat(), data);
+        for chunk in [4, 12, 4000, 4004, 10_000] {
+            let blocks = filled(&pool, &data, chunk);
+            assert_eq!(blocks.iter().map(Bytes::len).collect::<Vec<_>>(), [4000, 4000, 2000], "chunks of {chunk}");
+            assert!(blocks.iter().all(|b| b.as_ptr().align_offset(ALIGN) == 0));
+            assert_eq!(blocks.concat(), data, "chunks of {chunk}");
+        }
+    }
+
+    #[test]
+    fn a_block_is_handed_on_only_once_full_and_the_fill_stops_at_its_error() {
+        let pool = BlockPool::new(4);
+        let mut filler = Filler::new(&pool, 6);
+        let mut seen = 0;
+        filler
+            .fill(&[0; 12], |_| {
+                seen += 1;
+                Ok::<_, ()>(())
+            })
+            .unwrap();
+        assert_eq!((seen, filler.received()), (0, 3), "three of four values: still open");
+        assert_eq!(filler.fill(&[0; 12], |_| Err("refused")), Err("refused"));
+        assert_eq!(filler.received(), 4, "the full block was handed on, then the fill stopped");
     }
 }

@@ -23,7 +23,7 @@ use dpcap_proto::v1::{
 };
 use dpcap_serve::{Capabilities, Capability, ServerSecurity};
 
-use crate::blocks::BlockPool;
+use crate::blocks::{BlockPool, Filler};
 use crate::noise::{self, BLOCK_BYTES, NoiseMode};
 use crate::release::{Release, Stored};
 use crate::server::{ServeError, Setup};
@@ -173,11 +173,14 @@ pub async fn breakdown(params: usize, dir: &Path) -> Result<Breakdown, BenchErro
     for _ in 0..2 {
         let checked;
         (checked, check_s) = cpu_of(|| {
-            let (mut part, mut hasher) = (Chunks::default(), Xxh3::new());
-            for block in chunks.iter().flat_map(|chunk| pool.copy(chunk)) {
-                floats::check_finite(&block, part.len() as u64)?;
-                hasher.update(&block);
-                part.push(block);
+            let (mut part, mut hasher, mut filler) = (Chunks::default(), Xxh3::new(), Filler::new(&pool, params));
+            for chunk in &chunks {
+                filler.fill(chunk, |block| {
+                    floats::check_finite(&block, part.len() as u64)?;
+                    hasher.update(&block);
+                    part.push(block);
+                    Ok::<_, floats::FloatsError>(())
+                })?;
             }
             Ok::<_, floats::FloatsError>((part, hasher.digest()))
         });

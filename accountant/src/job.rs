@@ -10,7 +10,7 @@ use tokio::sync::{Mutex, watch};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::ahead::NoiseAhead;
-use crate::blocks::BlockPool;
+use crate::blocks::{BlockPool, Filler};
 use crate::error::AccountantError;
 use crate::noise::NoiseMode;
 use crate::records::Registration;
@@ -167,7 +167,8 @@ pub struct Attempt {
 
 /// Collects one part's chunks, checking every chunk against the job's shape. The values are
 /// copied out of the transport's buffers into reused release-sized blocks
-/// ([`BlockPool`]): a part is held until its step's release is filled, and held in the
+/// ([`BlockPool`], whole blocks however the sender cuts its chunks: [`Filler`]): a part is
+/// held until its step's release is filled, and held in the
 /// transport's buffers it would make the transport allocate (and the kernel fault in and
 /// clear) fresh memory for every part; one copy, checked while it is hot, costs less.
 pub struct PartAssembler {
@@ -180,7 +181,8 @@ pub struct PartAssembler {
     attempt: u64,
     parts: u32,
     group: u64,
-    blocks: BlockPool,
+    /// Gathers the chunks into whole pooled blocks.
+    filler: Filler,
 }
 
 impl std::fmt::Debug for PartAssembler {
@@ -189,7 +191,7 @@ impl std::fmt::Debug for PartAssembler {
             .field("job_id", &self.job_id)
             .field("step", &self.step)
             .field("part", &self.part)
-            .field("values", &self.values.len())
+            .field("values", &self.filler.received())
             .finish_non_exhaustive()
     }
 }
@@ -223,7 +225,7 @@ impl PartAssembler {
             attempt,
             parts,
             group,
-            blocks: blocks.clone(),
+            filler: Filler::new(blocks, dim),
         })
     }
 
@@ -246,26 +248,25 @@ impl PartAssembler {
                 ),
             ));
         }
-        if offset != self.values.len() as u64 {
-            return Err(AccountantError::invalid(
-                "offset",
-                format!("chunk offset {offset}, expected {}", self.values.len()),
-            ));
+        let received = self.filler.received();
+        if offset != received as u64 {
+            return Err(AccountantError::invalid("offset", format!("chunk offset {offset}, expected {received}")));
         }
         let count = floats::count(&data).map_err(|e| AccountantError::invalid("data", e.to_string()))?;
-        if self.values.len() + count > self.dim {
+        if received + count > self.dim {
             return Err(AccountantError::invalid(
                 "data",
-                format!("part has more than gradient_dim {} values ({} so far)", self.dim, self.values.len() + count),
+                format!("part has more than gradient_dim {} values ({} so far)", self.dim, received + count),
             ));
         }
-        for block in self.blocks.copy(&data) {
-            let at = self.values.len() as u64;
-            floats::check_finite(&block, at).map_err(|e| AccountantError::invalid("data", e.to_string()))?;
-            self.hasher.update(&block);
-            self.values.push(block);
-        }
-        Ok(())
+        let (values, hasher) = (&mut self.values, &mut self.hasher);
+        self.filler.fill(&data, |block| {
+            floats::check_finite(&block, values.len() as u64)
+                .map_err(|e| AccountantError::invalid("data", e.to_string()))?;
+            hasher.update(&block);
+            values.push(block);
+            Ok(())
+        })
     }
 
     /// The complete part, or an error if it is short of P values.
@@ -273,7 +274,7 @@ impl PartAssembler {
         if self.values.len() != self.dim {
             return Err(AccountantError::invalid(
                 "data",
-                format!("part has {} values, gradient_dim is {}", self.values.len(), self.dim),
+                format!("part has {} values, gradient_dim is {}", self.filler.received(), self.dim),
             ));
         }
         Ok(Part {

@@ -53,10 +53,13 @@ impl Handles {
         {
             match direct.write_all_at(&bytes[..aligned], self.written) {
                 Ok(()) => (done, self.direct_bytes) = (aligned, self.direct_bytes + aligned as u64),
-                // The filesystem takes the flag at open but not the write: page cache from now on
-                // (what a partial direct write left is written again, the same bytes).
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.direct = None,
-                Err(e) => return Err(e),
+                // The filesystem takes the flag at open but not the write (EINVAL on some, other
+                // errors on FUSE and network filesystems): the page cache from now on, the same
+                // range written again. A real disk error fails that write or the sync below.
+                Err(e) => {
+                    tracing::warn!(error = %e, "O_DIRECT write refused; writing through the page cache");
+                    self.direct = None;
+                }
             }
         }
         self.buffered.write_all_at(&bytes[done..], self.written + done as u64)?;

@@ -252,6 +252,11 @@ impl NcclGroup {
         if bytes == 0 {
             return Ok(());
         }
+        // Checked before the upload too: an aborted group returns before any copy is in flight
+        // (an upload left running would still read the pinned buffer the next call writes).
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(CollectiveError::Aborted);
+        }
         let mut buffers = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
         let (host, device) = self.staged(&mut buffers, bytes)?;
         let (host, mut device) = (&mut host[..bytes], device.slice_mut(..bytes));
