@@ -1,7 +1,7 @@
 //! Running the clip step and its references over micro-batches.
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, FloatDType, Tensor};
+use burn::tensor::{Bool, ElementConversion, FloatDType, Int, Tensor};
 
 use super::Objective;
 use super::counters;
@@ -250,11 +250,11 @@ impl ClipEngine {
         } else {
             counters::count(|c| c.uploads += 1);
             let device = norms_t.device();
-            let rows = Tensor::<Inner<AB>, 1, burn::tensor::Int>::from_data(
+            let rows = Tensor::<Inner<AB>, 1, Int>::from_data(
                 burn::tensor::TensorData::new(kept.iter().map(|&i| i as i64).collect::<Vec<_>>(), [kept.len()]),
                 &device,
             );
-            let records = records.into_iter().map(|(r, delta)| select_rows(r, delta, &rows)).collect();
+            let records = records.into_iter().map(|d| select_rows(d, &rows)).collect();
             (records, norms_t.select(0, rows))
         };
         add_clipped_sums(&records, &self.factors(norms_t), sink.sum);
@@ -272,7 +272,7 @@ impl ClipEngine {
         let bad = finite::bad_rows(&sq_t, &losses);
         sink.pending.push((sq_t.dims()[0], Tensor::cat(vec![sq_t.clone(), losses], 0)));
         let factors = finite::zero_entries(self.factors(sq_t.clamp_min(0.0).sqrt()), &bad);
-        let records: Vec<Delta<AB>> = records.into_iter().map(|(r, delta)| mask_rows(r, delta, &bad)).collect();
+        let records: Vec<Delta<AB>> = records.into_iter().map(|d| mask_rows(d, &bad)).collect();
         add_clipped_sums(&records, &factors, sink.sum);
     }
 
@@ -355,44 +355,33 @@ fn bounded<B: Backend>(
     }
 }
 
-/// The record and δ of the examples `rows` only (the probe, no longer needed, is kept).
-fn select_rows<AB: AutodiffBackend>(
-    record: Record<AB>,
-    delta: Tensor<Inner<AB>, 3>,
-    rows: &Tensor<Inner<AB>, 1, burn::tensor::Int>,
+/// The record and δ with every per-example tensor passed through `float` (activations and δ)
+/// or `tokens` (token indices); the probe, no longer needed, is kept.
+fn map_examples<AB: AutodiffBackend>(
+    (record, delta): Delta<AB>,
+    float: impl Fn(Tensor<Inner<AB>, 3>) -> Tensor<Inner<AB>, 3>,
+    tokens: impl FnOnce(Tensor<Inner<AB>, 2, Int>) -> Tensor<Inner<AB>, 2, Int>,
 ) -> Delta<AB> {
     let record = match record {
-        Record::Linear { weight, bias, input, probe } => {
-            Record::Linear { weight, bias, input: input.select(0, rows.clone()), probe }
-        }
+        Record::Linear { weight, bias, input, probe } => Record::Linear { weight, bias, input: float(input), probe },
         Record::LayerNorm { gamma, beta, normalized, probe } => {
-            Record::LayerNorm { gamma, beta, normalized: normalized.select(0, rows.clone()), probe }
+            Record::LayerNorm { gamma, beta, normalized: float(normalized), probe }
         }
-        Record::Embedding { table, tokens, probe } => {
-            Record::Embedding { table, tokens: tokens.select(0, rows.clone()), probe }
-        }
+        Record::Embedding { table, tokens: t, probe } => Record::Embedding { table, tokens: tokens(t), probe },
         free @ Record::Free { .. } => free,
     };
-    (record, delta.select(0, rows.clone()))
+    (record, float(delta))
+}
+
+/// The record and δ of the examples `rows` only.
+fn select_rows<AB: AutodiffBackend>(delta: Delta<AB>, rows: &Tensor<Inner<AB>, 1, Int>) -> Delta<AB> {
+    map_examples(delta, |x| x.select(0, rows.clone()), |t| t.select(0, rows.clone()))
 }
 
 /// The record and δ with the examples `bad` zeroed wherever an activation or δ is summed
-/// (tokens are indices and free parameters have no activations: δ alone carries them).
-fn mask_rows<AB: AutodiffBackend>(
-    record: Record<AB>,
-    delta: Tensor<Inner<AB>, 3>,
-    bad: &Tensor<Inner<AB>, 1, burn::tensor::Bool>,
-) -> Delta<AB> {
-    let record = match record {
-        Record::Linear { weight, bias, input, probe } => {
-            Record::Linear { weight, bias, input: finite::zero_rows(input, bad), probe }
-        }
-        Record::LayerNorm { gamma, beta, normalized, probe } => {
-            Record::LayerNorm { gamma, beta, normalized: finite::zero_rows(normalized, bad), probe }
-        }
-        other @ (Record::Embedding { .. } | Record::Free { .. }) => other,
-    };
-    (record, finite::zero_rows(delta, bad))
+/// (token indices stay: the scatter adds their zeroed δ rows; free parameters have δ alone).
+fn mask_rows<AB: AutodiffBackend>(delta: Delta<AB>, bad: &Tensor<Inner<AB>, 1, Bool>) -> Delta<AB> {
+    map_examples(delta, |x| finite::zero_rows(x, bad), |t| t)
 }
 
 /// Adds Σ_i c_i·g_i per layer, computed directly from the records (one matmul per Linear).
