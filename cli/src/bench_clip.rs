@@ -46,6 +46,10 @@ pub struct ClipBench {
     /// value (4e-3 on CUDA, whose f32 matmuls read TF32; 3e-2 with --precision bf16).
     #[arg(long)]
     verify: bool,
+    /// The device's peak dense TFLOP/s for this precision (H200: 989 bf16, 494 TF32): with it
+    /// the DP step's model FLOP utilisation (MFU) is reported.
+    #[arg(long)]
+    peak_tflops: Option<f64>,
 }
 
 /// Largest |device − CPU| relative to the largest |CPU| value that `--verify` accepts: f32 on
@@ -256,14 +260,20 @@ pub fn run(opts: ClipBench) -> Result<()> {
     let ratio = t.clip_s / t.nonprivate_s;
     let examples_per_s = opts.batch as f64 / t.clip_s;
     let peak = peak_rss_bytes();
+    // Model FLOPs (3 forward passes of matrix products per example) per second of the DP step.
+    let tflops = (opts.objective == "caption")
+        .then(|| CaptionerConfig::named(&opts.model))
+        .flatten()
+        .map(|c| c.train_flops() as f64 * examples_per_s / 1e12);
+    let mfu = tflops.zip(opts.peak_tflops).map(|(achieved, peak)| achieved / peak);
     if opts.json {
         outln!(
             "{}",
             json!({"model": opts.model, "objective": opts.objective, "batch": opts.batch, "device": opts.device,
                    "precision": opts.precision.name(),
                    "params": t.params, "nonprivate_s": t.nonprivate_s, "naive_s": t.naive_s, "clip_s": t.clip_s,
-                   "ratio": ratio, "examples_per_s": examples_per_s, "peak_rss_bytes": peak,
-                   "verify_rel_err": t.verify_rel_err})
+                   "ratio": ratio, "examples_per_s": examples_per_s, "model_tflops_per_s": tflops, "mfu": mfu,
+                   "peak_rss_bytes": peak, "verify_rel_err": t.verify_rel_err})
         );
     } else {
         outln!(
@@ -281,6 +291,10 @@ pub fn run(opts: ClipBench) -> Result<()> {
             outln!("  naive per-example: {:.3} s ({:.1}x the ClipEngine)", n, n / t.clip_s);
         }
         outln!("  ClipEngine       : {:.3} s ({:.2}x non-private, {:.0} examples/s)", t.clip_s, ratio, examples_per_s);
+        if let Some(achieved) = tflops {
+            let mfu = mfu.map(|m| format!(", MFU {:.1} %", 100.0 * m)).unwrap_or_default();
+            outln!("  model FLOP/s     : {achieved:.2} TFLOP/s{mfu}");
+        }
         if let Some(p) = peak {
             outln!("  peak RSS         : {:.0} MiB", p as f64 / (1 << 20) as f64);
         }

@@ -29,6 +29,14 @@ impl EncoderConfig {
         let d = self.width;
         linear(3 * self.patch * self.patch, d) + self.patches() * d + self.depth * block(d, false) + layer_norm(d)
     }
+
+    /// Matrix-product FLOPs of one image's forward pass (2 per multiply-add): the patch
+    /// embedding, then per block the four projections (8·T·d²), the MLP (16·T·d²) and
+    /// attention's two products (4·T²·d). Elementwise work is left out, as MFU conventions do.
+    pub fn forward_flops(&self) -> u64 {
+        let (t, d) = (self.patches() as u64, self.width as u64);
+        2 * t * (3 * (self.patch * self.patch) as u64) * d + self.depth as u64 * (24 * t * d * d + 4 * t * t * d)
+    }
 }
 
 /// DP-Cap's captioner.
@@ -85,6 +93,25 @@ impl CaptionerConfig {
             + self.dec_depth * block(d, true)
             + layer_norm(d)
             + linear(d, self.vocab)
+    }
+
+    /// Matrix-product FLOPs of one example's forward pass: the encoder, the bridge, each
+    /// decoder block over S = seq − 1 tokens (self-attention as in the encoder; cross-attention's
+    /// q and o over S, k and v over the T encoder tokens, its products S·T·d each) and the head.
+    pub fn forward_flops(&self) -> u64 {
+        let (t, s, d) = (self.encoder.patches() as u64, (self.seq - 1) as u64, self.dec_width as u64);
+        let self_attention = 24 * s * d * d + 4 * s * s * d;
+        let cross = 4 * s * d * d + 4 * t * d * d + 4 * s * t * d;
+        self.encoder.forward_flops()
+            + 2 * t * self.encoder.width as u64 * d
+            + self.dec_depth as u64 * (self_attention + cross)
+            + 2 * s * d * self.vocab as u64
+    }
+
+    /// Training FLOPs per example, forward and backward: three forward passes (the backward
+    /// takes the gradients of both inputs and weights), the convention MFU is stated in.
+    pub fn train_flops(&self) -> u64 {
+        3 * self.forward_flops()
     }
 }
 

@@ -75,4 +75,17 @@ mod tests {
         let p = parameter_count(Family::Captioner, "base").unwrap();
         assert_eq!(p, 190_042_170);
     }
+
+    #[test]
+    fn a_vit_b_forward_costs_what_the_literature_counts() {
+        // ViT-B/16 at 224: 17.6 G multiply-adds in the usual tables (which call them FLOPs),
+        // so about 35 GFLOPs at 2 per multiply-add.
+        let base = CaptionerConfig::named("base").unwrap();
+        let encoder = base.encoder.forward_flops() as f64 / 1e9;
+        assert!((34.5..35.5).contains(&encoder), "{encoder} GFLOPs");
+        // The decoder adds its 39 tokens, the cross-attention over 196 and the 30,522-way head.
+        let total = base.forward_flops() as f64 / 1e9;
+        assert!(total > encoder + 5.0 && total < encoder + 10.0, "{total} GFLOPs");
+        assert_eq!(base.train_flops(), 3 * base.forward_flops());
+    }
 }

@@ -255,6 +255,50 @@ fn the_gpu_check_script_reports_a_component_that_dies_at_start_and_stops_the_oth
     assert_eq!(run.leftovers(), Vec::<String>::new(), "the accountant and coordinator are stopped");
 }
 
+fn gpu_check(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-check.sh");
+    let mut command = std::process::Command::new("bash");
+    command.arg(&script).args(args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().expect("bash runs the script")
+}
+
+/// The GPU machine takes one command of at most 2,000 characters and brings back at most 8
+/// files from $OUT: the printed command must fit, pack its results there, and name its files.
+#[test]
+fn the_gpu_check_prints_the_one_command_the_gpu_machine_runs_within_its_limits() {
+    let out = gpu_check(&["device-command"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("files to bring (carry): target/gpu-bundle"), "{text}");
+    let command = text.lines().skip_while(|l| !l.starts_with("command (")).nth(1).unwrap_or_default();
+    assert!(!command.is_empty() && command.len() <= 2000, "{text}");
+    assert!(command.contains("gpu-check.sh run") && command.contains("GPU_CHECK_OUT=\"$OUT\""), "{command}");
+}
+
+/// `bundle` fails on a bundle the GPU machine cannot take: over 60 MiB, or a binary that needs
+/// a newer glibc than the machine's.
+#[test]
+fn the_bundle_check_refuses_a_bundle_over_60_mib_or_needing_a_newer_glibc() {
+    let dir = tempfile_dir("bundle-check");
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    std::fs::copy("/bin/true", dir.join("bin/true")).unwrap();
+    let path = dir.to_str().unwrap();
+    let ok = gpu_check(&["check-bundle", path], &[]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("true: glibc 2."), "{ok:?}");
+    let old = gpu_check(&["check-bundle", path], &[("GPU_CHECK_GLIBC_MAX", "2.2")]);
+    assert!(!old.status.success());
+    assert!(String::from_utf8_lossy(&old.stderr).contains("newer than the GPU machine's 2.2"), "{old:?}");
+    let big = std::fs::File::create(dir.join("bin/big")).unwrap();
+    big.set_len(61 << 20).unwrap();
+    let large = gpu_check(&["check-bundle", path], &[]);
+    assert!(!large.status.success());
+    assert!(String::from_utf8_lossy(&large.stderr).contains("over the 62914560-byte limit (60 MiB)"), "{large:?}");
+}
+
 /// The worker's preflight names every missing piece of a CUDA machine at once, as JSON an
 /// operator's script can read, and exits 1; the file-system checks run even without CUDA.
 #[cfg(not(feature = "cuda"))]

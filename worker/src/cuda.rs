@@ -72,7 +72,8 @@ pub fn check_nccl() -> Result<String, String> {
     if unsafe { cudarc::nccl::sys::is_culib_present() } {
         // The communicators are non-blocking, which needs NCCL 2.22 or newer; refusing an older
         // library here names it before the model is built.
-        let version = cudarc::nccl::result::get_nccl_version().map_err(|e| format!("ncclGetVersion: {e:?}"))?;
+        let version = cudarc::nccl::result::get_nccl_version()
+            .map_err(|e| format!("ncclGetVersion failed: {:?} (ncclResult_t {})", e.0, e.0 as u32))?;
         crate::collective::settle::config_bytes(version).map_err(|e| e.to_string())?;
         Ok(format!("NCCL {}.{}.{} loads", version / 10000, version / 100 % 100, version % 100))
     } else {
@@ -83,4 +84,83 @@ pub fn check_nccl() -> Result<String, String> {
              link libnccl.so to it on the library path (deploy/Dockerfile.cuda and scripts/gpu-check.sh do)"
             .to_owned())
     }
+}
+
+/// The headers cubecl's CUDA dialect includes (`cubecl-cpp` `cuda/dialect.rs`), in one kernel:
+/// a missing header, or an NVRTC that cannot load its builtins library, fails here.
+const PROBE_KERNEL: &str = r#"
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <mma.h>
+#include <cooperative_groups.h>
+#include <cooperative_groups/memcpy_async.h>
+#include <cuda/pipeline>
+#include <cuda/barrier>
+#include <cuda/ptx>
+extern "C" __global__ void dpcap_probe(float* x) {
+    x[threadIdx.x] = __bfloat162float(__float2bfloat16(x[threadIdx.x])) + 1.0f;
+}
+"#;
+
+/// The NVRTC options cubecl-cuda compiles every kernel with (`compute/context.rs`): the
+/// device's architecture (`sm_90a` from Hopper on), `$CUDA_PATH/include`, and its `cccl`
+/// directory when it exists (CUDA 13 keeps libcu++ there).
+pub fn cubecl_options(capability: (i32, i32), include: &std::path::Path) -> Vec<String> {
+    let version = capability.0 * 10 + capability.1;
+    let suffix = if version >= 90 { "a" } else { "" };
+    let mut options = vec![
+        format!("--gpu-architecture=sm_{version}{suffix}"),
+        format!("--include-path={}", include.display()),
+        "-lineinfo".to_owned(),
+    ];
+    let cccl = include.join("cccl");
+    if cccl.is_dir() {
+        options.push(format!("--include-path={}", cccl.display()));
+    }
+    options
+}
+
+/// Compiles a one-line kernel with cubecl's own options against `cuda_root`'s headers, loads
+/// it on device `ordinal` and runs it on 32 values: what every cubecl kernel needs (NVRTC, its
+/// builtins library, the headers, the driver's PTX JIT) proven in a second, before a model
+/// is built. Returns the architecture it compiled for.
+pub fn check_kernel(ordinal: usize, cuda_root: &std::path::Path) -> Result<String, String> {
+    use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
+    let ctx = CudaContext::new(ordinal).map_err(|e| format!("cuda:{ordinal}: cannot create a context: {e}"))?;
+    let capability = ctx.compute_capability().map_err(|e| format!("cuda:{ordinal}: compute capability: {e}"))?;
+    let options = cubecl_options(capability, &cuda_root.join("include"));
+    let arch = options[0].trim_start_matches("--gpu-architecture=").to_owned();
+    let compile = cudarc::nvrtc::CompileOptions { options, ..Default::default() };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(PROBE_KERNEL, compile).map_err(compile_failure)?;
+    let module = ctx.load_module(ptx).map_err(|e| format!("the driver refused the probe kernel's PTX ({arch}): {e}"))?;
+    let function = module.load_function("dpcap_probe").map_err(|e| format!("probe kernel: {e}"))?;
+    let stream = ctx.default_stream();
+    let input: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    let mut values = stream.clone_htod(&input).map_err(|e| format!("probe upload: {e}"))?;
+    let config = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = stream.launch_builder(&function);
+    launch.arg(&mut values);
+    // SAFETY: the kernel takes one float* and writes threadIdx.x < 32 of the 32 values.
+    unsafe { launch.launch(config) }.map_err(|e| format!("probe kernel launch: {e}"))?;
+    let output = stream.clone_dtoh(&values).map_err(|e| format!("probe download: {e}"))?;
+    if output.iter().zip(&input).any(|(out, x)| *out != x + 1.0) {
+        return Err(format!("the probe kernel computed wrong values on cuda:{ordinal}: {:?}", &output[..4]));
+    }
+    Ok(format!("a kernel compiled for {arch} with cubecl's options, loaded and ran"))
+}
+
+/// NVRTC's refusal, with the first lines of its log and the fix for the usual causes.
+fn compile_failure(error: cudarc::nvrtc::CompileError) -> String {
+    let (code, log) = match &error {
+        cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. } => {
+            (format!("{:?}", nvrtc.0), log.to_string_lossy().lines().take(6).collect::<Vec<_>>().join(" | "))
+        }
+        other => (format!("{other:?}"), String::new()),
+    };
+    format!(
+        "NVRTC could not compile a kernel with cubecl's options ({code}: {log}); a missing libnvrtc-builtins \
+         needs the directory of libnvrtc.so.N (which holds libnvrtc-builtins.so.N.M) on LD_LIBRARY_PATH, and a \
+         missing header a CUDA_PATH whose include/ has the toolkit's headers"
+    )
 }

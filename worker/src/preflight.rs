@@ -26,7 +26,7 @@ pub enum Status {
 /// One check: what, how it came out, and the detail (a version, or the fix).
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
-    /// What was checked: build, driver, nvrtc, headers, nccl, kernel cache.
+    /// What was checked: build, driver, nvrtc, nccl, headers, kernel, kernel cache.
     pub name: &'static str,
     /// The outcome.
     pub status: Status,
@@ -93,12 +93,12 @@ pub fn run(device: &str, needs: Needs) -> Report {
     };
     let mut checks = libraries(ordinal, needs);
     let cuda_path = std::env::var("CUDA_PATH").ok();
+    let headers = check_headers(cuda_path.as_deref());
     checks.push(check(
         "headers",
-        check_headers(cuda_path.as_deref())
-            .map(|root| format!("{} (from {})", root.path.display(), root.found_by))
-            .map_err(|e| e.to_string()),
+        headers.as_ref().map(|root| format!("{} (from {})", root.path.display(), root.found_by)).map_err(|e| e.to_string()),
     ));
+    checks.push(kernel(ordinal, &checks, headers.ok().map(|root| root.path)));
     checks.push(match KernelCache::from_process_env() {
         Some(cache) => match cache.check_writable() {
             Ok(()) => Check { name: "kernel cache", status: Status::Ok, detail: cache.dir.display().to_string() },
@@ -158,6 +158,26 @@ fn libraries(ordinal: usize, needs: Needs) -> Vec<Check> {
         });
     }
     checks
+}
+
+/// The probe kernel ([`crate::cuda::check_kernel`]), once the driver, NVRTC and the headers
+/// passed: a missing NVRTC builtin or header fails here, with its fix, not at the first
+/// cubecl kernel.
+#[cfg(feature = "cuda")]
+fn kernel(ordinal: usize, earlier: &[Check], root: Option<std::path::PathBuf>) -> Check {
+    let ready = ["driver", "nvrtc", "headers"]
+        .iter()
+        .all(|name| earlier.iter().any(|c| c.name == *name && c.status == Status::Ok));
+    match (ready, root) {
+        (true, Some(root)) => check("kernel", crate::cuda::check_kernel(ordinal, &root)),
+        _ => Check { name: "kernel", status: Status::Skipped, detail: "the driver, nvrtc or headers failed".into() },
+    }
+}
+
+/// Without the `cuda` feature no kernel can be compiled.
+#[cfg(not(feature = "cuda"))]
+fn kernel(_ordinal: usize, _earlier: &[Check], _root: Option<std::path::PathBuf>) -> Check {
+    Check { name: "kernel", status: Status::Skipped, detail: "this build has no CUDA support".into() }
 }
 
 /// Without the `cuda` feature nothing of CUDA can load: the build check says so.

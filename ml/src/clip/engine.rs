@@ -220,11 +220,11 @@ impl ClipEngine {
                 (r, delta)
             })
             .collect();
-        let sq_t = sq_norms(&records, model.batch_len(batch), params, self.matmul_inputs);
-        assert_eq!(sq_t.dims(), losses.dims(), "one squared norm and one loss per example");
+        let norms = sq_norms(&records, model.batch_len(batch), params, self.matmul_inputs);
+        assert_eq!(norms.sq.dims(), losses.dims(), "one squared norm and one loss per example");
         match self.reads {
-            Reads::PerMicroBatch => self.select_and_add(records, (sq_t, losses.inner()), sink),
-            Reads::PerPart => self.mask_and_add(records, (sq_t, losses.inner()), sink),
+            Reads::PerMicroBatch => self.select_and_add(records, (norms, losses.inner()), sink),
+            Reads::PerPart => self.mask_and_add(records, (norms, losses.inner()), sink),
         }
     }
 
@@ -233,18 +233,18 @@ impl ClipEngine {
     fn select_and_add<AB: AutodiffBackend>(
         &self,
         records: Vec<Delta<AB>>,
-        (sq_t, losses): (Tensor<Inner<AB>, 1>, Tensor<Inner<AB>, 1>),
+        (norms, losses): (Norms<Inner<AB>>, Tensor<Inner<AB>, 1>),
         sink: Sink<'_, Inner<AB>>,
     ) {
         // Decided on the raw squared norms, before any clamp: a clamp may map NaN to its bound
         // (max(NaN, 0) is 0 on some backends), which would keep the example unclipped.
-        let read = to_vec(Tensor::cat(vec![sq_t.clone(), losses], 0));
+        let read = to_vec(Tensor::cat(vec![norms.sq.clone(), losses], 0));
         let (sq, losses) = read.split_at(read.len() / 2);
         let kept = sink.telemetry.record(sq, losses);
         if kept.is_empty() {
             return;
         }
-        let norms_t = sq_t.clamp_min(0.0).sqrt();
+        let norms_t = self.denominators(norms);
         let (records, norms_t) = if kept.len() == sq.len() {
             (records, norms_t)
         } else {
@@ -265,20 +265,35 @@ impl ClipEngine {
     fn mask_and_add<AB: AutodiffBackend>(
         &self,
         records: Vec<Delta<AB>>,
-        (sq_t, losses): (Tensor<Inner<AB>, 1>, Tensor<Inner<AB>, 1>),
+        (norms, losses): (Norms<Inner<AB>>, Tensor<Inner<AB>, 1>),
         sink: Sink<'_, Inner<AB>>,
     ) {
         // Decided on the raw squared norms, before any clamp (as above).
-        let bad = finite::bad_rows(&sq_t, &losses);
-        sink.pending.push((sq_t.dims()[0], Tensor::cat(vec![sq_t.clone(), losses], 0)));
-        let factors = finite::zero_entries(self.factors(sq_t.clamp_min(0.0).sqrt()), &bad);
+        let bad = finite::bad_rows(&norms.sq, &losses);
+        sink.pending.push((norms.sq.dims()[0], Tensor::cat(vec![norms.sq.clone(), losses], 0)));
+        let factors = finite::zero_entries(self.factors(self.denominators(norms)), &bad);
         let records: Vec<Delta<AB>> = records.into_iter().map(|d| mask_rows(d, &bad)).collect();
         add_clipped_sums(&records, &factors, sink.sum);
     }
 
-    /// c_i = min(1, C / (‖g_i‖ + 1e-6)) from the norms ‖g_i‖.
-    fn factors<B: Backend>(&self, norms: Tensor<B, 1>) -> Tensor<B, 1> {
-        (norms + NORM_EPSILON).recip().mul_scalar(self.clipping_norm).clamp_max(1.0)
+    /// What each clip factor divides C by: ‖g_i‖ with exact inputs; with rounded ones, the
+    /// bound N_i on it plus e·R_i for the clipped sum's own rounding ([`rounding`]).
+    fn denominators<B: Backend>(&self, norms: Norms<B>) -> Tensor<B, 1> {
+        let n = norms.sq.clamp_min(0.0).sqrt();
+        match (self.matmul_inputs.unit(), norms.r_sq) {
+            (Some(u), Some(r_sq)) => n + r_sq.sqrt().mul_scalar(rounding::sum_input_error(u)),
+            _ => n,
+        }
+    }
+
+    /// c_i = min(1, C / (d_i + 1e-6)) from the [`Self::denominators`] d_i; with rounded inputs
+    /// C is lowered by the fast-math margin m ([`rounding::bounded_factor`] is the same in f64).
+    fn factors<B: Backend>(&self, denominators: Tensor<B, 1>) -> Tensor<B, 1> {
+        let c = match self.matmul_inputs.unit() {
+            Some(_) => self.clipping_norm * (1.0 - rounding::FAST_MATH_MARGIN),
+            None => self.clipping_norm,
+        };
+        (denominators + NORM_EPSILON).recip().mul_scalar(c).clamp_max(1.0)
     }
 }
 
@@ -302,57 +317,65 @@ fn probe_of<AB: AutodiffBackend>(record: &Record<AB>) -> &Tensor<AB, 3> {
     }
 }
 
-/// Per-example squared gradient norms, summed over every layer's parameters; with rounded
-/// matmul inputs, their certified upper bounds.
+/// Each example's squared gradient norm summed over every layer's parameters (with rounded
+/// matmul inputs, its certified upper bound), and with rounded inputs R² = Σ S² over the layers
+/// whose clipped sum is a matmul.
+struct Norms<B: Backend> {
+    sq: Tensor<B, 1>,
+    r_sq: Option<Tensor<B, 1>>,
+}
+
 fn sq_norms<AB: AutodiffBackend>(
     records: &[Delta<AB>],
     b: usize,
     params: &ParamSet<Inner<AB>>,
     inputs: MatmulInputs,
-) -> Tensor<Inner<AB>, 1> {
-    let mut sq = Tensor::<Inner<AB>, 1>::zeros([b], params.device());
+) -> Norms<Inner<AB>> {
+    let zeros = || Tensor::<Inner<AB>, 1>::zeros([b], params.device());
+    let (mut sq, mut r_sq) = (zeros(), inputs.unit().map(|_| zeros()));
     for (record, delta) in records {
         sq = sq
             + match record {
                 Record::Linear { input, bias, .. } => {
-                    let w = bounded(norms::linear_weight_sq_norms(input, delta), inputs, |u| {
-                        let ([_, t, d_in], d_out) = (input.dims(), delta.dims()[2]);
-                        let shape = rounding::LinearShape { t, d_in, d_out };
-                        let bound = match norms::use_ghost(t, d_in, d_out) {
-                            true => rounding::ghost(u, shape),
-                            false => rounding::materialised(u, shape),
-                        };
-                        (bound, norms::linear_weight_s(input, delta))
-                    });
+                    let w = norms::linear_weight_sq_norms(input, delta);
+                    let w = match inputs.unit() {
+                        None => w,
+                        Some(u) => {
+                            let ([_, t, d_in], d_out) = (input.dims(), delta.dims()[2]);
+                            let shape = rounding::LinearShape { t, d_in, d_out };
+                            let bound = match norms::use_ghost(t, d_in, d_out) {
+                                true => rounding::ghost(u, shape),
+                                false => rounding::materialised(u, shape),
+                            };
+                            let s = norms::linear_weight_s(input, delta);
+                            r_sq = r_sq.map(|r| r + s.clone().powi_scalar(2));
+                            bounded(w, bound, s)
+                        }
+                    };
                     if bias.is_some() { w + norms::bias_sq_norms(delta) } else { w }
                 }
                 Record::LayerNorm { normalized, .. } => {
                     norms::layer_norm_gamma_sq_norms(normalized, delta) + norms::bias_sq_norms(delta)
                 }
-                Record::Embedding { tokens, .. } => bounded(norms::embedding_sq_norms(tokens, delta), inputs, |u| {
-                    let [_, t, d] = delta.dims();
-                    (rounding::embedding(u, t, d), norms::embedding_s(delta))
-                }),
+                Record::Embedding { tokens, .. } => {
+                    let e = norms::embedding_sq_norms(tokens, delta);
+                    match inputs.unit() {
+                        None => e,
+                        Some(u) => {
+                            let [_, t, d] = delta.dims();
+                            bounded(e, rounding::embedding(u, t, d), norms::embedding_s(delta))
+                        }
+                    }
+                }
                 Record::Free { .. } => norms::free_sq_norms(delta),
             };
     }
-    sq
+    Norms { sq, r_sq }
 }
 
-/// `sq` as computed with exact inputs, else (1 + ρ)·sq + κ·S² from `bound(u)`. No clamp: a
-/// NaN must stay NaN so that its example is left out.
-fn bounded<B: Backend>(
-    sq: Tensor<B, 1>,
-    inputs: MatmulInputs,
-    bound: impl FnOnce(f64) -> (rounding::Bound, Tensor<B, 1>),
-) -> Tensor<B, 1> {
-    match inputs.unit() {
-        None => sq,
-        Some(u) => {
-            let (bound, s) = bound(u);
-            sq.mul_scalar(1.0 + bound.rho) + s.powi_scalar(2).mul_scalar(bound.kappa)
-        }
-    }
+/// (1 + ρ)·sq + κ·S². No clamp: a NaN must stay NaN so that its example is left out.
+fn bounded<B: Backend>(sq: Tensor<B, 1>, bound: rounding::Bound, s: Tensor<B, 1>) -> Tensor<B, 1> {
+    sq.mul_scalar(1.0 + bound.rho) + s.powi_scalar(2).mul_scalar(bound.kappa)
 }
 
 /// The record and δ with every per-example tensor passed through `float` (activations and δ)

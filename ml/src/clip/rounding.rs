@@ -1,21 +1,36 @@
-//! A certified upper bound on per-example gradient norms whose matmuls round their inputs.
+//! A certified upper bound on each example's contribution to the clipped sum when the device's
+//! matmuls round their inputs.
 //!
 //! On CUDA, cubek runs every f32×f32 matmul on tensor cores as TF32 (10 mantissa bits), with no
-//! switch to turn it off. The norm contractions (a·aᵀ, δ·δᵀ, aᵀδ) then carry about 1e-3
-//! relative error per entry, and because their terms have mixed signs the error of a norm is
-//! not bounded relative to the norm itself: a computed norm can fall below the true one, and an
-//! example's clipped contribution exceed C. The privacy guarantee needs ‖c_i g_i‖ ≤ C, so the
-//! clip factor is taken from an upper bound instead:
+//! switch to turn it off. Two kinds of matmul touch the guarantee ‖contribution_i‖ ≤ C:
 //!
-//!   ‖g‖² ≤ (1 + ρ)·n̂² + κ·S²,   S = Σ_t ‖a_t‖·‖δ_t‖,
+//! 1. **The norm contractions** (a·aᵀ, δ·δᵀ, aᵀδ) carry about 1e-3 relative error per entry,
+//!    and because their terms have mixed signs the error of a norm is not bounded relative to
+//!    the norm itself: a computed norm can fall below the true one. The clip factor is taken
+//!    from an upper bound instead:
 //!
-//! where n̂² is the norm as computed, S is computed elementwise (no matmul, so no tensor-core
-//! rounding) and bounds every matmul entry's error through Cauchy–Schwarz, and (ρ, κ) follow from
-//! the input rounding unit u and the contraction lengths (the standard γ_k = k·u₃₂/(1 − k·u₃₂)
-//! bound for f32 accumulation). With exact f32 inputs (burn-flex) no bound is applied: the
-//! remaining error is f32 accumulation, of the same order as the sum's own, which DP libraries
-//! (Opacus included) do not bound either. The bound costs O(B·T·d) elementwise work per layer and
-//! clips harder only where cancellation makes n̂ untrustworthy (S ≫ n̂).
+//!      ‖g‖² ≤ (1 + ρ)·n̂² + κ·S²,   S = Σ_t ‖a_t‖·‖δ_t‖,
+//!
+//!    where n̂² is the norm as computed, S is computed elementwise (no matmul, so no tensor-core
+//!    rounding) and bounds every matmul entry's error through Cauchy–Schwarz, and (ρ, κ) follow
+//!    from the input rounding unit u and the contraction lengths, with the accumulation unit
+//!    taken as truncation (2⁻²³): published measurements of tensor cores (V100, T4, A100) find
+//!    their f32 accumulation truncates rather than rounds to nearest.
+//! 2. **The clipped sum's own product** aᵀ(c ⊙ δ) reads a and c·δ as TF32 too. Example i's
+//!    share of it is Σ_t ã_tᵀ(c_i δ_t)~, which differs from c_i·g_i by at most
+//!    e·c_i·S_i in Frobenius norm, e = (1 + u)²(1 + u₃₂) − 1 (two truncated inputs and the f32
+//!    product c·δ; products of TF32 values are exact in f32). Over a model's layers,
+//!    Minkowski's inequality gives ‖contribution_i‖ ≤ c_i·(‖g_i‖ + e·R_i), R_i² = Σ_layers S_i²,
+//!    so the factor is taken as c_i = min(1, C·(1 − m) / (N_i + e·R_i + 1e-6)), N_i the bound
+//!    of (1). The f32 accumulation of the sum across examples is the sum's own error, relative
+//!    to its terms, which DP libraries (Opacus included) do not bound either.
+//!
+//! m covers cubecl's fast math: its square roots and reciprocals may be approximate (a few ulp,
+//! 2⁻²¹ relative at most in PTX's `approx` forms), and four of them stand between the true
+//! norms and c_i; m = 2⁻¹⁶ leaves a factor of eight. With exact f32 inputs (burn-flex) none of
+//! this applies: the factor is C / (‖g‖ + 1e-6) as computed. The bound costs O(B·T·d)
+//! elementwise work per layer and clips harder only where cancellation makes n̂ untrustworthy
+//! (S ≫ n̂): by √(1 + κ) and e·R/N otherwise, 0.4 % at ViT-B's widest layer.
 
 /// How the backend's f32 matmuls treat their inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -45,22 +60,49 @@ impl MatmulInputs {
     }
 }
 
-/// f32's unit roundoff.
-const F32_UNIT: f64 = 1.0 / (1u64 << 24) as f64;
+/// f32's unit roundoff (round to nearest): elementwise operations and reductions.
+pub const F32_UNIT: f64 = 1.0 / (1u64 << 24) as f64;
 
-/// γ_k: the relative error bound of a k-term f32 sum (or product chain) against the sum of the
-/// terms' magnitudes.
-pub fn gamma(k: usize) -> f64 {
-    let ku = k as f64 * F32_UNIT;
+/// The unit of a tensor core's f32 accumulation, taken as truncation (twice round-to-nearest's).
+pub const ACCUMULATION_UNIT: f64 = 1.0 / (1u64 << 23) as f64;
+
+/// The relative margin m on C for the device's approximate square roots and reciprocals.
+pub const FAST_MATH_MARGIN: f64 = 1.0 / (1u64 << 16) as f64;
+
+/// γ_k with unit `unit`: the relative error bound of a k-term sum (or product chain) against
+/// the sum of the terms' magnitudes.
+pub fn gamma_with(k: usize, unit: f64) -> f64 {
+    let ku = k as f64 * unit;
     assert!(ku < 0.5, "a {k}-term f32 sum has no useful error bound");
     ku / (1.0 - ku)
 }
 
+/// γ_k for f32 rounded to nearest (elementwise work and reductions, off the tensor cores).
+pub fn gamma(k: usize) -> f64 {
+    gamma_with(k, F32_UNIT)
+}
+
 /// The error bound of one matmul entry Σ_k x_k·y_k relative to Σ_k |x_k|·|y_k|: both inputs
-/// rounded with unit `u`, products accumulated in f32 over `k` terms.
+/// rounded with unit `u`, products accumulated over `k` terms by a tensor core (truncating).
 pub fn entry_error(u: f64, k: usize) -> f64 {
     let products = 2.0 * u + u * u;
-    products + gamma(k + 1) * (1.0 + u) * (1.0 + u)
+    products + gamma_with(k + 1, ACCUMULATION_UNIT) * (1.0 + u) * (1.0 + u)
+}
+
+/// e: how far example i's share of the clipped sum aᵀ(c ⊙ δ) may stray from c_i·g_i, per unit
+/// of c_i·S_i, when the product reads its inputs with unit `u` (a truncated, and c·δ rounded in
+/// f32 and then truncated).
+pub fn sum_input_error(u: f64) -> f64 {
+    (1.0 + u) * (1.0 + u) * (1.0 + F32_UNIT) - 1.0
+}
+
+/// The clip factor c_i = min(1, C·(1 − m) / (N + e·R + 1e-6)) of an example whose norm is at
+/// most `norm_bound` (N) and whose layers' S values have root-sum-square `r` (R), for inputs
+/// rounded with unit `u`: ‖c_i·g_i + the sum's rounding‖ ≤ C (module docs). The ClipEngine
+/// computes the same on tensors.
+pub fn bounded_factor(norm_bound: f64, r: f64, clipping_norm: f64, u: f64) -> f64 {
+    let denominator = norm_bound + sum_input_error(u) * r + super::engine::NORM_EPSILON;
+    (clipping_norm * (1.0 - FAST_MATH_MARGIN) / denominator).min(1.0)
 }
 
 /// The coefficients of ‖g‖² ≤ (1 + ρ)·n̂² + κ·S² for one layer.

@@ -28,12 +28,54 @@ pub enum CollectiveError {
     /// The communicator was aborted (group re-formed, session dropped, or an earlier failure).
     #[error("communicator aborted")]
     Aborted,
-    /// NCCL reported an error.
-    #[error("nccl: {0}")]
-    Nccl(String),
-    /// The CUDA driver reported an error.
+    /// NCCL returned an error: its result code, and `ncclGetLastError`'s text, which names
+    /// the failing system call, peer or setting (empty when NCCL kept none).
+    #[error("nccl {op} failed: {result} (ncclResult_t {code}){}", last_error_text(last_error))]
+    Nccl {
+        /// The call ("init", "all-reduce", "get-unique-id", …).
+        op: &'static str,
+        /// `ncclResult_t` as a number (2: system error, 3: internal, 4: invalid argument, 5:
+        /// invalid usage, 6: remote error).
+        code: u32,
+        /// `ncclResult_t`'s name ("ncclSystemError").
+        result: String,
+        /// What `ncclGetLastError` said.
+        last_error: String,
+    },
+    /// The NCCL that loaded cannot run a non-blocking communicator.
+    #[error(
+        "nccl {}.{}.{} is older than 2.22, which non-blocking communicators need: install a newer \
+         nvidia-nccl wheel or NCCL package", version / 10000, version / 100 % 100, version % 100
+    )]
+    TooOld {
+        /// `ncclGetVersion`'s code (22703 for 2.27.3).
+        version: i32,
+    },
+    /// `NCCL_COMM_BLOCKING` forces blocking communicators, out of the watchdog's reach.
+    #[error("NCCL_COMM_BLOCKING is set: unset it, the watchdog needs non-blocking communicators")]
+    BlockingForced,
+    /// A unique id of the wrong length reached this rank.
+    #[error("nccl id of {len} bytes, expected 128")]
+    IdLength {
+        /// Its length.
+        len: usize,
+    },
+    /// The blocking thread that ran an NCCL call failed (panicked or was cancelled).
+    #[error("the nccl {op} thread failed")]
+    Thread {
+        /// The call it ran.
+        op: &'static str,
+        /// Why.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// The CUDA driver reported an error (its name and description).
     #[error("cuda: {0}")]
     Cuda(String),
+}
+
+fn last_error_text(text: &str) -> String {
+    if text.is_empty() { String::new() } else { format!(": {text}") }
 }
 
 /// Watchdog timeout for one collective. A rank that finishes its compute early waits in the

@@ -47,7 +47,7 @@ const UNDEF: ::core::ffi::c_int = i32::MIN;
 /// NCCL that is loaded: its size is that library's, and its version never claims a layout
 /// newer than cudarc's (2.30).
 fn nonblocking_config() -> Result<sys::ncclConfig_t, CollectiveError> {
-    let version = nccl::get_nccl_version().map_err(nccl_err)?;
+    let version = nccl::get_nccl_version().map_err(nccl_err("get-version"))?;
     let size = config_bytes(version)?;
     Ok(sys::ncclConfig_t {
         size,
@@ -84,9 +84,7 @@ unsafe fn async_progress(raw: sys::ncclComm_t, op: &'static str) -> Progress {
     match (status, result) {
         (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess) => Progress::Done,
         (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclInProgress) => Progress::Pending,
-        (sys::ncclResult_t::ncclSuccess, error) | (error, _) => {
-            Progress::Failed(CollectiveError::Nccl(format!("{op}: {error:?}")))
-        }
+        (sys::ncclResult_t::ncclSuccess, error) | (error, _) => Progress::Failed(nccl_error(op, error)),
     }
 }
 
@@ -96,17 +94,31 @@ pub const ID_BYTES: usize = 128;
 /// How often the watchdog polls a pending collective.
 const POLL: Duration = Duration::from_micros(200);
 
-fn nccl_err(e: nccl::NcclError) -> CollectiveError {
-    CollectiveError::Nccl(format!("{e:?}"))
+/// An NCCL failure of `op` with its result code and NCCL's own last error text (cudarc's
+/// `NcclError` prints only its type name).
+fn nccl_error(op: &'static str, result: sys::ncclResult_t) -> CollectiveError {
+    // SAFETY: ncclGetLastError reads NCCL's last-error buffer (it ignores the communicator,
+    // which may be null) and returns a NUL-terminated string that stays valid until the next
+    // NCCL call on this thread; it is copied at once.
+    let text = unsafe {
+        let raw = sys::ncclGetLastError(std::ptr::null_mut());
+        if raw.is_null() { String::new() } else { std::ffi::CStr::from_ptr(raw).to_string_lossy().trim().to_owned() }
+    };
+    CollectiveError::Nccl { op, code: result as u32, result: format!("{result:?}"), last_error: text }
+}
+
+/// [`nccl_error`] for one of cudarc's wrapped calls.
+fn nccl_err(op: &'static str) -> impl Fn(nccl::NcclError) -> CollectiveError {
+    move |e| nccl_error(op, e.0)
 }
 
 fn cuda_err(e: driver::DriverError) -> CollectiveError {
-    CollectiveError::Cuda(format!("{e:?}"))
+    CollectiveError::Cuda(e.to_string())
 }
 
 /// A fresh NCCL unique id (rank 0 creates one per generation and publishes it).
 pub fn new_id() -> Result<Vec<u8>, CollectiveError> {
-    let id = nccl::get_uniqueid().map_err(nccl_err)?;
+    let id = nccl::get_uniqueid().map_err(nccl_err("get-unique-id"))?;
     Ok(id.internal.iter().map(|&c| c as u8).collect())
 }
 
@@ -164,9 +176,7 @@ impl NcclGroup {
         timeout: Duration,
         cancel: &AtomicBool,
     ) -> Result<Self, CollectiveError> {
-        let bytes: [u8; ID_BYTES] = id
-            .try_into()
-            .map_err(|_| CollectiveError::Nccl(format!("nccl id of {} bytes, expected {ID_BYTES}", id.len())))?;
+        let bytes: [u8; ID_BYTES] = id.try_into().map_err(|_| CollectiveError::IdLength { len: id.len() })?;
         let id = sys::ncclUniqueId { internal: bytes.map(|b| b as ::core::ffi::c_char) };
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
         let stream = ctx.new_stream().map_err(cuda_err)?;
@@ -174,9 +184,7 @@ impl NcclGroup {
         // NCCL_COMM_BLOCKING=1 overrides `blocking = 0`: the init and every enqueue would then
         // block inside NCCL, out of the watchdog's reach.
         if std::env::var("NCCL_COMM_BLOCKING").is_ok_and(|v| v.trim() != "0") {
-            return Err(CollectiveError::Nccl(
-                "NCCL_COMM_BLOCKING is set: unset it, the watchdog needs non-blocking communicators".into(),
-            ));
+            return Err(CollectiveError::BlockingForced);
         }
         let mut raw: sys::ncclComm_t = std::ptr::null_mut();
         let (n, r) = (world_size as i32, rank as i32);
@@ -187,7 +195,7 @@ impl NcclGroup {
                 // SAFETY: a handle NCCL returned, used by no other thread.
                 let _ = unsafe { nccl::comm_abort(raw) };
             }
-            return Err(nccl_err(e));
+            return Err(nccl_error("init", e.0));
         }
         let watch = Watch { op: "init", deadline: Instant::now() + timeout, timeout, interval: POLL, aborted: cancel };
         // SAFETY: `raw` is live until aborted below.
@@ -286,7 +294,7 @@ impl NcclGroup {
                 drop(comm);
                 // A refused enqueue leaves a non-blocking communicator in an error state.
                 self.abort();
-                return Err(nccl_err(e));
+                return Err(nccl_error(name, e.0));
             }
         }
         // A non-blocking enqueue may still be connecting to its peers: its kernel is on the
@@ -408,7 +416,7 @@ impl NcclGroup {
         let joining = tokio::task::spawn_blocking(move || Self::join(ordinal, ranks, &id, timeout, &flag));
         match joining.await {
             Ok(result) => result.map(Arc::new),
-            Err(e) => Err(CollectiveError::Nccl(format!("init thread: {e}"))),
+            Err(source) => Err(CollectiveError::Thread { op: "init", source }),
         }
     }
 
@@ -423,7 +431,7 @@ impl NcclGroup {
         let group = self.clone();
         let result = tokio::task::spawn_blocking(move || op(&group, &mut values).map(|()| values)).await;
         guard.0 = None;
-        result.map_err(|e| CollectiveError::Nccl(format!("collective thread: {e}")))?
+        result.map_err(|source| CollectiveError::Thread { op: "collective", source })?
     }
 
     /// [`NcclGroup::all_reduce_sum`] of an owned buffer, off the async runtime.

@@ -71,13 +71,7 @@ pub const OLDEST_NCCL: i32 = 22200;
 /// cudarc's struct at compile time).
 pub fn config_bytes(version: i32) -> Result<usize, CollectiveError> {
     match version {
-        v if v < OLDEST_NCCL => Err(CollectiveError::Nccl(format!(
-            "nccl {}.{}.{} is older than 2.22, which non-blocking communicators need: install a newer \
-             nvidia-nccl wheel or NCCL package",
-            v / 10000,
-            v / 100 % 100,
-            v % 100
-        ))),
+        version if version < OLDEST_NCCL => Err(CollectiveError::TooOld { version }),
         v if v < 22700 => Ok(48),
         v if v < 22800 => Ok(72),
         v if v < 22900 => Ok(80),
@@ -115,10 +109,18 @@ mod tests {
             if polls < 2 {
                 Progress::Pending
             } else {
-                Progress::Failed(CollectiveError::Nccl("init: ncclRemoteError".into()))
+                Progress::Failed(CollectiveError::Nccl {
+                    op: "init",
+                    code: 6,
+                    result: "ncclRemoteError".into(),
+                    last_error: "socket closed by peer 10.0.0.2".into(),
+                })
             }
         });
-        assert_eq!(nccl.unwrap_err().to_string(), "nccl: init: ncclRemoteError");
+        assert_eq!(
+            nccl.unwrap_err().to_string(),
+            "nccl init failed: ncclRemoteError (ncclResult_t 6): socket closed by peer 10.0.0.2"
+        );
         let cuda = settle(&watch(&aborted, Duration::from_secs(10)), || {
             Progress::Failed(CollectiveError::Cuda("CUDA_ERROR_LAUNCH_FAILED".into()))
         });
