@@ -282,7 +282,8 @@ bundle() {
 DEVICE_COMMAND='cd target/gpu-bundle && GPU_CHECK_OUT="$OUT" GPU_CHECK_RESULTS=/tmp/gpu-check bash gpu-check.sh run'
 
 device_command() {
-  echo "files to bring (carry): target/gpu-bundle ($(du -sh "$here/../target/gpu-bundle" 2> /dev/null | cut -f1 || echo 'not built'))"
+  local built="${CARGO_TARGET_DIR:-$here/../target}/gpu-bundle"
+  echo "files to bring (carry): target/gpu-bundle ($(du -sh "$built" 2> /dev/null | cut -f1 || echo 'not built'))"
   echo "timeout: 600 s (the run bounds itself at ${RUN_BUDGET_S} s)"
   echo "command (${#DEVICE_COMMAND} characters):"
   echo "$DEVICE_COMMAND"
