@@ -10,4 +10,5 @@ mod nonfinite;
 mod optim_checkpoint;
 mod precision;
 mod reference;
+mod tf32_bound;
 mod timm_export;
