@@ -11,7 +11,8 @@
 //!
 //! [`take`]: NoiseAhead::take
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::task::JoinHandle;
 
@@ -20,35 +21,92 @@ use crate::noise::{self, NoiseMode};
 
 type Drawing = JoinHandle<Result<Vec<f64>, getrandom::Error>>;
 
+/// The ceiling on noise drawn ahead across every job of an accountant (8 bytes per noised
+/// coordinate per job: 1.5 GB at P = 190M). A draw that would pass it is not made: that job's
+/// next release draws its own noise, more slowly. 0 draws nothing ahead.
+#[derive(Debug)]
+pub struct AheadBudget {
+    limit: u64,
+    held: AtomicU64,
+}
+
+impl AheadBudget {
+    /// A ceiling of `limit` bytes.
+    pub fn new(limit: u64) -> Arc<Self> {
+        Arc::new(Self { limit, held: AtomicU64::new(0) })
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Reserves `bytes` if they fit under the ceiling.
+    fn reserve(self: &Arc<Self>, bytes: u64) -> Option<Reservation> {
+        self.held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                held.checked_add(bytes).filter(|&after| after <= self.limit)
+            })
+            .ok()
+            .map(|_| Reservation { budget: self.clone(), bytes })
+    }
+}
+
+/// Bytes of an [`AheadBudget`] held by one drawing, returned when it is dropped.
+#[derive(Debug)]
+struct Reservation {
+    budget: Arc<AheadBudget>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
+
 /// One job's noise source: `dim` coordinates of N(0, std²) per step.
 #[derive(Debug)]
 pub struct NoiseAhead {
     dim: usize,
     std: f64,
     mode: NoiseMode,
-    /// Draw ahead at all (off: 8·P bytes less per open job, slower releases).
-    enabled: bool,
-    next: Mutex<Option<(u64, Drawing)>>,
+    /// The accountant's ceiling on noise drawn ahead.
+    budget: Arc<AheadBudget>,
+    next: Mutex<Option<(u64, Drawing, Reservation)>>,
 }
 
 impl NoiseAhead {
-    /// A source for a job of dimension `dim` with noise std `std` = σ·C.
-    pub fn new(dim: usize, std: f64, mode: NoiseMode, enabled: bool) -> Self {
-        Self { dim, std, mode, enabled, next: Mutex::new(None) }
+    /// A source for a job of dimension `dim` with noise std `std` = σ·C, drawing ahead within
+    /// `budget`.
+    pub fn new(dim: usize, std: f64, mode: NoiseMode, budget: Arc<AheadBudget>) -> Self {
+        Self { dim, std, mode, budget, next: Mutex::new(None) }
     }
 
-    /// Starts drawing `step`'s noise in the background (replacing any other step's). Must be
-    /// called from a tokio runtime.
+    /// Starts drawing `step`'s noise in the background (replacing any other step's), when the
+    /// accountant's ceiling allows. Must be called from a tokio runtime.
     pub fn prepare(&self, step: u64) {
-        if !self.enabled {
-            return;
-        }
         let (dim, std, mode) = (self.dim, self.std, self.mode);
         if std == 0.0 {
             return; // a NOT PRIVATE baseline: nothing to draw
         }
+        let mut next = self.next.lock().expect("noise lock");
+        // The replaced drawing's bytes go back before the new ones are asked for.
+        next.take();
+        let Some(reservation) = self.budget.reserve(8 * dim as u64) else {
+            tracing::debug!(step, bytes = 8 * dim, "noise not drawn ahead: the accountant's ceiling is reached");
+            return;
+        };
         let task = tokio::task::spawn_blocking(move || noise::draw(dim, std, mode, step));
-        *self.next.lock().expect("noise lock") = Some((step, task));
+        *next = Some((step, task, reservation));
+    }
+
+    /// [`Self::prepare`], unless `step`'s noise is being drawn already.
+    pub fn prepare_if_idle(&self, step: u64) {
+        let drawing = self.next.lock().expect("noise lock").as_ref().is_some_and(|(s, ..)| *s == step);
+        if !drawing {
+            self.prepare(step);
+        }
     }
 
     /// Drops any noise drawn ahead (a refused, closed or exhausted job will not use it).
@@ -61,7 +119,7 @@ impl NoiseAhead {
     pub async fn take(&self, step: u64) -> Result<Vec<f64>, AccountantError> {
         let ready = self.next.lock().expect("noise lock").take();
         let task = match ready {
-            Some((drawn_for, task)) if drawn_for == step => task,
+            Some((drawn_for, task, _reservation)) if drawn_for == step => task,
             _ if self.std == 0.0 => return Ok(vec![0.0; self.dim]),
             _ => {
                 let (dim, std, mode) = (self.dim, self.std, self.mode);
@@ -80,16 +138,16 @@ mod tests {
 
     #[tokio::test]
     async fn seeded_noise_drawn_ahead_equals_noise_drawn_on_demand() {
-        let ahead = NoiseAhead::new(1000, 2.0, NoiseMode::Seeded(9), true);
+        let ahead = NoiseAhead::new(1000, 2.0, NoiseMode::Seeded(9), AheadBudget::new(u64::MAX));
         ahead.prepare(5);
         let drawn_ahead = ahead.take(5).await.unwrap();
-        let on_demand = NoiseAhead::new(1000, 2.0, NoiseMode::Seeded(9), false).take(5).await.unwrap();
+        let on_demand = NoiseAhead::new(1000, 2.0, NoiseMode::Seeded(9), AheadBudget::new(0)).take(5).await.unwrap();
         assert_eq!(drawn_ahead, on_demand);
     }
 
     #[tokio::test]
     async fn noise_drawn_for_one_step_is_never_used_for_another() {
-        let ahead = NoiseAhead::new(1000, 2.0, NoiseMode::Seeded(9), true);
+        let ahead = NoiseAhead::new(1000, 2.0, NoiseMode::Seeded(9), AheadBudget::new(u64::MAX));
         ahead.prepare(5);
         let six = ahead.take(6).await.unwrap();
         assert_eq!(six, noise::draw(1000, 2.0, NoiseMode::Seeded(9), 6).unwrap());
@@ -98,10 +156,29 @@ mod tests {
 
     #[tokio::test]
     async fn os_entropy_noise_is_used_once() {
-        let ahead = NoiseAhead::new(64, 1.0, NoiseMode::OsEntropy, true);
+        let ahead = NoiseAhead::new(64, 1.0, NoiseMode::OsEntropy, AheadBudget::new(u64::MAX));
         ahead.prepare(0);
         let first = ahead.take(0).await.unwrap();
         let again = ahead.take(0).await.unwrap();
         assert_ne!(first, again, "a second take draws fresh noise, never the same twice");
+    }
+
+    #[tokio::test]
+    async fn drawing_ahead_stops_at_the_ceiling_and_gives_bytes_back_when_taken_or_cleared() {
+        let budget = AheadBudget::new(2 * 8 * 100);
+        let jobs: Vec<NoiseAhead> =
+            (0..3).map(|_| NoiseAhead::new(100, 1.0, NoiseMode::Seeded(1), budget.clone())).collect();
+        for job in &jobs {
+            job.prepare(0);
+        }
+        assert_eq!(budget.held(), 1600, "two jobs fit under the ceiling, the third draws nothing ahead");
+        assert!(jobs[2].next.lock().unwrap().is_none());
+        let taken = jobs[0].take(0).await.unwrap();
+        assert_eq!((taken.len(), budget.held()), (100, 800));
+        jobs[2].prepare(1);
+        jobs[1].clear();
+        assert_eq!(budget.held(), 800, "the third now fits; the cleared one gave its bytes back");
+        jobs[2].prepare(2);
+        assert_eq!(budget.held(), 800, "a new step's drawing replaces the old one's bytes");
     }
 }

@@ -10,7 +10,7 @@ use tokio::sync::{Mutex, watch};
 
 use dpcap_proto::ErrorCode;
 
-use crate::ahead::NoiseAhead;
+use crate::ahead::{AheadBudget, NoiseAhead};
 use crate::audit::{AuditOutcome, Canaries, Placement};
 use crate::blocks::BlockPool;
 use crate::composed::{self, Composed};
@@ -25,16 +25,31 @@ use crate::records::{BudgetKey, DatasetBudget, JobRecord, Registration};
 use crate::release::Release;
 use crate::spending::Spending;
 
-/// What an accountant accepts beyond the safe defaults: both choices are explicit flags.
-#[derive(Debug, Clone, Copy, Default)]
+/// What an accountant accepts beyond the safe defaults (both choices are explicit flags), and
+/// how much memory it may hold ahead.
+#[derive(Debug, Clone, Copy)]
 pub struct Policy {
     /// Accept jobs with `insecure_noise_seed` (tests only; recorded in every charge).
     pub allow_seeded_noise: bool,
     /// Accept jobs on datasets no privacy admin gave a budget (no lifetime limit applies).
     pub allow_unbudgeted_datasets: bool,
-    /// Draw each step's noise only once its parts are in, instead of while the previous step
-    /// computes: 8·P bytes less memory per open job, and a release slower by the noise draw.
-    pub lazy_noise: bool,
+    /// Bytes of noise drawn ahead, across every job whose ranks have attached, at most (8 per
+    /// noised coordinate per job: 1.5 GB at P = 190M). A job past it draws each step's noise
+    /// once its parts are in: a release slower by the draw. 0 never draws ahead.
+    pub noise_ahead_bytes: u64,
+}
+
+/// The default ceiling on noise drawn ahead: two jobs of the paper's P = 190M (1.52 GB each).
+pub const DEFAULT_NOISE_AHEAD_BYTES: u64 = 3 << 30;
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            allow_seeded_noise: false,
+            allow_unbudgeted_datasets: false,
+            noise_ahead_bytes: DEFAULT_NOISE_AHEAD_BYTES,
+        }
+    }
 }
 
 /// A budget with what has been spent of it.
@@ -68,6 +83,8 @@ pub struct Accountant {
     pub(crate) draining: watch::Sender<bool>,
     /// Release blocks, reused from one release to the next (every job's blocks are one size).
     pub(crate) blocks: BlockPool,
+    /// The ceiling on noise drawn ahead, shared by every job.
+    pub(crate) ahead: Arc<AheadBudget>,
 }
 
 impl Accountant {
@@ -83,6 +100,7 @@ impl Accountant {
             ready: AtomicBool::new(false),
             draining: watch::channel(false).0,
             blocks: BlockPool::new(noise::BLOCK_BYTES / 4),
+            ahead: AheadBudget::new(policy.noise_ahead_bytes),
         }
     }
 
@@ -117,7 +135,7 @@ impl Accountant {
             }
             // No noise is drawn ahead at replay (every open job at once would take 8·P bytes
             // each): the first step after a restart draws its own, and ahead resumes after it.
-            let job = build_job(record, self.policy, &self.ledger).await?;
+            let job = build_job(record, self.policy, &self.ledger, &self.ahead).await?;
             tracing::info!(job_id = %job.registration.job_id, charged = job.progress().charged,
                 discarded = job.progress().discarded, "replayed job from ledger");
             self.jobs.write().expect("jobs lock").insert(job.registration.job_id.clone(), Arc::new(job));
@@ -154,17 +172,20 @@ impl Accountant {
         jobs.values().filter(|j| j.progress().phase != Phase::Closed).cloned().collect()
     }
 
-    /// Registers a job's contract (idempotent for an identical one). `planned_steps` is what
-    /// the job plans: a new DP job whose plan its dataset's remaining budget cannot cover is
-    /// refused now, not at the step that would pass it. Returns the job and whether this call
-    /// created it.
-    pub async fn register(
-        &self,
-        registration: Registration,
-        planned_steps: u64,
-    ) -> Result<(Arc<Job>, bool), AccountantError> {
+    /// Registers a job's contract (idempotent for an identical one). A new DP job whose
+    /// planned steps its dataset's budget cannot cover, beside what is spent and what other
+    /// jobs have reserved, is refused now, not at the step that would pass it; an accepted
+    /// one reserves its plan until it ends. Returns the job and whether this call created it.
+    pub async fn register(&self, registration: Registration) -> Result<(Arc<Job>, bool), AccountantError> {
         self.check_ready()?;
         validate_registration(&registration)?;
+        if registration.contract.planned_steps == 0 {
+            // Only ledgers written before the plan was part of the contract hold 0.
+            return Err(AccountantError::invalid(
+                "contract.planned_steps",
+                "0 must be at least 1: a contract states the steps it plans, which its dataset's budget reserves",
+            ));
+        }
         if registration.insecure_noise_seed.is_some() && !self.policy.allow_seeded_noise {
             return Err(AccountantError::invalid(
                 "insecure_noise_seed",
@@ -183,20 +204,19 @@ impl Accountant {
             };
         }
         self.check_lineage(&registration)?;
-        let job = Arc::new(build_job(JobRecord::new(registration.clone()), self.policy, &self.ledger).await?);
-        self.check_plan(&job, planned_steps).await?;
+        let job =
+            Arc::new(build_job(JobRecord::new(registration.clone()), self.policy, &self.ledger, &self.ahead).await?);
+        // One admission at a time per budget: two plans never both fit in the same ε.
+        let key = BudgetKey::of(&registration.contract);
+        let _admission = match self.datasets.lock(&key) {
+            Some(lock) => Some(lock.lock_owned().await),
+            None => None,
+        };
+        self.check_plan(&job).await?;
         let created = self.ledger.register(&registration).await?;
         let mut jobs = self.jobs.write().expect("jobs lock");
-        let job = jobs
-            .entry(registration.job_id.clone())
-            .or_insert_with(|| {
-                if job.spending.max_steps() > 0 {
-                    job.ahead.prepare(0);
-                    job.spending.prepare(1);
-                }
-                job
-            })
-            .clone();
+        // A queued job holds no noise and no ε curve: both come once its ranks attach.
+        let job = jobs.entry(registration.job_id.clone()).or_insert(job).clone();
         tracing::info!(job_id = %registration.job_id, max_steps = job.spending.max_steps(), created, "registered job");
         Ok((job, created))
     }
@@ -223,35 +243,58 @@ impl Accountant {
         Ok(())
     }
 
-    /// Refuses a DP job whose planned steps its dataset's remaining budget cannot cover.
-    async fn check_plan(&self, job: &Job, planned_steps: u64) -> Result<(), AccountantError> {
+    /// Refuses a DP job whose planned steps its dataset's budget cannot cover beside what is
+    /// spent and reserved (every open job's plan), naming the dataset, the unit, the ε spent,
+    /// reserved and left, and what to do.
+    async fn check_plan(&self, job: &Job) -> Result<(), AccountantError> {
         let contract = &job.registration.contract;
         let key = BudgetKey::of(contract);
-        let (Some(budget), true, Some(mechanism)) = (
-            self.datasets.budget_of(&key),
-            contract.mode.is_private() && planned_steps > 0,
-            contract.epsilon_mechanism(),
-        ) else {
+        let (Some(budget), true, Some(mechanism)) =
+            (self.datasets.budget_of(&key), contract.mode.is_private(), contract.epsilon_mechanism())
+        else {
             return Ok(());
         };
-        let others = self.segments(&key, None);
-        let spent = self.datasets.epsilon(&budget, job.spending.kind(), others.clone()).await?;
-        let mut with_plan = others;
-        with_plan.push(Segment { sample_rate: mechanism.1, noise_multiplier: mechanism.2, steps: planned_steps });
-        let planned = self.datasets.epsilon(&budget, job.spending.kind(), with_plan).await?;
+        let kind = job.spending.kind();
+        let spent = self.datasets.epsilon(&budget, kind, self.segments(&key, None)).await?;
+        let mut with_plan = self.reserved_segments(&key);
+        let committed = self.datasets.epsilon(&budget, kind, with_plan.clone()).await?;
+        let steps = contract.planned_steps;
+        with_plan.push(Segment { sample_rate: mechanism.1, noise_multiplier: mechanism.2, steps });
+        let planned = self.datasets.epsilon(&budget, kind, with_plan).await?;
         if planned > budget.epsilon {
+            metrics::record_budget_rejection("dataset_admission");
             return Err(AccountantError::invalid(
                 "steps",
                 format!(
-                    "{planned_steps} planned steps would bring {} to epsilon {planned:.4} of its budget {} at delta \
-                     {:e} (spent {spent:.4}): plan fewer steps or a lower epsilon, or ask its privacy admin",
+                    "{steps} planned steps would bring {} to epsilon {planned:.4} of its budget {} at delta {:e}: \
+                     {spent:.4} is spent and {:.4} reserved by other jobs' plans, {:.4} is free; plan fewer steps \
+                     or a lower epsilon, wait for a running job to end, or ask its privacy admin",
                     key.describe(),
                     budget.epsilon,
-                    budget.delta
+                    budget.delta,
+                    (committed - spent).max(0.0),
+                    (budget.epsilon - committed).max(0.0),
                 ),
             ));
         }
         Ok(())
+    }
+
+    /// Segments of every private job spending `key` as reserved: an open job's whole plan (or
+    /// what it charged, if more: a ledger from before plans), an ended, exhausted or
+    /// suspended one's charged steps only.
+    pub(crate) fn reserved_segments(&self, key: &BudgetKey) -> Vec<Segment> {
+        self.jobs
+            .read()
+            .expect("jobs lock")
+            .values()
+            .filter(|j| spends(&j.registration, key) && j.registration.contract.mode.is_private())
+            .map(|j| {
+                let charged = j.progress().charged;
+                let open = j.progress().phase == Phase::Open && !j.suspended.load(Ordering::SeqCst);
+                segment(j, if open { charged.max(j.registration.contract.planned_steps) } else { charged })
+            })
+            .collect()
     }
 
     /// A rank attaches to its job: its model must have the contract's P. W is checked against
@@ -274,24 +317,68 @@ impl Accountant {
         if job.progress().phase == Phase::Closed {
             return Err(AccountantError::JobClosed { job_id: r.job_id.clone() });
         }
+        // Its ranks have gathered: the next step's noise is drawn now, while they compute (a
+        // queued job holds none).
+        let next = job.progress();
+        job.ahead.prepare_if_idle(next.next_step);
+        if next.charged < job.spending.max_steps() {
+            job.spending.prepare(next.charged + 1);
+        }
         tracing::info!(job_id = %r.job_id, gradient_dim, parts, "rank attached");
         Ok(())
     }
 
-    /// Admits a capability's generation: an older one than the newest seen is refused (its
-    /// group was re-formed); a newer one becomes the newest, and is recorded in the ledger so
-    /// that a restart does not forget it. Returns the newest generation on a refusal.
-    pub async fn admit_generation(&self, job: &Job, generation: u64) -> Result<(), u64> {
+    /// Admits a capability's generation, or says why not: a suspended job admits none (it was
+    /// cancelled or failed), and a generation older than the oldest admitted (its group was
+    /// re-formed or revoked) is refused; a newer one becomes the oldest admitted, recorded in
+    /// the ledger so that a restart does not forget it.
+    pub async fn admit_generation(&self, job: &Job, generation: u64) -> Result<(), String> {
+        if job.suspended.load(Ordering::SeqCst) {
+            return Err("the job is suspended (cancelled or failed at the coordinator)".into());
+        }
         let newest = job.generation.fetch_max(generation, Ordering::SeqCst);
         if generation < newest {
-            return Err(newest);
+            return Err(format!("the group was re-formed or revoked: generation {newest} is the oldest admitted"));
         }
-        if generation > newest
-            && let Err(e) = self.ledger.put_generation(&job.registration.job_id, generation).await
-        {
-            // Memory still refuses older generations; only a restart in this window forgets.
-            tracing::warn!(job_id = %job.registration.job_id, generation, error = %e, "newest generation not recorded");
+        if generation > newest {
+            self.record_fence(job).await;
         }
+        Ok(())
+    }
+
+    /// Records the job's fence (its oldest admitted generation and suspension) in the ledger.
+    async fn record_fence(&self, job: &Job) {
+        let (generation, suspended) = (job.generation.load(Ordering::SeqCst), job.suspended.load(Ordering::SeqCst));
+        if let Err(e) = self.ledger.put_generation(&job.registration.job_id, generation, suspended).await {
+            // Memory still refuses; only a restart in this window would forget.
+            tracing::warn!(job_id = %job.registration.job_id, generation, error = %e, "fence not recorded");
+        }
+    }
+
+    /// The coordinator fences a job: generations below `generation` are refused from now on
+    /// (their pending parts dropped); with `resume`, a group of `generation` starts and a
+    /// suspended job opens to it. A generation below one already admitted is refused.
+    pub async fn fence(&self, job: &Job, generation: u64, resume: bool) -> Result<(), AccountantError> {
+        let id = &job.registration.job_id;
+        let mut state = job.state.lock().await;
+        if job.progress().phase == Phase::Closed {
+            return Err(AccountantError::JobClosed { job_id: id.clone() });
+        }
+        let admitted = job.generation.fetch_max(generation, Ordering::SeqCst);
+        if generation < admitted {
+            return Err(AccountantError::Fenced { job_id: id.clone(), generation, admitted });
+        }
+        if state.pending.as_ref().is_some_and(|p| p.attempt < generation) {
+            state.pending = None;
+        }
+        if resume {
+            job.suspended.store(false, Ordering::SeqCst);
+        }
+        drop(state);
+        self.record_fence(job).await;
+        // Waiting fetches of a revoked generation see the change and end.
+        job.progress.send_modify(|_| {});
+        tracing::info!(job_id = %id, generation, resume, "fenced job");
         Ok(())
     }
 
@@ -371,12 +458,23 @@ impl Accountant {
     }
 
     /// Waits until `step` is released and returns it; fails if it never will be.
-    pub async fn wait_release(&self, job: &Job, step: u64) -> Result<Arc<Release>, AccountantError> {
+    pub async fn wait_release(&self, job: &Job, step: u64, generation: u64) -> Result<Arc<Release>, AccountantError> {
         let mut progress_rx = job.progress.subscribe();
         let mut draining = self.draining.subscribe();
         loop {
             let progress = *progress_rx.borrow_and_update();
             let id = &job.registration.job_id;
+            // A fetch of a generation revoked (or a job suspended) while it waited ends now.
+            let admitted = job.generation.load(Ordering::SeqCst);
+            if job.suspended.load(Ordering::SeqCst) || generation < admitted {
+                return Err(dpcap_serve::capability::CapabilityError::OutOfScope {
+                    job_id: id.clone(),
+                    rank: 0,
+                    generation,
+                    reason: format!("revoked while waiting (generation {admitted} is the oldest admitted)"),
+                }
+                .into());
+            }
             if progress.next_step > step {
                 return self.released(job, step).await;
             }
@@ -477,11 +575,20 @@ impl Accountant {
         Ok(())
     }
 
-    /// A job that may resume (FAILED, CANCELLED) releases what it holds in memory: the next
-    /// step's noise, drawn ahead (8 bytes per coordinate). Its next step draws its own.
-    pub fn suspend(&self, job: &Job, reason: &str) {
+    /// A job that may resume (FAILED, CANCELLED) is suspended: no part or release of any
+    /// generation up to `generation` is served from now on (pending parts are dropped, waiting
+    /// fetches end), and it releases what it holds in memory (the next step's noise, drawn
+    /// ahead: 8 bytes per coordinate). A fence at a later generation resumes it.
+    pub async fn suspend(&self, job: &Job, reason: &str, generation: u64) {
+        let mut state = job.state.lock().await;
+        job.suspended.store(true, Ordering::SeqCst);
+        job.generation.fetch_max(generation.saturating_add(1), Ordering::SeqCst);
+        state.pending = None;
         job.ahead.clear();
-        tracing::info!(job_id = %job.registration.job_id, reason, "suspended job: noise drawn ahead released");
+        drop(state);
+        self.record_fence(job).await;
+        job.progress.send_modify(|_| {});
+        tracing::info!(job_id = %job.registration.job_id, reason, generation, "suspended job: its generations revoked");
     }
 
     /// Sets a budget (a privacy admin's call), then returns it with its spend.
@@ -558,7 +665,12 @@ fn validate_registration(r: &Registration) -> Result<(), AccountantError> {
 }
 
 /// Builds a job's live state from its ledger record (a new job is a record with no charges).
-async fn build_job(record: JobRecord, policy: Policy, ledger: &Ledger) -> Result<Job, AccountantError> {
+async fn build_job(
+    record: JobRecord,
+    policy: Policy,
+    ledger: &Ledger,
+    ahead: &Arc<AheadBudget>,
+) -> Result<Job, AccountantError> {
     let r = record.registration;
     validate_registration(&r)?;
     let noise = match r.insecure_noise_seed {
@@ -602,7 +714,7 @@ async fn build_job(record: JobRecord, policy: Policy, ledger: &Ledger) -> Result
     };
     // Noise covers the model and the audit's reserved coordinates, in one draw and one pass.
     let noised_dim = dim + audit.as_ref().map_or(0, |a| a.reserved());
-    let ahead = NoiseAhead::new(noised_dim, r.contract.noise_std(), noise, !policy.lazy_noise);
+    let ahead = NoiseAhead::new(noised_dim, r.contract.noise_std(), noise, ahead.clone());
     Ok(Job {
         registration: r,
         spending,
@@ -613,6 +725,7 @@ async fn build_job(record: JobRecord, policy: Policy, ledger: &Ledger) -> Result
         progress: watch::channel(progress).0,
         audit,
         generation: AtomicU64::new(record.generation),
+        suspended: record.suspended.into(),
         violation_counted: Default::default(),
     })
 }

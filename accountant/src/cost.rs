@@ -21,7 +21,7 @@ use dpcap_proto::floats;
 use dpcap_proto::v1::{
     AccountantKind, FetchReleaseRequest, Mechanism, PrivacyContract, RegisterJobRequest, ReleaseChunk,
 };
-use dpcap_serve::{Capabilities, Capability, ServerSecurity};
+use dpcap_serve::{Capabilities, Capability, ServerSecurity, StepGrant};
 
 use crate::blocks::{BlockPool, Filler};
 use crate::noise::{self, BLOCK_BYTES, NoiseMode};
@@ -187,7 +187,10 @@ pub async fn breakdown(params: usize, dir: &Path) -> Result<Breakdown, BenchErro
         let sum = Sum::One(checked?.0);
         drop(blocks); // the last pass's release, back to the pool
         let filled = std::sync::Mutex::new(vec![Bytes::new(); params.div_ceil(BLOCK_BYTES / 4)]);
-        ((), add_s) = cpu_of(|| noise::apply_each(&sum, &noise, &pool, |i, b| filled.lock().expect("blocks")[i] = b));
+        let added;
+        (added, add_s) =
+            cpu_of(|| noise::apply_each(&sum, &noise, &pool, |i, b| filled.lock().expect("blocks")[i] = b));
+        added?;
         blocks = filled.into_inner().expect("blocks");
     }
     drop((chunks, noise));
@@ -283,13 +286,24 @@ async fn start(dir: &Path, writer: Writer) -> Result<Running, BenchError> {
         let setup = Setup { ledger, policy, capabilities: Capabilities::new(None) };
         server::serve(dpcap_serve::Listeners { grpc, metrics }, secured, setup, shutdown).await
     });
-    let rank =
-        Capability { job_id: "scale".into(), rank: 0, generation: 0, group: 0, parts: 1, expires_unix_ms: u64::MAX };
-    let credentials =
-        CallCredentials::default().with_capability(CapabilityCell::new(Capabilities::new(None).issue(&rank)));
+    let credentials = CallCredentials::default()
+        .with_capability(CapabilityCell::new(Capabilities::new(None).issue(&rank_capability())));
     let client =
         AccountantClient::lazy(tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?, credentials);
     Ok(Running { client, stop, task })
+}
+
+/// The measured job's one rank (unsigned: the bench's accountant holds no key).
+fn rank_capability() -> Capability {
+    Capability {
+        job_id: "scale".into(),
+        rank: 0,
+        generation: 0,
+        group: 0,
+        parts: 1,
+        expires_unix_ms: u64::MAX,
+        step: None,
+    }
 }
 
 /// Registers the measured job: DP-Cap's mechanism at the options' N and L.
@@ -305,6 +319,7 @@ async fn register(client: &AccountantClient, opts: &CostOptions) -> Result<(), B
             delta: 1.0 / opts.examples as f64,
             epsilon_target: 8.0,
             accountant: AccountantKind::Rdp as i32,
+            planned_steps: opts.warmup + opts.steps.max(1),
             ..Default::default()
         }),
         gradient_dim: opts.params,
@@ -354,8 +369,12 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
         let (mut submitter, mut fetcher) = (client.clone(), client.clone());
         // The rank fetches while it submits, as the worker does: the release streams while the
         // accountant stores it, and its last chunk comes once it is stored.
+        // The step's capability, as the coordinator issues it: the units it sampled (L).
+        let grant = Capability { step: Some(StepGrant { step, sampled: opts.batch }), ..rank_capability() };
+        let grant = Capabilities::new(None).issue(&grant);
         let submit = async {
-            let submitted = submitter.submit_bytes("scale", PartKey { step, part: 0, attempt: 0 }, part.clone()).await;
+            let submitted =
+                submitter.submit_bytes("scale", PartKey { step, part: 0, attempt: 0 }, &grant, part.clone()).await;
             (submitted, started.elapsed().as_secs_f64())
         };
         let ((submitted, stored_s), fetched) = tokio::join!(submit, fetch_timed(&mut fetcher, step));

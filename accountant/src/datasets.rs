@@ -1,9 +1,13 @@
 //! Datasets' lifetime privacy budgets, owned by the data's owners (privacy admins), not by the
 //! jobs that spend them: one component with its own locks. A budget is for a dataset (the
 //! digest of its index, never a URL that could point at other data tomorrow) and one privacy
-//! unit: example-level and user-level jobs on the same data spend different budgets, and a job
-//! whose unit has no budget is refused even when another unit's exists. Every private job of a
-//! budget's unit composes into its spend; a step that would pass it is refused.
+//! unit. **A dataset has a budget of one unit only**: example-level spend does not bound what
+//! one person (with many examples) loses, and user-level spend bounds one example's loss only
+//! through a conversion (docs/accounting.md), so two budgets of different units on the same
+//! data would not bound each other. A budget of a second unit is refused, and so is a job
+//! whose unit is not its dataset's budget's. The NOT PRIVATE allowance is the dataset's: any
+//! of its budgets that forbids it refuses such a job. Every private job composes into its
+//! budget's spend; a step that would pass it is refused.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -79,38 +83,37 @@ impl Datasets {
             check_dataset_id(&contract.dataset_id)?;
         }
         let key = BudgetKey::of(contract);
-        let Some(budget) = self.budget_of(&key) else {
-            let others: Vec<String> = self
-                .budgets
-                .read()
-                .expect("budgets lock")
-                .keys()
-                .filter(|k| k.dataset_id == key.dataset_id && !key.dataset_id.is_empty())
-                .map(|k| k.unit.clone())
-                .collect();
-            if others.is_empty() && self.allow_unbudgeted {
-                return Ok(());
-            }
-            return Err(AccountantError::UnbudgetedDataset {
-                dataset_id: key.dataset_id,
-                unit: key.unit,
-                others: if others.is_empty() { String::new() } else { format!(", only {}-level", others.join("/")) },
-                hint: if others.is_empty() {
-                    ", or the accountant must run with --allow-unbudgeted-datasets"
-                } else {
-                    ""
-                },
-            });
-        };
-        if !budget.allow_not_private && !contract.mode.is_private() {
+        if let Some(other) = self.other_unit(&key) {
+            return Err(AccountantError::invalid(
+                "unit",
+                format!(
+                    "{} is budgeted at the {other} level: its owners bound {other}-level loss, which a {}-level \
+                     job would not be held to; run a {other}-level job, or ask a privacy admin to budget another \
+                     index of the data",
+                    key.dataset_id, key.unit
+                ),
+            ));
+        }
+        // The NOT PRIVATE allowance belongs to the dataset: every budget of it must allow it.
+        let forbids = |b: &DatasetBudget| b.dataset_id == key.dataset_id && !b.allow_not_private;
+        if !contract.mode.is_private() && self.budgets.read().expect("budgets lock").values().any(forbids) {
             let why = if registering {
                 "has a privacy budget and its owners have not allowed NOT PRIVATE jobs on it"
             } else {
                 "no longer allows NOT PRIVATE jobs (its owners changed its budget)"
             };
-            return Err(AccountantError::invalid("privacy", format!("{} {why}", key.describe())));
+            return Err(AccountantError::invalid("privacy", format!("dataset {} {why}", key.dataset_id)));
+        }
+        if self.budget_of(&key).is_none() && !self.allow_unbudgeted {
+            return Err(AccountantError::UnbudgetedDataset { dataset_id: key.dataset_id, unit: key.unit });
         }
         Ok(())
+    }
+
+    /// The unit of another budget on `key`'s dataset, if any.
+    fn other_unit(&self, key: &BudgetKey) -> Option<String> {
+        let budgets = self.budgets.read().expect("budgets lock");
+        budgets.keys().find(|k| k.dataset_id == key.dataset_id && k.unit != key.unit).map(|k| k.unit.clone())
     }
 
     /// The lock that serialises the releases of every job spending `key` (their checks compose).
@@ -150,6 +153,16 @@ impl Datasets {
         check_dataset_id(&key.dataset_id)?;
         privacy::check_epsilon(setting.epsilon)?;
         privacy::check_delta(setting.delta)?;
+        if let Some(other) = self.other_unit(key) {
+            return Err(AccountantError::invalid(
+                "unit",
+                format!(
+                    "{} is budgeted at the {other} level already; a dataset's budget is of one unit, so that no \
+                     job escapes it (change the {other}-level budget, or budget another index of the data)",
+                    key.dataset_id
+                ),
+            ));
+        }
         let lock = self.locks.lock().expect("dataset locks").entry(key.clone()).or_default().clone();
         let _serial = lock.lock().await;
         let recorded = ledger.budget_version(key).await?;
@@ -197,6 +210,7 @@ mod tests {
             dataset_id: format!("sha256:{}", "ab".repeat(32)),
             audit: None,
             init_from_job: None,
+            planned_steps: 100,
         }
     }
 
@@ -214,21 +228,20 @@ mod tests {
     }
 
     #[test]
-    fn a_job_of_another_unit_is_refused_naming_its_unit_even_where_unbudgeted_data_is_allowed() {
+    fn a_job_of_another_unit_than_its_datasets_budget_is_refused_even_where_unbudgeted_data_is_allowed() {
         let datasets = Datasets::new(true);
         let user = PrivacyUnit::User { users_digest: format!("sha256:{}", "cd".repeat(32)) };
         assert!(datasets.check(&contract(user.clone(), Mode::Dp), true).is_ok(), "no budget at all: allowed");
         datasets.load(budget("example", 1));
         assert!(datasets.check(&contract(PrivacyUnit::Example, Mode::Dp), true).is_ok());
         let refused = datasets.check(&contract(user.clone(), Mode::Dp), true).unwrap_err().to_string();
-        assert!(
-            refused.contains("no user-level privacy budget") && refused.contains("only example-level"),
-            "{refused}"
-        );
-        datasets.load(budget("user", 1));
-        assert!(datasets.check(&contract(user, Mode::Dp), true).is_ok());
+        assert!(refused.contains("budgeted at the example level") && refused.contains("user-level job"), "{refused}");
         let baseline = datasets.check(&contract(PrivacyUnit::Example, Mode::NotPrivate), true).unwrap_err();
         assert!(baseline.to_string().contains("not allowed NOT PRIVATE"), "{baseline}");
+        // A ledger from before one unit per dataset, with both: every job is refused.
+        datasets.load(budget("user", 1));
+        assert!(datasets.check(&contract(user, Mode::Dp), true).is_err());
+        assert!(datasets.check(&contract(PrivacyUnit::Example, Mode::Dp), true).is_err());
     }
 
     #[test]

@@ -23,17 +23,13 @@ pub enum AccountantError {
     },
     /// The job trains on a dataset no privacy admin gave a budget for its privacy unit.
     #[error(
-        "dataset {dataset_id:?} has no {unit}-level privacy budget{others}: a privacy admin must set one (dpctl dataset budget set --unit {unit}){hint}"
+        "dataset {dataset_id:?} has no privacy budget: a privacy admin must set one (dpctl dataset budget set --unit {unit}), or the accountant must run with --allow-unbudgeted-datasets"
     )]
     UnbudgetedDataset {
         /// The dataset (index digest; empty when the job named none).
         dataset_id: String,
         /// The job's privacy unit ("example" or "user").
         unit: String,
-        /// ", only a USER-level one" when the dataset has budgets of other units; else "".
-        others: String,
-        /// How else to proceed, if anything (", or the accountant must run with ...").
-        hint: &'static str,
     },
     /// No budget was ever set for this dataset and unit.
     #[error("dataset {dataset_id} has no {unit}-level budget")]
@@ -118,6 +114,35 @@ pub enum AccountantError {
         /// The job.
         job_id: String,
     },
+    /// A fence asked for a generation below one already fenced (a stale coordinator call).
+    #[error("job {job_id}: generation {generation} is already revoked (generation {admitted} is the oldest admitted)")]
+    Fenced {
+        /// The job.
+        job_id: String,
+        /// The generation asked for.
+        generation: u64,
+        /// The oldest generation still admitted.
+        admitted: u64,
+    },
+    /// The step's parts could not have been clipped: nothing is charged or released.
+    #[error(
+        "job {job_id} step {step}: its parts' L2 norms sum to {norms:.6e}, past C = {clipping_norm} times the \
+         {sampled} units sampled ({bound:.6e}): a worker did not clip; nothing was charged or released"
+    )]
+    Unclipped {
+        /// The job.
+        job_id: String,
+        /// The step.
+        step: u64,
+        /// Σ of the parts' L2 norms.
+        norms: f64,
+        /// The contract's C.
+        clipping_norm: f64,
+        /// Units the coordinator sampled for the step.
+        sampled: u64,
+        /// What the norms may sum to.
+        bound: f64,
+    },
     /// The job cannot be audited (yet): registered without canaries, or still open.
     #[error("job {job_id} cannot be audited: {reason}")]
     NotAuditable {
@@ -165,6 +190,8 @@ impl ServiceError for AccountantError {
             StepRefused { code, .. } => *code,
             BudgetExhausted { .. } => ErrorCode::BudgetExhausted,
             JobClosed { .. } => ErrorCode::JobClosed,
+            Fenced { .. } => ErrorCode::FailedPrecondition,
+            Unclipped { .. } => ErrorCode::Unclipped,
             ConflictingPart { .. } | StalePart { .. } => ErrorCode::Aborted,
             ChargedElsewhere { .. } => ErrorCode::ReleaseDiscarded,
             Unavailable(_) => ErrorCode::Unavailable,

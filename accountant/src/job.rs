@@ -71,6 +71,11 @@ pub struct Pending {
     /// That group's nonce: parts of another group with the same generation are never summed
     /// with these.
     pub group: u64,
+    /// Units the step sampled, as every part's step capability states it.
+    pub sampled: u64,
+    /// Σ of the received parts' L2 norms: at most C·sampled when every rank clipped (the
+    /// triangle inequality bounds the sum's own norm by it).
+    pub norms: f64,
 }
 
 /// Mutable step state, behind the job's async mutex (held across the durable charge).
@@ -110,9 +115,13 @@ pub struct Job {
     pub progress: watch::Sender<Progress>,
     /// The job's audit canaries (secret; registered with an audit).
     pub audit: Option<Arc<crate::audit::Canaries>>,
-    /// The newest group generation a verified capability has shown: capabilities of older
-    /// generations (a group since re-formed) are refused.
+    /// The lowest generation still admitted: the newest a verified capability has shown, or
+    /// the coordinator fenced (a group re-formed, a lease expired). Capabilities of older
+    /// generations are refused, whatever their expiry.
     pub generation: AtomicU64,
+    /// Suspended by the coordinator (the job was cancelled or failed): no part or release is
+    /// served until a fence resumes it at a newer generation.
+    pub suspended: std::sync::atomic::AtomicBool,
     /// Whether this process has counted the job's audit violation (once per job, however
     /// often the audit is asked for).
     pub violation_counted: std::sync::atomic::AtomicBool,
@@ -152,6 +161,10 @@ pub struct Part {
     pub parts: u32,
     /// Its group's nonce, as its capability states.
     pub group: u64,
+    /// Its L2 norm, taken in the same pass as the finiteness check and the digest.
+    pub norm: f64,
+    /// Units its step sampled, as the coordinator signed into the part's step capability.
+    pub sampled: u64,
 }
 
 /// Which group computed a part, as its rank's capability states.
@@ -163,6 +176,8 @@ pub struct Attempt {
     pub parts: u32,
     /// The group's nonce (see [`Pending::group`]).
     pub group: u64,
+    /// Units the step sampled (the coordinator's word, in the part's step capability).
+    pub sampled: u64,
 }
 
 /// Collects one part's chunks, checking every chunk against the job's shape. The values are
@@ -181,6 +196,9 @@ pub struct PartAssembler {
     attempt: u64,
     parts: u32,
     group: u64,
+    sampled: u64,
+    /// Σ x² of the values so far.
+    squares: f64,
     /// Gathers the chunks into whole pooled blocks.
     filler: Filler,
 }
@@ -200,7 +218,7 @@ impl PartAssembler {
     /// Starts part `part` of `step` of `job`, computed by the group of `attempt`, to be held in
     /// blocks of `blocks`.
     pub fn new(job: &Job, step: u64, part: u32, attempt: Attempt, blocks: &BlockPool) -> Result<Self, AccountantError> {
-        let Attempt { generation: attempt, parts, group } = attempt;
+        let Attempt { generation: attempt, parts, group, sampled } = attempt;
         let r = &job.registration;
         // Attempts are group generations: a huge one would make every legitimate part stale.
         if attempt > MAX_ATTEMPT {
@@ -225,6 +243,8 @@ impl PartAssembler {
             attempt,
             parts,
             group,
+            sampled,
+            squares: 0.0,
             filler: Filler::new(blocks, dim),
         })
     }
@@ -259,10 +279,11 @@ impl PartAssembler {
                 format!("part has more than gradient_dim {} values ({} so far)", self.dim, received + count),
             ));
         }
-        let (values, hasher) = (&mut self.values, &mut self.hasher);
+        let (values, hasher, squares) = (&mut self.values, &mut self.hasher, &mut self.squares);
         self.filler.fill(&data, |block| {
-            floats::check_finite(&block, values.len() as u64)
-                .map_err(|e| AccountantError::invalid("data", e.to_string()))?;
+            *squares += floats::check_finite(&block, values.len() as u64)
+                .map_err(|e| AccountantError::invalid("data", e.to_string()))?
+                .squares;
             hasher.update(&block);
             values.push(block);
             Ok(())
@@ -285,6 +306,8 @@ impl PartAssembler {
             attempt: self.attempt,
             parts: self.parts,
             group: self.group,
+            norm: self.squares.sqrt(),
+            sampled: self.sampled,
         })
     }
 }

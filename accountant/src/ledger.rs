@@ -10,8 +10,10 @@
 //!   after the charge while it streams to the ranks, and before any rank may apply it (the
 //!   last chunk of a fetch waits for it), so that every rank (a restarted one, a replacement,
 //!   a survivor of an accountant crash) fetches the same bytes until a checkpoint covers it;
-//! - `jobs/{job}/generation.json`: `{"generation": G}`: the newest group generation a rank
-//!   attached with; capabilities of older generations stay refused after a restart;
+//! - `jobs/{job}/generation.json`: `{"generation": G, "suspended": S}`: the lowest group
+//!   generation still admitted (the newest a rank attached with, or the coordinator fenced)
+//!   and whether the coordinator suspended the job (cancelled, failed); capabilities of older
+//!   generations, and any of a suspended job, stay refused after a restart;
 //! - `jobs/{job}/trimmed.json`: `{"before": S}`: releases of steps < S are covered by a
 //!   checkpoint and may have been deleted; it only ever grows;
 //! - `jobs/{job}/discarded/{step:020}`: a charged step whose release was lost (a crash between
@@ -226,10 +228,11 @@ impl Ledger {
         }
     }
 
-    /// Records the newest group generation seen for a job (overwritten as it grows).
-    pub async fn put_generation(&self, job_id: &str, generation: u64) -> Result<(), AccountantError> {
+    /// Records the lowest generation a job admits and whether it is suspended (overwritten).
+    pub async fn put_generation(&self, job_id: &str, generation: u64, suspended: bool) -> Result<(), AccountantError> {
         let path = self.job_path(job_id, "generation.json");
-        let body = serde_json::to_vec(&serde_json::json!({ "generation": generation })).expect("json serialises");
+        let body = serde_json::to_vec(&serde_json::json!({ "generation": generation, "suspended": suspended }))
+            .expect("json serialises");
         self.store.put(&path, PutPayload::from(body)).await?;
         Ok(())
     }
@@ -424,11 +427,11 @@ impl Ledger {
             } else {
                 0
             };
-            let generation = if f.generation {
+            let (generation, suspended) = if f.generation {
                 let v: serde_json::Value = self.read_json(&self.job_path(&job_id, "generation.json")).await?;
-                v["generation"].as_u64().unwrap_or(0)
+                (v["generation"].as_u64().unwrap_or(0), v["suspended"].as_bool().unwrap_or(false))
             } else {
-                0
+                (0, false)
             };
             jobs.push(JobRecord {
                 registration,
@@ -438,6 +441,7 @@ impl Ledger {
                 trimmed_before,
                 closed,
                 generation,
+                suspended,
             });
         }
         Ok(jobs)

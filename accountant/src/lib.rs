@@ -31,6 +31,6 @@ pub mod step;
 pub mod sum;
 pub mod synced;
 
-pub use crate::core::{Accountant, Policy};
+pub use crate::core::{Accountant, DEFAULT_NOISE_AHEAD_BYTES, Policy};
 pub use error::AccountantError;
 pub use step::PartOutcome;

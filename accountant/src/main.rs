@@ -28,11 +28,11 @@ struct Args {
     /// Accept jobs on datasets without a budget set by a privacy admin (no lifetime limit).
     #[arg(long, env = "DPCAP_ALLOW_UNBUDGETED_DATASETS")]
     allow_unbudgeted_datasets: bool,
-    /// Draw each step's noise only when its parts are in, not while the previous step
-    /// computes: saves 8 bytes per gradient coordinate per open job (1.5 GB at P = 190M) at
-    /// the cost of a slower release.
-    #[arg(long, env = "DPCAP_LAZY_NOISE")]
-    lazy_noise: bool,
+    /// Bytes of noise drawn ahead at most, across the jobs whose ranks have attached (8 bytes
+    /// per gradient coordinate per job: 1.5 GB at P = 190M; queued jobs hold none). A job past
+    /// it draws each step's noise when its parts are in, a slower release. 0: never ahead.
+    #[arg(long, env = "DPCAP_NOISE_AHEAD_BYTES", default_value_t = dpcap_accountant::DEFAULT_NOISE_AHEAD_BYTES)]
+    noise_ahead_bytes: u64,
     /// Write {"grpc": ADDR, "metrics": ADDR} here once both ports are bound.
     #[arg(long)]
     addr_file: Option<PathBuf>,
@@ -67,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
     let policy = dpcap_accountant::Policy {
         allow_seeded_noise: args.allow_seeded_noise,
         allow_unbudgeted_datasets: args.allow_unbudgeted_datasets,
-        lazy_noise: args.lazy_noise,
+        noise_ahead_bytes: args.noise_ahead_bytes,
     };
     let setup = dpcap_accountant::server::Setup { ledger, policy, capabilities };
     dpcap_accountant::server::serve(dpcap_serve::Listeners { grpc, metrics }, server, setup, shutdown_signal()).await?;

@@ -26,8 +26,14 @@ pub fn install() -> PrometheusHandle {
             }
             metrics::describe_counter!(
                 "dpcap_budget_rejections_total",
-                "Steps refused because they would pass an epsilon budget, by reason."
+                "Refusals for an epsilon budget, by reason: a step past the job's target (job_target) or its \
+                 dataset's budget (dataset_budget), or a job whose plan its dataset's free budget cannot cover \
+                 (dataset_admission)."
             );
+            // Every reason exists at 0 from the start, so that a dashboard's rate has a series.
+            for reason in REJECTION_REASONS {
+                metrics::counter!("dpcap_budget_rejections_total", "reason" => reason).increment(0);
+            }
             metrics::describe_histogram!(
                 "dpcap_release_duration_seconds",
                 metrics::Unit::Seconds,
@@ -49,7 +55,10 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
-/// Counts one refused step; `reason` is "job_target" or "dataset_budget".
+/// The reasons of `dpcap_budget_rejections_total`.
+pub const REJECTION_REASONS: [&str; 3] = ["job_target", "dataset_budget", "dataset_admission"];
+
+/// Counts one refusal; `reason` is one of [`REJECTION_REASONS`].
 pub fn record_budget_rejection(reason: &'static str) {
     metrics::counter!("dpcap_budget_rejections_total", "reason" => reason).increment(1);
 }

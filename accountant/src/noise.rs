@@ -98,8 +98,18 @@ pub const BLOCK_BYTES: usize = 4 * BLOCK;
 /// are noise alone. A block is written once, as f32 values that become its bytes without a
 /// copy; the sum is read where it lies (a single part in the chunks it arrived in). Blocks come
 /// from `pool` and hold another release's bytes until every value is written here.
-pub fn apply_each(sum: &Sum, noise: &[f64], pool: &BlockPool, sink: impl Fn(usize, Bytes) + Sync) {
+///
+/// A block with a value that is not finite once cast to f32 (a sum and noise past f32's range)
+/// is never handed to `sink`, and the pass returns [`NotFinite`]: such a release is refused
+/// (its step, charged, is discarded), never served.
+pub fn apply_each(
+    sum: &Sum,
+    noise: &[f64],
+    pool: &BlockPool,
+    sink: impl Fn(usize, Bytes) + Sync,
+) -> Result<(), NotFinite> {
     assert!(sum.len() <= noise.len(), "noise drawn for another dimension");
+    let bad = std::sync::Mutex::new(None);
     par_each("noise-add", 0..noise.len().div_ceil(BLOCK), |index| {
         let (start, end) = (index * BLOCK, ((index + 1) * BLOCK).min(noise.len()));
         let summed = end.min(sum.len()).max(start); // this block's coordinates with a sum
@@ -127,8 +137,21 @@ pub fn apply_each(sum: &Sum, noise: &[f64], pool: &BlockPool, sink: impl Fn(usiz
         for (y, n) in tail.iter_mut().zip(&noise[summed..end]) {
             *y = *n as f32;
         }
+        if let Some(at) = block.values_mut().iter().position(|v| !v.is_finite()) {
+            bad.lock().expect("bad lock").get_or_insert(NotFinite { index: (start + at) as u64 });
+            return;
+        }
         sink(index, block.into_bytes());
     });
+    bad.into_inner().expect("bad lock").map_or(Ok(()), Err)
+}
+
+/// A released value that is not finite after its cast to f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the release's value at index {index} is not finite after its cast to f32")]
+pub struct NotFinite {
+    /// Its coordinate.
+    pub index: u64,
 }
 
 /// `out[i] = (x[i] + noise[i]) as f32` for the little-endian f32 values `x` of `bytes`.
@@ -144,7 +167,8 @@ pub fn apply(sum: &Sum, noise: &[f64]) -> Vec<u8> {
     let out = std::sync::Mutex::new(vec![0u8; noise.len() * 4]);
     apply_each(sum, noise, &BlockPool::new(BLOCK), |index, block| {
         out.lock().expect("out lock")[index * BLOCK_BYTES..][..block.len()].copy_from_slice(&block);
-    });
+    })
+    .expect("finite release");
     out.into_inner().expect("out lock")
 }
 
@@ -267,8 +291,22 @@ mod tests {
             let reused = std::sync::Mutex::new(vec![0u8; fresh.len()]);
             apply_each(&sum, &noise, &pool, |index, block| {
                 reused.lock().unwrap()[index * BLOCK_BYTES..][..block.len()].copy_from_slice(&block);
-            });
+            })
+            .unwrap();
             assert_eq!(reused.into_inner().unwrap(), fresh, "a sum of {} values", sum.len());
         }
+    }
+
+    #[test]
+    fn a_release_past_f32s_range_is_refused_and_its_block_never_handed_out() {
+        let dim = BLOCK + 3;
+        let mut noise = draw(dim, 1.0, NoiseMode::Seeded(5), 0).unwrap();
+        noise[BLOCK + 1] = 1e300; // finite in f64, +inf once cast to f32
+        let handed = std::sync::Mutex::new(Vec::new());
+        let refused = apply_each(&ones(dim), &noise, &BlockPool::new(BLOCK), |index, _| {
+            handed.lock().unwrap().push(index);
+        });
+        assert_eq!(refused, Err(NotFinite { index: BLOCK as u64 + 1 }));
+        assert_eq!(handed.into_inner().unwrap(), [0], "only the finite block reached the release");
     }
 }

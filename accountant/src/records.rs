@@ -118,6 +118,8 @@ impl LegacyRegistration {
             dataset_id: self.dataset_id,
             audit: (self.audit_canaries > 0).then_some(Audit { canaries: self.audit_canaries, placement }),
             init_from_job: None,
+            // Before plans were part of the contract: no limit but ε, no reservation.
+            planned_steps: 0,
         };
         Ok(Registration {
             job_id: self.job_id,
@@ -159,8 +161,10 @@ pub struct JobRecord {
     pub trimmed_before: u64,
     /// The reason given when the job was closed, if it was.
     pub closed: Option<String>,
-    /// The newest group generation a rank attached with.
+    /// The lowest group generation still admitted.
     pub generation: u64,
+    /// Whether the coordinator suspended the job (cancelled, failed).
+    pub suspended: bool,
 }
 
 impl JobRecord {
@@ -174,6 +178,7 @@ impl JobRecord {
             trimmed_before: 0,
             closed: None,
             generation: 0,
+            suspended: false,
         }
     }
 }
@@ -287,6 +292,7 @@ mod tests {
                     dataset_id: String::new(),
                     audit: (i % 2 == 1).then_some(Audit { canaries: 1000, placement: Placement::Reserved }),
                     init_from_job: (i % 7 == 0).then(|| "job-0".to_owned()),
+                    planned_steps: 100,
                 },
                 gradient_dim: 1 << 20,
                 insecure_noise_seed: (i % 11 == 0).then_some(i as u64),

@@ -10,8 +10,9 @@ use dpcap_proto::to_status;
 use dpcap_proto::v1::accountant_service_server::AccountantService;
 use dpcap_proto::v1::{
     self as pb, AttachJobRequest, AuditJobRequest, AuditReport, CloseJobRequest, EstimateRequest, EstimateResponse,
-    FetchReleaseRequest, GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, JobSpend, RegisterJobRequest,
-    RegisterJobResponse, ReleaseChunk, SetDatasetBudgetRequest, SubmitPartResponse, TrimReleasesRequest,
+    FenceJobRequest, FetchReleaseRequest, GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, JobSpend,
+    RegisterJobRequest, RegisterJobResponse, ReleaseChunk, SetDatasetBudgetRequest, SubmitPartResponse,
+    TrimReleasesRequest,
 };
 use dpcap_serve::capability::{Capabilities, Capability, CapabilityError, now_unix_ms};
 use futures::{Stream, StreamExt};
@@ -49,6 +50,12 @@ impl AccountantGrpc {
     /// The capability `request` carries, verified and scoped to `job` and its newest generation.
     async fn capability(&self, metadata: &MetadataMap, job: &Job) -> Result<Capability, AccountantError> {
         let text = metadata.get(CAPABILITY_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        self.verify(text, job).await
+    }
+
+    /// A capability's text, verified (signature, expiry) and scoped to `job`, a generation it
+    /// still admits, and a job it has not suspended.
+    async fn verify(&self, text: &str, job: &Job) -> Result<Capability, AccountantError> {
         let capability = self.capabilities.verify(text, now_unix_ms())?;
         let out_of_scope = |reason: String| CapabilityError::OutOfScope {
             job_id: capability.job_id.clone(),
@@ -66,10 +73,44 @@ impl AccountantGrpc {
                 format!("{} exceeds {MAX_ATTEMPT}", capability.generation),
             ));
         }
-        if let Err(newest) = self.accountant.admit_generation(job, capability.generation).await {
-            return Err(out_of_scope(format!("the group was re-formed: generation {newest} is current")).into());
+        if let Err(reason) = self.accountant.admit_generation(job, capability.generation).await {
+            return Err(out_of_scope(reason).into());
         }
         Ok(capability)
+    }
+
+    /// The capability of a part: its step's (the first chunk's `step_capability`, else the
+    /// call's), which must state this step and the units the coordinator sampled for it.
+    async fn part_capability(
+        &self,
+        metadata: &MetadataMap,
+        first: &GradientChunk,
+        job: &Job,
+    ) -> Result<(Capability, u64), AccountantError> {
+        let capability = match first.step_capability.is_empty() {
+            true => self.capability(metadata, job).await?,
+            false => self.verify(&first.step_capability, job).await?,
+        };
+        let scope = |reason: String| CapabilityError::OutOfScope {
+            job_id: capability.job_id.clone(),
+            rank: capability.rank,
+            generation: capability.generation,
+            reason,
+        };
+        if capability.generation != first.attempt || capability.rank != first.part {
+            return Err(scope(format!("the part is part {} of attempt {}", first.part, first.attempt)).into());
+        }
+        match capability.step {
+            Some(grant) if grant.step == first.step => Ok((capability.clone(), grant.sampled)),
+            Some(grant) => {
+                Err(scope(format!("it is step {}'s; the part is of step {}", grant.step, first.step)).into())
+            }
+            None => Err(scope(format!(
+                "a part needs its step's capability (StepWork.capability, which states the units sampled for step {})",
+                first.step
+            ))
+            .into()),
+        }
     }
 }
 
@@ -129,10 +170,8 @@ impl AccountantService for AccountantGrpc {
         &self,
         request: Request<RegisterJobRequest>,
     ) -> Result<Response<RegisterJobResponse>, Status> {
-        let request = request.into_inner();
-        let planned_steps = request.planned_steps;
-        let registration = registration_from_proto(request).map_err(to_status)?;
-        let (job, created) = self.accountant.register(registration, planned_steps).await.map_err(to_status)?;
+        let registration = registration_from_proto(request.into_inner()).map_err(to_status)?;
+        let (job, created) = self.accountant.register(registration).await.map_err(to_status)?;
         Ok(Response::new(RegisterJobResponse { spend: Some(spend(&job)), created }))
     }
 
@@ -165,16 +204,8 @@ impl AccountantService for AccountantGrpc {
             .ok_or_else(|| Status::invalid_argument("invalid values: the part stream is empty"))?;
         let job = self.accountant.job(&first.job_id).map_err(to_status)?;
         // The capability decides before a byte of the part is kept: nothing is charged on it.
-        let capability = self.capability(&metadata, &job).await.map_err(to_status)?;
-        if capability.generation != first.attempt || capability.rank != first.part {
-            return Err(to_status(AccountantError::from(CapabilityError::OutOfScope {
-                job_id: capability.job_id,
-                rank: capability.rank,
-                generation: capability.generation,
-                reason: format!("the part is part {} of attempt {}", first.part, first.attempt),
-            })));
-        }
-        let attempt = Attempt { generation: first.attempt, parts: capability.parts, group: capability.group };
+        let (capability, sampled) = self.part_capability(&metadata, &first, &job).await.map_err(to_status)?;
+        let attempt = Attempt { generation: first.attempt, parts: capability.parts, group: capability.group, sampled };
         let mut assembler =
             PartAssembler::new(&job, first.step, first.part, attempt, &self.accountant.blocks).map_err(to_status)?;
         let mut next = Some(first);
@@ -213,7 +244,7 @@ impl AccountantService for AccountantGrpc {
         request: Request<FetchReleaseRequest>,
     ) -> Result<Response<Self::FetchReleaseStream>, Status> {
         let job = self.accountant.job(&request.get_ref().job_id).map_err(to_status)?;
-        self.capability(request.metadata(), &job).await.map_err(to_status)?;
+        let capability = self.capability(request.metadata(), &job).await.map_err(to_status)?;
         let request = request.into_inner();
         let chunk_values = match request.chunk_values as usize {
             0 => DEFAULT_CHUNK_VALUES,
@@ -225,7 +256,8 @@ impl AccountantService for AccountantGrpc {
                 )));
             }
         };
-        let release = self.accountant.wait_release(&job, request.step).await.map_err(to_status)?;
+        let release =
+            self.accountant.wait_release(&job, request.step, capability.generation).await.map_err(to_status)?;
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let mut first_spend = Some(JobSpend { epsilon_spent: release.epsilon_after, ..spend(&job) });
@@ -303,7 +335,7 @@ impl AccountantService for AccountantGrpc {
         let request = request.into_inner();
         let job = self.accountant.job(&request.job_id).map_err(to_status)?;
         if request.resumable {
-            self.accountant.suspend(&job, &request.reason);
+            self.accountant.suspend(&job, &request.reason, request.generation).await;
             return Ok(Response::new(spend(&job)));
         }
         let (accountant, closing) = (self.accountant.clone(), job.clone());
@@ -313,6 +345,19 @@ impl AccountantService for AccountantGrpc {
             .map_err(|e| to_status(AccountantError::Internal(format!("close task failed: {e}"))))?
             .map_err(to_status)?;
         Ok(Response::new(spend(&job)))
+    }
+
+    async fn fence_job(&self, request: Request<FenceJobRequest>) -> Result<Response<JobSpend>, Status> {
+        let request = request.into_inner();
+        let job = self.accountant.job(&request.job_id).map_err(to_status)?;
+        let (accountant, fencing) = (self.accountant.clone(), job.clone());
+        // Run to the end whatever the client does: a revocation is made durable or not at all.
+        tokio::spawn(async move { accountant.fence(&fencing, request.generation, request.resume).await })
+            .await
+            .map_err(|e| to_status(AccountantError::Internal(format!("fence task failed: {e}"))))?
+            .map_err(to_status)?;
+        let epsilon_composed = self.accountant.epsilon_composed(&job).await.map_err(to_status)?;
+        Ok(Response::new(JobSpend { epsilon_composed, ..spend(&job) }))
     }
 
     async fn trim_releases(&self, request: Request<TrimReleasesRequest>) -> Result<Response<JobSpend>, Status> {

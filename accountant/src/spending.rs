@@ -6,9 +6,12 @@
 //! Each step's ε is computed once, and the next step's is computed in the background while the
 //! step trains ([`Spending::prepare`]), so a low σ (large PLD grids: ~1 s per evaluation at
 //! σ = 0.065) never sits on the release path.
+//!
+//! The one-step work (a PLD's discretisation: megabytes) is kept only once a job asks for ε,
+//! i.e. once it runs: a queued job holds its step limit and nothing more.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::task::JoinHandle;
 
@@ -19,14 +22,39 @@ use crate::privacy::{self, AccountantKind, EpsilonCurve};
 /// ε values kept per job (one per step, from the oldest still asked for).
 const MEMO_KEPT: usize = 8;
 
-type Computing = JoinHandle<f64>;
+type Computing = JoinHandle<Result<f64, privacy::PrivacyError>>;
+
+/// A job's ε curve, built on first use from its mechanism.
+#[derive(Debug)]
+struct Curve {
+    kind: AccountantKind,
+    sample_rate: f64,
+    noise_multiplier: f64,
+    delta: f64,
+    built: OnceLock<EpsilonCurve>,
+}
+
+impl Curve {
+    /// The curve, built now if it was not (a blocking computation: call it off the runtime).
+    fn get(&self) -> Result<&EpsilonCurve, privacy::PrivacyError> {
+        if let Some(curve) = self.built.get() {
+            return Ok(curve);
+        }
+        let curve = EpsilonCurve::new(self.kind, self.sample_rate, self.noise_multiplier, self.delta)?;
+        Ok(self.built.get_or_init(|| curve))
+    }
+
+    fn epsilon_after(&self, steps: u64) -> Result<f64, privacy::PrivacyError> {
+        Ok(self.get()?.epsilon_after(steps))
+    }
+}
 
 /// One job's ε per step (see the module docs).
 #[derive(Debug)]
 pub struct Spending {
     mode: Mode,
     /// None for a baseline.
-    curve: Option<EpsilonCurve>,
+    curve: Option<Arc<Curve>>,
     max_steps: u64,
     memo: Mutex<BTreeMap<u64, f64>>,
     ahead: Mutex<Option<(u64, Computing)>>,
@@ -41,19 +69,19 @@ impl Spending {
             let spending = Self::with(mode, None, privacy::calibrate::STEPS_LIMIT);
             return Ok((spending, if charged == 0 { 0.0 } else { f64::INFINITY }));
         };
-        let (curve, max_steps, spent) = AccountantError::blocking(move || -> Result<_, privacy::PrivacyError> {
+        let (max_steps, spent) = AccountantError::blocking(move || -> Result<_, privacy::PrivacyError> {
             let curve = EpsilonCurve::new(kind, q, sigma, delta)?;
             let max_steps = privacy::max_steps(&curve, target).unwrap_or(privacy::calibrate::STEPS_LIMIT);
-            let spent = curve.epsilon_after(charged);
-            Ok((curve, max_steps, spent))
+            Ok((max_steps, curve.epsilon_after(charged)))
         })
         .await??;
-        let spending = Self::with(mode, Some(curve), max_steps);
+        let curve = Curve { kind, sample_rate: q, noise_multiplier: sigma, delta, built: OnceLock::new() };
+        let spending = Self::with(mode, Some(Arc::new(curve)), max_steps);
         spending.memo.lock().expect("memo lock").insert(charged, spent);
         Ok((spending, spent))
     }
 
-    fn with(mode: Mode, curve: Option<EpsilonCurve>, max_steps: u64) -> Self {
+    fn with(mode: Mode, curve: Option<Arc<Curve>>, max_steps: u64) -> Self {
         Self { mode, curve, max_steps, memo: Mutex::default(), ahead: Mutex::new(None) }
     }
 
@@ -64,12 +92,17 @@ impl Spending {
 
     /// The accountant the ε comes from (RDP for a simulation; PLD, unused, for a baseline).
     pub fn kind(&self) -> AccountantKind {
-        self.curve.as_ref().map_or(AccountantKind::Pld, EpsilonCurve::kind)
+        self.curve.as_ref().map_or(AccountantKind::Pld, |c| c.kind)
     }
 
     /// The most steps within the ε target.
     pub fn max_steps(&self) -> u64 {
         self.max_steps
+    }
+
+    /// Whether the one-step work is held (tests: a queued job holds none).
+    pub fn curve_built(&self) -> bool {
+        self.curve.as_ref().is_some_and(|c| c.built.get().is_some())
     }
 
     /// Starts computing ε after `steps` in the background (replacing any other).
@@ -100,7 +133,7 @@ impl Spending {
             Some((_, task)) => task.await,
             None => tokio::task::spawn_blocking(move || curve.epsilon_after(steps)).await,
         }
-        .map_err(|e| AccountantError::Internal(format!("epsilon task failed: {e}")))?;
+        .map_err(|e| AccountantError::Internal(format!("epsilon task failed: {e}")))??;
         let mut memo = self.memo.lock().expect("memo lock");
         memo.insert(steps, epsilon);
         while memo.len() > MEMO_KEPT {
@@ -126,6 +159,7 @@ mod tests {
             dataset_id: String::new(),
             audit: None,
             init_from_job: None,
+            planned_steps: 100,
         }
     }
 
@@ -136,6 +170,7 @@ mod tests {
         assert_eq!(spent, 0.0);
         ahead.prepare(7);
         let (now, _) = Spending::build(&c, 0).await.unwrap();
+        assert!(!now.curve_built(), "built on first use only");
         assert_eq!(ahead.epsilon_after(7).await.unwrap(), now.epsilon_after(7).await.unwrap());
         assert!(ahead.ahead.lock().unwrap().is_none(), "taken once");
         assert_eq!(ahead.epsilon_after(7).await.unwrap(), now.epsilon_after(7).await.unwrap(), "then remembered");

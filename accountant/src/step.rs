@@ -42,7 +42,7 @@ impl Accountant {
     /// Adds one complete part. When it is the last of the W parts, charges and releases the
     /// step before returning.
     pub async fn submit_part(&self, job: &Job, part: Part) -> Result<PartOutcome, AccountantError> {
-        let Part { step, part, values, digest, attempt, parts, group } = part;
+        let Part { step, part, values, digest, attempt, parts, group, norm, sampled } = part;
         let r = &job.registration;
         let mut state = job.state.lock().await;
         let progress = job.progress();
@@ -79,12 +79,23 @@ impl Accountant {
             started: Instant::now(),
             attempt,
             group,
+            sampled,
+            norms: 0.0,
         });
         let expected = pending.digests.len() as u32;
         if expected != parts {
             return Err(AccountantError::invalid(
                 "parts",
                 format!("attempt {attempt} of step {step} sums {expected} parts; this capability says {parts}"),
+            ));
+        }
+        if pending.sampled != sampled {
+            return Err(AccountantError::invalid(
+                "step_capability",
+                format!(
+                    "step {step}'s parts state {} sampled units; this part's capability says {sampled}",
+                    pending.sampled
+                ),
             ));
         }
         let slot = &mut pending.digests[part as usize];
@@ -94,6 +105,7 @@ impl Accountant {
             None => {
                 *slot = Some(digest);
                 pending.sum.add(values);
+                pending.norms += norm;
                 true
             }
         };
@@ -142,6 +154,7 @@ impl Accountant {
                 r.gradient_dim
             )));
         }
+        check_clipped(job, step, pending)?;
         let progress = job.progress();
         let epsilon_after = job.spending.epsilon_after(progress.charged + 1).await?;
         let contract = &r.contract;
@@ -239,7 +252,7 @@ impl Accountant {
                 if let Some(canaries) = canaries {
                     canaries.inject(step, &mut noise, 1.0);
                 }
-                noise::apply_each(&sum, &noise, &blocks, |index, block| release.fill(index, block));
+                noise::apply_each(&sum, &noise, &blocks, |index, block| release.fill(index, block))
             })
         };
         job.keep_release(release.clone());
@@ -267,15 +280,21 @@ impl Accountant {
         let r = &job.registration;
         let Filling { release, pass, stored, noising } = filling;
         let passed = async {
-            let passed = pass.await.is_ok();
-            if !passed {
+            let passed = match pass.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(not_finite)) => Err(format!("it was refused: {not_finite}")),
+                Err(e) => Err(format!("the noise pass failed: {e}")),
+            };
+            if passed.is_err() {
                 release.fail(); // wakes the store and the fetches waiting for its blocks
             }
             (passed, noising.elapsed().as_secs_f64())
         };
         let ((passed, noise_s), put) = tokio::join!(passed, self.ledger.put_release(&r.job_id, step, &release));
-        let put =
-            if passed { put } else { Err(AccountantError::Internal(format!("noise pass of step {step} failed"))) };
+        let put = match passed {
+            Ok(()) => put,
+            Err(why) => Err(AccountantError::Internal(format!("release of step {step}: {why}"))),
+        };
         if let Err(e) = put {
             release.fail();
             stored.send_replace(Stored::Failed);
@@ -348,7 +367,7 @@ impl Accountant {
 /// A release being filled by its noise pass.
 struct Filling {
     release: std::sync::Arc<Release>,
-    pass: tokio::task::JoinHandle<()>,
+    pass: tokio::task::JoinHandle<Result<(), noise::NotFinite>>,
     stored: watch::Sender<Stored>,
     noising: Instant,
 }
@@ -373,6 +392,30 @@ fn discard_charged(job: &Job, state: &mut StepState, step: u64, epsilon_after: f
     });
 }
 
+/// Relative slack on C·sampled for the f32 arithmetic of honest parts: each rank sums up to
+/// L/W clipped vectors in f32 (and NCCL sums W parts), which can stray from the exact sum by
+/// γ_n ≈ n·2⁻²⁴ of the terms' magnitudes in the worst case, far below this.
+pub const CLIP_SLACK: f64 = 1e-3;
+
+/// The step's parts could have come from clipped examples only: Σ_r ‖S_r‖ ≤ C·n (1 + slack),
+/// n the units the coordinator sampled. Honest ranks always pass (each ‖S_r‖ ≤ C·n_r), and a
+/// passing sum satisfies ‖Σ_r S_r‖ ≤ C·n by the triangle inequality.
+fn check_clipped(job: &Job, step: u64, pending: &Pending) -> Result<(), AccountantError> {
+    let clipping_norm = job.registration.contract.mechanism.clipping_norm;
+    let bound = clipping_norm * pending.sampled as f64 * (1.0 + CLIP_SLACK);
+    if pending.norms.is_nan() || pending.norms > bound {
+        return Err(AccountantError::Unclipped {
+            job_id: job.registration.job_id.clone(),
+            step,
+            norms: pending.norms,
+            clipping_norm,
+            sampled: pending.sampled,
+            bound,
+        });
+    }
+    Ok(())
+}
+
 fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), AccountantError> {
     let id = &job.registration.job_id;
     match progress.phase {
@@ -386,6 +429,15 @@ fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), Acco
             ));
         }
         Phase::Open => {}
+    }
+    let planned = job.registration.contract.planned_steps;
+    if planned > 0 && progress.charged >= planned {
+        return Err(AccountantError::refused(
+            id,
+            step,
+            ErrorCode::BudgetExhausted,
+            format!("its contract plans {planned} steps, all charged: no step past the plan is charged"),
+        ));
     }
     if step < progress.next_step {
         return Err(AccountantError::refused(

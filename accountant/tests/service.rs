@@ -245,16 +245,39 @@ async fn bad_input_is_refused_with_a_clear_status_and_loses_nothing() {
     nan[3] = f32::NAN;
     expect(client.submit_part("bad", 0, 1, &nan).await, Code::InvalidArgument, &["not finite", "index 3"]);
     let gap = vec![
-        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 0, data: to_bytes(&part(1, 4)), attempt: 0 },
-        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 5, data: to_bytes(&part(1, 6)), attempt: 0 },
+        GradientChunk {
+            job_id: "bad".into(),
+            step: 0,
+            part: 1,
+            offset: 0,
+            data: to_bytes(&part(1, 4)),
+            attempt: 0,
+            ..Default::default()
+        },
+        GradientChunk {
+            job_id: "bad".into(),
+            step: 0,
+            part: 1,
+            offset: 5,
+            data: to_bytes(&part(1, 6)),
+            attempt: 0,
+            ..Default::default()
+        },
     ];
     expect(
         client.raw_for("bad", 1).submit_part(futures::stream::iter(gap)).await,
         Code::InvalidArgument,
         &["offset 5", "expected 4"],
     );
-    let ragged =
-        GradientChunk { job_id: "bad".into(), step: 0, part: 1, offset: 0, data: vec![0u8; 7].into(), attempt: 0 };
+    let ragged = GradientChunk {
+        job_id: "bad".into(),
+        step: 0,
+        part: 1,
+        offset: 0,
+        data: vec![0u8; 7].into(),
+        attempt: 0,
+        ..Default::default()
+    };
     expect(
         client.raw_for("bad", 1).submit_part(futures::stream::iter([ragged])).await,
         Code::InvalidArgument,
@@ -405,13 +428,13 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     let server = AccountantProcess::start_strict(dir.path(), &[]).await;
     let mut client = server.client().await;
     let dataset = format!("sha256:{}", "5e".repeat(32));
-    let on_dataset = |id: &str| {
+    let on_dataset = |id: &str, steps: u64| {
         let mut r = job(id, 0.05, 2.0, 1.0, 100.0, 4, 1, None);
-        contract(&mut r).dataset_id = dataset.clone();
+        (contract(&mut r).dataset_id, contract(&mut r).planned_steps) = (dataset.clone(), steps);
         r
     };
     // Without a budget, the safe default refuses the job; a job can never bring its own.
-    let unbudgeted = client.raw().register_job(on_dataset("early")).await.unwrap_err();
+    let unbudgeted = client.raw().register_job(on_dataset("early", 10)).await.unwrap_err();
     assert_eq!(unbudgeted.code(), Code::FailedPrecondition, "{unbudgeted}");
     assert!(unbudgeted.message().contains("privacy admin"), "{unbudgeted}");
     let by_url = client
@@ -436,10 +459,19 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
         allow_not_private: false,
         ..Default::default()
     };
+    let budget = client.raw().set_dataset_budget(set(2.0, "owner's lifetime budget")).await.unwrap().into_inner();
+    assert_eq!((budget.epsilon_budget, budget.version), (2.0, 1));
+    // Two plans that together fit the budget are admitted; a third is not, though nothing is
+    // spent yet: the budget is reserved at admission, never promised twice.
+    let at_two = max_steps(&EpsilonCurve::new(AccountantKind::Pld, 0.05, 2.0, 1e-5).unwrap(), 2.0).unwrap();
+    client.raw().register_job(on_dataset("first", at_two / 2)).await.unwrap();
+    client.raw().register_job(on_dataset("second", at_two / 2)).await.unwrap();
+    let promised = client.raw().register_job(on_dataset("third", 2)).await.unwrap_err();
+    assert_eq!(promised.code(), Code::InvalidArgument, "{promised}");
+    assert!(promised.message().contains("reserved by other jobs' plans"), "{promised}");
+    // The owner lowers the budget to 1: the per-step check holds the running jobs to it.
     let budget = client.raw().set_dataset_budget(set(1.0, "owner's lifetime budget")).await.unwrap().into_inner();
-    assert_eq!((budget.epsilon_budget, budget.version), (1.0, 1));
-    client.raw().register_job(on_dataset("first")).await.unwrap();
-    client.raw().register_job(on_dataset("second")).await.unwrap();
+    assert_eq!((budget.epsilon_budget, budget.version), (1.0, 2));
     // Alternate the two jobs until the dataset budget refuses one of them.
     let (mut steps, mut refused) = ([0u64; 2], None);
     'outer: for _ in 0..500 {
@@ -462,10 +494,9 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     let one_job = max_steps(&EpsilonCurve::new(AccountantKind::Pld, 0.05, 2.0, 1e-5).unwrap(), 1.0).unwrap();
     assert!(steps[0] + steps[1] <= one_job + 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
     assert!(steps[0] + steps[1] >= one_job - 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
-    // A third job on the spent dataset is refused at its first step.
-    client.raw().register_job(on_dataset("third")).await.unwrap();
-    let third = client.submit_part("third", 0, 0, &part(3, 4)).await.unwrap_err();
-    assert_eq!(ErrorCode::of(&third), Some(ErrorCode::BudgetExhausted), "{third}");
+    // A third job on the spent dataset is refused at admission.
+    let third = client.raw().register_job(on_dataset("third", 1)).await.unwrap_err();
+    assert!(third.message().contains("free"), "{third}");
     let shown = client
         .raw()
         .get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset.clone(), ..Default::default() })
@@ -473,9 +504,11 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
         .unwrap()
         .into_inner();
     assert!(shown.epsilon_spent <= 1.0 && shown.epsilon_spent > 0.9, "{shown:?}");
-    assert_eq!(shown.jobs, vec!["first", "second", "third"]);
+    assert_eq!(shown.jobs, vec!["first", "second"]);
     let metrics = server.scrape().await;
-    assert!(metrics.contains("dpcap_budget_rejections_total{reason=\"dataset_budget\"} 2"), "{metrics}");
+    assert!(metrics.contains("dpcap_budget_rejections_total{reason=\"dataset_budget\"} 1"), "{metrics}");
+    assert!(metrics.contains("dpcap_budget_rejections_total{reason=\"dataset_admission\"} 2"), "{metrics}");
+    assert!(metrics.contains("dpcap_budget_rejections_total{reason=\"job_target\"} 0"), "at 0 from the start");
     assert!(
         metrics.contains(&format!("dpcap_dataset_epsilon_budget{{dataset=\"{dataset}\",unit=\"example\"}} 1")),
         "{metrics}"
@@ -484,13 +517,13 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     // Every change is in the append-only audit log and survives a restart.
     client.raw().set_dataset_budget(set(2.0, "owner approved a second study")).await.unwrap();
     let audit = dir.path().join("datasets").join(dataset.replace(':', "-")).join("audit");
-    assert_eq!(std::fs::read_dir(&audit).unwrap().count(), 2, "one create-once entry per change");
+    assert_eq!(std::fs::read_dir(&audit).unwrap().count(), 3, "one create-once entry per change");
     server.kill();
     // A change whose audit entry landed but whose copy (budget.json) did not: the audit log is
     // the record, and the next change is numbered after it instead of failing forever.
-    let second = std::fs::read_to_string(audit.join(format!("{:020}.json", 2))).unwrap();
-    let third = second.replace("\"version\": 2", "\"version\": 3").replace("\"epsilon\": 2.0", "\"epsilon\": 3.0");
-    std::fs::write(audit.join(format!("{:020}.json", 3)), third).unwrap();
+    let last = std::fs::read_to_string(audit.join(format!("{:020}.json", 3))).unwrap();
+    let lost = last.replace("\"version\": 3", "\"version\": 4").replace("\"epsilon\": 2.0", "\"epsilon\": 3.0");
+    std::fs::write(audit.join(format!("{:020}.json", 4)), lost).unwrap();
     let server = AccountantProcess::start_strict(dir.path(), &[]).await;
     let mut client = server.client().await;
     let shown = client
@@ -499,9 +532,10 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((shown.epsilon_budget, shown.version), (3.0, 3), "the newest audit entry is in force");
+    assert_eq!((shown.epsilon_budget, shown.version), (3.0, 4), "the newest audit entry is in force");
     let next = client.raw().set_dataset_budget(set(2.5, "after a lost copy")).await.unwrap().into_inner();
-    assert_eq!(next.version, 4);
+    assert_eq!(next.version, 5);
+    client.raw().register_job(on_dataset("third", 1)).await.expect("the raised budget admits the third job");
     client.submit_part("third", 0, 0, &part(3, 4)).await.expect("the raised budget lets the third job run");
 }
 
@@ -801,52 +835,59 @@ async fn a_capability_scopes_a_rank_to_its_job_part_and_generation_and_nothing_e
 
 type SubmitPartResponseAlias = dpcap_proto::v1::SubmitPartResponse;
 
-/// Example-level and user-level ε of the same data are different guarantees: a budget is for
-/// one privacy unit, a job of another unit on the dataset is refused naming its unit until the
-/// privacy admin sets a budget for that unit, and each budget composes only its own unit's jobs.
+/// Example-level and user-level budgets of the same data would not bound each other, so a
+/// dataset's budget is of one unit: a job of the other unit is refused naming both and what to
+/// do, even by an accountant that allows unbudgeted datasets, and so is a budget of a second
+/// unit; the NOT PRIVATE allowance is the dataset's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jobs_of_another_privacy_unit_need_a_budget_of_their_own_and_never_compose_with_others() {
+async fn a_datasets_budget_is_of_one_unit_and_jobs_or_budgets_of_the_other_unit_are_refused() {
     use dpcap_proto::v1::PrivacyUnit;
     let dir = tempfile::tempdir().unwrap();
-    // Even an accountant that allows unbudgeted datasets refuses the other unit here.
     let server = AccountantProcess::start(dir.path(), &[]).await;
     let mut client = server.client().await;
     let dataset = format!("sha256:{}", "9c".repeat(32));
-    let on = |id: &str, unit: PrivacyUnit| {
-        let mut r = job(id, 0.05, 2.0, 1.0, 100.0, 4, 1, None);
+    let on = |id: &str, unit: PrivacyUnit, sigma: f64| {
+        let mut r = job(id, 0.05, sigma, 1.0, 100.0, 4, 1, None);
         let c = contract(&mut r);
         (c.dataset_id, c.unit) = (dataset.clone(), unit as i32);
         if unit == PrivacyUnit::User {
             c.users_digest = format!("sha256:{}", "11".repeat(32));
         }
+        if sigma == 0.0 {
+            c.epsilon_target = 0.0;
+        }
         r
     };
-    let budget = |unit: PrivacyUnit| SetDatasetBudgetRequest {
+    let budget = |unit: PrivacyUnit, allow_not_private: bool| SetDatasetBudgetRequest {
         dataset_id: dataset.clone(),
-        epsilon: 3.0,
+        epsilon: 20.0,
         delta: 1e-5,
         reason: "owners".into(),
         unit: unit as i32,
-        ..Default::default()
+        allow_not_private,
     };
-    client.raw().set_dataset_budget(budget(PrivacyUnit::Example)).await.unwrap();
-    client.raw().register_job(on("examples", PrivacyUnit::Example)).await.unwrap();
-    let refused = client.raw().register_job(on("users", PrivacyUnit::User)).await.unwrap_err();
-    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
-    assert!(refused.message().contains("no user-level privacy budget"), "names the unit: {refused}");
-    client.raw().set_dataset_budget(budget(PrivacyUnit::User)).await.unwrap();
-    client.raw().register_job(on("users", PrivacyUnit::User)).await.unwrap();
-    for step in 0..5 {
-        client.submit_part("examples", step, 0, &part(1, 4)).await.unwrap();
+    client.raw().set_dataset_budget(budget(PrivacyUnit::User, true)).await.unwrap();
+    client.raw().register_job(on("users", PrivacyUnit::User, 2.0)).await.unwrap();
+    let refused = client.raw().register_job(on("examples", PrivacyUnit::Example, 2.0)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused}");
+    assert!(refused.message().starts_with("invalid unit:") && refused.message().contains("user level"), "{refused}");
+    let second = client.raw().set_dataset_budget(budget(PrivacyUnit::Example, false)).await.unwrap_err();
+    assert!(second.message().contains("budgeted at the user level already"), "{second}");
+    for step in 0..3 {
+        client.submit_part("users", step, 0, &part(1, 4)).await.unwrap();
     }
-    let shown = |unit: PrivacyUnit| {
-        let mut c = client.clone();
-        let request = GetDatasetBudgetRequest { dataset_id: dataset.clone(), unit: unit as i32 };
-        async move { c.raw().get_dataset_budget(request).await.unwrap().into_inner() }
-    };
-    let (examples, users) = (shown(PrivacyUnit::Example).await, shown(PrivacyUnit::User).await);
-    assert!(examples.epsilon_spent > 0.0 && examples.jobs == vec!["examples"], "{examples:?}");
-    assert_eq!((users.epsilon_spent, users.jobs.clone()), (0.0, vec!["users".to_owned()]), "{users:?}");
+    let users = client
+        .raw()
+        .get_dataset_budget(GetDatasetBudgetRequest { dataset_id: dataset.clone(), unit: PrivacyUnit::User as i32 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(users.epsilon_spent > 0.0 && users.jobs == vec!["users"], "{users:?}");
+    // The dataset's allowance: its user-level budget allows NOT PRIVATE baselines, of its unit.
+    client.raw().register_job(on("baseline", PrivacyUnit::User, 0.0)).await.unwrap();
+    client.raw().set_dataset_budget(budget(PrivacyUnit::User, false)).await.unwrap();
+    let forbidden = client.raw().register_job(on("baseline-2", PrivacyUnit::User, 0.0)).await.unwrap_err();
+    assert!(forbidden.message().contains("not allowed NOT PRIVATE"), "{forbidden}");
 }
 
 /// Two groups that carry the same generation number (a coordinator restarted before recording

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use dpcap_coordinator::{SpecFile, mode};
+use dpcap_privacy::contract::{Mode, PrivacyContract};
 use dpcap_proto::v1::job_service_client::JobServiceClient;
 use dpcap_proto::v1::{
     CancelJobRequest, GetJobRequest, Job, JobState, ListJobsRequest, Reduction, ResumeJobRequest, SubmitJobRequest,
@@ -75,32 +76,86 @@ pub fn state_name(state: i32) -> String {
         .unwrap_or_else(|_| format!("UNKNOWN({state})"))
 }
 
-/// A job as JSON (the wire message's fields).
-pub fn job_json(job: &Job) -> Value {
+/// A job's plan and contract as `dpctl` shows them: the privacy terms come from the contract
+/// (the plan keeps none), the rest from the plan. A job without a valid contract shows none.
+struct View {
+    plan: dpcap_proto::v1::Plan,
+    contract: Option<PrivacyContract>,
+}
+
+impl View {
+    fn of(job: &Job) -> Self {
+        let plan = job.plan.clone().unwrap_or_default();
+        let contract = dpcap_proto::plan::contract(&plan).ok();
+        Self { plan, contract }
+    }
+
+    fn privacy(&self) -> &'static str {
+        self.contract.as_ref().map_or("unknown", |c| c.mode.name())
+    }
+
+    fn steps(&self) -> u64 {
+        self.contract.as_ref().map_or(0, |c| c.planned_steps)
+    }
+
+    /// ε target at δ; +∞ for a NOT PRIVATE baseline (no target).
+    fn epsilon_target(&self) -> f64 {
+        self.contract.as_ref().and_then(|c| c.epsilon_target).unwrap_or(f64::INFINITY)
+    }
+
+    fn expected_batch_size(&self) -> f64 {
+        self.contract.as_ref().map_or(0.0, |c| dpcap_proto::plan::expected_batch_size(&self.plan, c))
+    }
+
+    /// The simulated recipe's batch and σ (0 unless a simulation).
+    fn simulated(&self) -> (f64, f64) {
+        match self.contract.as_ref().map(|c| c.mode) {
+            Some(Mode::Simulation { target }) => {
+                (target.sample_rate * dpcap_proto::plan::units(&self.plan) as f64, target.noise_multiplier)
+            }
+            _ => (0.0, 0.0),
+        }
+    }
+}
+
+/// A job's privacy contract (the plan's terms live there alone).
+pub fn contract_of(job: &Job) -> Result<PrivacyContract> {
     let plan = job.plan.clone().unwrap_or_default();
+    dpcap_proto::plan::contract(&plan).with_context(|| format!("job {} has no valid contract", job.job_id))
+}
+
+/// A job as JSON: the wire message's fields, with the plan's privacy terms read from its
+/// contract under the names operators' scripts know.
+pub fn job_json(job: &Job) -> Value {
+    let view = View::of(job);
+    let (plan, c) = (&view.plan, view.contract.as_ref());
     let progress = job.progress.clone().unwrap_or_default();
     let spec = job.spec.clone().unwrap_or_default();
+    let mechanism = c.map(|c| c.mechanism);
     json!({
         "job_id": job.job_id,
         "name": spec.name,
         "state": state_name(job.state),
-        "privacy": mode::name(plan.privacy()),
+        "privacy": view.privacy(),
         "dataset": spec.dataset,
         "model": spec.model,
         "plan": {
-            "examples": plan.examples, "sample_rate": plan.sample_rate, "expected_batch_size": plan.expected_batch_size,
-            "noise_multiplier": plan.noise_multiplier, "calibrated": plan.calibrated, "steps": plan.steps, "delta": plan.delta,
-            "epsilon_target": plan.epsilon_target, "epsilon_planned": plan.epsilon_planned, "clipping_norm": plan.clipping_norm,
-            "learning_rate": plan.learning_rate, "micro_batch": plan.micro_batch, "workers": plan.workers,
-            "checkpoint_interval": plan.checkpoint_interval, "dataset_digest": plan.dataset_digest,
-            "privacy": mode::name(plan.privacy()), "simulated_batch_size": plan.simulated_batch_size,
-            "simulated_noise_multiplier": plan.simulated_noise_multiplier,
+            "examples": plan.examples, "sample_rate": mechanism.map(|m| m.sample_rate),
+            "expected_batch_size": view.expected_batch_size(), "noise_multiplier": mechanism.map(|m| m.noise_multiplier),
+            "calibrated": plan.calibrated, "steps": view.steps(), "delta": c.map(|c| c.delta),
+            "epsilon_target": c.and_then(|c| c.epsilon_target), "epsilon_planned": plan.epsilon_planned,
+            "clipping_norm": mechanism.map(|m| m.clipping_norm), "learning_rate": plan.learning_rate,
+            "micro_batch": plan.micro_batch, "workers": plan.workers, "checkpoint_interval": plan.checkpoint_interval,
+            "dataset_digest": c.map(|c| c.dataset_id.clone()), "privacy": view.privacy(),
+            "simulated_batch_size": view.simulated().0, "simulated_noise_multiplier": view.simulated().1,
         },
         "progress": {
             "step": progress.step, "steps_total": progress.steps_total, "epsilon_spent": progress.epsilon_spent,
-            "loss": progress.loss, "loss_first": progress.loss_first, "examples_per_second": progress.examples_per_second,
-            "eta_seconds": progress.eta_seconds, "checkpoint_step": progress.checkpoint_step, "generation": progress.generation,
-            "workers": progress.workers, "steps_discarded": progress.steps_discarded,
+            "epsilon_composed": progress.epsilon_composed, "loss": progress.loss, "loss_first": progress.loss_first,
+            "examples_per_second": progress.examples_per_second, "eta_seconds": progress.eta_seconds,
+            "checkpoint_step": progress.checkpoint_step, "generation": progress.generation, "workers": progress.workers,
+            "steps_discarded": progress.steps_discarded, "nonfinite_examples": progress.nonfinite_examples,
+            "dropped_examples": progress.dropped_examples,
         },
         "conditions": job.conditions.iter().map(|c| json!({"type": c.r#type, "reason": c.reason, "message": c.message, "time_unix_ms": c.time_unix_ms})).collect::<Vec<_>>(),
         "checkpoint_root": job.checkpoint_root,
@@ -115,32 +170,41 @@ fn print_job(job: &Job, as_json: bool) {
         outln!("{}", serde_json::to_string_pretty(&job_json(job)).unwrap_or_default());
         return;
     }
-    let plan = job.plan.clone().unwrap_or_default();
+    let view = View::of(job);
     let p = job.progress.clone().unwrap_or_default();
     outln!("job {}  {}", job.job_id, state_name(job.state));
-    if let Some(notice) = mode::notice(&plan) {
+    if let Some(notice) = view.contract.as_ref().and_then(|c| mode::notice(&view.plan, c)) {
         outln!("  {notice}");
     }
+    if let Some(c) = &view.contract {
+        let m = c.mechanism;
+        outln!(
+            "  plan: N={} q={:.6} L={:.1} sigma={:.4} ({}) steps={} C={} eps target={:.4} (planned {:.4}) at delta={:.3e}",
+            dpcap_proto::plan::units(&view.plan),
+            m.sample_rate,
+            view.expected_batch_size(),
+            m.noise_multiplier,
+            if view.plan.calibrated { "calibrated" } else { "fixed" },
+            c.planned_steps,
+            m.clipping_norm,
+            view.epsilon_target(),
+            view.plan.epsilon_planned,
+            c.delta
+        );
+    }
+    // A step's loss is absent (not 0) when every example of it was left out as non-finite.
+    let loss = p.loss.map_or_else(|| "absent".to_owned(), |l| format!("{l:.4} (non-DP)"));
     outln!(
-        "  plan: N={} q={:.6} L={:.1} sigma={:.4} ({}) steps={} C={} eps target={:.4} (planned {:.4}) at delta={:.3e}",
-        plan.examples,
-        plan.sample_rate,
-        plan.expected_batch_size,
-        plan.noise_multiplier,
-        if plan.calibrated { "calibrated" } else { "fixed" },
-        plan.steps,
-        plan.clipping_norm,
-        plan.epsilon_target,
-        plan.epsilon_planned,
-        plan.delta
-    );
-    outln!(
-        "  progress: step {}/{} eps spent {:.4} steps discarded {} checkpoint {} workers {}",
+        "  progress: step {}/{} eps spent {:.4} (composed {:.4}) steps discarded {} checkpoint {} loss {loss} \
+         non-finite examples {} dropped examples {} workers {}",
         p.step,
-        plan.steps,
+        view.steps(),
         p.epsilon_spent,
+        p.epsilon_composed,
         p.steps_discarded,
         p.checkpoint_step,
+        p.nonfinite_examples,
+        p.dropped_examples,
         p.workers.join(",")
     );
     for c in &job.conditions {
@@ -201,19 +265,19 @@ pub async fn list(server: &Server, as_json: bool) -> Result<()> {
     }
     outln!("{:<18} {:<17} {:>11} {:>16} NAME", "JOB", "STATE", "STEP", "EPSILON");
     for job in jobs {
-        let (plan, p) = (job.plan.clone().unwrap_or_default(), job.progress.clone().unwrap_or_default());
+        let (view, p) = (View::of(&job), job.progress.clone().unwrap_or_default());
         let mut name = job.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
-        if !mode::is_private(plan.privacy()) {
-            name = format!("{name} [NOT PRIVATE: {}]", mode::name(plan.privacy()));
+        if view.privacy() != "dp" {
+            name = format!("{name} [NOT PRIVATE: {}]", view.privacy());
         }
         outln!(
             "{:<18} {:<17} {:>5}/{:<5} {:>7.3}/{:<8.3} {name}",
             job.job_id,
             state_name(job.state),
             p.step,
-            plan.steps,
+            view.steps(),
             p.epsilon_spent,
-            plan.epsilon_target
+            view.epsilon_target()
         );
     }
     Ok(())
@@ -245,21 +309,25 @@ pub async fn follow(client: &mut Client, job_id: &str, bar: bool) -> Result<Job>
     progress.enable_steady_tick(Duration::from_millis(250));
     let (mut last, mut printed) = (None, None);
     while let Some(job) = stream.message().await.map_err(status)? {
-        let (plan, p) = (job.plan.clone().unwrap_or_default(), job.progress.clone().unwrap_or_default());
-        progress.set_length(plan.steps.max(1));
+        let (view, p) = (View::of(&job), job.progress.clone().unwrap_or_default());
+        progress.set_length(view.steps().max(1));
         progress.set_position(p.step);
         let loss = p.loss.map(|l| format!(" loss {l:.3} (non-DP)")).unwrap_or_default();
+        let counts = match (p.nonfinite_examples, p.epsilon_composed) {
+            (0, composed) if composed == p.epsilon_spent => String::new(),
+            (nonfinite, composed) => format!(" composed {composed:.3}, non-finite examples {nonfinite}"),
+        };
         let message = format!(
-            "eps {:.3}/{:.3} at delta {:.1e}{loss} {:.0} ex/s eta {:.0}s {}",
+            "eps {:.3}/{:.3} at delta {:.1e}{counts}{loss} {:.0} ex/s eta {:.0}s {}",
             p.epsilon_spent,
-            plan.epsilon_target,
-            plan.delta,
+            view.epsilon_target(),
+            view.contract.as_ref().map_or(0.0, |c| c.delta),
             p.examples_per_second,
             p.eta_seconds,
             state_name(job.state).to_lowercase()
         );
         if lines && printed != Some((p.step, job.state)) {
-            outln!("step {}/{} {message}", p.step, plan.steps);
+            outln!("step {}/{} {message}", p.step, view.steps());
             printed = Some((p.step, job.state));
         }
         progress.set_message(message);

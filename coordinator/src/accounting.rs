@@ -7,14 +7,14 @@
 use std::time::Duration;
 
 use dpcap_proto::v1::{
-    AuditJobRequest, AuditReport, CloseJobRequest, GetSpendRequest, Job, JobSpend, RegisterJobRequest,
+    AuditJobRequest, AuditReport, CloseJobRequest, FenceJobRequest, GetSpendRequest, Job, JobSpend, RegisterJobRequest,
     TrimReleasesRequest,
 };
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
 
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
-use crate::state::{AUDIT_FAILED, AUDIT_PASSED, AUDIT_VIOLATION, Closing, Effects, condition};
+use crate::state::{AUDIT_FAILED, AUDIT_PASSED, AUDIT_VIOLATION, Closing, condition};
 
 /// One attempt of an ended job's audit (scoring is milliseconds; a stalled call is retried).
 const AUDIT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -32,6 +32,28 @@ fn refusal(status: tonic::Status) -> CoordinatorError {
         }
         _ => CoordinatorError::Accountant(status.message().to_owned()),
     }
+}
+
+/// A spend answer held against the job's record: NOT_FOUND means never registered, and a
+/// contract other than the record's is refused naming each field with both values.
+fn checked_spend(
+    job: &Job,
+    answer: Result<tonic::Response<JobSpend>, tonic::Status>,
+) -> Result<JobSpend, CoordinatorError> {
+    let spend = match answer {
+        Ok(spend) => spend.into_inner(),
+        Err(s) if s.code() == tonic::Code::NotFound => return Err(CoordinatorError::NotRegistered(job.job_id.clone())),
+        Err(s) => return Err(refusal(s)),
+    };
+    let recorded = job.plan.as_ref().map(dpcap_proto::plan::contract).transpose()?;
+    let registered = spend.contract.clone().map(dpcap_proto::contract::contract_from_proto).transpose()?;
+    if let (Some(recorded), Some(registered)) = (recorded, registered)
+        && recorded != registered
+    {
+        let differences = recorded.differences(&registered, ("in the record", "in the ledger")).join("; ");
+        return Err(CoordinatorError::ContractMismatch { job_id: job.job_id.clone(), differences });
+    }
+    Ok(spend)
 }
 
 impl Coordinator {
@@ -53,7 +75,6 @@ impl Coordinator {
             contract: plan.contract.clone(),
             gradient_dim: plan.gradient_dim,
             insecure_noise_seed: None,
-            planned_steps: plan.steps,
         };
         retry(self.accountant_retry(), "register_job", || {
             let (mut client, request) = (self.accountant.clone(), request.clone());
@@ -64,9 +85,9 @@ impl Coordinator {
         Ok(())
     }
 
-    /// The job's spend at the accountant; a job the accountant does not know yet (restored
-    /// from a store written before the coordinator registered at submit) is registered first.
-    /// A contract that differs from the plan's refuses the job.
+    /// The job's spend at the accountant, whose ledger is the source of truth: a job it does
+    /// not know was never registered (a job is registered only at submit, never here), and a
+    /// contract other than the job's record is refused naming each field.
     pub(crate) async fn spend(&self, job: &Job) -> Result<JobSpend, CoordinatorError> {
         let request = GetSpendRequest { job_id: job.job_id.clone() };
         let spend = retry(self.accountant_retry(), "get_spend", || {
@@ -74,40 +95,50 @@ impl Coordinator {
             async move { client.get_spend(request).await }
         })
         .await;
-        let spend = match spend {
-            Ok(spend) => spend.into_inner(),
-            Err(s) if s.code() == tonic::Code::NotFound => {
-                self.register(job).await?;
-                return Box::pin(self.spend(job)).await;
-            }
-            Err(s) => return Err(refusal(s)),
-        };
-        let planned = job.plan.as_ref().and_then(|p| p.contract.as_ref());
-        if let (Some(planned), Some(registered)) = (planned, spend.contract.as_ref())
-            && planned != registered
-        {
-            return Err(CoordinatorError::Precondition {
-                job_id: job.job_id.clone(),
-                state: "registered".into(),
-                reason: "the accountant holds another privacy contract for this job id than its plan".into(),
-            });
-        }
-        Ok(spend)
+        checked_spend(job, spend)
     }
 
-    /// Carries out the closes and trims a transition asked for. Returns the closed jobs that
-    /// were submitted with an audit.
-    pub(crate) async fn settle(&self, effects: &Effects) -> Vec<String> {
+    /// Fences the job's generations at the accountant: capabilities of generations below
+    /// `generation` are refused from now on; with `resume`, a group of `generation` starts
+    /// (a suspended job opens to it). Returns the spend, its contract checked as [`Self::spend`].
+    pub(crate) async fn fence(&self, job: &Job, generation: u64, resume: bool) -> Result<JobSpend, CoordinatorError> {
+        let request = FenceJobRequest { job_id: job.job_id.clone(), generation, resume };
+        let spend = retry(self.accountant_retry(), "fence_job", || {
+            let (mut client, request) = (self.accountant.clone(), request.clone());
+            async move { client.fence_job(request).await }
+        })
+        .await;
+        checked_spend(job, spend)
+    }
+
+    /// Revokes the generations a transition dissolved, before anything else of it is carried
+    /// out: a worker of an old group is refused at once, not when its capability expires.
+    pub(crate) async fn revoke(&self, fences: &[(String, u64)]) {
+        for (job_id, below) in fences {
+            let Some(job) = self.lock().jobs.get(job_id).map(|e| e.job.clone()) else { continue };
+            if let Err(e) = self.fence(&job, *below, false).await {
+                tracing::warn!(job_id, generation = below, error = %e, "could not revoke the old generation");
+            }
+        }
+    }
+
+    /// Carries out the closes a transition asked for. Returns the closed jobs that were
+    /// submitted with an audit.
+    pub(crate) async fn close_all(&self, closings: &[Closing]) -> Vec<String> {
         let mut audits = Vec::new();
-        for closing in &effects.close {
+        for closing in closings {
             if self.close(closing).await && !closing.resumable && self.is_audited(&closing.job_id) {
                 audits.push(closing.job_id.clone());
             }
         }
-        for (job_id, reported) in &effects.trim {
+        audits
+    }
+
+    /// Carries out the trims a transition asked for.
+    pub(crate) async fn trim_all(&self, trims: &[(String, u64)]) {
+        for (job_id, reported) in trims {
             self.trim(job_id, *reported).await;
         }
-        audits
     }
 
     /// Copies the ledger's ε, discarded steps and composed ε into the job's progress.
@@ -117,6 +148,9 @@ impl Coordinator {
             Ok(spend) => {
                 if let Some(entry) = self.lock().jobs.get_mut(job_id) {
                     let progress = entry.job.progress.get_or_insert_with(Default::default);
+                    // Never fewer charged steps than the ledger holds (a step charged just
+                    // before a cancel counts, reported or not).
+                    progress.step = progress.step.max(spend.next_step);
                     progress.epsilon_spent = spend.epsilon_spent;
                     progress.epsilon_composed = spend.epsilon_composed;
                     progress.steps_discarded = progress.steps_discarded.max(spend.steps_discarded);
@@ -133,6 +167,7 @@ impl Coordinator {
             job_id: closing.job_id.clone(),
             reason: closing.reason.clone(),
             resumable: closing.resumable,
+            generation: closing.generation,
         };
         let closed = retry(self.accountant_retry(), "close_job", || {
             let (mut client, request) = (self.accountant.clone(), request.clone());

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dpcap_proto::client::{AccountantClient, CallCredentials, RawClient};
 use dpcap_proto::v1::{Assignment, Job, JobState, Reduction, StepWork, step_work::Action};
-use dpcap_serve::{Capabilities, Capability};
+use dpcap_serve::{Capabilities, Capability, StepGrant};
 
 use crate::dataset;
 use crate::error::CoordinatorError;
@@ -105,6 +105,9 @@ impl Coordinator {
         let mut restored = store.load_all().await?;
         restored.sort_by_key(|(job, _)| (job.created_unix_ms, job.job_id.clone()));
         for (mut job, private) in restored {
+            if state.jobs.contains_key(&job.job_id) {
+                continue;
+            }
             if !is_terminal(job.state)
                 && let Err(e) = revalidate(&job)
             {
@@ -136,8 +139,18 @@ impl Coordinator {
                 job.state = JobState::Pending as i32;
                 state.queue.push_back(job.job_id.clone());
             }
-            let entry = entry_for(job, &private, clients)?;
-            state.jobs.insert(entry.job.job_id.clone(), entry);
+            let job_id = job.job_id.clone();
+            match entry_for(job, &private, clients) {
+                Ok(entry) => {
+                    state.jobs.insert(job_id, entry);
+                }
+                Err(e) => {
+                    // Sealed by this coordinator yet unusable (a contract a newer version
+                    // refuses): it cannot run, and one such record must not stop the others.
+                    state.queue.retain(|id| id != &job_id);
+                    tracing::error!(job_id, error = %e, "stored job cannot be restored; left out");
+                }
+            }
         }
         tracing::info!(jobs = state.jobs.len(), queued = state.queue.len(), "job store restored");
         Ok(Arc::new_cyclic(|me| Self {
@@ -172,8 +185,8 @@ impl Coordinator {
             let this = self.clone();
             tokio::spawn(async move {
                 let reason = "ended before the coordinator restarted".to_owned();
-                let closing = crate::state::Closing { job_id: job_id.clone(), reason, resumable: false };
-                this.settle(&Effects { close: vec![closing], ..Effects::default() }).await;
+                let closing = crate::state::Closing { job_id: job_id.clone(), reason, resumable: false, generation: 0 };
+                this.close_all(&[closing]).await;
                 this.record_audit(&job_id).await;
                 this.changed.send_modify(|v| *v += 1);
             });
@@ -217,12 +230,17 @@ impl Coordinator {
     }
 
     async fn carry_out(&self, effects: Effects) -> Result<(), CoordinatorError> {
-        // ε comes from the ledger, read before the record is written.
+        // Revocation first: a dissolved group's, a cancelled or ended job's capabilities stop
+        // working before anything else happens (and before a cancel is acknowledged).
+        self.revoke(&effects.fence).await;
+        let audits = self.close_all(&effects.close).await;
+        // ε and the charged steps come from the ledger, read once nothing more can be charged
+        // for an ended job, and before the record is written.
         for job_id in &effects.spend {
             self.refresh_spend(job_id).await;
         }
         let result = self.persist(&effects.persist).await;
-        let audits = self.settle(&effects).await;
+        self.trim_all(&effects.trim).await;
         // An audited job's audit is in its conditions before any watcher sees it ended.
         for job_id in &audits {
             self.record_audit(job_id).await;
@@ -393,8 +411,9 @@ impl Coordinator {
         if same { Ok(()) } else { Err(CoordinatorError::WorkerKey(worker_id.into())) }
     }
 
-    /// A capability for `rank` of `job_id`'s generation `generation`, valid for the TTL.
-    fn capability(&self, entry: &JobEntry, rank: usize) -> String {
+    /// A capability for `rank` of the job's current generation, valid for the TTL; for one
+    /// step (`Some`), it also states the step and the units sampled for it.
+    fn capability(&self, entry: &JobEntry, rank: usize, step: Option<u64>) -> String {
         let Some(group) = entry.group.as_ref() else { return String::new() };
         let parts = if entry.job.reduction == Reduction::Nccl as i32 { 1 } else { group.members.len() as u32 };
         let expires = std::time::SystemTime::now() + self.config.capability_ttl;
@@ -405,6 +424,7 @@ impl Coordinator {
             group: group.nonce,
             parts,
             expires_unix_ms: expires.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            step: step.map(|step| StepGrant { step, sampled: group.sampled }),
         })
     }
 
@@ -421,7 +441,7 @@ impl Coordinator {
         // Only a member of the group gets its assignment (and a capability).
         let Some(rank) = group.members.iter().position(|m| m == worker_id) else { return Ok(None) };
         Ok(Some(Assignment {
-            capability: self.capability(entry, rank),
+            capability: self.capability(entry, rank, None),
             job_id,
             spec: entry.job.spec.clone(),
             plan: entry.job.plan.clone(),
@@ -467,6 +487,7 @@ impl Coordinator {
                 worker.last_seen = Instant::now();
                 let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
                 let plan = entry.job.plan.clone().unwrap_or_default();
+                let planned_steps = entry.contract.planned_steps;
                 let Some(group) =
                     entry.group.as_ref().filter(|g| g.generation == generation && !is_terminal(entry.job.state))
                 else {
@@ -475,14 +496,15 @@ impl Coordinator {
                 let Some(rank) = group.members.iter().position(|m| m == worker_id) else { return Ok(stop) };
                 match group.step {
                     None => true,
-                    Some(step) if step >= plan.steps => return Ok(stop),
+                    Some(step) if step >= planned_steps => return Ok(stop),
                     Some(_) if group.reported[rank] => false,
                     Some(_) => {
                         let (step, units) = state
                             .work_for(job_id, rank)
                             .ok_or_else(|| CoordinatorError::Store("work units unavailable".into()))?;
-                        let checkpoint = (step + 1) % plan.checkpoint_interval.max(1) == 0 || step + 1 >= plan.steps;
-                        let capability = state.jobs.get(job_id).map(|e| self.capability(e, rank)).unwrap_or_default();
+                        let checkpoint = (step + 1) % plan.checkpoint_interval.max(1) == 0 || step + 1 >= planned_steps;
+                        let capability =
+                            state.jobs.get(job_id).map(|e| self.capability(e, rank, Some(step))).unwrap_or_default();
                         return Ok(StepWork { capability, ..crate::work::step_work(step, units, checkpoint) });
                     }
                 }
@@ -499,12 +521,28 @@ impl Coordinator {
         }
     }
 
-    /// Starts a new group at the ledger's next step (read from the accountant, registering a
-    /// job restored from before registration at submit), never at a worker's word. A job whose
-    /// planned steps were all charged before a restart succeeds.
+    /// Starts a new group at the ledger's next step, never at a worker's word: the accountant
+    /// is told the new generation first (older ones are refused from then on, and a suspended
+    /// job opens to it), and the job's contract is checked against the ledger's. A refusal no
+    /// retry can fix (a contract the ledger does not hold) fails the job with its reason. A
+    /// job whose planned steps were all charged before a restart succeeds.
     async fn position_group(&self, job_id: &str, generation: u64) -> Result<(), CoordinatorError> {
         let job = self.get(job_id)?;
-        let spend = self.spend(&job).await?;
+        let spend = match self.fence(&job, generation, true).await {
+            Ok(spend) => spend,
+            Err(e) if e.is_permanent() => {
+                let effects = {
+                    let mut state = self.lock();
+                    let current = state.jobs.get(job_id).and_then(|e| e.group.as_ref()).map(|g| g.generation);
+                    if current != Some(generation) {
+                        return Ok(());
+                    }
+                    state.finish(job_id, JobState::Failed, "Refused", format!("the accountant refused the job: {e}"))
+                };
+                return self.apply(effects).await;
+            }
+            Err(e) => return Err(e),
+        };
         let effects = {
             let mut state = self.lock();
             let mut done = false;
@@ -516,7 +554,7 @@ impl Coordinator {
                 let step = spend.next_step.max(progress.step);
                 group.step = Some(step);
                 entry.version += 1;
-                done = step >= entry.job.plan.as_ref().map_or(0, |p| p.steps);
+                done = step >= entry.contract.planned_steps;
             }
             if done {
                 let message = "all planned steps were already charged".into();
@@ -543,7 +581,9 @@ impl Coordinator {
             let worker =
                 state.workers.get_mut(worker_id).ok_or_else(|| CoordinatorError::WorkerNotFound(worker_id.into()))?;
             worker.last_seen = Instant::now();
-            let Some(rank) = state.reporting_rank(job_id, worker_id, generation, step)? else {
+            let failed = report.outcome != dpcap_proto::v1::StepOutcome::Done
+                && report.outcome != dpcap_proto::v1::StepOutcome::Discarded;
+            let Some(rank) = state.reporting_rank(job_id, worker_id, (generation, step), failed)? else {
                 return Ok(()); // already counted, or the job already ended
             };
             tracing::debug!(job_id, step, rank, outcome = ?report.outcome, "step reported");
@@ -579,7 +619,7 @@ impl Coordinator {
 
     /// Text for `/metrics`.
     pub fn render_metrics(&self) -> String {
-        crate::metrics::render(&self.lock())
+        crate::metrics::render(&self.lock(), self.store.refused())
     }
 }
 
@@ -597,7 +637,8 @@ fn revalidate(job: &Job) -> Result<(), CoordinatorError> {
 async fn restore_clients(job: &Job) -> Result<Option<Arc<Vec<Vec<u64>>>>, CoordinatorError> {
     let (Some(spec), Some(plan)) = (&job.spec, &job.plan) else { return Ok(None) };
     let Some(k) = crate::spec::users_per_client(spec) else { return Ok(None) };
-    let clients = dataset::read_clients(&spec.dataset, &plan.dataset_digest, k).await?.clients;
+    let dataset_id = dpcap_proto::plan::contract(plan)?.dataset_id;
+    let clients = dataset::read_clients(&spec.dataset, &dataset_id, k).await?.clients;
     if clients.len() as u64 != plan.clients {
         return Err(CoordinatorError::invalid(
             "dataset",
@@ -609,14 +650,15 @@ async fn restore_clients(job: &Job) -> Result<Option<Arc<Vec<Vec<u64>>>>, Coordi
 
 fn entry_for(job: Job, private: &Private, clients: Option<Arc<Vec<Vec<u64>>>>) -> Result<JobEntry, CoordinatorError> {
     let plan = job.plan.clone().unwrap_or_default();
+    let contract = dpcap_proto::plan::contract(&plan)?;
     let secret: JobSecret = private.job_secret()?;
     // The sampler's N is the accounting N: clients for a user-level job (the plan says so even
-    // while its user table is unreadable), else examples.
-    let units = if plan.clients > 0 { plan.clients } else { plan.examples };
-    let sampler = PoissonSampler::new(secret, units, plan.sample_rate)
-        .map_err(|e| CoordinatorError::invalid("sample_rate", e.to_string()))?;
+    // while its user table is unreadable), else examples; q is the contract's.
+    let sampler = PoissonSampler::new(secret, dpcap_proto::plan::units(&plan), contract.mechanism.sample_rate)
+        .map_err(|e| CoordinatorError::invalid("contract.mechanism.sample_rate", e.to_string()))?;
     Ok(JobEntry {
         job,
+        contract,
         sampler,
         layout: dpcap_dataset::index::Layout::from_counts(&private.shard_counts),
         clients,

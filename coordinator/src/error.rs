@@ -54,6 +54,22 @@ pub enum CoordinatorError {
         /// Its message.
         message: String,
     },
+    /// The accountant holds no contract for a job the coordinator knows: it was never
+    /// registered (a job is registered only at submit), or the ledger was lost.
+    #[error(
+        "job {0}: the accountant holds no privacy contract for it; a job is registered only at submit, never by a \
+         restore (was its record added to the store by hand, or the ledger lost?)"
+    )]
+    NotRegistered(String),
+    /// The job's stored contract is not the one the accountant holds (the ledger is the source
+    /// of truth).
+    #[error("job {job_id}: its record's privacy contract differs from the ledger's: {differences}")]
+    ContractMismatch {
+        /// The job.
+        job_id: String,
+        /// Each differing field with the record's value and the ledger's.
+        differences: String,
+    },
     /// The accountant could not be reached or failed.
     #[error("accountant unavailable: {0}")]
     Accountant(String),
@@ -67,6 +83,16 @@ impl CoordinatorError {
     pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         Self::Invalid { field, reason: reason.into() }
     }
+
+    /// Whether no retry can fix it: the job it concerns must end with its reason instead of
+    /// waiting (a contract the accountant refuses or does not hold, a budget refused).
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Self::NotRegistered(_) | Self::ContractMismatch { .. } | Self::Invalid { .. } => true,
+            Self::Refused { code, .. } => !matches!(code, ErrorCode::Unavailable | ErrorCode::Internal),
+            _ => false,
+        }
+    }
 }
 
 impl ServiceError for CoordinatorError {
@@ -75,7 +101,9 @@ impl ServiceError for CoordinatorError {
             Self::Invalid { .. } => ErrorCode::InvalidArgument,
             Self::JobNotFound(_) => ErrorCode::NotFound,
             Self::WorkerNotFound(_) => ErrorCode::WorkerNotRegistered,
-            Self::Precondition { .. } => ErrorCode::FailedPrecondition,
+            Self::Precondition { .. } | Self::NotRegistered(_) | Self::ContractMismatch { .. } => {
+                ErrorCode::FailedPrecondition
+            }
             Self::StaleGeneration { .. } => ErrorCode::StaleGeneration,
             Self::WorkerKey(_) => ErrorCode::PermissionDenied,
             Self::Refused { code, .. } => *code,

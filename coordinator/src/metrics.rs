@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use dpcap_proto::v1::{JobState, Privacy};
+use dpcap_proto::v1::JobState;
 use dpcap_serve::sample;
 
 use crate::state::{PHASES, State};
@@ -21,8 +21,7 @@ const STATES: [JobState; 6] = [
 /// whose releases carry no guarantee), so that dashboards never show a NOT PRIVATE job's ε as
 /// a guarantee.
 fn job_labels(id: &str, e: &crate::state::JobEntry) -> String {
-    let privacy = e.job.plan.as_ref().map_or(Privacy::Dp, |p| p.privacy());
-    format!("job_id=\"{id}\",privacy=\"{}\"", crate::mode::name(privacy))
+    format!("job_id=\"{id}\",privacy=\"{}\"", e.contract.mode.name())
 }
 
 /// A per-job series: name, Prometheus type, help, and its value for a job.
@@ -33,9 +32,7 @@ const PER_JOB: [Series; 9] = [
     ("dpcap_job_steps_completed", "gauge", "Steps completed (charged and reported by every rank).", |e| {
         e.job.progress.as_ref().map_or(0.0, |p| p.step as f64)
     }),
-    ("dpcap_job_steps_planned", "gauge", "Steps in the job's plan.", |e| {
-        e.job.plan.as_ref().map_or(0.0, |p| p.steps as f64)
-    }),
+    ("dpcap_job_steps_planned", "gauge", "Steps in the job's plan.", |e| e.contract.planned_steps as f64),
     ("dpcap_job_epsilon_spent", "gauge", "Epsilon at delta spent, as last reported by the accountant.", |e| {
         e.job.progress.as_ref().map_or(0.0, |p| p.epsilon_spent)
     }),
@@ -63,8 +60,8 @@ const PER_JOB: [Series; 9] = [
         "Sampled examples left out because they could not be read or decoded (a count only).",
         |e| e.job.progress.as_ref().map_or(0.0, |p| p.dropped_examples as f64),
     ),
-    ("dpcap_job_epsilon_target", "gauge", "The job's epsilon target at delta.", |e| {
-        e.job.plan.as_ref().map_or(0.0, |p| p.epsilon_target)
+    ("dpcap_job_epsilon_target", "gauge", "The job's epsilon target at delta (+Inf: NOT PRIVATE, none).", |e| {
+        e.contract.epsilon_target.unwrap_or(f64::INFINITY)
     }),
     (
         "dpcap_job_examples_per_second",
@@ -74,12 +71,16 @@ const PER_JOB: [Series; 9] = [
     ),
 ];
 
-/// Renders every coordinator series in the Prometheus text format.
-pub fn render(state: &State) -> String {
+/// Renders every coordinator series in the Prometheus text format; `refused` is the job
+/// records refused at restore (their seal did not verify).
+pub fn render(state: &State, refused: u64) -> String {
     let mut out = render_states(state);
     render_per_job(state, &mut out);
     render_phases(state, &mut out);
     render_cluster(state, &mut out);
+    let name = "dpcap_coordinator_records_refused_total";
+    let help = "Job records refused at restore: their seal did not verify (changed outside the coordinator, copied, or unsealed); never run.";
+    let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {refused}\n");
     out
 }
 

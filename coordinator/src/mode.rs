@@ -4,66 +4,51 @@
 //! the noise per example σ·C/B of the target. The last two carry no guarantee: [`label`] is
 //! what every surface shows for them.
 
+use dpcap_privacy::contract::{Mode, PrivacyContract, Recipe};
 use dpcap_privacy::{self as privacy, AccountantKind};
-use dpcap_proto::v1::{JobSpec, Plan, Privacy};
+use dpcap_proto::v1::{JobSpec, Plan};
 
 use crate::error::CoordinatorError;
 
-/// What a mode contributes to the plan.
+/// What a mode contributes to the contract and the plan.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resolved {
-    /// DP, NOT_PRIVATE or SIMULATION.
-    pub privacy: Privacy,
+    /// DP, NOT PRIVATE, or a simulation of its target recipe.
+    pub mode: Mode,
     /// σ the job adds (σ' for a simulation, 0 for a baseline).
     pub noise_multiplier: f64,
     /// Whether σ (the target's, for a simulation) was calibrated from ε.
     pub calibrated: bool,
     /// ε at δ after the planned steps: the job's, or the target recipe's; +∞ for a baseline.
     pub epsilon_planned: f64,
-    /// The ε the accountant enforces: the spec's, else the planned; +∞ for a baseline.
-    pub epsilon_target: f64,
-    /// A simulation's target B and σ (0 otherwise).
-    pub simulated: (f64, f64),
+    /// The ε the accountant enforces: the spec's, else the planned; None for a baseline.
+    pub epsilon_target: Option<f64>,
 }
 
 /// The label of a mode where people read it: "" for DP, else "NOT PRIVATE (...)".
-pub fn label(privacy: Privacy) -> &'static str {
-    match privacy {
-        Privacy::NotPrivate => "NOT PRIVATE (non-private baseline, sigma = 0)",
-        Privacy::Simulation => "NOT PRIVATE (TAN simulation)",
-        Privacy::Dp | Privacy::Unspecified => "",
+pub fn label(mode: &Mode) -> &'static str {
+    match mode {
+        Mode::NotPrivate => "NOT PRIVATE (non-private baseline, sigma = 0)",
+        Mode::Simulation { .. } => "NOT PRIVATE (TAN simulation)",
+        Mode::Dp => "",
     }
 }
 
 /// The condition message of a plan without a guarantee (None for DP).
-pub fn notice(plan: &Plan) -> Option<String> {
-    match plan.privacy() {
-        Privacy::NotPrivate => Some(format!("{}: sigma = 0, no epsilon", label(Privacy::NotPrivate))),
-        Privacy::Simulation => Some(format!(
+pub fn notice(plan: &Plan, contract: &PrivacyContract) -> Option<String> {
+    match contract.mode {
+        Mode::NotPrivate => Some(format!("{}: sigma = 0, no epsilon", label(&contract.mode))),
+        Mode::Simulation { target } => Some(format!(
             "{}: target batch {:.0} at sigma {:.4} simulated at batch {:.1} with sigma' = {:.6}; \
              epsilon {:.4} is the target recipe's (RDP), not this job's",
-            label(Privacy::Simulation),
-            plan.simulated_batch_size,
-            plan.simulated_noise_multiplier,
-            plan.expected_batch_size,
-            plan.noise_multiplier,
+            label(&contract.mode),
+            target.sample_rate * dpcap_proto::plan::units(plan) as f64,
+            target.noise_multiplier,
+            dpcap_proto::plan::expected_batch_size(plan, contract),
+            contract.mechanism.noise_multiplier,
             plan.epsilon_planned
         )),
-        Privacy::Dp | Privacy::Unspecified => None,
-    }
-}
-
-/// Whether a plan's releases carry its DP guarantee (unspecified, from before modes, is DP).
-pub fn is_private(privacy: Privacy) -> bool {
-    matches!(privacy, Privacy::Dp | Privacy::Unspecified)
-}
-
-/// The mode's name in metrics labels and checkpoint manifests.
-pub fn name(privacy: Privacy) -> &'static str {
-    match privacy {
-        Privacy::NotPrivate => "not_private",
-        Privacy::Simulation => "simulation",
-        Privacy::Dp | Privacy::Unspecified => "dp",
+        Mode::Dp => None,
     }
 }
 
@@ -115,12 +100,11 @@ pub fn resolve(
     let invalid = |field: &'static str| move |e: privacy::PrivacyError| CoordinatorError::invalid(field, e.to_string());
     if spec.not_private {
         return Ok(Resolved {
-            privacy: Privacy::NotPrivate,
+            mode: Mode::NotPrivate,
             noise_multiplier: 0.0,
             calibrated: false,
             epsilon_planned: f64::INFINITY,
-            epsilon_target: f64::INFINITY,
-            simulated: (0.0, 0.0),
+            epsilon_target: None,
         });
     }
     let Some(simulate) = &spec.simulate else {
@@ -128,12 +112,11 @@ pub fn resolve(
         let planned = privacy::EpsilonCurve::new(kind, q, sigma, delta).map_err(invalid("noise_multiplier"))?;
         let epsilon_planned = planned.epsilon_after(steps);
         return Ok(Resolved {
-            privacy: Privacy::Dp,
+            mode: Mode::Dp,
             noise_multiplier: sigma,
             calibrated,
             epsilon_planned,
-            epsilon_target: spec.epsilon.unwrap_or(epsilon_planned),
-            simulated: (0.0, 0.0),
+            epsilon_target: Some(spec.epsilon.unwrap_or(epsilon_planned)),
         });
     };
     let target_batch = simulate.batch_size as f64;
@@ -158,12 +141,11 @@ pub fn resolve(
         .map_err(invalid("simulate.noise_multiplier"))?;
     let epsilon_planned = curve.epsilon_after(steps);
     Ok(Resolved {
-        privacy: Privacy::Simulation,
+        mode: Mode::Simulation { target: Recipe { sample_rate: target_q, noise_multiplier: sigma } },
         noise_multiplier: sigma * expected / target_batch,
         calibrated,
         epsilon_planned,
-        epsilon_target: spec.epsilon.unwrap_or(epsilon_planned),
-        simulated: (target_batch, sigma),
+        epsilon_target: Some(spec.epsilon.unwrap_or(epsilon_planned)),
     })
 }
 

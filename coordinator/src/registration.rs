@@ -1,14 +1,16 @@
 //! What the coordinator registers with the accountant when a job is submitted, before any
-//! worker sees it: the job's privacy contract, built from its plan in this one place; its
+//! worker sees it: the job's privacy contract, built from the spec's resolved terms in this
+//! one place; its
 //! gradient dimension P, from the model registry (no burn, no worker); and, for captioning,
 //! the tokenizer pinned by the digest of its bytes.
 
-use dpcap_privacy::contract::{Audit, Mechanism, Mode, Placement, PrivacyContract, PrivacyUnit, Recipe};
-use dpcap_proto::v1::{JobSpec, Objective, Plan, Privacy};
+use dpcap_privacy::contract::{Audit, Mechanism, Placement, PrivacyContract, PrivacyUnit};
+use dpcap_proto::v1::{JobSpec, Objective};
 use dpcap_registry::Family;
 
 use crate::error::CoordinatorError;
 use crate::init::InitSource;
+use crate::spec::Terms;
 
 /// The model family a spec's objective trains.
 pub fn family(spec: &JobSpec) -> Family {
@@ -29,28 +31,26 @@ pub fn gradient_dim(spec: &JobSpec) -> Result<u64, CoordinatorError> {
     })
 }
 
-/// What a contract is built from, besides the plan.
+/// What a contract is built from, besides the spec's terms.
 #[derive(Debug, Clone, Default)]
 pub struct Provenance<'a> {
+    /// The dataset: the digest of the index the plan was made on.
+    pub dataset_id: String,
     /// The user table's digest, for a user-level job.
     pub users_digest: Option<String>,
     /// Where the job's initial weights come from, if anywhere.
     pub init: Option<&'a InitSource>,
 }
 
-/// The contract of a checked plan. A job that starts from the weights of a DP job on the same
-/// dataset and unit names it, so that their ε compose in its status.
-pub fn contract(spec: &JobSpec, plan: &Plan, provenance: Provenance<'_>) -> Result<PrivacyContract, CoordinatorError> {
-    let mode = match plan.privacy() {
-        Privacy::NotPrivate => Mode::NotPrivate,
-        Privacy::Simulation => Mode::Simulation {
-            target: Recipe {
-                sample_rate: plan.simulated_batch_size / plan_units(plan) as f64,
-                noise_multiplier: plan.simulated_noise_multiplier,
-            },
-        },
-        Privacy::Dp | Privacy::Unspecified => Mode::Dp,
-    };
+/// The contract of a checked spec's terms: the one statement of the job's mechanism and
+/// guarantee, which the plan never copies. A job that starts from the weights of a DP job on
+/// the same dataset and unit names it, so that their ε compose in its status.
+pub fn contract(
+    spec: &JobSpec,
+    terms: &Terms,
+    provenance: Provenance<'_>,
+) -> Result<PrivacyContract, CoordinatorError> {
+    let mode = terms.resolved.mode;
     let unit = match provenance.users_digest {
         Some(users_digest) => PrivacyUnit::User { users_digest },
         None => PrivacyUnit::Example,
@@ -64,31 +64,27 @@ pub fn contract(spec: &JobSpec, plan: &Plan, provenance: Provenance<'_>) -> Resu
     };
     let init_from_job = provenance
         .init
-        .filter(|source| source.privacy == "dp" && source.dataset == plan.dataset_digest && mode.is_private())
+        .filter(|source| source.privacy == "dp" && source.dataset == provenance.dataset_id && mode.is_private())
         .filter(|source| (source.objective == "fedemb") == matches!(unit, PrivacyUnit::User { .. }))
         .map(|source| source.job_id.clone());
     let contract = PrivacyContract {
         mechanism: Mechanism {
-            sample_rate: plan.sample_rate,
-            noise_multiplier: plan.noise_multiplier,
-            clipping_norm: plan.clipping_norm,
+            sample_rate: terms.sample_rate,
+            noise_multiplier: terms.resolved.noise_multiplier,
+            clipping_norm: terms.clipping_norm,
         },
-        accountant: crate::spec::accountant_kind(spec)?,
-        delta: plan.delta,
-        epsilon_target: plan.epsilon_target.is_finite().then_some(plan.epsilon_target),
+        accountant: terms.kind,
+        delta: terms.delta,
+        epsilon_target: terms.resolved.epsilon_target,
         mode,
         unit,
-        dataset_id: plan.dataset_digest.clone(),
+        dataset_id: provenance.dataset_id,
         audit,
         init_from_job,
+        planned_steps: terms.steps,
     };
     contract.check()?;
     Ok(contract)
-}
-
-/// The accounting N of a plan: clients for a user-level job, else examples.
-fn plan_units(plan: &Plan) -> u64 {
-    if plan.clients > 0 { plan.clients } else { plan.examples.max(1) }
 }
 
 /// A captioning job's tokenizer: its location (the spec's, or the dataset's own

@@ -32,7 +32,7 @@ pub async fn serve(
         open_store(&secrets_url).map_err(|e| CoordinatorError::invalid("secrets_store", e.to_string()))?;
     let lease = config.lease;
     let accountant_endpoint = config.accountant_endpoint.clone();
-    let coordinator = Coordinator::open(config, JobStore::new(jobs_store, secrets_store)).await?;
+    let coordinator = Coordinator::open(config, JobStore::open(jobs_store, secrets_store).await?).await?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<JobServiceServer<JobGrpc>>().await;
     health.set_serving::<WorkerServiceServer<WorkerGrpc>>().await;

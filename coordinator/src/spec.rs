@@ -1,6 +1,9 @@
 //! Job specs: the YAML/JSON file an operator writes (the same fields as the `JobSpec` message),
-//! and its validation into a [`Plan`]: N from the dataset index, q, L = qN, steps, δ (default
-//! 1/N), and σ calibrated from ε through the accountant's math. Every refusal names its field.
+//! and planning in one pass of typed stages: a spec, a [`Checked`] spec (its fields checked,
+//! its enums typed), then a [`Plan`] with the privacy [`Terms`] it resolves over N units (q,
+//! steps, δ defaulting to 1/N, σ calibrated from ε through the accountant's math), which
+//! `registration` turns into the contract. No stage calls back into an earlier one. Every
+//! refusal names its field.
 
 use dpcap_privacy::AccountantKind;
 use dpcap_proto::v1::{self, JobSpec, Objective, Plan, TelemetryMode};
@@ -147,10 +150,11 @@ impl SpecFile {
             "strict" => TelemetryMode::Strict,
             other => return Err(CoordinatorError::invalid("telemetry", format!("{other:?} is not full or strict"))),
         };
-        let accountant = match self.accountant.as_deref().unwrap_or("pld") {
-            "pld" => v1::AccountantKind::Pld,
-            "rdp" => v1::AccountantKind::Rdp,
-            other => return Err(CoordinatorError::invalid("accountant", format!("{other:?} is not pld or rdp"))),
+        let accountant = match self.accountant.as_deref() {
+            None => v1::AccountantKind::Pld,
+            Some(name) => dpcap_proto::contract::kind_to_proto(
+                name.parse::<AccountantKind>().map_err(|e| CoordinatorError::invalid("accountant", e.to_string()))?,
+            ),
         };
         let augment = match self.augment.as_deref().unwrap_or("random_resized_crop") {
             "random_resized_crop" => v1::Augment::RandomResizedCrop,
@@ -220,17 +224,17 @@ fn positive(field: &'static str, value: Option<f64>) -> Result<Option<f64>, Coor
     }
 }
 
-/// The accountant kind of a spec.
-pub fn accountant_kind(spec: &JobSpec) -> Result<AccountantKind, CoordinatorError> {
-    match v1::AccountantKind::try_from(spec.accountant) {
-        Ok(v1::AccountantKind::Rdp) => Ok(AccountantKind::Rdp),
-        Ok(_) => Ok(AccountantKind::Pld),
-        Err(_) => Err(CoordinatorError::invalid("accountant", format!("unknown value {}", spec.accountant))),
-    }
+/// A spec whose fields passed [`check_fields`], with its enums typed: what [`plan`] takes.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    /// The spec as submitted.
+    pub spec: JobSpec,
+    /// Its accountant kind (the wire's one conversion: an unknown kind is refused).
+    pub kind: AccountantKind,
 }
 
 /// Checks every field that does not need the dataset; the first problem is returned.
-pub fn check_fields(spec: &JobSpec) -> Result<(), CoordinatorError> {
+pub fn check_fields(spec: &JobSpec) -> Result<Checked, CoordinatorError> {
     if spec.dataset.trim().is_empty() {
         return Err(CoordinatorError::invalid("dataset", "must name a dataset directory or URL"));
     }
@@ -249,7 +253,7 @@ pub fn check_fields(spec: &JobSpec) -> Result<(), CoordinatorError> {
     if TelemetryMode::try_from(spec.telemetry).is_err() {
         return Err(CoordinatorError::invalid("telemetry", format!("unknown value {}", spec.telemetry)));
     }
-    accountant_kind(spec)?;
+    let kind = dpcap_proto::contract::kind_from_proto(spec.accountant)?;
     positive("epsilon", spec.epsilon)?;
     positive("noise_multiplier", spec.noise_multiplier)?;
     positive("clipping_norm", spec.clipping_norm)?;
@@ -300,13 +304,48 @@ pub fn check_fields(spec: &JobSpec) -> Result<(), CoordinatorError> {
             ),
         ));
     }
-    Ok(())
+    Ok(Checked { spec: spec.clone(), kind })
 }
 
-/// Resolves a checked spec over a dataset of `examples` examples into the plan the operator
-/// sees before training: calibration runs here (σ for the target ε at δ over all steps).
-pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
-    check_fields(spec)?;
+/// The privacy terms a spec resolves into: they become the job's contract, never the plan's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Terms {
+    /// Poisson rate q.
+    pub sample_rate: f64,
+    /// Planned steps.
+    pub steps: u64,
+    /// δ at which ε is stated.
+    pub delta: f64,
+    /// The accountant.
+    pub kind: AccountantKind,
+    /// Per-unit L2 clipping norm C.
+    pub clipping_norm: f64,
+    /// The mode, σ and ε.
+    pub resolved: crate::mode::Resolved,
+}
+
+/// What a plan is resolved over: the accounting N (examples, or a user-level job's clients)
+/// and δ's default (1/N, or 1/N_users for a user-level job).
+#[derive(Debug, Clone, Copy)]
+pub struct Population {
+    /// N.
+    pub units: u64,
+    /// δ when the spec gives none.
+    pub default_delta: f64,
+}
+
+impl Population {
+    /// N units, δ defaulting to 1/N.
+    pub fn of(units: u64) -> Self {
+        Self { units, default_delta: 1.0 / units.max(1) as f64 }
+    }
+}
+
+/// Resolves a checked spec over its population into the plan the operator sees before
+/// training and the privacy terms of its contract: calibration runs here (σ for the target ε at
+/// δ over all steps).
+pub fn plan(checked: &Checked, population: Population) -> Result<(Plan, Terms), CoordinatorError> {
+    let (spec, examples) = (&checked.spec, population.units);
     if examples == 0 {
         return Err(CoordinatorError::invalid("dataset", "the dataset index has 0 examples"));
     }
@@ -327,47 +366,30 @@ pub fn plan(spec: &JobSpec, examples: u64) -> Result<Plan, CoordinatorError> {
         (_, Some(e)) => (e / sample_rate).ceil().max(1.0) as u64,
         _ => unreachable!("check_fields requires one"),
     };
-    let delta = spec.delta.unwrap_or(1.0 / n);
+    let delta = spec.delta.unwrap_or(population.default_delta);
     if delta >= 1.0 {
         return Err(CoordinatorError::invalid("delta", format!("default 1/N = {delta} is not < 1; set delta")));
     }
-    let kind = accountant_kind(spec)?;
-    let mode = crate::mode::resolve(spec, kind, (sample_rate, steps, delta), examples)?;
+    let resolved = crate::mode::resolve(spec, checked.kind, (sample_rate, steps, delta), examples)?;
     let warmup_steps = spec.warmup_steps.unwrap_or(steps / 20);
     if warmup_steps > steps {
         return Err(CoordinatorError::invalid("warmup_steps", format!("{warmup_steps} exceeds the {steps} steps")));
     }
-    Ok(Plan {
+    let plan = Plan {
         examples,
-        sample_rate,
-        expected_batch_size: sample_rate * n,
-        noise_multiplier: mode.noise_multiplier,
-        steps,
-        delta,
-        epsilon_target: mode.epsilon_target,
-        accountant: spec.accountant,
-        clipping_norm: spec.clipping_norm.unwrap_or(1.0),
         learning_rate: spec.learning_rate.unwrap_or(default_learning_rate(spec)),
         warmup_steps,
         micro_batch: spec.micro_batch.unwrap_or(64),
         workers: spec.workers.unwrap_or(1),
         checkpoint_interval: spec.checkpoint_interval.unwrap_or(50),
-        calibrated: mode.calibrated,
-        epsilon_planned: mode.epsilon_planned,
-        privacy: mode.privacy as i32,
-        simulated_batch_size: mode.simulated.0,
-        simulated_noise_multiplier: mode.simulated.1,
-        // Set by the caller from the index it read (the digest pins that exact dataset) and
-        // from the init source it checked.
-        dataset_digest: String::new(),
-        init_step: 0,
-        init_privacy: String::new(),
-        // Set by the caller for user-level objectives, from the user table it read.
-        users: 0,
-        clients: 0,
-        // Set by the caller: the registry's P, the pinned tokenizer and the contract.
+        calibrated: resolved.calibrated,
+        epsilon_planned: resolved.epsilon_planned,
+        // Set by the caller: the user table's counts, the init source it checked, the
+        // registry's P, the pinned tokenizer and the contract.
         ..Plan::default()
-    })
+    };
+    let clipping_norm = spec.clipping_norm.unwrap_or(1.0);
+    Ok((plan, Terms { sample_rate, steps, delta, kind: checked.kind, clipping_norm, resolved }))
 }
 
 /// The peak learning rate when the spec gives none: AdamW's 1e-3, or 1 for fedemb's server

@@ -90,6 +90,10 @@ pub struct Group {
     pub step_loss: f64,
     /// The NCCL unique id rank 0 published for this generation (NCCL reduction only).
     pub nccl_id: Option<Vec<u8>>,
+    /// Units (examples, or a user-level job's clients) the sampler drew for the current step:
+    /// signed into each rank's step capability, so that the accountant can hold the step's
+    /// parts to C times this count.
+    pub sampled: u64,
 }
 
 /// The reasons of an audit's condition: passed, violated, or not scored.
@@ -104,6 +108,9 @@ pub(crate) const AUDIT_REASONS: [&str; 3] = [AUDIT_PASSED, AUDIT_VIOLATION, AUDI
 pub struct JobEntry {
     /// The operator-visible record (persisted).
     pub job: Job,
+    /// Its privacy contract, typed: the record's, checked against the ledger's before each
+    /// group's first step. The sampler's q and the step count come from here.
+    pub contract: dpcap_privacy::contract::PrivacyContract,
     /// Its sampler.
     pub sampler: PoissonSampler,
     /// Its shards.
@@ -208,8 +215,11 @@ pub struct Effects {
     /// Jobs whose releases before a step rank 0 reports a durable checkpoint covers (trimmed
     /// once the stored `latest` confirms it).
     pub trim: Vec<(String, u64)>,
-    /// Jobs whose spend to read from the accountant (a step completed).
+    /// Jobs whose spend to read from the accountant (a step completed, the job ended).
     pub spend: Vec<String>,
+    /// Generations to revoke at the accountant before anything else: (job, the lowest
+    /// generation still admitted). A dissolved group's capabilities stop working at once.
+    pub fence: Vec<(String, u64)>,
 }
 
 /// A job ending at the accountant.
@@ -219,8 +229,11 @@ pub struct Closing {
     pub job_id: String,
     /// Why, for the ledger.
     pub reason: String,
-    /// FAILED or CANCELLED: it may resume, so it stays open and only releases what it holds.
+    /// FAILED or CANCELLED: it may resume, so it stays open, suspended (no part or release of
+    /// any generation up to `generation` is served), and releases what it holds.
     pub resumable: bool,
+    /// The job's current group generation.
+    pub generation: u64,
 }
 
 impl Effects {
@@ -229,6 +242,7 @@ impl Effects {
         self.close.extend(other.close);
         self.trim.extend(other.trim);
         self.spend.extend(other.spend);
+        self.fence.extend(other.fence);
     }
 }
 
@@ -271,12 +285,16 @@ impl State {
         tracing::info!(job_id, state = ?state, reason, %message, "job finished");
         condition(&mut entry.job, "Finished", reason, message);
         entry.settling += 1;
+        let generation = entry.job.progress.as_ref().map_or(0, |p| p.generation);
         self.touch(job_id);
-        let mut effects = Effects { persist: vec![job_id.to_owned()], ..Effects::default() };
+        // The ledger's charged steps are shown once the accountant has stopped charging.
+        let mut effects =
+            Effects { persist: vec![job_id.to_owned()], spend: vec![job_id.to_owned()], ..Effects::default() };
         // FAILED and CANCELLED jobs can be resumed: only a job that can never run again is
-        // closed at the accountant; the others release the noise it drew ahead for them.
+        // closed at the accountant; the others are suspended there (nothing of any generation
+        // so far is served) and release the noise drawn ahead for them.
         let resumable = !matches!(state, JobState::Succeeded | JobState::BudgetExhausted);
-        effects.close.push(Closing { job_id: job_id.to_owned(), reason: reason.to_owned(), resumable });
+        effects.close.push(Closing { job_id: job_id.to_owned(), reason: reason.to_owned(), resumable, generation });
         effects.merge(self.schedule());
         effects
     }
@@ -294,7 +312,7 @@ impl State {
                 self.queue.remove(position);
                 continue;
             };
-            let want = entry.job.plan.as_ref().map_or(1, |p| p.workers) as usize;
+            let want = entry.job.plan.as_ref().map_or(1, |p| p.workers).max(1) as usize;
             // A job that reduces over NCCL keeps doing so: later groups need CUDA workers too.
             let nccl_only = entry.job.reduction == Reduction::Nccl as i32;
             let eligible: Vec<(&String, &WorkerEntry)> =
@@ -369,6 +387,7 @@ impl State {
             step_examples: 0,
             step_loss: 0.0,
             nccl_id: None,
+            sampled: 0,
         });
         condition(&mut entry.job, "Scheduled", "WorkersAllocated", scheduled);
         self.touch(job_id);
@@ -389,7 +408,7 @@ impl State {
             tracing::warn!(worker_id = %id, name = %worker.name, "worker lease expired");
             if let Some(job_id) = worker.job {
                 let message = format!("worker {id} ({}) stopped answering; re-forming the group", worker.name);
-                effects.persist.extend(self.requeue(&job_id, "LeaseExpired", message));
+                effects.merge(self.requeue(&job_id, "LeaseExpired", message));
             }
         }
         effects.merge(self.schedule());
@@ -403,7 +422,7 @@ impl State {
         let mut effects = Effects::default();
         if let Some(job_id) = worker.job {
             let message = format!("worker {worker_id} ({}) left (shutting down); re-forming the group", worker.name);
-            effects.persist.extend(self.requeue(&job_id, "WorkerLeft", message));
+            effects.merge(self.requeue(&job_id, "WorkerLeft", message));
         }
         effects.merge(self.schedule());
         effects
@@ -422,17 +441,23 @@ impl State {
     }
 
     /// Dissolves a job's group and puts the job back at the head of the queue (nothing of an
-    /// unfinished step was charged; the next group reruns it with the same sample).
-    fn requeue(&mut self, job_id: &str, reason: &str, message: String) -> Option<String> {
+    /// unfinished step was charged; the next group reruns it with the same sample). The old
+    /// generation is revoked at the accountant before anything else.
+    fn requeue(&mut self, job_id: &str, reason: &str, message: String) -> Effects {
         self.dissolve(job_id);
-        let entry = self.jobs.get_mut(job_id)?;
+        let Some(entry) = self.jobs.get_mut(job_id) else { return Effects::default() };
+        let generation = entry.job.progress.as_ref().map_or(0, |p| p.generation);
         entry.job.state = JobState::Pending as i32;
         tracing::warn!(job_id, reason, %message, "re-forming the group");
         condition(&mut entry.job, "WorkerLost", reason, message);
         entry.requeued_at = Some(Instant::now());
         self.queue.push_front(job_id.to_owned());
         self.touch(job_id);
-        Some(job_id.to_owned())
+        Effects {
+            persist: vec![job_id.to_owned()],
+            fence: vec![(job_id.to_owned(), generation + 1)],
+            ..Effects::default()
+        }
     }
 
     /// The work units of `rank` for the group's current step, computing them once per step.
@@ -447,10 +472,12 @@ impl State {
         if group.work.is_none() {
             // A user-level job never runs without its clients: its sample numbers clients.
             let plan_clients = entry.job.plan.as_ref().map_or(0, |p| p.clients);
+            // (the sampler's q is the contract's: see `JobEntry::contract`)
             if plan_clients > 0 && entry.clients.is_none() {
                 return None;
             }
             let sample = entry.sampler.sample(step);
+            group.sampled = sample.len() as u64;
             group.work = Some(match &entry.clients {
                 // The sampler's numbers are clients; a number past the table cannot happen
                 // (the sampler's N is the table's length) and is dropped, never remapped.
@@ -470,12 +497,16 @@ impl State {
     /// recorded; `None` when there is nothing to record: the job already ended (a late report),
     /// or the step already completed with this rank's report (a retry whose first answer was
     /// lost). A stale generation, a worker outside the group or any other step is refused.
+    ///
+    /// A failure (`failed`) is taken for any step before the group is positioned: a rank whose
+    /// session could not start (the accountant refused its attach, say) must be able to end
+    /// the job with the reason, never leave it RUNNING.
     pub fn reporting_rank(
         &self,
         job_id: &str,
         worker_id: &str,
-        generation: u64,
-        step: u64,
+        (generation, step): (u64, u64),
+        failed: bool,
     ) -> Result<Option<usize>, CoordinatorError> {
         let entry = self.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
         if is_terminal(entry.job.state) {
@@ -490,6 +521,7 @@ impl State {
         match group.step {
             Some(current) if step == current => Ok(Some(rank)),
             Some(current) if step < current => Ok(None),
+            None if failed => Ok(Some(rank)),
             current => Err(CoordinatorError::invalid("step", format!("{step} is not the current step {current:?}"))),
         }
     }
@@ -510,10 +542,7 @@ impl State {
             }
             StepOutcome::PeerLost => {
                 let message = format!("rank {rank}: {}", report.message);
-                let mut effects = Effects {
-                    persist: self.requeue(job_id, "CollectiveFailed", message).into_iter().collect(),
-                    ..Effects::default()
-                };
+                let mut effects = self.requeue(job_id, "CollectiveFailed", message);
                 effects.merge(self.schedule());
                 return effects;
             }
@@ -583,7 +612,9 @@ impl State {
     fn complete_step(&mut self, job_id: &str) -> Effects {
         let Some(entry) = self.jobs.get_mut(job_id) else { return Effects::default() };
         let strict = is_strict(&entry.job);
-        let (plan_steps, expected) = entry.job.plan.as_ref().map_or((0, 0.0), |p| (p.steps, p.expected_batch_size));
+        let plan_steps = entry.contract.planned_steps;
+        let expected =
+            entry.job.plan.as_ref().map_or(0.0, |p| dpcap_proto::plan::expected_batch_size(p, &entry.contract));
         let Some(group) = entry.group.as_mut() else { return Effects::default() };
         let progress = entry.job.progress.get_or_insert_with(Default::default);
         // Not earlier than now: a rank that has not fetched a release yet would find it trimmed.

@@ -1,20 +1,32 @@
-//! Durable job state on an object store (a local directory by default): one protobuf object
-//! per job (spec, plan, state, conditions, progress), and idempotency keys claimed with
-//! create-if-absent puts. The job's private part (sampler secret and shard layout) lives in a
-//! *separate* secrets store that workers are never given: checkpoints and exports sit under
-//! the job store, which workers write to, so a secret there would be one path away from them.
+//! Durable job state on an object store (a local directory by default): one sealed protobuf
+//! object per job (spec, plan with its contract, state, conditions, progress), and idempotency
+//! keys claimed with create-if-absent puts. The job's private part (sampler secret and shard
+//! layout) and the record key live in a *separate* secrets store that workers are never
+//! given: checkpoints and exports sit under the job store, which workers write to.
 //!
-//! Layout: job store `jobs/{id}/job.binpb`, `idempotency/{hex(key)}`; secrets store
-//! `jobs/{id}/private.json`. One coordinator replica writes both (Deployment, Recreate).
+//! **Records are sealed.** Whoever can write the job store (a worker, through its checkpoints)
+//! must not be able to change what a job samples or clips, nor create a job. Each record is
+//! written with an HMAC-SHA256 tag under a key only the coordinator holds (`record.key` in the
+//! secrets store, created once), bound to the job's id; every read checks it. A record whose
+//! tag does not verify (changed, copied under another id, or written by hand) is never
+//! restored: it is logged and counted (`dpcap_coordinator_records_refused_total`), and its job
+//! is neither registered nor run. A record from before sealing (`job.binpb`) is refused alike.
+//!
+//! Layout: job store `jobs/{id}/job.sealed`, `idempotency/{hex(key)}`; secrets store
+//! `record.key`, `jobs/{id}/private.json`. One coordinator replica writes both (Deployment,
+//! Recreate).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use dpcap_proto::v1::Job;
 use futures::TryStreamExt;
+use hmac::{Hmac, Mac};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use prost::Message;
 use serde::{Deserialize, Serialize};
+use sha2::Sha256;
 
 use crate::error::CoordinatorError;
 use crate::sampler::JobSecret;
@@ -47,6 +59,58 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A sealed record starts with these bytes (format version 1), then the 32-byte tag.
+const SEAL_MAGIC: &[u8; 8] = b"dpcapJR1";
+
+/// The HMAC key that seals job records, held in the secrets store only.
+#[derive(Clone)]
+pub struct RecordKey([u8; 32]);
+
+impl std::fmt::Debug for RecordKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecordKey(<redacted>)")
+    }
+}
+
+impl RecordKey {
+    /// The tag of `job_id`'s record `bytes`: binding the id, a record copied under another
+    /// job's path does not verify.
+    fn tag(&self, job_id: &str, bytes: &[u8]) -> [u8; 32] {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        for part in [b"dpcap job record v1".as_slice(), job_id.as_bytes(), bytes] {
+            mac.update(&(part.len() as u64).to_le_bytes());
+            mac.update(part);
+        }
+        mac.finalize().into_bytes().into()
+    }
+
+    /// `job`'s record, sealed.
+    pub fn seal(&self, job: &Job) -> Vec<u8> {
+        let bytes = job.encode_to_vec();
+        let mut out = Vec::with_capacity(SEAL_MAGIC.len() + 32 + bytes.len());
+        out.extend_from_slice(SEAL_MAGIC);
+        out.extend_from_slice(&self.tag(&job.job_id, &bytes));
+        out.extend_from_slice(&bytes);
+        out
+    }
+
+    /// The job in `sealed`, stored under `job_id`'s path, if its tag verifies.
+    pub fn open(&self, job_id: &str, sealed: &[u8]) -> Result<Job, String> {
+        let rest = sealed.strip_prefix(SEAL_MAGIC.as_slice()).ok_or("not a sealed record")?;
+        let (tag, bytes) = rest.split_at_checked(32).ok_or("truncated")?;
+        let expected = self.tag(job_id, bytes);
+        // Constant time: a forger learns nothing from how long a comparison took.
+        if tag.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
+            return Err("its tag does not verify (changed outside the coordinator, or copied under another id)".into());
+        }
+        let job = Job::decode(bytes).map_err(|e| format!("undecodable: {e}"))?;
+        if job.job_id != job_id {
+            return Err(format!("it holds job {:?}", job.job_id));
+        }
+        Ok(job)
+    }
+}
+
 /// The job store and the secrets store.
 #[derive(Debug, Clone)]
 pub struct JobStore {
@@ -54,6 +118,9 @@ pub struct JobStore {
     root: Path,
     secrets: Arc<dyn ObjectStore>,
     secrets_root: Path,
+    key: RecordKey,
+    /// Records refused at restore (tampered, unsealed, or copied): a metric.
+    refused: Arc<AtomicU64>,
 }
 
 fn under(root: &Path, rest: &str) -> Path {
@@ -61,23 +128,41 @@ fn under(root: &Path, rest: &str) -> Path {
 }
 
 impl JobStore {
-    /// Jobs under `root` of `store`; secrets under `secrets_root` of `secrets`.
-    pub fn new(
+    /// Jobs under `root` of `store`; secrets (and the record key, created on first use) under
+    /// `secrets_root` of `secrets`.
+    pub async fn open(
         (store, root): (Arc<dyn ObjectStore>, Path),
         (secrets, secrets_root): (Arc<dyn ObjectStore>, Path),
-    ) -> Self {
-        Self { store, root, secrets, secrets_root }
+    ) -> Result<Self, CoordinatorError> {
+        let key = record_key(secrets.as_ref(), &secrets_root).await?;
+        Ok(Self { store, root, secrets, secrets_root, key, refused: Arc::default() })
+    }
+
+    /// Records refused at restore since this process started.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     fn path(&self, rest: &str) -> Path {
         under(&self.root, rest)
     }
 
-    /// Overwrites the job's record.
+    /// Overwrites the job's record, sealed.
     pub async fn put_job(&self, job: &Job) -> Result<(), CoordinatorError> {
-        let path = self.path(&format!("jobs/{}/job.binpb", job.job_id));
-        self.store.put(&path, PutPayload::from(job.encode_to_vec())).await?;
+        let path = self.path(&format!("jobs/{}/job.sealed", job.job_id));
+        self.store.put(&path, PutPayload::from(self.key.seal(job))).await?;
         Ok(())
+    }
+
+    /// The job's record, its seal checked (None when there is none).
+    pub async fn get_job(&self, job_id: &str) -> Result<Option<Job>, CoordinatorError> {
+        let path = self.path(&format!("jobs/{job_id}/job.sealed"));
+        let bytes = match self.store.get(&path).await {
+            Ok(r) => r.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        self.key.open(job_id, &bytes).map(Some).map_err(|why| CoordinatorError::Store(format!("{path}: {why}")))
     }
 
     /// Writes the job's private part once.
@@ -108,43 +193,72 @@ impl JobStore {
         }
     }
 
-    /// Every stored job with its private part, in no particular order. Jobs without a private
-    /// part (a crash between the two writes of a submission) are skipped.
+    /// Every stored job whose seal verifies, with its private part, in no particular order.
+    /// Jobs without a private part (a crash between the two writes of a submission) are
+    /// skipped; records that do not verify are refused (see the module docs).
     pub async fn load_all(&self) -> Result<Vec<(Job, Private)>, CoordinatorError> {
         let listed: Vec<_> = self.store.list(Some(&self.path("jobs"))).try_collect().await?;
         let mut out = Vec::new();
-        for meta in listed.iter().filter(|m| m.location.as_ref().ends_with("/job.binpb")) {
+        for meta in &listed {
+            let location = meta.location.as_ref();
+            let Some(job_id) = location.strip_suffix("/job.sealed").or_else(|| location.strip_suffix("/job.binpb"))
+            else {
+                continue;
+            };
+            let job_id = job_id.rsplit('/').next().unwrap_or_default();
             let bytes = self.store.get(&meta.location).await?.bytes().await?;
-            let job = Job::decode(bytes).map_err(|e| CoordinatorError::Store(format!("{}: {e}", meta.location)))?;
+            let job = match self.key.open(job_id, &bytes) {
+                Ok(job) => job,
+                Err(why) => {
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(record = %location, why, "job record refused: it is not restored, registered or run");
+                    continue;
+                }
+            };
             let Some(private) = self.load_private(&job.job_id).await? else { continue };
             out.push((job, private));
         }
         Ok(out)
     }
 
-    /// The job's private part from the secrets store. A store written before secrets had a
-    /// store of their own keeps it beside the job: it is moved, then deleted there.
+    /// The job's private part from the secrets store (never from the job store, which workers
+    /// write to).
     async fn load_private(&self, job_id: &str) -> Result<Option<Private>, CoordinatorError> {
         let path = under(&self.secrets_root, &format!("jobs/{job_id}/private.json"));
         let bytes = match self.secrets.get(&path).await {
             Ok(r) => r.bytes().await?,
-            Err(object_store::Error::NotFound { .. }) => {
-                let legacy = self.path(&format!("jobs/{job_id}/private.json"));
-                match self.store.get(&legacy).await {
-                    Ok(r) => {
-                        let bytes = r.bytes().await?;
-                        self.secrets.put(&path, PutPayload::from(bytes.clone())).await?;
-                        self.store.delete(&legacy).await?;
-                        tracing::warn!(job_id, "moved the job's secret out of the job store");
-                        bytes
-                    }
-                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
-                    Err(e) => return Err(e.into()),
-                }
-            }
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
         let private = serde_json::from_slice(&bytes).map_err(|e| CoordinatorError::Store(format!("{path}: {e}")))?;
         Ok(Some(private))
+    }
+}
+
+/// The record key: read from the secrets store, or created there once (a create-if-absent put,
+/// so that two processes starting together agree on one key).
+async fn record_key(secrets: &dyn ObjectStore, root: &Path) -> Result<RecordKey, CoordinatorError> {
+    let path = under(root, "record.key");
+    let parse = |bytes: &[u8]| -> Result<RecordKey, CoordinatorError> {
+        let text = std::str::from_utf8(bytes).unwrap_or_default().trim();
+        let key: Option<Vec<u8>> = (0..text.len())
+            .step_by(2)
+            .map(|i| text.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+            .collect();
+        key.and_then(|k| <[u8; 32]>::try_from(k).ok())
+            .map(RecordKey)
+            .ok_or_else(|| CoordinatorError::Store(format!("{path} is not 64 hex digits: restore it from a backup")))
+    };
+    match secrets.get(&path).await {
+        Ok(r) => return parse(&r.bytes().await?),
+        Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let fresh = hex(&crate::coordinator::random_bytes::<32>());
+    let options = PutOptions { mode: PutMode::Create, ..Default::default() };
+    match secrets.put_opts(&path, PutPayload::from(fresh.clone().into_bytes()), options).await {
+        Ok(_) => parse(fresh.as_bytes()),
+        Err(object_store::Error::AlreadyExists { .. }) => parse(&secrets.get(&path).await?.bytes().await?),
+        Err(e) => Err(e.into()),
     }
 }

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use dpcap_privacy::contract::PrivacyContract;
 use dpcap_proto::contract::contract_to_proto;
 use dpcap_proto::v1::{Job, JobSpec, JobState, Plan, Progress, Reduction};
 
@@ -14,6 +15,7 @@ use crate::dataset;
 use crate::error::CoordinatorError;
 use crate::init::InitSource;
 use crate::registration::{self, Provenance};
+use crate::spec::Population;
 use crate::state::{condition, now_ms};
 use crate::store::{Private, hex};
 
@@ -21,6 +23,8 @@ use crate::store::{Private, hex};
 struct Planned {
     spec: JobSpec,
     plan: Plan,
+    /// The job's contract (also in the plan, as the wire has it).
+    contract: PrivacyContract,
     /// Examples per shard, in shard order.
     counts: Vec<u64>,
     /// A user-level job's clients.
@@ -44,19 +48,19 @@ impl Coordinator {
         if let Some(source) = &planned.init {
             self.check_init_source(source).await?;
         }
-        let Planned { spec, plan, counts, clients, init, pins_bytes } = planned;
+        let Planned { spec, plan, contract, counts, clients, init, pins_bytes } = planned;
         let mut job = Job {
             job_id: job_id.clone(),
             state: JobState::Pending as i32,
             created_unix_ms: now_ms(),
             checkpoint_root: format!("{}/jobs/{job_id}/checkpoints", self.config.store_url.trim_end_matches('/')),
-            progress: Some(Progress { steps_total: plan.steps, ..Default::default() }),
+            progress: Some(Progress { steps_total: contract.planned_steps, ..Default::default() }),
             spec: Some(spec),
             plan: Some(plan),
             conditions: vec![],
             reduction: Reduction::Unspecified as i32,
         };
-        describe(&mut job, init.as_ref());
+        describe(&mut job, &contract, init.as_ref());
         if !pins_bytes {
             let note = "the dataset's index (version 2) pins its tables, not its shards' bytes: a shard changed \
                         since indexing would be read; re-index it (dpctl dataset index) to pin them";
@@ -101,9 +105,10 @@ impl Coordinator {
     }
 }
 
-/// Everything a job is checked against, read and computed; no side effects.
+/// Everything a job is checked against, read and computed, in one pass of typed stages (spec,
+/// checked spec, plan and terms, contract); no side effects.
 async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
-    crate::spec::check_fields(&spec)?;
+    let checked = crate::spec::check_fields(&spec)?;
     let gradient_dim = registration::gradient_dim(&spec)?;
     let layout = dataset::read_layout(&spec.dataset).await?;
     let init = crate::init::check(&spec, &layout.digest).await?;
@@ -114,22 +119,18 @@ async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
         Some(k) => Some(dataset::read_clients(&spec.dataset, &layout.digest, k).await?),
         None => None,
     };
-    let units = users.as_ref().map_or(examples, |u| u.clients.len() as u64);
-    let mut for_plan = spec.clone();
-    if let Some(users) = &users
-        && for_plan.delta.is_none()
-    {
+    let population = match &users {
         // δ defaults to 1/N_users, the privacy unit's count (never the larger 1/N_clients of
         // virtual clients).
-        for_plan.delta = Some(1.0 / users.users.max(1) as f64);
-    }
-    let mut plan = tokio::task::spawn_blocking(move || crate::spec::plan(&for_plan, units))
+        Some(u) => Population { units: u.clients.len() as u64, default_delta: 1.0 / u.users.max(1) as f64 },
+        None => Population::of(examples),
+    };
+    let (mut plan, terms) = tokio::task::spawn_blocking(move || crate::spec::plan(&checked, population))
         .await
         .map_err(|e| CoordinatorError::Store(e.to_string()))??;
     if let Some(users) = &users {
         (plan.examples, plan.clients, plan.users) = (examples, users.clients.len() as u64, users.users);
     }
-    plan.dataset_digest = layout.digest;
     plan.gradient_dim = gradient_dim;
     if let Some(source) = &init {
         (plan.init_step, plan.init_privacy) = (source.step, source.privacy.clone());
@@ -137,50 +138,57 @@ async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
     if let Some((location, digest)) = tokenizer {
         (plan.tokenizer, plan.tokenizer_digest) = (location, digest);
     }
-    let provenance = Provenance { users_digest: users.as_ref().map(|u| u.users_digest.clone()), init: init.as_ref() };
-    let contract = registration::contract(&spec, &plan, provenance)?;
+    let provenance = Provenance {
+        dataset_id: layout.digest,
+        users_digest: users.as_ref().map(|u| u.users_digest.clone()),
+        init: init.as_ref(),
+    };
+    let contract = registration::contract(&spec, &terms, provenance)?;
     plan.contract = Some(contract_to_proto(&contract));
     let clients = users.map(|u| Arc::new(u.clients));
-    Ok(Planned { spec, plan, counts: layout.counts, clients, init, pins_bytes: layout.pins_bytes })
+    Ok(Planned { spec, plan, contract, counts: layout.counts, clients, init, pins_bytes: layout.pins_bytes })
 }
 
 /// The conditions a new job starts with: what was accepted, where its weights come from, its
 /// privacy mode, its calibration, and a warning when its plan passes its own target.
-fn describe(job: &mut Job, init: Option<&InitSource>) {
+fn describe(job: &mut Job, contract: &PrivacyContract, init: Option<&InitSource>) {
     let plan = job.plan.clone().unwrap_or_default();
-    let examples = plan.examples;
-    let accepted = format!(
-        "N = {examples}, q = {:.6}, L = {:.1}, {} steps",
-        plan.sample_rate, plan.expected_batch_size, plan.steps
-    );
+    let (q, steps) = (contract.mechanism.sample_rate, contract.planned_steps);
+    let expected = dpcap_proto::plan::expected_batch_size(&plan, contract);
+    let accepted = format!("N = {}, q = {q:.6}, L = {expected:.1}, {steps} steps", dpcap_proto::plan::units(&plan));
     condition(job, "Submitted", "Accepted", accepted);
     if let Some(source) = init {
         let from = format!("weights of job {} step {} ({})", source.job_id, source.step, source.privacy);
         condition(job, "Initialised", "InitFrom", from.clone());
-        if source.privacy != "dp" && crate::mode::is_private(plan.privacy()) {
+        if source.privacy != "dp" && contract.mode.is_private() {
             let stated = format!("{from} are NOT PRIVATE; init_public states they saw public or synthetic data only");
             condition(job, "Warning", "InitNotPrivate", stated);
         }
-        let composes = plan.contract.as_ref().is_some_and(|c| !c.init_from_job.is_empty());
-        if composes {
+        if contract.init_from_job.is_some() {
             let note = format!("their epsilon composes with this job's in its status (epsilon_composed): {from}");
             condition(job, "Privacy", "ComposedWithInit", note);
         }
     }
-    if let Some(notice) = crate::mode::notice(&plan) {
+    if let Some(notice) = crate::mode::notice(&plan, contract) {
         // First, and in every listing: the job's releases carry no guarantee.
         condition(job, "Privacy", "NotPrivate", notice);
     }
+    let Some(target) = contract.epsilon_target else { return };
     let how = if plan.calibrated { "calibrated" } else { "fixed" };
+    let sigma = match contract.mode {
+        dpcap_privacy::contract::Mode::Simulation { target } => target.noise_multiplier,
+        _ => contract.mechanism.noise_multiplier,
+    };
     let calibrated = format!(
-        "sigma = {:.4} ({how}); epsilon {:.4} planned, target {:.4} at delta {:.3e}",
-        plan.noise_multiplier, plan.epsilon_planned, plan.epsilon_target, plan.delta
+        "sigma = {sigma:.4} ({how}); epsilon {:.4} planned, target {target:.4} at delta {:.3e}",
+        plan.epsilon_planned, contract.delta
     );
     condition(job, "Calibrated", if plan.calibrated { "Calibrated" } else { "Fixed" }, calibrated);
-    if plan.epsilon_planned > plan.epsilon_target * (1.0 + 1e-9) {
+    if plan.epsilon_planned > target * (1.0 + 1e-9) {
         let warning = format!(
-            "{} steps at sigma {:.4} spend epsilon {:.4} > target {:.4}: the job will end BUDGET_EXHAUSTED",
-            plan.steps, plan.noise_multiplier, plan.epsilon_planned, plan.epsilon_target
+            "{steps} steps at sigma {sigma:.4} spend epsilon {:.4} > target {target:.4}: the job will end \
+             BUDGET_EXHAUSTED",
+            plan.epsilon_planned
         );
         condition(job, "Warning", "BudgetWillExhaust", warning);
     }

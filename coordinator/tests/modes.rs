@@ -2,8 +2,10 @@
 //! (σ' = σ·B'/B, the target recipe's ε), each refused when its fields contradict it.
 
 use dpcap_coordinator::SpecFile;
-use dpcap_coordinator::spec::{SimulateFile, check_fields, plan};
-use dpcap_proto::v1::{Plan, Privacy};
+use dpcap_coordinator::registration::{Provenance, contract};
+use dpcap_coordinator::spec::{Population, SimulateFile, check_fields, plan};
+use dpcap_privacy::contract::{Mode, PrivacyContract, Recipe};
+use dpcap_proto::v1::Plan;
 
 fn base() -> SpecFile {
     SpecFile {
@@ -15,19 +17,22 @@ fn base() -> SpecFile {
     }
 }
 
-fn planned(spec: SpecFile) -> Result<Plan, String> {
+/// The plan and the contract a spec resolves into over 10,000 examples.
+fn planned(spec: SpecFile) -> Result<(Plan, PrivacyContract), String> {
     let spec = spec.into_proto().map_err(|e| e.to_string())?;
-    check_fields(&spec).map_err(|e| e.to_string())?;
-    plan(&spec, 10_000).map_err(|e| e.to_string())
+    let checked = check_fields(&spec).map_err(|e| e.to_string())?;
+    let (plan, terms) = plan(&checked, Population::of(10_000)).map_err(|e| e.to_string())?;
+    let contract = contract(&spec, &terms, Provenance::default()).map_err(|e| e.to_string())?;
+    Ok((plan, contract))
 }
 
 #[test]
 fn a_non_private_job_adds_no_noise_and_has_no_epsilon() {
-    let plan = planned(SpecFile { not_private: Some(true), ..base() }).unwrap();
-    assert_eq!(plan.privacy(), Privacy::NotPrivate);
-    assert_eq!(plan.noise_multiplier, 0.0);
-    assert_eq!((plan.epsilon_planned, plan.epsilon_target), (f64::INFINITY, f64::INFINITY));
-    assert!(dpcap_coordinator::mode::notice(&plan).unwrap().starts_with("NOT PRIVATE"));
+    let (plan, c) = planned(SpecFile { not_private: Some(true), ..base() }).unwrap();
+    assert_eq!(c.mode, Mode::NotPrivate);
+    assert_eq!(c.mechanism.noise_multiplier, 0.0);
+    assert_eq!((plan.epsilon_planned, c.epsilon_target), (f64::INFINITY, None));
+    assert!(dpcap_coordinator::mode::notice(&plan, &c).unwrap().starts_with("NOT PRIVATE"));
     let err = planned(SpecFile { not_private: Some(true), epsilon: Some(8.0), ..base() }).unwrap_err();
     assert!(err.starts_with("invalid not_private:"), "{err}");
 }
@@ -35,19 +40,19 @@ fn a_non_private_job_adds_no_noise_and_has_no_epsilon() {
 #[test]
 fn a_simulation_scales_sigma_by_the_batch_ratio_and_reports_the_targets_epsilon() {
     let simulate = Some(SimulateFile { batch_size: 2_000, noise_multiplier: Some(3.0) });
-    let plan = planned(SpecFile { simulate, ..base() }).unwrap();
-    assert_eq!(plan.privacy(), Privacy::Simulation);
-    assert!((plan.noise_multiplier - 3.0 * 100.0 / 2_000.0).abs() < 1e-12, "{plan:?}");
-    assert_eq!((plan.simulated_batch_size, plan.simulated_noise_multiplier), (2_000.0, 3.0));
+    let (plan, c) = planned(SpecFile { simulate, ..base() }).unwrap();
+    assert_eq!(c.mode, Mode::Simulation { target: Recipe { sample_rate: 0.2, noise_multiplier: 3.0 } });
+    assert!((c.mechanism.noise_multiplier - 3.0 * 100.0 / 2_000.0).abs() < 1e-12, "{c:?}");
     let target = dpcap_privacy::EpsilonCurve::new(dpcap_privacy::AccountantKind::Rdp, 0.2, 3.0, 1e-4).unwrap();
     assert_eq!(plan.epsilon_planned, target.epsilon_after(50), "the target's epsilon, by RDP");
-    assert!(dpcap_coordinator::mode::notice(&plan).unwrap().contains("NOT PRIVATE"));
+    assert!(dpcap_coordinator::mode::notice(&plan, &c).unwrap().contains("NOT PRIVATE"));
 
     // Without the target's sigma, it is calibrated for the job's epsilon at the target's q.
     let simulate = Some(SimulateFile { batch_size: 2_000, noise_multiplier: None });
-    let plan = planned(SpecFile { simulate, epsilon: Some(8.0), ..base() }).unwrap();
+    let (plan, c) = planned(SpecFile { simulate, epsilon: Some(8.0), ..base() }).unwrap();
     assert!(plan.calibrated && plan.epsilon_planned <= 8.0 && plan.epsilon_planned > 7.9, "{plan:?}");
-    assert!((plan.noise_multiplier * 20.0 - plan.simulated_noise_multiplier).abs() < 1e-12);
+    let Mode::Simulation { target } = c.mode else { panic!("{c:?}") };
+    assert!((c.mechanism.noise_multiplier * 20.0 - target.noise_multiplier).abs() < 1e-12);
 }
 
 #[test]

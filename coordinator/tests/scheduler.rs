@@ -119,17 +119,24 @@ fn a_retried_report_of_a_completed_step_is_already_counted_and_other_steps_are_r
     state.jobs.get_mut("a").unwrap().group.as_mut().unwrap().step = Some(0);
     let generation = state.jobs["a"].group.as_ref().unwrap().generation;
     let members = state.jobs["a"].group.as_ref().unwrap().members.clone();
-    assert_eq!(state.reporting_rank("a", &members[1], generation, 0).unwrap(), Some(1));
+    assert_eq!(state.reporting_rank("a", &members[1], (generation, 0), false).unwrap(), Some(1));
     state.work_for("a", 0);
     state.report("a", 0, &done());
     state.report("a", 1, &done());
     // Rank 1's answer was lost and it retries step 0 after the step completed.
-    assert_eq!(state.reporting_rank("a", &members[1], generation, 0).unwrap(), None, "a duplicate, not an error");
-    assert_eq!(state.reporting_rank("a", &members[0], generation, 1).unwrap(), Some(0));
+    assert_eq!(
+        state.reporting_rank("a", &members[1], (generation, 0), false).unwrap(),
+        None,
+        "a duplicate, not an error"
+    );
+    assert_eq!(state.reporting_rank("a", &members[0], (generation, 1), false).unwrap(), Some(0));
     for (worker, generation, step) in [(&members[0], generation, 2), (&members[0], generation + 1, 1)] {
-        assert!(state.reporting_rank("a", worker, generation, step).is_err(), "{worker} g{generation} s{step}");
+        assert!(
+            state.reporting_rank("a", worker, (generation, step), false).is_err(),
+            "{worker} g{generation} s{step}"
+        );
     }
-    assert!(state.reporting_rank("a", "w-stranger", generation, 1).is_err());
+    assert!(state.reporting_rank("a", "w-stranger", (generation, 1), false).is_err());
 }
 
 #[test]
@@ -201,17 +208,46 @@ fn only_rank_zeros_checkpoint_lets_releases_be_trimmed_and_a_completed_step_read
 }
 
 #[test]
-fn a_failed_or_cancelled_job_stays_open_at_the_accountant_and_releases_its_noise() {
+fn a_failed_or_cancelled_job_is_suspended_at_the_accountant_at_its_generation_and_an_ended_one_closed() {
     use dpcap_coordinator::state::Closing;
     let mut state = State::default();
     submit(&mut state, job("a", 1, 5));
     submit(&mut state, job("b", 1, 5));
+    worker(&mut state, "w1");
+    state.schedule();
     let failed = state.finish("a", JobState::Failed, "WorkerFailed", "rank 0: data".into());
-    let closing = |job: &str, resumable| Closing { job_id: job.into(), reason: "".into(), resumable };
+    let closing =
+        |job: &str, resumable, generation| Closing { job_id: job.into(), reason: "".into(), resumable, generation };
     assert_eq!(failed.close.len(), 1);
-    assert_eq!(Closing { reason: String::new(), ..failed.close[0].clone() }, closing("a", true));
+    assert_eq!(Closing { reason: String::new(), ..failed.close[0].clone() }, closing("a", true, 1));
+    assert_eq!(failed.spend, vec!["a".to_owned()], "the ledger's charged steps are read once nothing more is charged");
     let done = state.finish("b", JobState::Succeeded, "Succeeded", "5 steps done".into());
-    assert_eq!(Closing { reason: String::new(), ..done.close[0].clone() }, closing("b", false), "closed for good");
+    assert_eq!(Closing { reason: String::new(), ..done.close[0].clone() }, closing("b", false, 1), "closed for good");
+}
+
+#[test]
+fn a_group_dissolved_by_a_lost_worker_has_its_generation_revoked_before_the_next_one_forms() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 1, 5));
+    worker(&mut state, "w1");
+    state.schedule();
+    state.workers.get_mut("w1").unwrap().last_seen = Instant::now() - Duration::from_secs(60);
+    worker(&mut state, "w2");
+    let effects = state.reap(Duration::from_secs(10));
+    assert_eq!(effects.fence, vec![("a".to_owned(), 2)], "generation 1 is refused from now on: {effects:?}");
+    assert_eq!(state.jobs["a"].group.as_ref().map(|g| g.generation), Some(2), "the new group is generation 2");
+    let left = state.leave("w2");
+    assert_eq!(left.fence, vec![("a".to_owned(), 3)], "{left:?}");
+}
+
+#[test]
+fn a_rank_may_fail_its_job_before_the_group_has_a_step_but_not_report_one_done() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 1, 5));
+    worker(&mut state, "w1");
+    state.schedule();
+    assert_eq!(state.reporting_rank("a", "w1", (1, 0), true).unwrap(), Some(0), "a session that could not start");
+    assert!(state.reporting_rank("a", "w1", (1, 0), false).is_err(), "no step is done before the group has one");
 }
 
 #[test]
@@ -301,10 +337,12 @@ fn the_plan_calibrates_sigma_for_the_target_and_defaults_delta_to_one_over_n() {
         epochs: Some(3.0),
         ..Default::default()
     };
-    let plan = dpcap_coordinator::spec::plan(&spec.into_proto().unwrap(), 20_000).unwrap();
-    assert_eq!(plan.steps, 60, "epochs / q");
-    assert!((plan.sample_rate - 0.05).abs() < 1e-12 && (plan.expected_batch_size - 1000.0).abs() < 1e-9);
-    assert!((plan.delta - 1.0 / 20_000.0).abs() < 1e-15);
+    let checked = dpcap_coordinator::spec::check_fields(&spec.into_proto().unwrap()).unwrap();
+    let population = dpcap_coordinator::spec::Population::of(20_000);
+    let (plan, terms) = dpcap_coordinator::spec::plan(&checked, population).unwrap();
+    assert_eq!(terms.steps, 60, "epochs / q");
+    assert!((terms.sample_rate - 0.05).abs() < 1e-12 && (terms.sample_rate * 20_000.0 - 1000.0).abs() < 1e-9);
+    assert!((terms.delta - 1.0 / 20_000.0).abs() < 1e-15);
     assert!(plan.calibrated && plan.epsilon_planned <= 8.0 && plan.epsilon_planned > 7.9, "{plan:?}");
 }
 

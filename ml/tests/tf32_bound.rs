@@ -99,8 +99,7 @@ impl Layer {
         let mut sq = 0.0;
         for i in 0..self.a[0].len() {
             for j in 0..self.d[0].len() {
-                let g: f64 =
-                    self.a.iter().zip(&self.d).map(|(a, d)| tf32(a[i]) as f64 * tf32(c * d[j]) as f64).sum();
+                let g: f64 = self.a.iter().zip(&self.d).map(|(a, d)| tf32(a[i]) as f64 * tf32(c * d[j]) as f64).sum();
                 sq += g * g;
             }
         }
@@ -144,9 +143,7 @@ fn cancelling(rng: &mut ChaCha8Rng, (t, d_in, d_out): (usize, usize, usize), jit
     let base_d: Vec<f32> = (0..d_out).map(|_| uniform(rng, -1.0, 1.0)).collect();
     let mut jitter = |x: f32, sign: f32| worst_bits(sign * x * (1.0 + uniform(rng, -jitter, jitter)));
     let a = (0..t).map(|_| base_a.iter().map(|&x| jitter(x, 1.0)).collect()).collect();
-    let d = (0..t)
-        .map(|s| base_d.iter().map(|&x| jitter(x, if s % 2 == 0 { 1.0 } else { -1.0 })).collect())
-        .collect();
+    let d = (0..t).map(|s| base_d.iter().map(|&x| jitter(x, if s % 2 == 0 { 1.0 } else { -1.0 })).collect()).collect();
     Layer { a, d }
 }
 

@@ -177,6 +177,11 @@ pub struct PrivacyContract {
     /// charged steps compose into this job's reported ε.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from_job: Option<String>,
+    /// The steps the job plans: the accountant charges none past them and reserves them on
+    /// the dataset's budget until the job ends. 0 only in ledgers written before it was part
+    /// of the contract (no limit but ε, no reservation).
+    #[serde(default)]
+    pub planned_steps: u64,
 }
 
 impl PrivacyContract {
@@ -214,6 +219,32 @@ impl PrivacyContract {
             return Err(invalid("init_from_job", "must name a job when set"));
         }
         Ok(())
+    }
+
+    /// The fields in which `other` differs from this contract, each with both values under
+    /// the names of their sources, for a refusal that names them ("mechanism.sample_rate: 1 in
+    /// the record, 0.12 in the ledger").
+    pub fn differences(&self, other: &PrivacyContract, (ours, theirs): (&str, &str)) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut field = |name: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("{name}: {a} {ours}, {b} {theirs}"));
+            }
+        };
+        let (m, o) = (&self.mechanism, &other.mechanism);
+        field("mechanism.sample_rate", m.sample_rate.to_string(), o.sample_rate.to_string());
+        field("mechanism.noise_multiplier", m.noise_multiplier.to_string(), o.noise_multiplier.to_string());
+        field("mechanism.clipping_norm", m.clipping_norm.to_string(), o.clipping_norm.to_string());
+        field("accountant", self.accountant.to_string(), other.accountant.to_string());
+        field("delta", self.delta.to_string(), other.delta.to_string());
+        field("epsilon_target", format!("{:?}", self.epsilon_target), format!("{:?}", other.epsilon_target));
+        field("mode", format!("{:?}", self.mode), format!("{:?}", other.mode));
+        field("unit", format!("{:?}", self.unit), format!("{:?}", other.unit));
+        field("dataset_id", self.dataset_id.clone(), other.dataset_id.clone());
+        field("audit", format!("{:?}", self.audit), format!("{:?}", other.audit));
+        field("init_from_job", format!("{:?}", self.init_from_job), format!("{:?}", other.init_from_job));
+        field("planned_steps", self.planned_steps.to_string(), other.planned_steps.to_string());
+        out
     }
 
     fn check_mode(&self) -> Result<(), ContractError> {
@@ -291,6 +322,7 @@ mod tests {
             dataset_id: format!("sha256:{}", "ab".repeat(32)),
             audit: None,
             init_from_job: None,
+            planned_steps: 100,
         }
     }
 
@@ -331,5 +363,20 @@ mod tests {
         assert_eq!(baseline.check(), Ok(()));
         baseline.audit = Some(Audit { canaries: 10, placement: Placement::Reserved });
         assert_eq!(baseline.check().map_err(|e| e.field), Err("audit"));
+    }
+
+    #[test]
+    fn differences_name_each_field_that_differs_with_both_values() {
+        let mut other = dp();
+        let names = ("in the record", "in the ledger");
+        assert!(dp().differences(&other, names).is_empty());
+        (other.mechanism.sample_rate, other.mechanism.clipping_norm) = (1.0, 100.0);
+        assert_eq!(
+            other.differences(&dp(), names),
+            [
+                "mechanism.sample_rate: 1 in the record, 0.01 in the ledger",
+                "mechanism.clipping_norm: 100 in the record, 1 in the ledger"
+            ]
+        );
     }
 }

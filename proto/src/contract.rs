@@ -69,6 +69,7 @@ pub fn contract_to_proto(c: &PrivacyContract) -> v1::PrivacyContract {
             Some(Placement::Model) => v1::AuditCoordinates::Model,
         } as i32,
         init_from_job: c.init_from_job.clone().unwrap_or_default(),
+        planned_steps: c.planned_steps,
     }
 }
 
@@ -117,6 +118,7 @@ pub fn contract_from_proto(p: v1::PrivacyContract) -> Result<PrivacyContract, Co
         dataset_id: p.dataset_id,
         audit,
         init_from_job: (!p.init_from_job.is_empty()).then_some(p.init_from_job),
+        planned_steps: p.planned_steps,
     };
     contract.check()?;
     Ok(contract)
@@ -138,6 +140,7 @@ mod tests {
             dataset_id: format!("sha256:{}", "0f".repeat(32)),
             audit: Some(Audit { canaries: 100_000, placement: Placement::Model }),
             init_from_job: Some("job-a".into()),
+            planned_steps: 5708,
         };
         let simulation = PrivacyContract {
             mode: Mode::Simulation { target: Recipe { sample_rate: 0.2, noise_multiplier: 0.7 } },
@@ -164,6 +167,7 @@ mod tests {
             mechanism: Some(v1::Mechanism { sample_rate: 0.01, noise_multiplier: 0.01, clipping_norm: 1.0 }),
             delta: 1e-5,
             epsilon_target: 1e9,
+            planned_steps: 10,
             ..Default::default()
         };
         assert!(contract_from_proto(p.clone()).is_ok(), "a weak contract is still a contract");

@@ -54,6 +54,9 @@ error_codes! {
     ReleaseTrimmed = "RELEASE_TRIMMED" => FailedPrecondition,
     /// The job was closed and accepts nothing more.
     JobClosed = "JOB_CLOSED" => FailedPrecondition,
+    /// The step's parts are not clipped: their L2 norms sum past C times the units the
+    /// coordinator sampled. Nothing was charged or released; no retry can fix it.
+    Unclipped = "UNCLIPPED" => FailedPrecondition,
     /// The named job, step or resource does not exist.
     NotFound = "NOT_FOUND" => NotFound,
     /// The job is not registered with the accountant.

@@ -85,22 +85,52 @@ pub fn extend_finite(out: &mut Vec<f32>, data: &[u8], offset: u64) -> Result<(),
     }
 }
 
-/// The number of f32 values in `data`, refusing any value that is not finite (`offset` is the
-/// index of the first value within its vector, for the error). Reads `data` in place: a part is
-/// checked where the transport decoded it, never copied to be checked.
-pub fn check_finite(data: &[u8], offset: u64) -> Result<usize, FloatsError> {
+/// The number of f32 values in `data` and the sum of their squares (in f64, so that no finite
+/// value overflows it), refusing any value that is not finite (`offset` is the index of the
+/// first value within its vector, for the error). Reads `data` in place, in one pass: a part
+/// is checked finite, and its norm taken, where the transport decoded it.
+pub fn check_finite(data: &[u8], offset: u64) -> Result<Checked, FloatsError> {
     let count = count(data)?;
     // All exponent bits set is NaN or ±inf. Blocks of 64 values are tested without a branch
-    // per value (the compiler vectorises the fold); a block with a bad value is searched again.
-    let bad = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7f80_0000 == 0x7f80_0000;
+    // per value, and their squares summed in 8 independent lanes (the compiler vectorises
+    // both); a block with a bad value is searched again.
+    let bad = |bits: u32| bits & 0x7f80_0000 == 0x7f80_0000;
+    let bits = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let mut squares = 0f64;
     for (block_index, block) in data.chunks(256).enumerate() {
-        if block.chunks_exact(4).fold(false, |any, b| any | bad(b)) {
-            let i = block.chunks_exact(4).position(bad).unwrap_or(0);
-            let value = f32::from_le_bytes([block[4 * i], block[4 * i + 1], block[4 * i + 2], block[4 * i + 3]]);
+        let (mut any_bad, mut lanes) = (false, [0f64; 8]);
+        let groups = block.chunks_exact(32);
+        let tail = groups.remainder();
+        for group in groups {
+            for (lane, b) in lanes.iter_mut().zip(group.chunks_exact(4)) {
+                let v = bits(b);
+                any_bad |= bad(v);
+                let x = f64::from(f32::from_bits(v));
+                *lane += x * x;
+            }
+        }
+        for b in tail.chunks_exact(4) {
+            let v = bits(b);
+            any_bad |= bad(v);
+            lanes[0] += f64::from(f32::from_bits(v)).powi(2);
+        }
+        if any_bad {
+            let i = block.chunks_exact(4).position(|b| bad(bits(b))).unwrap_or(0);
+            let value = f32::from_bits(bits(&block[4 * i..]));
             return Err(FloatsError::NotFinite { value, index: offset + (block_index * 64 + i) as u64 });
         }
+        squares += lanes.iter().sum::<f64>();
     }
-    Ok(count)
+    Ok(Checked { count, squares })
+}
+
+/// What [`check_finite`] found in a run of finite values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Checked {
+    /// Values.
+    pub count: usize,
+    /// Σ x² over them, in f64.
+    pub squares: f64,
 }
 
 /// The little-endian f32 values of `data`, read in place (a trailing partial value is
@@ -141,14 +171,26 @@ mod tests {
     #[test]
     fn a_check_in_place_finds_the_first_bad_value_in_any_block() {
         let mut values = vec![1.5f32; 1000];
-        assert_eq!(check_finite(&to_bytes(&values), 0), Ok(1000));
+        assert_eq!(check_finite(&to_bytes(&values), 0).map(|c| c.count), Ok(1000));
         for (at, bad) in [(0, f32::NAN), (63, f32::INFINITY), (64, f32::NEG_INFINITY), (999, f32::NAN)] {
             values[at] = bad;
             let err = check_finite(&to_bytes(&values), 5).unwrap_err();
             assert!(matches!(err, FloatsError::NotFinite { index, .. } if index == 5 + at as u64), "{at}: {err}");
             values[at] = f32::MAX; // the largest finite value passes
         }
-        assert_eq!(check_finite(&to_bytes(&values), 0), Ok(1000));
+        assert_eq!(check_finite(&to_bytes(&values), 0).map(|c| c.count), Ok(1000));
         assert_eq!(check_finite(&[0; 6], 0), Err(FloatsError::Length(6)));
+    }
+
+    #[test]
+    fn the_check_sums_squares_in_f64_over_every_block_and_the_tail() {
+        // 1001 values: 15 whole blocks of 64, and a tail of 41 (5 groups of 8 and 1 more).
+        let values: Vec<f32> = (0..1001).map(|i| (i as f32 - 500.0) * 0.25).collect();
+        let exact: f64 = values.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let checked = check_finite(&to_bytes(&values), 0).unwrap();
+        assert_eq!(checked.count, 1001);
+        assert!((checked.squares - exact).abs() <= exact * 1e-12, "{} vs {exact}", checked.squares);
+        let huge = check_finite(&to_bytes(&[f32::MAX, f32::MAX]), 0).unwrap();
+        assert!(huge.squares.is_finite() && huge.squares > 1e76, "no finite value overflows the sum");
     }
 }

@@ -10,6 +10,7 @@ pub mod contract;
 pub mod digest;
 pub mod error;
 pub mod floats;
+pub mod plan;
 pub mod reflection;
 pub mod retry;
 

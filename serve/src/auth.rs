@@ -70,6 +70,8 @@ pub const POLICY: &[(&str, &[Role])] = &[
     ("/dpcap.v1.AccountantService/FetchRelease", &[Worker]),
     ("/dpcap.v1.AccountantService/GetSpend", &[Coordinator, Operator, Viewer, PrivacyAdmin]),
     ("/dpcap.v1.AccountantService/CloseJob", &[Coordinator]),
+    // Revocation: only the coordinator, which forms and dissolves groups, fences them.
+    ("/dpcap.v1.AccountantService/FenceJob", &[Coordinator]),
     ("/dpcap.v1.AccountantService/TrimReleases", &[Coordinator]),
     ("/dpcap.v1.AccountantService/Estimate", &[Operator, Viewer, Coordinator, PrivacyAdmin]),
     ("/dpcap.v1.AccountantService/SetDatasetBudget", &[PrivacyAdmin]),
@@ -126,6 +128,18 @@ pub enum AuthError {
         /// Its length.
         len: usize,
     },
+    /// One token (or certificate) given for two roles: every caller holding it would have both,
+    /// more than either grants.
+    #[error(
+        "invalid {second} credential: the same token or certificate is already given to role {first}; each \
+         credential grants one role (make a token per role: openssl rand -hex 32)"
+    )]
+    SharedCredential {
+        /// The role it was given first.
+        first: Role,
+        /// The role it was given again.
+        second: Role,
+    },
     /// A token file could not be read or parsed.
     #[error("invalid auth tokens file {path}: {reason}")]
     TokenFile {
@@ -177,6 +191,12 @@ impl Credentials {
         if token.len() < MIN_TOKEN_LEN {
             return Err(AuthError::WeakToken { role, len: token.len() });
         }
+        if let Some((_, first)) = self.tokens.iter().find(|(t, _)| t == token.as_bytes()) {
+            if *first == role {
+                return Ok(()); // the same grant twice changes nothing
+            }
+            return Err(AuthError::SharedCredential { first: *first, second: role });
+        }
         self.tokens.push((token.as_bytes().to_vec(), role));
         Ok(())
     }
@@ -187,6 +207,12 @@ impl Credentials {
             path: "(certificate)".into(),
             reason: format!("invalid {role} certificate fingerprint {fingerprint:?}: expected sha256 hex"),
         })?;
+        if let Some((_, first)) = self.certs.iter().find(|(f, _)| *f == fingerprint) {
+            if *first == role {
+                return Ok(());
+            }
+            return Err(AuthError::SharedCredential { first: *first, second: role });
+        }
         self.certs.push((fingerprint, role));
         Ok(())
     }
@@ -377,6 +403,19 @@ mod tests {
         assert!(err.contains("line 3") && err.contains("wizard") && !err.contains("bbbb"), "{err}");
         assert_eq!(c.roles_of(b"aaaaaaaaaaaaaaaaaaaa"), vec![Role::Worker]);
         assert!(!format!("{c:?}").contains("aaaa"), "debug output never shows a token");
+    }
+
+    #[test]
+    fn a_credential_given_to_two_roles_is_refused_naming_both_and_never_the_token() {
+        let mut c = Credentials::default();
+        c.add(Role::Operator, "shared-token-0123456789").unwrap();
+        c.add(Role::Operator, "shared-token-0123456789").unwrap();
+        let err = c.add(Role::Worker, "shared-token-0123456789").unwrap_err().to_string();
+        assert!(err.contains("worker") && err.contains("operator") && !err.contains("0123"), "{err}");
+        let fingerprint = "ab".repeat(32);
+        c.add_cert(Role::Viewer, &fingerprint).unwrap();
+        assert!(matches!(c.add_cert(Role::Coordinator, &fingerprint), Err(AuthError::SharedCredential { .. })));
+        assert_eq!(c.roles_of(b"shared-token-0123456789"), vec![Role::Operator]);
     }
 
     #[test]

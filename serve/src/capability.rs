@@ -46,6 +46,20 @@ pub struct Capability {
     pub parts: u32,
     /// Milliseconds since the Unix epoch after which it is refused.
     pub expires_unix_ms: u64,
+    /// For one step only (issued with the step's work): the step and the units the
+    /// coordinator sampled for it. A part needs one: the accountant holds the step's parts to
+    /// C times `sampled`, a count no worker can state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<StepGrant>,
+}
+
+/// What a step capability states about its step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepGrant {
+    /// The step.
+    pub step: u64,
+    /// Units (examples, or clients) the coordinator's sampler drew for it, over all ranks.
+    pub sampled: u64,
 }
 
 /// Why a capability was refused, or a key could not be loaded.
@@ -292,7 +306,7 @@ mod tests {
     use super::*;
 
     fn capability(expires_unix_ms: u64) -> Capability {
-        Capability { job_id: "job-a".into(), rank: 1, generation: 3, group: 9, parts: 2, expires_unix_ms }
+        Capability { job_id: "job-a".into(), rank: 1, generation: 3, group: 9, parts: 2, expires_unix_ms, step: None }
     }
 
     #[test]

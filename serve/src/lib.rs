@@ -16,7 +16,7 @@ pub mod store;
 pub mod tls;
 
 pub use auth::{Credentials, Role};
-pub use capability::{Capabilities, Capability, CapabilityArgs, KeyRing};
+pub use capability::{Capabilities, Capability, CapabilityArgs, KeyRing, StepGrant};
 pub use dpcap_proto::client::AttachToken;
 pub use metrics_http::{sample, serve_http};
 pub use process::Listeners;

@@ -541,6 +541,22 @@ impl Services {
     pub fn charged_steps(&self, job_id: &str) -> Vec<u64> {
         ledger_steps(&self.ledger.join("jobs").join(job_id).join("charges"))
     }
+
+    /// The coordinator's job store with its own record key (from its secrets store beside the
+    /// job store): what only the coordinator can do, for a test that plays a coordinator killed
+    /// between two writes.
+    pub async fn job_store(&self) -> dpcap_coordinator::store::JobStore {
+        let jobs = dpcap_serve::open_store(&self.store.to_string_lossy()).expect("job store");
+        let secrets = format!("{}-secrets", self.store.to_string_lossy());
+        let secrets = dpcap_serve::open_store(&secrets).expect("secrets store");
+        dpcap_coordinator::store::JobStore::open(jobs, secrets).await.expect("record key")
+    }
+
+    /// Where `job_id`'s sealed record lies in a local job store: what a worker, which writes
+    /// its checkpoints there, could rewrite.
+    pub fn record_path(&self, job_id: &str) -> PathBuf {
+        self.store.join("jobs").join(job_id).join("job.sealed")
+    }
 }
 
 /// The steps of a ledger directory's committed records, `STEP.json`, in order. A put the

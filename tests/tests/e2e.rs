@@ -25,8 +25,9 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
     let audit = dpcap_coordinator::spec::AuditFile { canaries: 1000, kind: Some("gradient".into()), coordinates: None };
     let job = submit(&services, SpecFile { audit: Some(audit), ..spec(&dataset, 5) }).await;
     let plan = job.plan.unwrap();
-    assert!(plan.calibrated && plan.noise_multiplier > 0.0, "sigma calibrated before training: {plan:?}");
-    assert!((plan.delta - 1.0 / 240.0).abs() < 1e-12, "delta defaults to 1/N");
+    let c = dpcap_proto::plan::contract(&plan).unwrap();
+    assert!(plan.calibrated && c.mechanism.noise_multiplier > 0.0, "sigma calibrated before training: {plan:?}");
+    assert!((c.delta - 1.0 / 240.0).abs() < 1e-12, "delta defaults to 1/N");
 
     let waited = dpctl(&["--coordinator", &services.coordinator.grpc, "wait", &job.job_id]);
     assert_eq!(
@@ -40,7 +41,7 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
     assert_eq!(job.reduction, Reduction::Accountant as i32, "CPU ranks send their parts to the accountant");
     assert_eq!(services.charged_steps(&job.job_id), (0..5).collect::<Vec<_>>(), "one charge per step, no more");
     let spend = spend(&services, &job.job_id).await;
-    assert!(spend.epsilon_spent <= plan.epsilon_target + 1e-9, "{spend:?}");
+    assert!(spend.epsilon_spent <= c.epsilon_target.unwrap() + 1e-9, "{spend:?}");
     // A watcher is shown the job's end only once the accountant has closed it.
     assert_eq!(spend_phase(&services, &job.job_id).await, JobPhase::Closed as i32, "closed before `dpctl wait` ends");
 
@@ -287,9 +288,9 @@ async fn a_tan_simulation_runs_not_private_and_reports_its_targets_epsilon_every
     ];
     let simulate = Some(dpcap_coordinator::spec::SimulateFile { batch_size: 120, noise_multiplier: Some(2.0) });
     let job = submit(&services, SpecFile { epsilon: None, simulate, ..spec(&dataset, 3) }).await;
-    let plan = job.plan.clone().unwrap();
-    assert_eq!(plan.privacy(), dpcap_proto::v1::Privacy::Simulation);
-    assert!((plan.noise_multiplier - 2.0 * 24.0 / 120.0).abs() < 1e-12, "sigma' = sigma B'/B: {plan:?}");
+    let c = dpcap_proto::plan::contract(job.plan.as_ref().unwrap()).unwrap();
+    assert_eq!(c.mode.name(), "simulation");
+    assert!((c.mechanism.noise_multiplier - 2.0 * 24.0 / 120.0).abs() < 1e-12, "sigma' = sigma B'/B: {c:?}");
     let job = wait_until(&services, &job.job_id, within(3), ended).await;
     assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
     assert!(job.conditions.iter().any(|c| c.reason == "NotPrivate" && c.message.starts_with("NOT PRIVATE")));

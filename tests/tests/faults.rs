@@ -378,7 +378,6 @@ async fn a_transition_whose_caller_goes_away_is_still_carried_out_and_wakes_its_
 /// privacy evidence is not lost with the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_audited_job_that_ended_without_its_audit_recorded_is_audited_when_the_coordinator_restarts() {
-    use prost::Message;
     let dir = tempfile_dir("unaudited");
     let dataset = synth_dataset(&dir, 100);
     let mut services = Services::start(&dir).await;
@@ -395,16 +394,16 @@ async fn an_audited_job_that_ended_without_its_audit_recorded_is_audited_when_th
     // What a coordinator killed after persisting the end, before the audit, leaves on disk
     // (edited while no coordinator runs, so that none writes it back).
     services.coordinator.kill();
-    let record = dir.join("store/jobs").join(&job.job_id).join("job.binpb");
-    let mut stored = Job::decode(std::fs::read(&record).expect("the job's record").as_slice()).expect("a Job");
+    let store = services.job_store().await;
+    let mut stored = store.get_job(&job.job_id).await.unwrap().expect("the job's record");
     stored.conditions.retain(|c| c.r#type != "Audited");
-    std::fs::write(&record, stored.encode_to_vec()).expect("record written");
+    store.put_job(&stored).await.expect("record written, sealed as the coordinator seals it");
     services.restart_coordinator(Duration::ZERO).await;
 
     let again = wait_until(&services, &job.job_id, Duration::from_secs(30), audited).await;
     assert_eq!(again.state, JobState::Succeeded as i32, "{again:#?}");
     let audits = again.conditions.iter().filter(|c| c.r#type == "Audited").count();
     assert_eq!(audits, 1, "audited once: {again:#?}");
-    let stored = Job::decode(std::fs::read(&record).expect("the job's record").as_slice()).expect("a Job");
+    let stored = store.get_job(&job.job_id).await.unwrap().expect("the job's record");
     assert!(audited(&stored), "the audit is durable again: {stored:#?}");
 }

@@ -43,16 +43,17 @@ async fn a_user_level_job_samples_users_charges_each_round_once_and_leaves_an_em
     ];
     let job = submit(&services, fedemb_spec(&dataset, 1)).await;
     let plan = job.plan.clone().unwrap();
+    let c = dpcap_proto::plan::contract(&plan).unwrap();
     assert_eq!((plan.users, plan.clients, plan.examples), (30, 30, 240), "{plan:?}");
-    assert!((plan.sample_rate - 6.0 / 30.0).abs() < 1e-12, "q is over users: {plan:?}");
-    assert!((plan.delta - 1.0 / 30.0).abs() < 1e-12, "delta defaults to 1/N_users: {plan:?}");
-    assert!(plan.noise_multiplier > 0.0);
+    assert!((c.mechanism.sample_rate - 6.0 / 30.0).abs() < 1e-12, "q is over users: {c:?}");
+    assert!((c.delta - 1.0 / 30.0).abs() < 1e-12, "delta defaults to 1/N_users: {c:?}");
+    assert!(c.mechanism.noise_multiplier > 0.0);
 
     let job = wait_until(&services, &job.job_id, Duration::from_secs(400), ended).await;
     assert_eq!(job.state, JobState::Succeeded as i32, "{job:#?}");
     assert_eq!(services.charged_steps(&job.job_id), vec![0, 1, 2], "one charge per round");
     let spend = spend(&services, &job.job_id).await;
-    assert!(spend.epsilon_spent > 0.0 && spend.epsilon_spent <= plan.epsilon_target + 1e-9, "{spend:?}");
+    assert!(spend.epsilon_spent > 0.0 && spend.epsilon_spent <= c.epsilon_target.unwrap() + 1e-9, "{spend:?}");
 
     // The checkpoint is an embedder's (encoder and projection), with server momentum state.
     let checkpoints = dpcap_ml::checkpoint::CheckpointStore::open(&job.checkpoint_root).unwrap();

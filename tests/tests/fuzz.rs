@@ -182,13 +182,13 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     unit: g.u32() as i32,
                     users_digest: g.string(),
                     init_from_job: g.string(),
+                    planned_steps: g.u64(),
                 };
                 let request = RegisterJobRequest {
                     job_id: g.string(),
                     contract: g.pick(&[None, Some(contract)]),
                     gradient_dim: g.u64(),
                     insecure_noise_seed: None,
-                    planned_steps: g.u64(),
                 };
                 within(&what, accountant.register_job(request)).await
             }
@@ -201,6 +201,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                         offset: g.u64(),
                         data: g.data().into(),
                         attempt: g.u64(),
+                        step_capability: g.string(),
                     })
                     .collect();
                 within(&what, accountant.submit_part(futures_stream(chunks))).await
@@ -217,6 +218,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                         job_id: g.string(),
                         reason: g.string(),
                         resumable: g.pick(&[false, true]),
+                        generation: g.u64(),
                     }),
                 )
                 .await

@@ -15,6 +15,9 @@ use dpcap_serve::auth::{POLICY, ROLES, Role};
 use tonic::Code;
 use tonic::codegen::http::uri::PathAndQuery;
 
+#[path = "security/trust.rs"]
+mod trust;
+
 fn token(role: Role) -> String {
     format!("{}-token-0123456789abcdef", role.as_str())
 }

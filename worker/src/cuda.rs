@@ -133,7 +133,8 @@ pub fn check_kernel(ordinal: usize, cuda_root: &std::path::Path) -> Result<Strin
     let arch = options[0].trim_start_matches("--gpu-architecture=").to_owned();
     let compile = cudarc::nvrtc::CompileOptions { options, ..Default::default() };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(PROBE_KERNEL, compile).map_err(compile_failure)?;
-    let module = ctx.load_module(ptx).map_err(|e| format!("the driver refused the probe kernel's PTX ({arch}): {e}"))?;
+    let module =
+        ctx.load_module(ptx).map_err(|e| format!("the driver refused the probe kernel's PTX ({arch}): {e}"))?;
     let function = module.load_function("dpcap_probe").map_err(|e| format!("probe kernel: {e}"))?;
     let stream = ctx.default_stream();
     let input: Vec<f32> = (0..32).map(|i| i as f32).collect();

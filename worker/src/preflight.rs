@@ -96,7 +96,10 @@ pub fn run(device: &str, needs: Needs) -> Report {
     let headers = check_headers(cuda_path.as_deref());
     checks.push(check(
         "headers",
-        headers.as_ref().map(|root| format!("{} (from {})", root.path.display(), root.found_by)).map_err(|e| e.to_string()),
+        headers
+            .as_ref()
+            .map(|root| format!("{} (from {})", root.path.display(), root.found_by))
+            .map_err(|e| e.to_string()),
     ));
     checks.push(kernel(ordinal, &checks, headers.ok().map(|root| root.path)));
     checks.push(match KernelCache::from_process_env() {

@@ -12,6 +12,11 @@ fn dataset() -> String {
 }
 
 fn registration(job_id: &str, sigma: f64) -> Registration {
+    planned(job_id, sigma, 10)
+}
+
+/// A DP job at q = 0.01 and `sigma` that plans `steps` steps.
+fn planned(job_id: &str, sigma: f64, steps: u64) -> Registration {
     Registration {
         job_id: job_id.into(),
         contract: PrivacyContract {
@@ -24,6 +29,7 @@ fn registration(job_id: &str, sigma: f64) -> Registration {
             dataset_id: dataset(),
             audit: None,
             init_from_job: None,
+            planned_steps: steps,
         },
         gradient_dim: 100,
         insecure_noise_seed: None,
@@ -62,9 +68,9 @@ async fn an_audited_job_registered_before_placements_replays_with_model_coordina
 async fn a_registration_is_idempotent_and_a_different_contract_for_the_same_job_conflicts() {
     let dir = tempfile::tempdir().unwrap();
     let accountant = accountant(dir.path(), true).await;
-    assert!(accountant.register(registration("j", 1.0), 10).await.unwrap().1);
-    assert!(!accountant.register(registration("j", 1.0), 10).await.unwrap().1, "the same contract again");
-    let other = accountant.register(registration("j", 0.5), 10).await.unwrap_err();
+    assert!(accountant.register(registration("j", 1.0)).await.unwrap().1);
+    assert!(!accountant.register(registration("j", 1.0)).await.unwrap().1, "the same contract again");
+    let other = accountant.register(registration("j", 0.5)).await.unwrap_err();
     assert!(matches!(other, AccountantError::RegistrationConflict { .. }), "{other:?}");
     // After a restart the ledger's typed contract is the same value.
     let again = super::Accountant::new(accountant.ledger.clone(), Policy::default());
@@ -80,8 +86,8 @@ async fn a_plan_the_datasets_remaining_budget_cannot_cover_is_refused_at_registr
     let setting = BudgetSetting { epsilon: 2.0, delta: 1e-5, reason: "test".into(), allow_not_private: false };
     accountant.set_budget(&key, setting).await.unwrap();
     // σ = 1, q = 0.01 by RDP: about ε 1.2 after 200 steps, 3.7 after 2,000.
-    assert!(accountant.register(registration("fits", 1.0), 200).await.is_ok());
-    let refused = accountant.register(registration("too-long", 1.0), 2_000).await.unwrap_err();
+    assert!(accountant.register(planned("fits", 1.0, 200)).await.is_ok());
+    let refused = accountant.register(planned("too-long", 1.0, 2_000)).await.unwrap_err();
     let message = refused.to_string();
     assert!(matches!(refused, AccountantError::InvalidArgument { field: "steps", .. }), "{refused:?}");
     assert!(message.contains("example-level") && message.contains("budget 2"), "{message}");
@@ -92,11 +98,11 @@ async fn a_plan_the_datasets_remaining_budget_cannot_cover_is_refused_at_registr
 async fn a_job_started_from_another_dp_job_on_its_dataset_reports_their_composed_epsilon() {
     let dir = tempfile::tempdir().unwrap();
     let accountant = accountant(dir.path(), true).await;
-    let (source, _) = accountant.register(registration("source", 1.0), 0).await.unwrap();
+    let (source, _) = accountant.register(planned("source", 1.0, 300)).await.unwrap();
     source.progress.send_modify(|p| p.charged = 300);
     let mut child = registration("child", 1.0);
     child.contract.init_from_job = Some("source".into());
-    let (child, _) = accountant.register(child, 0).await.unwrap();
+    let (child, _) = accountant.register(child).await.unwrap();
     child.progress.send_modify(|p| (p.charged, p.epsilon_spent) = (100, 1.0));
     let composed = accountant.epsilon_composed(&child).await.unwrap();
     let alone = crate::privacy::epsilon(
@@ -108,6 +114,70 @@ async fn a_job_started_from_another_dp_job_on_its_dataset_reports_their_composed
     assert_eq!(composed, alone, "300 + 100 steps of the same mechanism");
     let mut stranger = registration("stranger", 1.0);
     stranger.contract.init_from_job = Some("nobody".into());
-    let refused = accountant.register(stranger, 0).await.unwrap_err();
+    let refused = accountant.register(stranger).await.unwrap_err();
     assert!(matches!(refused, AccountantError::InvalidArgument { field: "init_from_job", .. }), "{refused:?}");
+}
+
+#[tokio::test]
+async fn a_contract_without_planned_steps_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let accountant = accountant(dir.path(), true).await;
+    let refused = accountant.register(planned("none", 1.0, 0)).await.unwrap_err();
+    assert!(matches!(refused, AccountantError::InvalidArgument { field: "contract.planned_steps", .. }), "{refused:?}");
+}
+
+/// What ε `steps` steps of the test mechanism spend at δ = 1e-5 (RDP).
+fn rdp(steps: u64) -> f64 {
+    let segment = Segment { sample_rate: 0.01, noise_multiplier: 1.0, steps };
+    crate::privacy::epsilon(AccountantKind::Rdp, &[segment], 1e-5).unwrap()
+}
+
+#[tokio::test]
+async fn a_dataset_budget_is_never_promised_twice_and_a_suspended_jobs_reservation_is_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let accountant = accountant(dir.path(), false).await;
+    let key = BudgetKey { dataset_id: dataset(), unit: "example".into() };
+    // A budget between the ε of 400 and of 600 planned steps: two plans of 200 fit, a third not.
+    let budget = (rdp(400) + rdp(600)) / 2.0;
+    let setting = BudgetSetting { epsilon: budget, delta: 1e-5, reason: "test".into(), allow_not_private: false };
+    accountant.set_budget(&key, setting).await.unwrap();
+    let (first, _) = accountant.register(planned("first", 1.0, 200)).await.unwrap();
+    accountant.register(planned("second", 1.0, 200)).await.unwrap();
+    let refused = accountant.register(planned("third", 1.0, 200)).await.unwrap_err().to_string();
+    assert!(refused.contains("0.0000 is spent") && refused.contains("reserved by other jobs"), "{refused}");
+    assert!(accountant.job("third").is_err(), "nothing spent, yet both plans are promised");
+    // Cancelled (suspended): it keeps what it charged (here 50 steps), and frees the rest.
+    first.progress.send_modify(|p| p.charged = 50);
+    accountant.suspend(&first, "cancelled", 1).await;
+    accountant.register(planned("third", 1.0, 140)).await.unwrap();
+    // The reservation survives a restart: the ledger holds the plans and the suspension.
+    let again = super::Accountant::new(accountant.ledger.clone(), Policy::default());
+    again.replay().await.unwrap();
+    assert!(again.job("first").unwrap().suspended.load(Ordering::SeqCst));
+    let segments = again.reserved_segments(&key);
+    let steps: u64 = segments.iter().map(|s| s.steps).sum();
+    assert_eq!(steps, 200 + 140, "the suspended job reserves nothing it has not charged (none after replay)");
+}
+
+#[tokio::test]
+async fn a_fence_revokes_older_generations_a_suspension_all_of_them_and_a_resume_reopens_a_newer_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let accountant = accountant(dir.path(), true).await;
+    let (job, _) = accountant.register(registration("j", 1.0)).await.unwrap();
+    assert!(accountant.admit_generation(&job, 1).await.is_ok());
+    accountant.fence(&job, 2, false).await.unwrap();
+    assert!(accountant.admit_generation(&job, 1).await.unwrap_err().contains("generation 2"), "revoked at once");
+    assert!(accountant.admit_generation(&job, 2).await.is_ok());
+    accountant.suspend(&job, "cancelled", 2).await;
+    let refused = accountant.admit_generation(&job, 3).await.unwrap_err();
+    assert!(refused.contains("suspended"), "{refused}");
+    let stale = accountant.fence(&job, 2, true).await.unwrap_err();
+    assert!(matches!(stale, AccountantError::Fenced { admitted: 3, .. }), "a stale resume: {stale:?}");
+    accountant.fence(&job, 3, true).await.unwrap();
+    assert!(accountant.admit_generation(&job, 3).await.is_ok(), "resumed at the new group's generation");
+    // A restart remembers the fence.
+    let again = super::Accountant::new(accountant.ledger.clone(), Policy::default());
+    again.replay().await.unwrap();
+    let job = again.job("j").unwrap();
+    assert!(again.admit_generation(&job, 2).await.is_err() && again.admit_generation(&job, 3).await.is_ok());
 }

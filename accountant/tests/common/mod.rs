@@ -10,7 +10,11 @@ use std::time::{Duration, Instant};
 
 use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell, PartKey, RawClient};
 use dpcap_proto::v1::{self as pb, FetchReleaseRequest, JobSpend, Mechanism, RegisterJobRequest, SubmitPartResponse};
-use dpcap_serve::capability::{Capabilities, Capability, now_unix_ms};
+use dpcap_serve::capability::{Capabilities, Capability, StepGrant, now_unix_ms};
+
+/// Units a test step's capability says were sampled when the test is not about clipping: C
+/// times this bounds any part the tests send.
+pub const SAMPLED: u64 = 1 << 40;
 use tonic::Status;
 
 /// A running accountant process; killed (SIGKILL) on drop.
@@ -162,13 +166,16 @@ pub fn job(
             epsilon_target: target,
             accountant: pb::AccountantKind::Pld as i32,
             privacy: if sigma == 0.0 { pb::Privacy::NotPrivate } else { pb::Privacy::Dp } as i32,
+            planned_steps: PLANNED_STEPS,
             ..Default::default()
         }),
         gradient_dim: dim,
         insecure_noise_seed: seed,
-        ..Default::default()
     }
 }
+
+/// Steps a test job plans unless its test changes them: more than any test runs.
+pub const PLANNED_STEPS: u64 = 1000;
 
 /// The contract of a registration, to change a field.
 pub fn contract(request: &mut RegisterJobRequest) -> &mut pb::PrivacyContract {
@@ -211,7 +218,14 @@ impl Client {
             group: 0,
             parts,
             expires_unix_ms: now_unix_ms() + 3_600_000,
+            step: Some(StepGrant { step: 0, sampled: SAMPLED }),
         }
+    }
+
+    /// The capability of part `key` for its step, which states `sampled` units.
+    pub fn step_capability(&self, job_id: &str, key: PartKey, sampled: u64) -> Capability {
+        let step = Some(StepGrant { step: key.step, sampled });
+        Capability { step, ..self.capability(job_id, key.part, Some(key.attempt)) }
     }
 
     /// The generated client without a capability (the coordinator's and operators' calls).
@@ -243,7 +257,7 @@ impl Client {
         key: PartKey,
         values: &[f32],
     ) -> Result<SubmitPartResponse, Status> {
-        let capability = self.capability(job_id, key.part, Some(key.attempt));
+        let capability = self.step_capability(job_id, key, SAMPLED);
         self.with(Some(capability)).submit_attempt(job_id, key, values).await
     }
 
@@ -255,7 +269,7 @@ impl Client {
         group: u64,
         values: &[f32],
     ) -> Result<SubmitPartResponse, Status> {
-        let capability = Capability { group, ..self.capability(job_id, key.part, Some(key.attempt)) };
+        let capability = Capability { group, ..self.step_capability(job_id, key, SAMPLED) };
         self.with(Some(capability)).submit_attempt(job_id, key, values).await
     }
 

@@ -162,20 +162,21 @@ pub async fn train_and_report(
     recalls.push(("init", evaluate("init", &initial(warm).await?, &heldout)?));
 
     let plan = dp.job.plan.clone().unwrap_or_default();
+    let c = crate::jobs::contract_of(&dp.job)?;
     let mut report = json!({
         "job_id": dp.job.job_id,
         "objective": "fedemb",
         "privacy_unit": "user",
         "epsilon_spent": dp.spend.epsilon_spent,
-        "epsilon_target": plan.epsilon_target,
-        "delta": plan.delta,
+        "epsilon_target": c.epsilon_target,
+        "delta": c.delta,
         "users": plan.users,
         "clients": plan.clients,
         "examples": plan.examples,
-        "clients_per_step": plan.expected_batch_size,
-        "sample_rate": plan.sample_rate,
-        "noise_multiplier": plan.noise_multiplier,
-        "clipping_norm": plan.clipping_norm,
+        "clients_per_step": dpcap_proto::plan::expected_batch_size(&plan, &c),
+        "sample_rate": c.mechanism.sample_rate,
+        "noise_multiplier": c.mechanism.noise_multiplier,
+        "clipping_norm": c.mechanism.clipping_norm,
         "steps": dp.spend.steps_charged,
         "loss_start": dp.job.progress.as_ref().and_then(|p| p.loss_first),
         "loss_end": dp.job.progress.as_ref().and_then(|p| p.loss),
@@ -202,8 +203,8 @@ pub async fn train_and_report(
     eprintln!(
         "user-level epsilon spent {:.3} of {} at delta {:.2e} over {} steps, {} users; report at {}",
         dp.spend.epsilon_spent,
-        plan.epsilon_target,
-        plan.delta,
+        c.epsilon_target.unwrap_or(f64::INFINITY),
+        c.delta,
         dp.spend.steps_charged,
         plan.users,
         dir.join("report.json").display()

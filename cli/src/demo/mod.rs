@@ -250,12 +250,12 @@ async fn train_and_report(
         let label = if *name == "nonprivate" { " (NOT PRIVATE)" } else { "" };
         eprintln!("{name} model{label}:\n{}", crate::eval::report::table(r));
     }
-    let (plan, spend) = (dp_job.job.plan.clone().unwrap_or_default(), &dp_job.spend);
+    let (c, spend) = (crate::jobs::contract_of(&dp_job.job)?, &dp_job.spend);
     eprintln!(
         "epsilon spent {:.3} of {} at delta {:.2e} (PLD) over {} steps; report at {}",
         spend.epsilon_spent,
-        plan.epsilon_target,
-        plan.delta,
+        c.epsilon_target.unwrap_or(f64::INFINITY),
+        c.delta,
         spend.steps_charged,
         dir.join("report.json").display()
     );
@@ -334,8 +334,9 @@ fn summary(
     started: Instant,
 ) -> serde_json::Value {
     let (dp_job, baseline, warm) = (jobs.dp, jobs.baseline, jobs.warm);
-    let (plan, progress) =
-        (dp_job.job.plan.clone().unwrap_or_default(), dp_job.job.progress.clone().unwrap_or_default());
+    let progress = dp_job.job.progress.clone().unwrap_or_default();
+    let c = dp_job.job.plan.as_ref().and_then(|p| dpcap_proto::plan::contract(p).ok());
+    let m = c.as_ref().map(|c| c.mechanism);
     let spend = &dp_job.spend;
     let score = |name: &str| reports.iter().find(|(n, _)| *n == name).map(|(_, r)| r);
     let captions: Vec<_> = score("dp")
@@ -344,14 +345,14 @@ fn summary(
     let mut report = json!({
         "job_id": dp_job.job.job_id,
         "epsilon_spent": spend.epsilon_spent,
-        "epsilon_target": plan.epsilon_target,
-        "delta": plan.delta,
+        "epsilon_target": c.as_ref().and_then(|c| c.epsilon_target),
+        "delta": c.as_ref().map(|c| c.delta),
         "accountant": "pld",
         "objective": args.objective,
         "steps": spend.steps_charged,
-        "noise_multiplier": plan.noise_multiplier,
-        "sample_rate": plan.sample_rate,
-        "clipping_norm": plan.clipping_norm,
+        "noise_multiplier": m.map(|m| m.noise_multiplier),
+        "sample_rate": m.map(|m| m.sample_rate),
+        "clipping_norm": m.map(|m| m.clipping_norm),
         "loss_start": progress.loss_first,
         "loss_end": progress.loss,
         "captions": captions,

@@ -82,8 +82,9 @@ pub async fn run(server: &Server, accountant: &str, spec: SpecFile) -> Result<Fi
     let request = SubmitJobRequest { spec: Some(spec.into_proto()?), idempotency_key: String::new() };
     let job = client.submit_job(request).await.map_err(jobs::status)?.into_inner();
     let plan = job.plan.clone().unwrap_or_default();
-    match dpcap_coordinator::mode::notice(&plan) {
-        Some(notice) => eprintln!("job {}: {notice}; {} steps", job.job_id, plan.steps),
+    let c = jobs::contract_of(&job)?;
+    match dpcap_coordinator::mode::notice(&plan, &c) {
+        Some(notice) => eprintln!("job {}: {notice}; {} steps", job.job_id, c.planned_steps),
         None => eprintln!(
             "job {}: N = {}{}, q = {:.4}, L = {:.0}, sigma = {:.4} (calibrated for epsilon {} at delta {:.2e}), {} steps",
             job.job_id,
@@ -93,12 +94,12 @@ pub async fn run(server: &Server, accountant: &str, spec: SpecFile) -> Result<Fi
                 c if c == plan.users => " users".to_owned(),
                 _ => format!(" virtual clients of {} users", plan.users),
             },
-            plan.sample_rate,
-            plan.expected_batch_size,
-            plan.noise_multiplier,
-            plan.epsilon_target,
-            plan.delta,
-            plan.steps
+            c.mechanism.sample_rate,
+            dpcap_proto::plan::expected_batch_size(&plan, &c),
+            c.mechanism.noise_multiplier,
+            c.epsilon_target.unwrap_or(f64::INFINITY),
+            c.delta,
+            c.planned_steps
         ),
     }
     let job = jobs::follow(&mut client, &job.job_id, true).await?;

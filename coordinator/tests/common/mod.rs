@@ -6,24 +6,43 @@ use std::time::Instant;
 use dpcap_coordinator::state::{JobEntry, Report, State, WorkerEntry};
 use dpcap_coordinator::{JobSecret, PoissonSampler};
 use dpcap_dataset::index::Layout;
+use dpcap_privacy::AccountantKind;
+use dpcap_privacy::contract::{Mechanism, Mode, PrivacyContract, PrivacyUnit};
 use dpcap_proto::v1::{Job, JobState, Plan, StepOutcome};
+
+/// A DP contract at q = 0.2 over `steps` planned steps.
+pub fn contract(steps: u64) -> PrivacyContract {
+    PrivacyContract {
+        mechanism: Mechanism { sample_rate: 0.2, noise_multiplier: 1.0, clipping_norm: 1.0 },
+        accountant: AccountantKind::Pld,
+        delta: 1e-5,
+        epsilon_target: Some(8.0),
+        mode: Mode::Dp,
+        unit: PrivacyUnit::Example,
+        dataset_id: String::new(),
+        audit: None,
+        init_from_job: None,
+        planned_steps: steps,
+    }
+}
 
 /// A pending job entry with W = `workers` over 100 examples at q = 0.2.
 pub fn job(id: &str, workers: u32, steps: u64) -> JobEntry {
+    let contract = contract(steps);
     JobEntry {
         job: Job {
             job_id: id.into(),
             state: JobState::Pending as i32,
             plan: Some(Plan {
                 workers,
-                steps,
                 examples: 100,
-                sample_rate: 0.2,
                 checkpoint_interval: 10,
+                contract: Some(dpcap_proto::contract::contract_to_proto(&contract)),
                 ..Default::default()
             }),
             ..Default::default()
         },
+        contract,
         sampler: PoissonSampler::new(JobSecret([7; 32]), 100, 0.2).unwrap(),
         layout: Layout::from_counts(&[50, 50]),
         clients: None,

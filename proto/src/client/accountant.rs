@@ -85,19 +85,23 @@ impl AccountantClient {
         key: PartKey,
         values: &[f32],
     ) -> Result<SubmitPartResponse, Status> {
-        self.submit_bytes(job_id, key, floats::to_bytes(values)).await
+        self.submit_bytes(job_id, key, "", floats::to_bytes(values)).await
     }
 
     /// Streams a part given as little-endian f32 bytes ([`floats::into_bytes`] makes them from
-    /// a `Vec<f32>` without a copy); a retry sends the same buffer again.
+    /// a `Vec<f32>` without a copy); a retry sends the same buffer again. `step_capability` is
+    /// the step's capability (`StepWork.capability`), carried by the first chunk; empty, the
+    /// call's own capability must be the step's.
     pub async fn submit_bytes(
         &mut self,
         job_id: &str,
         PartKey { step, part, attempt }: PartKey,
+        step_capability: &str,
         data: bytes::Bytes,
     ) -> Result<SubmitPartResponse, Status> {
         let values = data.len() / 4;
         let job_id = job_id.to_owned();
+        let step_capability = step_capability.to_owned();
         // Chunks are zero-copy slices of one buffer, made as the stream is polled.
         let chunks = (0..values.div_ceil(CHUNK_VALUES).max(1)).map(move |i| {
             let start = (i * CHUNK_VALUES * 4).min(data.len());
@@ -109,6 +113,7 @@ impl AccountantClient {
                 offset: (start / 4) as u64,
                 data: data.slice(start..end),
                 attempt,
+                step_capability: if i == 0 { step_capability.clone() } else { String::new() },
             }
         });
         Ok(self.inner.submit_part(Request::new(futures::stream::iter(chunks))).await?.into_inner())

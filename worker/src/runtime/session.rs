@@ -10,7 +10,7 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_proto::client::{AccountantClient, CapabilityCell, CoordinatorClient, PartKey};
 use dpcap_proto::v1::{
-    Assignment, AttachJobRequest, Augment, GetStepRequest, JobSpec, Objective, Privacy, ReportStepRequest, StepOutcome,
+    Assignment, AttachJobRequest, Augment, GetStepRequest, JobSpec, Objective, ReportStepRequest, StepOutcome,
     TelemetryMode, step_work::Action,
 };
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
@@ -147,8 +147,11 @@ impl<AB: AutodiffBackend> Session<AB> {
         let Clients { mut coordinator, accountant, capability } = clients;
         let spec = assignment.spec.clone().ok_or_else(|| RuntimeError::Protocol("assignment without a spec".into()))?;
         let plan = assignment.plan.clone().ok_or_else(|| RuntimeError::Protocol("assignment without a plan".into()))?;
+        // q, C, the dataset and the steps are the contract's (the plan keeps no copy); this
+        // rank checks it against the accountant's before its first part ([`Self::attach`]).
+        let contract = dpcap_proto::plan::contract(&plan).map_err(|e| RuntimeError::Protocol(e.to_string()))?;
         let dataset = Dataset::open(&spec.dataset).await?;
-        dataset.check_pinned(&plan.dataset_digest, plan.examples)?;
+        dataset.check_pinned(&contract.dataset_id, plan.examples)?;
         let kind = trainer_kind(&spec);
         let tokenizer = match kind {
             Kind::Caption if !plan.tokenizer.is_empty() => {
@@ -157,10 +160,14 @@ impl<AB: AutodiffBackend> Session<AB> {
             Kind::Caption => Some(dataset.tokenizer(&spec.tokenizer).await?),
             _ => None,
         };
-        let schedule =
-            Schedule { peak: plan.learning_rate, warmup_steps: plan.warmup_steps, total_steps: plan.steps, floor: 0.0 };
+        let schedule = Schedule {
+            peak: plan.learning_rate,
+            warmup_steps: plan.warmup_steps,
+            total_steps: contract.planned_steps,
+            floor: 0.0,
+        };
         let engine = ClipEngine {
-            clipping_norm: plan.clipping_norm,
+            clipping_norm: clipping_norm(&contract),
             micro_batch: plan.micro_batch as usize,
             precision: config.precision,
             matmul_inputs: dpcap_ml::clip::MatmulInputs::for_device(&config.device),
@@ -173,7 +180,7 @@ impl<AB: AutodiffBackend> Session<AB> {
                 tokenizer,
                 seed: spec.seed,
                 engine,
-                expected_batch_size: plan.expected_batch_size,
+                expected_batch_size: dpcap_proto::plan::expected_batch_size(&plan, &contract),
                 schedule,
             };
             Trainer::<AB>::new(replica, device)
@@ -245,7 +252,7 @@ impl<AB: AutodiffBackend> Session<AB> {
                 step,
                 ..Default::default()
             };
-            match self.step(step, &work.units, work.checkpoint, &mut report).await {
+            match self.step((step, &work.capability), &work.units, work.checkpoint, &mut report).await {
                 Ok(StepDone::Applied) => report.outcome = StepOutcome::Done as i32,
                 Ok(StepDone::Discarded) => report.outcome = StepOutcome::Discarded as i32,
                 Err(e @ (RuntimeError::LeaseLost | RuntimeError::Superseded)) => return Err(e),
@@ -269,18 +276,34 @@ impl<AB: AutodiffBackend> Session<AB> {
     }
 
     /// Attaches this rank to the job's contract: the accountant refuses a model whose P differs
-    /// from the one the coordinator registered, or a W other than the capability's.
+    /// from the one the coordinator registered, or a W other than the capability's; this rank
+    /// refuses an assignment whose contract is not the ledger's, so that it clips with the
+    /// ledger's C whatever the coordinator's store says.
     async fn attach(&mut self) -> Result<(), RuntimeError> {
         let request = AttachJobRequest {
             job_id: self.assignment.job_id.clone(),
             gradient_dim: self.trainer.dim() as u64,
             parts: self.reducer.parts(self.assignment.world_size),
         };
-        retry(RetryPolicy::default(), "attach_job", || {
+        let spend = retry(RetryPolicy::default(), "attach_job", || {
             let (mut client, request) = (self.accountant.clone(), request.clone());
             async move { client.raw().attach_job(request).await }
         })
-        .await?;
+        .await?
+        .into_inner();
+        let plan = self.assignment.plan.as_ref().ok_or_else(|| RuntimeError::Protocol("no plan".into()))?;
+        let assigned = dpcap_proto::plan::contract(plan).map_err(|e| RuntimeError::Protocol(e.to_string()))?;
+        let ledger = spend
+            .contract
+            .map(dpcap_proto::contract::contract_from_proto)
+            .transpose()
+            .map_err(|e| RuntimeError::Protocol(e.to_string()))?
+            .ok_or_else(|| RuntimeError::Protocol("the accountant's attach named no contract".into()))?;
+        if assigned != ledger {
+            let differences = assigned.differences(&ledger, ("in the assignment", "in the ledger")).join("; ");
+            return Err(RuntimeError::Spec { field: "contract", reason: format!("refused: {differences}") });
+        }
+        self.trainer.engine.clipping_norm = clipping_norm(&ledger);
         self.attached = true;
         Ok(())
     }
@@ -322,7 +345,7 @@ impl<AB: AutodiffBackend> Session<AB> {
 
     async fn step(
         &mut self,
-        step: u64,
+        (step, capability): (u64, &str),
         units: &[dpcap_proto::v1::ExampleRange],
         checkpoint: bool,
         report: &mut ReportStepRequest,
@@ -339,7 +362,7 @@ impl<AB: AutodiffBackend> Session<AB> {
         let outcome = reduce::release(
             &self.reducer,
             &mut self.accountant,
-            reduce::StepKey { job_id: &job_id, part: PartKey { step, part: rank, attempt: generation } },
+            reduce::StepKey { job_id: &job_id, part: PartKey { step, part: rank, attempt: generation }, capability },
             computed.part,
         )
         .await?;
@@ -459,7 +482,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             discarded_steps: self.discarded.clone(),
             // The contract's mode; fails closed: a plan without one is not "dp".
             privacy: self.mode_name().to_owned(),
-            dataset: self.assignment.plan.as_ref().map(|p| p.dataset_digest.clone()).unwrap_or_default(),
+            dataset: self.contract().map(|c| c.dataset_id).unwrap_or_default(),
             init_from: self.init_from.clone(),
         };
         self.checkpoints.save(&manifest, weights, optimizer).await?;
@@ -469,21 +492,28 @@ impl<AB: AutodiffBackend> Session<AB> {
 }
 
 impl<AB: AutodiffBackend> Session<AB> {
-    /// The job's privacy mode as manifests name it, from its contract (plans from before
-    /// contracts: their privacy field).
-    fn mode_name(&self) -> &'static str {
-        let plan = self.assignment.plan.as_ref();
-        match plan.and_then(|p| p.contract.clone()).map(dpcap_proto::contract::contract_from_proto) {
-            Some(Ok(contract)) => contract.mode.name(),
-            Some(Err(_)) => "unknown",
-            None => match plan.map(|p| p.privacy()) {
-                Some(Privacy::Dp | Privacy::Unspecified) => "dp",
-                Some(Privacy::NotPrivate) => "not_private",
-                Some(Privacy::Simulation) => "simulation",
-                None => "unknown",
-            },
-        }
+    /// The assignment's contract, if it has a valid one.
+    fn contract(&self) -> Option<dpcap_privacy::contract::PrivacyContract> {
+        self.assignment.plan.as_ref().and_then(|p| dpcap_proto::plan::contract(p).ok())
     }
+
+    /// The job's privacy mode as manifests name it, from its contract; fails closed: without
+    /// a valid contract it is not "dp".
+    fn mode_name(&self) -> &'static str {
+        self.contract().map_or("unknown", |c| c.mode.name())
+    }
+}
+
+/// The C a rank clips to: the contract's. A worker built with the test-only feature
+/// `test-skip-clipping` and started with `DPCAP_TEST_SKIP_CLIPPING=1` clips to +∞ instead (it
+/// sends unclipped sums), so that the suite can prove the accountant refuses them.
+fn clipping_norm(contract: &dpcap_privacy::contract::PrivacyContract) -> f64 {
+    #[cfg(feature = "test-skip-clipping")]
+    if std::env::var("DPCAP_TEST_SKIP_CLIPPING").is_ok_and(|v| v == "1") {
+        tracing::warn!("DPCAP_TEST_SKIP_CLIPPING=1: this test worker sends unclipped sums");
+        return f64::INFINITY;
+    }
+    contract.mechanism.clipping_norm
 }
 
 /// The clients a session talks through.
