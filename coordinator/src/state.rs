@@ -88,6 +88,9 @@ pub struct Group {
     pub step_examples: u64,
     /// Σ loss · examples reported for the current step (non-DP telemetry).
     pub step_loss: f64,
+    /// Examples of the reports that carried a loss (a rank whose examples were all left out
+    /// as non-finite reports none).
+    pub step_loss_examples: u64,
     /// The NCCL unique id rank 0 published for this generation (NCCL reduction only).
     pub nccl_id: Option<Vec<u8>>,
     /// Units (examples, or a user-level job's clients) the sampler drew for the current step:
@@ -386,6 +389,7 @@ impl State {
             step_started: Instant::now(),
             step_examples: 0,
             step_loss: 0.0,
+            step_loss_examples: 0,
             nccl_id: None,
             sampled: 0,
         });
@@ -574,7 +578,10 @@ impl State {
             .map_or(0, |units| units.iter().map(|u| u.unit.indices.len()).sum());
         let member = group.members.get(rank).cloned();
         group.step_examples += report.examples;
-        group.step_loss += report.loss.unwrap_or(0.0) * report.examples as f64;
+        if let Some(loss) = report.loss {
+            group.step_loss += loss * report.examples as f64;
+            group.step_loss_examples += report.examples;
+        }
         let all_reported = group.reported.iter().all(|r| *r);
         // Under telemetry: strict, step timings (which grow with the realised batch) are
         // neither recorded nor exported, and work is split evenly.
@@ -631,9 +638,10 @@ impl State {
             progress.examples_per_second = expected / seconds;
             progress.eta_seconds = seconds * plan_steps.saturating_sub(step + 1) as f64;
         }
-        if group.step_examples > 0 && group.step_loss.is_finite() {
-            let loss = group.step_loss / group.step_examples as f64;
-            progress.loss = Some(loss);
+        // A step whose every example was left out shows no loss (absent, not 0, not stale).
+        progress.loss = (group.step_loss_examples > 0 && group.step_loss.is_finite())
+            .then(|| group.step_loss / group.step_loss_examples as f64);
+        if let Some(loss) = progress.loss {
             progress.loss_first.get_or_insert(loss);
         }
         group.step = Some(step + 1);
@@ -641,6 +649,7 @@ impl State {
         group.work = None;
         group.step_examples = 0;
         group.step_loss = 0.0;
+        group.step_loss_examples = 0;
         entry.version += 1;
         let spend = vec![job_id.to_owned()];
         if step + 1 >= plan_steps {

@@ -241,6 +241,22 @@ fn a_group_dissolved_by_a_lost_worker_has_its_generation_revoked_before_the_next
 }
 
 #[test]
+fn a_step_whose_every_example_was_left_out_shows_no_loss_rather_than_zero_or_the_last_one() {
+    let mut state = State::default();
+    submit(&mut state, job("a", 1, 5));
+    worker(&mut state, "w1");
+    state.schedule();
+    state.jobs.get_mut("a").unwrap().group.as_mut().unwrap().step = Some(0);
+    state.work_for("a", 0);
+    state.report("a", 0, &done());
+    assert_eq!(state.jobs["a"].job.progress.as_ref().unwrap().loss, Some(2.0));
+    state.work_for("a", 0);
+    state.report("a", 0, &Report { loss: None, nonfinite_examples: 3, ..done() });
+    let progress = state.jobs["a"].job.progress.clone().unwrap();
+    assert_eq!((progress.loss, progress.loss_first), (None, Some(2.0)), "{progress:?}");
+}
+
+#[test]
 fn a_rank_may_fail_its_job_before_the_group_has_a_step_but_not_report_one_done() {
     let mut state = State::default();
     submit(&mut state, job("a", 1, 5));

@@ -79,9 +79,10 @@ impl Telemetry {
         kept
     }
 
-    /// Mean per-example loss.
-    pub fn mean_loss(&self) -> f64 {
-        mean(&self.losses)
+    /// Mean per-example loss over the finite examples; None when there were none (every
+    /// example left out as non-finite): an absent loss, never a 0.
+    pub fn mean_loss(&self) -> Option<f64> {
+        (!self.losses.is_empty()).then(|| mean(&self.losses))
     }
 
     /// Fraction of examples whose norm exceeded C.
@@ -519,7 +520,8 @@ mod tests {
     #[test]
     fn telemetry_summarises_losses_and_norms() {
         let t = Telemetry { losses: vec![1.0, 2.0, 3.0, 6.0], norms: vec![0.5, 1.5, 2.0, 4.0], nonfinite: 0 };
-        assert_eq!(t.mean_loss(), 3.0);
+        assert_eq!(t.mean_loss(), Some(3.0));
+        assert_eq!(Telemetry::default().mean_loss(), None, "no finite example: no loss");
         assert_eq!(t.clipped_fraction(1.0), 0.75);
         assert_eq!(t.clipped_fraction(10.0), 0.0);
         assert_eq!((t.norm_quantile(0.0), t.norm_quantile(1.0)), (0.5, 4.0));

@@ -446,7 +446,7 @@ impl<AB: AutodiffBackend> Session<AB> {
         let strict = self.spec.telemetry == TelemetryMode::Strict as i32;
         if !strict && examples > 0 {
             report.examples = examples as u64;
-            report.loss = Some(telemetry.mean_loss());
+            report.loss = telemetry.mean_loss();
         }
         if !strict {
             (report.compute_seconds, report.reduce_seconds, report.release_seconds) =

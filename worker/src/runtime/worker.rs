@@ -231,8 +231,10 @@ async fn superseded(mut lease: watch::Receiver<Lease>, job_id: &str, generation:
     }
 }
 
-/// A session that could not start or run (bad spec, unreadable data) fails its job with the
-/// reason.
+/// A session that could not start or run (bad spec, unreadable data, a contract the accountant
+/// refuses) fails its job with the reason: the report names the group's current step, or step
+/// 0 when the group has none yet (the coordinator takes a failure then), so that no refusal
+/// leaves the job RUNNING.
 async fn fail_job(coordinator: &mut CoordinatorClient, worker_id: &str, job_id: &str, error: &RuntimeError) {
     let Ok(Some(assignment)) = coordinator
         .heartbeat(HeartbeatRequest { worker_id: worker_id.into() })
@@ -249,7 +251,7 @@ async fn fail_job(coordinator: &mut CoordinatorClient, worker_id: &str, job_id: 
         job_id: job_id.into(),
         generation: assignment.generation,
     };
-    let Ok(work) = coordinator.get_step(request).await.map(|r| r.into_inner()) else { return };
+    let step = coordinator.get_step(request).await.map_or(0, |r| r.into_inner().step);
     let outcome = if matches!(error, RuntimeError::BudgetExhausted(_)) {
         dpcap_proto::v1::StepOutcome::BudgetExhausted
     } else {
@@ -259,7 +261,7 @@ async fn fail_job(coordinator: &mut CoordinatorClient, worker_id: &str, job_id: 
         worker_id: worker_id.into(),
         job_id: job_id.into(),
         generation: assignment.generation,
-        step: work.step,
+        step,
         outcome: outcome as i32,
         message: error.to_string(),
         ..Default::default()
