@@ -80,6 +80,43 @@ grep -q '"--precision", "bf16"' "$OUT/gpu.yaml" || { echo "GPU workers must run 
 grep -q 'mountPath: /var/cache/dpcap/kernels' "$OUT/gpu.yaml" && grep -q 'name: DPCAP_KERNEL_CACHE' "$OUT/gpu.yaml" \
   || { echo "GPU workers need the kernel cache volume and DPCAP_KERNEL_CACHE"; exit 1; }
 
+# Values that render but cannot work fail the render, each naming its fix. helm lint runs
+# templates in lint mode, where `fail` is only an [INFO] line: lint cannot refuse values, so
+# every lint above names the values a render needs, and these cases go through helm template.
+refuse() {
+  local expect=$1 out
+  shift
+  if out=$("$HELM" template dpcap "$CHART" "${TLS[@]}" "$@" 2>&1); then
+    echo "the chart rendered with $* (it cannot work)"; exit 1
+  fi
+  grep -q -- "$expect" <<< "$out" || { echo "render with $* failed without naming the fix ($expect): $out"; exit 1; }
+}
+refuse "store.sharedVolume.enabled=false" --set store.url=s3://bucket/store
+refuse "gpusPerWorker >= 1" --set workers.device=cuda
+refuse "auth.operatorToken has 5 characters" --set auth.operatorToken=short
+# NOTES: the commands a user copies use https, the CA, the services' names and the budget step.
+# helm template never renders NOTES.txt (and install --dry-run needs a cluster), so a copy of
+# the chart carries it as a template.
+notes() {
+  local copy
+  copy=$(mktemp -d)
+  cp -r "$CHART" "$copy/"
+  { echo '{{- define "dpcap.notes" }}'; cat "$CHART/templates/NOTES.txt"; echo '{{- end }}'
+    echo 'notes: |'; echo '{{- include "dpcap.notes" . | nindent 2 }}'; } > "$copy/dpcap/templates/notes.yaml"
+  rm "$copy/dpcap/templates/NOTES.txt"
+  "$HELM" template dpcap "$copy/dpcap" "$@" --show-only templates/notes.yaml
+  rm -rf "$copy"
+}
+notes "${TLS[@]}" > "$OUT/install.txt"
+for want in 'https://127.0.0.1:7071' '--tls-domain dpcap-dpcap-coordinator' 'DPCAP_TLS_CA' 'dataset budget set'; do
+  grep -q -- "$want" "$OUT/install.txt" || { echo "NOTES lack $want"; exit 1; }
+done
+! grep -q -- '-plaintext' "$OUT/install.txt" || { echo "NOTES tell a TLS install to use plaintext"; exit 1; }
+notes --set tls.insecure=true | grep -q 'http://127.0.0.1:7071' || { echo "insecure NOTES must use http"; exit 1; }
+# ...and they work: run against a TLS cluster of the test build's binaries (the README's test
+# command, which CI runs first, builds them), with a certificate for the chart's names.
+scripts/notes-check.sh "$OUT/install.txt" "${CARGO_TARGET_DIR:-$PWD/target}/debug"
+
 # values.schema.json must reject wrong types.
 for bad in "workers.replicas=two" "workers.device=tpu" "workers.precision=fp8" "workers.collectiveTimeoutSeconds=0" \
   "coordinator.leaseSeconds=0" "image.tag=" "workers.kernelCache.autotuneLevel=max"; do

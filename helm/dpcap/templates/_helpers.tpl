@@ -121,3 +121,40 @@ securityContext:
   readOnlyRootFilesystem: true
   capabilities: {drop: [ALL]}
 {{- end -}}
+
+{{/* Values that render but cannot work fail the render, each with its fix. Included by every
+     workload template, so `helm lint` and `helm template` refuse them alike. */}}
+{{- define "dpcap.validate" -}}
+{{- if and .Values.store.sharedVolume.enabled (contains "://" .Values.store.url) -}}
+{{- fail (printf "store.url %q is an object store, but store.sharedVolume.enabled mounts a volume at that path: set store.sharedVolume.enabled=false (or a filesystem path as store.url)" .Values.store.url) -}}
+{{- end -}}
+{{- if and (not .Values.store.sharedVolume.enabled) (not (contains "://" .Values.store.url)) -}}
+{{- fail (printf "store.url %q is a path, but store.sharedVolume.enabled=false gives workers and the coordinator no shared volume there: enable it or use an object-store URL (s3://, gs://, az://)" .Values.store.url) -}}
+{{- end -}}
+{{- if and (eq .Values.workers.device "cuda") (lt (int .Values.workers.gpusPerWorker) 1) -}}
+{{- fail "workers.device=cuda needs workers.gpusPerWorker >= 1 (each pod's nvidia.com/gpu limit); without it no GPU is scheduled" -}}
+{{- end -}}
+{{- if and (eq .Values.workers.device "cpu") (gt (int .Values.workers.gpusPerWorker) 0) -}}
+{{- fail "workers.gpusPerWorker > 0 with workers.device=cpu reserves GPUs the workers never use: set workers.device=cuda or gpusPerWorker=0" -}}
+{{- end -}}
+{{- range $field := list "operatorToken" "viewerToken" "clusterToken" "coordinatorToken" "privacyAdminToken" -}}
+{{- $token := index $.Values.auth $field -}}
+{{- if and $token (lt (len $token) 16) -}}
+{{- fail (printf "auth.%s has %d characters; the servers refuse tokens under 16: leave it empty to generate one, or give a longer one" $field (len $token)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A role's token: the value given, else the one already in the release's Secret (kept across
+     upgrades), else a new random one. (dict "root" . "value" "operatorToken" "key" "operator-token") */}}
+{{- define "dpcap.token" -}}
+{{- $given := index .root.Values.auth .value -}}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace (include "dpcap.secretName" .root) -}}
+{{- if $given -}}
+{{- $given | quote -}}
+{{- else if and $existing $existing.data (index $existing.data .key) -}}
+{{- index $existing.data .key | b64dec | quote -}}
+{{- else -}}
+{{- randAlphaNum 40 | quote -}}
+{{- end -}}
+{{- end -}}
