@@ -115,21 +115,32 @@ impl NoiseAhead {
     }
 
     /// Step `step`'s noise: the one drawn ahead if it was for this step, else drawn now. The
-    /// caller must have durably charged `step`.
-    pub async fn take(&self, step: u64) -> Result<Vec<f64>, AccountantError> {
+    /// caller must have durably charged `step`. Noise drawn ahead keeps its bytes of the
+    /// ceiling until the returned [`Noise`] is dropped (after the noise pass).
+    pub async fn take(&self, step: u64) -> Result<Noise, AccountantError> {
         let ready = self.next.lock().expect("noise lock").take();
-        let task = match ready {
-            Some((drawn_for, task, _reservation)) if drawn_for == step => task,
-            _ if self.std == 0.0 => return Ok(vec![0.0; self.dim]),
+        let (task, held) = match ready {
+            Some((drawn_for, task, reservation)) if drawn_for == step => (task, Some(reservation)),
+            _ if self.std == 0.0 => return Ok(Noise { values: vec![0.0; self.dim], _held: None }),
             _ => {
                 let (dim, std, mode) = (self.dim, self.std, self.mode);
-                tokio::task::spawn_blocking(move || noise::draw(dim, std, mode, step))
+                (tokio::task::spawn_blocking(move || noise::draw(dim, std, mode, step)), None)
             }
         };
-        task.await
+        let values = task
+            .await
             .map_err(|e| AccountantError::Internal(format!("noise task failed: {e}")))?
-            .map_err(|e| AccountantError::Internal(format!("os entropy unavailable: {e}")))
+            .map_err(|e| AccountantError::Internal(format!("os entropy unavailable: {e}")))?;
+        Ok(Noise { values, _held: held })
     }
+}
+
+/// One step's noise, with the ceiling's bytes it holds while it lives.
+#[derive(Debug)]
+pub struct Noise {
+    /// N(0, std²) per coordinate.
+    pub values: Vec<f64>,
+    _held: Option<Reservation>,
 }
 
 #[cfg(test)]
@@ -140,8 +151,9 @@ mod tests {
     async fn seeded_noise_drawn_ahead_equals_noise_drawn_on_demand() {
         let ahead = NoiseAhead::new(1000, 2.0, NoiseMode::Seeded(9), AheadBudget::new(u64::MAX));
         ahead.prepare(5);
-        let drawn_ahead = ahead.take(5).await.unwrap();
-        let on_demand = NoiseAhead::new(1000, 2.0, NoiseMode::Seeded(9), AheadBudget::new(0)).take(5).await.unwrap();
+        let drawn_ahead = ahead.take(5).await.unwrap().values;
+        let on_demand =
+            NoiseAhead::new(1000, 2.0, NoiseMode::Seeded(9), AheadBudget::new(0)).take(5).await.unwrap().values;
         assert_eq!(drawn_ahead, on_demand);
     }
 
@@ -149,7 +161,7 @@ mod tests {
     async fn noise_drawn_for_one_step_is_never_used_for_another() {
         let ahead = NoiseAhead::new(1000, 2.0, NoiseMode::Seeded(9), AheadBudget::new(u64::MAX));
         ahead.prepare(5);
-        let six = ahead.take(6).await.unwrap();
+        let six = ahead.take(6).await.unwrap().values;
         assert_eq!(six, noise::draw(1000, 2.0, NoiseMode::Seeded(9), 6).unwrap());
         assert!(ahead.next.lock().unwrap().is_none(), "step 5's noise is dropped, not kept");
     }
@@ -158,8 +170,8 @@ mod tests {
     async fn os_entropy_noise_is_used_once() {
         let ahead = NoiseAhead::new(64, 1.0, NoiseMode::OsEntropy, AheadBudget::new(u64::MAX));
         ahead.prepare(0);
-        let first = ahead.take(0).await.unwrap();
-        let again = ahead.take(0).await.unwrap();
+        let first = ahead.take(0).await.unwrap().values;
+        let again = ahead.take(0).await.unwrap().values;
         assert_ne!(first, again, "a second take draws fresh noise, never the same twice");
     }
 
@@ -174,7 +186,9 @@ mod tests {
         assert_eq!(budget.held(), 1600, "two jobs fit under the ceiling, the third draws nothing ahead");
         assert!(jobs[2].next.lock().unwrap().is_none());
         let taken = jobs[0].take(0).await.unwrap();
-        assert_eq!((taken.len(), budget.held()), (100, 800));
+        assert_eq!((taken.values.len(), budget.held()), (100, 1600), "held while the noise pass uses it");
+        drop(taken);
+        assert_eq!(budget.held(), 800);
         jobs[2].prepare(1);
         jobs[1].clear();
         assert_eq!(budget.held(), 800, "the third now fits; the cleared one gave its bytes back");

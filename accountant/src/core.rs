@@ -57,8 +57,8 @@ impl Default for Policy {
 pub struct DatasetView {
     /// The budget.
     pub budget: DatasetBudget,
-    /// ε at the budget's δ, composed over every private job of its unit on the dataset.
-    pub epsilon_spent: f64,
+    /// ε spent, reserved by open plans and free, at the budget's δ.
+    pub standing: crate::datasets::Standing,
     /// Jobs of its unit registered on the dataset.
     pub jobs: Vec<String>,
 }
@@ -208,16 +208,13 @@ impl Accountant {
             Arc::new(build_job(JobRecord::new(registration.clone()), self.policy, &self.ledger, &self.ahead).await?);
         // One admission at a time per budget: two plans never both fit in the same ε.
         let key = BudgetKey::of(&registration.contract);
-        let _admission = match self.datasets.lock(&key) {
-            Some(lock) => Some(lock.lock_owned().await),
-            None => None,
-        };
+        let _admission = self.datasets.admission_lock(&key).lock_owned().await;
         self.check_plan(&job).await?;
         let created = self.ledger.register(&registration).await?;
-        let mut jobs = self.jobs.write().expect("jobs lock");
         // A queued job holds no noise and no ε curve: both come once its ranks attach.
-        let job = jobs.entry(registration.job_id.clone()).or_insert(job).clone();
+        let job = self.jobs.write().expect("jobs lock").entry(registration.job_id.clone()).or_insert(job).clone();
         tracing::info!(job_id = %registration.job_id, max_steps = job.spending.max_steps(), created, "registered job");
+        self.refresh_standing(&job).await;
         Ok((job, created))
     }
 
@@ -256,9 +253,10 @@ impl Accountant {
         };
         let kind = job.spending.kind();
         let spent = self.datasets.epsilon(&budget, kind, self.segments(&key, None)).await?;
-        let mut with_plan = self.reserved_segments(&key);
+        let mut with_plan = self.reserved_segments(&key, Some(&job.registration.job_id));
         let committed = self.datasets.epsilon(&budget, kind, with_plan.clone()).await?;
-        let steps = contract.planned_steps;
+        // A new job's plan; a resumed one's plan or what it charged, if more.
+        let steps = contract.planned_steps.max(job.progress().charged);
         with_plan.push(Segment { sample_rate: mechanism.1, noise_multiplier: mechanism.2, steps });
         let planned = self.datasets.epsilon(&budget, kind, with_plan).await?;
         if planned > budget.epsilon {
@@ -283,12 +281,14 @@ impl Accountant {
     /// Segments of every private job spending `key` as reserved: an open job's whole plan (or
     /// what it charged, if more: a ledger from before plans), an ended, exhausted or
     /// suspended one's charged steps only.
-    pub(crate) fn reserved_segments(&self, key: &BudgetKey) -> Vec<Segment> {
+    /// `except` leaves one job out (the one being admitted).
+    pub(crate) fn reserved_segments(&self, key: &BudgetKey, except: Option<&str>) -> Vec<Segment> {
         self.jobs
             .read()
             .expect("jobs lock")
             .values()
             .filter(|j| spends(&j.registration, key) && j.registration.contract.mode.is_private())
+            .filter(|j| except != Some(j.registration.job_id.as_str()))
             .map(|j| {
                 let charged = j.progress().charged;
                 let open = j.progress().phase == Phase::Open && !j.suspended.load(Ordering::SeqCst);
@@ -340,19 +340,23 @@ impl Accountant {
         if generation < newest {
             return Err(format!("the group was re-formed or revoked: generation {newest} is the oldest admitted"));
         }
-        if generation > newest {
-            self.record_fence(job).await;
+        if generation > newest
+            && let Err(e) = self.record_fence(job).await
+        {
+            // Memory still refuses older generations; only a restart in this window would
+            // forget one a newer capability (not the coordinator's fence) revoked.
+            tracing::warn!(job_id = %job.registration.job_id, generation, error = %e, "newest generation not recorded");
         }
         Ok(())
     }
 
     /// Records the job's fence (its oldest admitted generation and suspension) in the ledger.
-    async fn record_fence(&self, job: &Job) {
+    /// Writes are serialised per job and each writes the values current when it runs, so the
+    /// last write on record is never older than the state in memory.
+    async fn record_fence(&self, job: &Job) -> Result<(), AccountantError> {
+        let _serial = job.fence_writes.lock().await;
         let (generation, suspended) = (job.generation.load(Ordering::SeqCst), job.suspended.load(Ordering::SeqCst));
-        if let Err(e) = self.ledger.put_generation(&job.registration.job_id, generation, suspended).await {
-            // Memory still refuses; only a restart in this window would forget.
-            tracing::warn!(job_id = %job.registration.job_id, generation, error = %e, "fence not recorded");
-        }
+        self.ledger.put_generation(&job.registration.job_id, generation, suspended).await
     }
 
     /// The coordinator fences a job: generations below `generation` are refused from now on
@@ -364,18 +368,34 @@ impl Accountant {
         if job.progress().phase == Phase::Closed {
             return Err(AccountantError::JobClosed { job_id: id.clone() });
         }
-        let admitted = job.generation.fetch_max(generation, Ordering::SeqCst);
+        let admitted = job.generation.load(Ordering::SeqCst);
         if generation < admitted {
             return Err(AccountantError::Fenced { job_id: id.clone(), generation, admitted });
         }
+        // A suspended job's plan was released from its dataset's budget: it is admitted again,
+        // like a new plan, before it resumes; the admission lock is held until it is no longer
+        // suspended, so that no registration in between sees its plan as released.
+        let mut admission = None;
+        if resume && job.suspended.load(Ordering::SeqCst) {
+            let key = BudgetKey::of(&job.registration.contract);
+            admission = Some(self.datasets.admission_lock(&key).lock_owned().await);
+            self.check_plan(job).await?;
+        }
+        job.generation.fetch_max(generation, Ordering::SeqCst);
         if state.pending.as_ref().is_some_and(|p| p.attempt < generation) {
             state.pending = None;
         }
         if resume {
             job.suspended.store(false, Ordering::SeqCst);
+        } else {
+            job.ahead.clear(); // a requeued job holds no noise while it waits
         }
+        let readmitted = admission.take().is_some();
         drop(state);
-        self.record_fence(job).await;
+        self.record_fence(job).await?;
+        if readmitted {
+            self.refresh_standing(job).await;
+        }
         // Waiting fetches of a revoked generation see the change and end.
         job.progress.send_modify(|_| {});
         tracing::info!(job_id = %id, generation, resume, "fenced job");
@@ -476,15 +496,22 @@ impl Accountant {
                 .into());
             }
             if progress.next_step > step {
-                return self.released(job, step).await;
+                // A closed job serves no release any more (revocation is at once); a step it
+                // discarded still says so.
+                let released = self.released(job, step).await;
+                if progress.phase == Phase::Closed && released.is_ok() {
+                    return Err(AccountantError::JobClosed { job_id: id.clone() });
+                }
+                return released;
             }
             match progress.phase {
                 Phase::BudgetExhausted => {
+                    let why = job.exhausted_by.get().map_or("budget exhausted", String::as_str);
                     return Err(AccountantError::refused(
                         id,
                         step,
                         ErrorCode::BudgetExhausted,
-                        "budget exhausted; the step was not released",
+                        format!("{why}; the step was not released"),
                     ));
                 }
                 Phase::Closed => return Err(AccountantError::JobClosed { job_id: id.clone() }),
@@ -572,23 +599,37 @@ impl Accountant {
         job.progress.send_modify(|p| p.phase = Phase::Closed);
         drop(state);
         tracing::info!(job_id = %job.registration.job_id, reason, "closed job");
+        self.refresh_standing(job).await;
         Ok(())
+    }
+
+    /// A job admitted, ended or suspended changes what its budget has reserved: the standing
+    /// is composed again (with PLD, as GetDatasetBudget does) for the metrics; best effort.
+    async fn refresh_standing(&self, job: &Job) {
+        let key = BudgetKey::of(&job.registration.contract);
+        if self.datasets.budget_of(&key).is_some()
+            && let Err(e) = self.dataset(&key).await
+        {
+            tracing::warn!(job_id = %job.registration.job_id, error = %e, "budget standing not recomputed");
+        }
     }
 
     /// A job that may resume (FAILED, CANCELLED) is suspended: no part or release of any
     /// generation up to `generation` is served from now on (pending parts are dropped, waiting
     /// fetches end), and it releases what it holds in memory (the next step's noise, drawn
     /// ahead: 8 bytes per coordinate). A fence at a later generation resumes it.
-    pub async fn suspend(&self, job: &Job, reason: &str, generation: u64) {
+    pub async fn suspend(&self, job: &Job, reason: &str, generation: u64) -> Result<(), AccountantError> {
         let mut state = job.state.lock().await;
         job.suspended.store(true, Ordering::SeqCst);
         job.generation.fetch_max(generation.saturating_add(1), Ordering::SeqCst);
         state.pending = None;
         job.ahead.clear();
         drop(state);
-        self.record_fence(job).await;
         job.progress.send_modify(|_| {});
+        self.record_fence(job).await?;
         tracing::info!(job_id = %job.registration.job_id, reason, generation, "suspended job: its generations revoked");
+        self.refresh_standing(job).await;
+        Ok(())
     }
 
     /// Sets a budget (a privacy admin's call), then returns it with its spend.
@@ -605,8 +646,9 @@ impl Accountant {
             dataset_id: key.dataset_id.clone(),
             unit: key.unit.clone(),
         })?;
-        let epsilon_spent =
-            self.datasets.epsilon(&budget, crate::privacy::AccountantKind::Pld, self.segments(key, None)).await?;
+        let pld = crate::privacy::AccountantKind::Pld;
+        let epsilon_spent = self.datasets.epsilon(&budget, pld, self.segments(key, None)).await?;
+        let committed = self.datasets.epsilon(&budget, pld, self.reserved_segments(key, None)).await?;
         let mut jobs: Vec<String> = self
             .jobs
             .read()
@@ -617,7 +659,9 @@ impl Accountant {
             .collect();
         jobs.sort();
         self.datasets.record_spent(key, epsilon_spent);
-        Ok(DatasetView { budget, epsilon_spent, jobs })
+        self.datasets.record_committed(key, committed);
+        let standing = crate::datasets::Standing::new(budget.epsilon, epsilon_spent, committed);
+        Ok(DatasetView { budget, standing, jobs })
     }
 }
 
@@ -726,7 +770,9 @@ async fn build_job(
         audit,
         generation: AtomicU64::new(record.generation),
         suspended: record.suspended.into(),
+        fence_writes: Default::default(),
         violation_counted: Default::default(),
+        exhausted_by: Default::default(),
     })
 }
 

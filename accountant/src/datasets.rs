@@ -31,6 +31,8 @@ pub struct BudgetSetting {
     pub reason: String,
     /// Whether NOT PRIVATE jobs may train on the data.
     pub allow_not_private: bool,
+    /// A readable name for dashboards; empty keeps the current one.
+    pub name: String,
 }
 
 /// Every budget, what has been spent of each, and one lock per budget that serialises the
@@ -39,6 +41,8 @@ pub struct BudgetSetting {
 pub struct Datasets {
     budgets: RwLock<HashMap<BudgetKey, DatasetBudget>>,
     spent: RwLock<HashMap<BudgetKey, f64>>,
+    /// ε of what is spent plus every open job's remaining plan, as last composed.
+    committed: RwLock<HashMap<BudgetKey, f64>>,
     locks: Mutex<HashMap<BudgetKey, Arc<tokio::sync::Mutex<()>>>>,
     composed: Composed,
     allow_unbudgeted: bool,
@@ -50,6 +54,7 @@ impl Datasets {
         Self {
             budgets: RwLock::default(),
             spent: RwLock::default(),
+            committed: RwLock::default(),
             locks: Mutex::default(),
             composed: Composed::default(),
             allow_unbudgeted,
@@ -119,7 +124,13 @@ impl Datasets {
     /// The lock that serialises the releases of every job spending `key` (their checks compose).
     pub fn lock(&self, key: &BudgetKey) -> Option<Arc<tokio::sync::Mutex<()>>> {
         self.budget_of(key)?;
-        Some(self.locks.lock().expect("dataset locks").entry(key.clone()).or_default().clone())
+        Some(self.admission_lock(key))
+    }
+
+    /// The same lock, whether or not the budget exists yet: admissions take it, so that a
+    /// budget set while a job is admitted cannot let the job's plan pass unchecked.
+    pub fn admission_lock(&self, key: &BudgetKey) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks.lock().expect("dataset locks").entry(key.clone()).or_default().clone()
     }
 
     /// ε at the budget's δ of `segments` (every private job of its unit on the dataset), with
@@ -163,10 +174,28 @@ impl Datasets {
                 ),
             ));
         }
-        let lock = self.locks.lock().expect("dataset locks").entry(key.clone()).or_default().clone();
+        // Dataset-wide, across units: two admins setting budgets of two units at once cannot
+        // both pass the one-unit check.
+        let whole = BudgetKey { dataset_id: key.dataset_id.clone(), unit: "*".into() };
+        let _dataset = self.admission_lock(&whole).lock_owned().await;
+        if let Some(other) = self.other_unit(key) {
+            return Err(AccountantError::invalid(
+                "unit",
+                format!(
+                    "{} is budgeted at the {other} level already; a dataset's budget is of one unit",
+                    key.dataset_id
+                ),
+            ));
+        }
+        let lock = self.admission_lock(key);
         let _serial = lock.lock().await;
         let recorded = ledger.budget_version(key).await?;
         let version = self.budget_of(key).map_or(0, |b| b.version).max(recorded) + 1;
+        let name = if setting.name.is_empty() {
+            self.budget_of(key).map(|b| b.name).unwrap_or_default()
+        } else {
+            setting.name
+        };
         let budget = DatasetBudget {
             dataset_id: key.dataset_id.clone(),
             unit: key.unit.clone(),
@@ -175,6 +204,7 @@ impl Datasets {
             version,
             reason: setting.reason,
             allow_not_private: setting.allow_not_private,
+            name,
             set_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         };
         ledger.put_budget(&budget).await?;
@@ -191,6 +221,41 @@ impl Datasets {
     /// Records a budget's spend after a charge or a recomputation.
     pub fn record_spent(&self, key: &BudgetKey, epsilon: f64) {
         self.spent.write().expect("spent lock").insert(key.clone(), epsilon);
+    }
+
+    /// Records what a budget has committed (spent plus open plans) after an admission or a
+    /// recomputation.
+    pub fn record_committed(&self, key: &BudgetKey, epsilon: f64) {
+        self.committed.write().expect("committed lock").insert(key.clone(), epsilon);
+    }
+
+    /// A budget's ε spent, reserved and free, as last composed (for metrics).
+    pub fn standing(&self, budget: &DatasetBudget) -> Standing {
+        let key = budget.key();
+        let spent = self.spent(&key);
+        let committed = self.committed.read().expect("committed lock").get(&key).copied().unwrap_or(spent);
+        Standing::new(budget.epsilon, spent, committed)
+    }
+}
+
+/// A budget's ε at its δ: spent by every job on it, reserved by open jobs' remaining plans
+/// (the ε of spent plus plans, minus spent: ε composes, so it is not a sum of jobs' ε), and
+/// free for new plans.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Standing {
+    /// ε spent.
+    pub spent: f64,
+    /// ε reserved by open jobs' plans beyond what they spent.
+    pub reserved: f64,
+    /// ε left for new plans.
+    pub free: f64,
+}
+
+impl Standing {
+    /// From the budget's ε, the ε spent and the ε of spent plus plans.
+    pub fn new(budget: f64, spent: f64, committed: f64) -> Self {
+        let committed = committed.max(spent);
+        Self { spent, reserved: committed - spent, free: (budget - committed).max(0.0) }
     }
 }
 
@@ -224,7 +289,18 @@ mod tests {
             reason: String::new(),
             set_at_unix_ms: 0,
             allow_not_private: false,
+            name: String::new(),
         }
+    }
+
+    #[test]
+    fn a_budgets_standing_reserves_what_plans_add_past_the_spend_and_never_shows_less_than_zero() {
+        let standing = Standing::new(8.0, 3.0, 7.5);
+        assert_eq!((standing.spent, standing.reserved, standing.free), (3.0, 4.5, 0.5));
+        let over = Standing::new(8.0, 3.0, 9.0);
+        assert_eq!((over.reserved, over.free), (6.0, 0.0), "a budget lowered under its plans has none free");
+        let stale = Standing::new(8.0, 3.0, 2.0);
+        assert_eq!((stale.reserved, stale.free), (0.0, 5.0), "committed is at least what is spent");
     }
 
     #[test]

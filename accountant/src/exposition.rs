@@ -10,67 +10,90 @@ use tokio::net::TcpListener;
 
 use crate::core::Accountant;
 
+/// Names kept one release after a rename, as copies of the new series: (old, new).
+pub const DEPRECATED: [(&str, &str); 2] = [
+    ("dpcap_noise_multiplier", "dpcap_privacy_noise_multiplier"),
+    ("dpcap_sampling_rate", "dpcap_privacy_sample_rate"),
+];
+
+/// A per-job series: name, Prometheus type, help, and its value for a job.
+type Series = (&'static str, &'static str, &'static str, fn(&crate::job::Job) -> f64);
+
+const PER_JOB: [Series; 7] = [
+    ("dpcap_privacy_epsilon_spent", "gauge", "Epsilon spent at the job's delta (every charged step).", |j| {
+        j.progress().epsilon_spent
+    }),
+    ("dpcap_privacy_epsilon_target", "gauge", "The job's epsilon target at its delta.", |j| {
+        j.registration.contract.epsilon_target.unwrap_or(f64::INFINITY)
+    }),
+    ("dpcap_privacy_delta", "gauge", "The job's delta.", |j| j.registration.contract.delta),
+    ("dpcap_privacy_noise_multiplier", "gauge", "Noise multiplier sigma (noise std sigma*C on the sum).", |j| {
+        j.registration.contract.mechanism.noise_multiplier
+    }),
+    ("dpcap_privacy_sample_rate", "gauge", "Poisson sampling rate q.", |j| {
+        j.registration.contract.mechanism.sample_rate
+    }),
+    ("dpcap_steps_charged_total", "counter", "Steps charged to the ledger, discarded ones included.", |j| {
+        j.progress().charged as f64
+    }),
+    ("dpcap_steps_discarded_total", "counter", "Charged steps whose release never reached the job.", |j| {
+        j.progress().discarded as f64
+    }),
+];
+
 /// The full exposition: process-wide series plus one set of per-job series per open job.
 pub fn render(handle: &PrometheusHandle, accountant: &Accountant) -> String {
     let mut out = handle.render();
     let mut jobs = accountant.open_jobs();
     jobs.sort_by(|a, b| a.registration.job_id.cmp(&b.registration.job_id));
-    type Field = fn(&crate::job::Job) -> f64;
-    let series: [(&str, &str, &str, Field); 7] = [
-        ("dpcap_privacy_epsilon_spent", "gauge", "Epsilon spent at the job's delta (every charged step).", |j| {
-            j.progress().epsilon_spent
-        }),
-        ("dpcap_privacy_epsilon_target", "gauge", "The job's epsilon target at its delta.", |j| {
-            j.registration.contract.epsilon_target.unwrap_or(f64::INFINITY)
-        }),
-        ("dpcap_privacy_delta", "gauge", "The job's delta.", |j| j.registration.contract.delta),
-        ("dpcap_noise_multiplier", "gauge", "Noise multiplier sigma (noise std sigma*C).", |j| {
-            j.registration.contract.mechanism.noise_multiplier
-        }),
-        ("dpcap_sampling_rate", "gauge", "Poisson sampling rate q.", |j| j.registration.contract.mechanism.sample_rate),
-        ("dpcap_steps_charged_total", "counter", "Steps charged to the ledger, discarded ones included.", |j| {
-            j.progress().charged as f64
-        }),
-        ("dpcap_steps_discarded_total", "counter", "Charged steps whose release never reached the job.", |j| {
-            j.progress().discarded as f64
-        }),
-    ];
-    for (name, kind, help, value) in series {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for job in &jobs {
-            let (id, privacy) = (&job.registration.job_id, job.registration.contract.mode.name());
-            let _ =
-                writeln!(out, "{name}{{job_id=\"{id}\",privacy=\"{privacy}\"}} {}", dpcap_serve::sample(value(job)));
+    for (name, kind, help, value) in PER_JOB {
+        let old = DEPRECATED.iter().find(|(_, new)| *new == name).map(|(old, _)| *old);
+        for (family, help) in [(Some(name), help.to_owned()), (old, format!("Deprecated alias of {name}: {help}"))] {
+            let Some(family) = family else { continue };
+            let _ = writeln!(out, "# HELP {family} {help}\n# TYPE {family} {kind}");
+            for job in &jobs {
+                let (id, privacy) = (&job.registration.job_id, job.registration.contract.mode.name());
+                let sample = dpcap_serve::sample(value(job));
+                let _ = writeln!(out, "{family}{{job_id=\"{id}\",privacy=\"{privacy}\"}} {sample}");
+            }
         }
     }
     render_datasets(accountant, &mut out);
     out
 }
 
-/// Per-budget series: the budgets, and the spend as of each budget's latest charge, by dataset
-/// and privacy unit.
+/// A label value as the text format needs it: backslash, quote and newline escaped.
+fn label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Per-budget series by dataset digest, readable name and privacy unit: the budget, and its
+/// ε spent, reserved by open plans and free as last composed (at each charge, admission,
+/// job end and GetDatasetBudget).
 fn render_datasets(accountant: &Accountant, out: &mut String) {
     let mut budgets = accountant.datasets.all();
     budgets.sort_by_key(|b| b.key());
-    let _ = writeln!(
-        out,
-        "# HELP dpcap_dataset_epsilon_budget A dataset's lifetime epsilon budget at its delta, by privacy unit.\n# TYPE dpcap_dataset_epsilon_budget gauge"
-    );
-    for b in &budgets {
-        let _ = writeln!(
-            out,
-            "dpcap_dataset_epsilon_budget{{dataset=\"{}\",unit=\"{}\"}} {}",
-            b.dataset_id, b.unit, b.epsilon
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP dpcap_dataset_epsilon_spent Epsilon at the dataset's delta spent by every job of the unit on it.\n# TYPE dpcap_dataset_epsilon_spent gauge"
-    );
-    for b in &budgets {
-        let spent = accountant.datasets.spent(&b.key());
-        let _ =
-            writeln!(out, "dpcap_dataset_epsilon_spent{{dataset=\"{}\",unit=\"{}\"}} {spent}", b.dataset_id, b.unit);
+    type Field = fn(&crate::records::DatasetBudget, &crate::datasets::Standing) -> f64;
+    let series: [(&str, &str, Field); 4] = [
+        ("dpcap_dataset_epsilon_budget", "A dataset's lifetime epsilon budget at its delta.", |b, _| b.epsilon),
+        ("dpcap_dataset_epsilon_spent", "Epsilon at the budget's delta spent by every job of its unit.", |_, s| {
+            s.spent
+        }),
+        (
+            "dpcap_dataset_epsilon_reserved",
+            "Epsilon reserved by open jobs' plans beyond their spend (epsilon composes: not a sum).",
+            |_, s| s.reserved,
+        ),
+        ("dpcap_dataset_epsilon_free", "Epsilon left for new plans on the budget.", |_, s| s.free),
+    ];
+    for (name, help, value) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for b in &budgets {
+            let standing = accountant.datasets.standing(b);
+            let labels =
+                format!("dataset=\"{}\",name=\"{}\",unit=\"{}\"", b.dataset_id, label(b.display_name()), b.unit);
+            let _ = writeln!(out, "{name}{{{labels}}} {}", dpcap_serve::sample(value(b, &standing)));
+        }
     }
 }
 

@@ -122,9 +122,14 @@ pub struct Job {
     /// Suspended by the coordinator (the job was cancelled or failed): no part or release is
     /// served until a fence resumes it at a newer generation.
     pub suspended: std::sync::atomic::AtomicBool,
+    /// Serialises the ledger writes of `generation` and `suspended`.
+    pub fence_writes: Mutex<()>,
     /// Whether this process has counted the job's audit violation (once per job, however
     /// often the audit is asked for).
     pub violation_counted: std::sync::atomic::AtomicBool,
+    /// Which budget refused the job's step, and by how much (the refusal's text): every rank
+    /// that asks for the refused release, and GetSpend, say the same.
+    pub exhausted_by: std::sync::OnceLock<String>,
 }
 
 impl Job {

@@ -48,6 +48,8 @@ pub fn install() -> PrometheusHandle {
                 "dpcap_audit_violations_total",
                 "Audits whose epsilon lower bound passed the job's claimed epsilon: a mechanism bug."
             );
+            // At 0 from the start: an alert on its increase needs the series before the first.
+            metrics::counter!("dpcap_audit_violations_total").increment(0);
             metrics::gauge!("dpcap_build_info", "version" => env!("CARGO_PKG_VERSION"), "component" => "accountant")
                 .set(1.0);
             handle

@@ -234,6 +234,17 @@ pub struct DatasetBudget {
     /// Off unless said: their outputs carry no guarantee. Budgets from before read as off.
     #[serde(default)]
     pub allow_not_private: bool,
+    /// A readable name for dashboards (the admin's, else the dataset's URL as given at
+    /// `dpctl dataset budget set`); empty for budgets from before names: the digest stands in.
+    #[serde(default)]
+    pub name: String,
+}
+
+impl DatasetBudget {
+    /// The name dashboards show: the budget's own, else its digest.
+    pub fn display_name(&self) -> &str {
+        if self.name.is_empty() { &self.dataset_id } else { &self.name }
+    }
 }
 
 fn example() -> String {

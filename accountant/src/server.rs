@@ -77,20 +77,10 @@ pub async fn serve(
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let (health_on_stop, accountant_on_stop) = (health.clone(), accountant.clone());
-    tokio::spawn(async move {
-        shutdown.await;
-        tracing::info!("shutting down: draining in-flight requests");
-        accountant_on_stop.begin_drain();
-        health_on_stop.set_service_status("", ServingStatus::NotServing).await;
-        health_on_stop.set_not_serving::<AccountantServiceServer<AccountantGrpc>>().await;
-        let _ = stop_tx.send(true);
-    });
-    tokio::spawn(exposition::serve(metrics_listener, handle, accountant.clone(), stopped(stop_rx.clone())));
+    let draining = accountant.clone();
+    let services = &[<AccountantServiceServer<AccountantGrpc> as tonic::server::NamedService>::NAME];
+    let stopped = dpcap_serve::drain::on_shutdown(shutdown, health.clone(), services, move || draining.begin_drain());
+    tokio::spawn(exposition::serve(metrics_listener, handle, accountant.clone(), stopped.wait()));
 
     let replay = {
         let (accountant, health) = (accountant.clone(), health.clone());
@@ -110,7 +100,7 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(stop_rx));
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped.wait());
     tokio::pin!(server);
     tokio::pin!(replay);
     let mut replay_done = false;

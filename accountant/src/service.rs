@@ -159,6 +159,7 @@ pub fn spend(job: &Job) -> JobSpend {
         contract: Some(wire),
         epsilon_composed: p.epsilon_spent,
         gradient_dim: r.gradient_dim,
+        exhausted_by: job.exhausted_by.get().cloned().unwrap_or_default(),
     }
 }
 
@@ -335,7 +336,12 @@ impl AccountantService for AccountantGrpc {
         let request = request.into_inner();
         let job = self.accountant.job(&request.job_id).map_err(to_status)?;
         if request.resumable {
-            self.accountant.suspend(&job, &request.reason, request.generation).await;
+            let (accountant, suspending) = (self.accountant.clone(), job.clone());
+            // Run to the end whatever the client does: a revocation is made durable or fails.
+            tokio::spawn(async move { accountant.suspend(&suspending, &request.reason, request.generation).await })
+                .await
+                .map_err(|e| to_status(AccountantError::Internal(format!("suspend task failed: {e}"))))?
+                .map_err(to_status)?;
             return Ok(Response::new(spend(&job)));
         }
         let (accountant, closing) = (self.accountant.clone(), job.clone());
@@ -383,6 +389,7 @@ impl AccountantService for AccountantGrpc {
             delta: r.delta,
             reason: r.reason,
             allow_not_private: r.allow_not_private,
+            name: r.name,
         };
         let accountant = self.accountant.clone();
         // Audit entry and current value are written together, whatever the client does.
@@ -420,7 +427,10 @@ fn dataset_to_proto(view: DatasetView) -> pb::DatasetBudget {
         dataset_id: view.budget.dataset_id,
         epsilon_budget: view.budget.epsilon,
         delta: view.budget.delta,
-        epsilon_spent: view.epsilon_spent,
+        epsilon_spent: view.standing.spent,
+        epsilon_reserved: view.standing.reserved,
+        epsilon_free: view.standing.free,
+        name: view.budget.name,
         jobs: view.jobs,
         version: view.budget.version,
         allow_not_private: view.budget.allow_not_private,

@@ -45,6 +45,9 @@ impl Accountant {
         let Part { step, part, values, digest, attempt, parts, group, norm, sampled } = part;
         let r = &job.registration;
         let mut state = job.state.lock().await;
+        // Under the step lock, which a fence or a suspension takes too: a part admitted before
+        // one, and still streaming, is refused now, never charged after it.
+        check_admitted(job, attempt)?;
         let progress = job.progress();
         if let Some((released, digests)) = &state.last_released
             && *released == step
@@ -240,7 +243,7 @@ impl Accountant {
             step,
             epsilon_after,
             visible,
-            4 * noise.len(),
+            4 * noise.values.len(),
             noise::BLOCK_BYTES,
             stored_rx,
         ));
@@ -250,9 +253,9 @@ impl Accountant {
             tokio::task::spawn_blocking(move || {
                 // An audit's canaries are gradients like any example's: in the sum, under the noise.
                 if let Some(canaries) = canaries {
-                    canaries.inject(step, &mut noise, 1.0);
+                    canaries.inject(step, &mut noise.values, 1.0);
                 }
-                noise::apply_each(&sum, &noise, &blocks, |index, block| release.fill(index, block))
+                noise::apply_each(&sum, &noise.values, &blocks, |index, block| release.fill(index, block))
             })
         };
         job.keep_release(release.clone());
@@ -352,7 +355,7 @@ impl Accountant {
         job.progress.send_modify(|p| p.phase = Phase::BudgetExhausted);
         tracing::warn!(job_id = %job.registration.job_id, step, epsilon_after = refusal.after, target = refusal.target,
             reason, "refused step: budget exhausted");
-        AccountantError::BudgetExhausted {
+        let error = AccountantError::BudgetExhausted {
             job_id: job.registration.job_id.clone(),
             step,
             scope: refusal.scope,
@@ -360,7 +363,9 @@ impl Accountant {
             epsilon_after: refusal.after,
             epsilon_target: refusal.target,
             delta,
-        }
+        };
+        let _ = job.exhausted_by.set(error.to_string());
+        error
     }
 }
 
@@ -416,6 +421,22 @@ fn check_clipped(job: &Job, step: u64, pending: &Pending) -> Result<(), Accounta
     Ok(())
 }
 
+/// A part of `attempt` may still be taken: the job is not suspended and the attempt's
+/// generation not revoked (checked again under the step lock, after the capability's check).
+fn check_admitted(job: &Job, attempt: u64) -> Result<(), AccountantError> {
+    use std::sync::atomic::Ordering;
+    let admitted = job.generation.load(Ordering::SeqCst);
+    let reason = if job.suspended.load(Ordering::SeqCst) {
+        "the job was suspended (cancelled or failed) while the part streamed".to_owned()
+    } else if attempt < admitted {
+        format!("generation {attempt} was revoked while the part streamed ({admitted} is the oldest admitted)")
+    } else {
+        return Ok(());
+    };
+    let job_id = job.registration.job_id.clone();
+    Err(dpcap_serve::capability::CapabilityError::OutOfScope { job_id, rank: 0, generation: attempt, reason }.into())
+}
+
 fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), AccountantError> {
     let id = &job.registration.job_id;
     match progress.phase {
@@ -429,15 +450,6 @@ fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), Acco
             ));
         }
         Phase::Open => {}
-    }
-    let planned = job.registration.contract.planned_steps;
-    if planned > 0 && progress.charged >= planned {
-        return Err(AccountantError::refused(
-            id,
-            step,
-            ErrorCode::BudgetExhausted,
-            format!("its contract plans {planned} steps, all charged: no step past the plan is charged"),
-        ));
     }
     if step < progress.next_step {
         return Err(AccountantError::refused(
@@ -453,6 +465,16 @@ fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), Acco
             step,
             ErrorCode::StepNotNext,
             format!("step is not next; the ledger expects step {}", progress.next_step),
+        ));
+    }
+    // After the two above: a retried part of the last planned step is "already charged".
+    let planned = job.registration.contract.planned_steps;
+    if planned > 0 && progress.charged >= planned {
+        return Err(AccountantError::refused(
+            id,
+            step,
+            ErrorCode::BudgetExhausted,
+            format!("its contract plans {planned} steps, all charged: no step past the plan is charged"),
         ));
     }
     Ok(())

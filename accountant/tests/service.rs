@@ -184,6 +184,12 @@ async fn a_job_calibrated_for_epsilon_one_is_refused_exactly_at_the_first_step_p
     );
     let spend = client.raw().get_spend(GetSpendRequest { job_id: "budget".into() }).await.unwrap().into_inner();
     assert!(spend.epsilon_spent <= target, "{spend:?}");
+    assert!(spend.exhausted_by.contains("> job target 1"), "GetSpend names the budget: {spend:?}");
+    let fetched = client.fetch_release("budget", limit).await.unwrap_err();
+    assert!(
+        fetched.message().contains("> job target 1"),
+        "a rank fetching the refused step learns which budget: {fetched}"
+    );
     assert_eq!(spend.steps_charged, limit);
     assert_eq!(charged_steps(dir.path(), "budget").len() as u64, limit, "the refused step was never charged");
     assert!(server.scrape().await.contains("dpcap_budget_rejections_total{reason=\"job_target\"} 1"));
@@ -326,6 +332,8 @@ async fn metrics_expose_per_job_spend_until_the_job_is_closed() {
         "dpcap_privacy_epsilon_spent{job_id=\"m1\",privacy=\"dp\"}",
         "dpcap_privacy_epsilon_target{job_id=\"m1\",privacy=\"dp\"} 8",
         "dpcap_privacy_delta{job_id=\"m1\",privacy=\"dp\"} 0.00001",
+        "dpcap_privacy_noise_multiplier{job_id=\"m1\",privacy=\"dp\"} 1.1",
+        "dpcap_privacy_sample_rate{job_id=\"m1\",privacy=\"dp\"} 0.02",
         "dpcap_noise_multiplier{job_id=\"m1\",privacy=\"dp\"} 1.1",
         "dpcap_sampling_rate{job_id=\"m1\",privacy=\"dp\"} 0.02",
         "dpcap_steps_charged_total{job_id=\"m1\",privacy=\"dp\"} 1",
@@ -459,8 +467,9 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
         allow_not_private: false,
         ..Default::default()
     };
-    let budget = client.raw().set_dataset_budget(set(2.0, "owner's lifetime budget")).await.unwrap().into_inner();
-    assert_eq!((budget.epsilon_budget, budget.version), (2.0, 1));
+    let named = SetDatasetBudgetRequest { name: "laion-233m".into(), ..set(2.0, "owner's lifetime budget") };
+    let budget = client.raw().set_dataset_budget(named).await.unwrap().into_inner();
+    assert_eq!((budget.epsilon_budget, budget.version, budget.name.as_str()), (2.0, 1, "laion-233m"));
     // Two plans that together fit the budget are admitted; a third is not, though nothing is
     // spent yet: the budget is reserved at admission, never promised twice.
     let at_two = max_steps(&EpsilonCurve::new(AccountantKind::Pld, 0.05, 2.0, 1e-5).unwrap(), 2.0).unwrap();
@@ -469,6 +478,16 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     let promised = client.raw().register_job(on_dataset("third", 2)).await.unwrap_err();
     assert_eq!(promised.code(), Code::InvalidArgument, "{promised}");
     assert!(promised.message().contains("reserved by other jobs' plans"), "{promised}");
+    let get = GetDatasetBudgetRequest { dataset_id: dataset.clone(), ..Default::default() };
+    let standing = client.raw().get_dataset_budget(get.clone()).await.unwrap().into_inner();
+    assert_eq!(standing.epsilon_spent, 0.0, "nothing spent yet");
+    assert!(standing.epsilon_reserved > 1.8 && standing.epsilon_reserved <= 2.0, "two plans reserve it: {standing:?}");
+    assert!((standing.epsilon_free - (2.0 - standing.epsilon_reserved)).abs() < 1e-9, "{standing:?}");
+    let metrics = server.scrape().await;
+    let labels = format!("{{dataset=\"{dataset}\",name=\"laion-233m\",unit=\"example\"}}");
+    let reserved = format!("dpcap_dataset_epsilon_reserved{labels} {}", standing.epsilon_reserved);
+    assert!(metrics.contains(&reserved), "{reserved} in\n{metrics}");
+    assert!(metrics.contains(&format!("dpcap_dataset_epsilon_free{labels} {}", standing.epsilon_free)), "{metrics}");
     // The owner lowers the budget to 1: the per-step check holds the running jobs to it.
     let budget = client.raw().set_dataset_budget(set(1.0, "owner's lifetime budget")).await.unwrap().into_inner();
     assert_eq!((budget.epsilon_budget, budget.version), (1.0, 2));
@@ -510,7 +529,9 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     assert!(metrics.contains("dpcap_budget_rejections_total{reason=\"dataset_admission\"} 2"), "{metrics}");
     assert!(metrics.contains("dpcap_budget_rejections_total{reason=\"job_target\"} 0"), "at 0 from the start");
     assert!(
-        metrics.contains(&format!("dpcap_dataset_epsilon_budget{{dataset=\"{dataset}\",unit=\"example\"}} 1")),
+        metrics.contains(&format!(
+            "dpcap_dataset_epsilon_budget{{dataset=\"{dataset}\",name=\"laion-233m\",unit=\"example\"}} 1"
+        )),
         "{metrics}"
     );
 
@@ -602,8 +623,8 @@ async fn not_private_jobs_need_the_owners_consent_never_spend_the_budget_and_say
     let text = server.scrape().await;
     for series in [
         "dpcap_privacy_epsilon_spent{job_id=\"baseline\",privacy=\"not_private\"} +Inf",
-        "dpcap_noise_multiplier{job_id=\"baseline\",privacy=\"not_private\"} 0",
-        "dpcap_noise_multiplier{job_id=\"tan\",privacy=\"simulation\"} 0.02",
+        "dpcap_privacy_noise_multiplier{job_id=\"baseline\",privacy=\"not_private\"} 0",
+        "dpcap_privacy_noise_multiplier{job_id=\"tan\",privacy=\"simulation\"} 0.02",
     ] {
         assert!(text.contains(series), "missing {series} in\n{text}");
     }
@@ -865,6 +886,7 @@ async fn a_datasets_budget_is_of_one_unit_and_jobs_or_budgets_of_the_other_unit_
         reason: "owners".into(),
         unit: unit as i32,
         allow_not_private,
+        ..Default::default()
     };
     client.raw().set_dataset_budget(budget(PrivacyUnit::User, true)).await.unwrap();
     client.raw().register_job(on("users", PrivacyUnit::User, 2.0)).await.unwrap();

@@ -56,7 +56,7 @@ pub async fn run(args: AuditArgs, server: &Server) -> Result<i32> {
             let mut client = AccountantClient::lazy(endpoint, CallCredentials::token(server.token.clone()));
             client.raw().audit_job(request).await
         }
-        None => server.connect().await?.audit_job(request).await,
+        None => server.connect().await?.raw().audit_job(request).await,
     }
     .map_err(status)?
     .into_inner();

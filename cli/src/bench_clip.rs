@@ -11,6 +11,7 @@ use dpcap_ml::CpuBackend;
 use dpcap_ml::clip::{ClipEngine, MatmulInputs, Objective, Precision, Reads, naive_clipped_sum, nonprivate_sum};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig, Mae, MaeBatch, MaeConfig};
 use dpcap_ml::params::ParamSet;
+use dpcap_registry::Family;
 use serde_json::json;
 
 /// Options of `dpctl bench clip`.
@@ -24,7 +25,7 @@ pub struct ClipBench {
     batch: usize,
     /// Training objective: caption or mae.
     #[arg(long, default_value = "caption")]
-    objective: String,
+    objective: Family,
     /// Device: cpu, cuda[:N] in a build with the `cuda` feature, or wgpu (the default Vulkan
     /// adapter, e.g. lavapipe) in a build with the `wgpu` feature.
     #[arg(long, default_value = "cpu")]
@@ -185,8 +186,8 @@ fn measure<AB: AutodiffBackend, M: Objective<AB>>(
 fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<Timings> {
     let inner_device: Device<AB::InnerBackend> = device.clone();
     let mut params = ParamSet::<AB::InnerBackend>::new(&inner_device);
-    match opts.objective.as_str() {
-        "caption" => {
+    match opts.objective {
+        Family::Captioner => {
             let Some(config) = CaptionerConfig::named(&opts.model) else {
                 bail!("invalid --model {}: use one of {}", opts.model, dpcap_registry::NAMES.join(", "))
             };
@@ -202,10 +203,10 @@ fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<T
             }
             Ok(timings)
         }
-        "mae" if opts.verify => {
+        Family::Mae if opts.verify => {
             bail!("invalid --verify: only the caption objective is verified (MAE masks are random per device)")
         }
-        "mae" => {
+        Family::Mae => {
             let Some(config) = MaeConfig::named(&opts.model) else {
                 bail!("invalid --model {}: use one of {}", opts.model, dpcap_registry::NAMES.join(", "))
             };
@@ -214,7 +215,7 @@ fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<T
             let images = Tensor::random([opts.batch, 3, image, image], Distribution::Normal(0.0, 1.0), &device);
             Ok(measure::<AB, _>(&model, &params, &MaeBatch::new(images, config.encoder.patches()), opts))
         }
-        other => bail!("invalid --objective {other}: use caption or mae"),
+        Family::Embedder => bail!("invalid --objective fedemb: use caption or mae (fedemb clips per client)"),
     }
 }
 
@@ -261,7 +262,7 @@ pub fn run(opts: ClipBench) -> Result<()> {
     let examples_per_s = opts.batch as f64 / t.clip_s;
     let peak = peak_rss_bytes();
     // Model FLOPs (3 forward passes of matrix products per example) per second of the DP step.
-    let tflops = (opts.objective == "caption")
+    let tflops = (opts.objective == Family::Captioner)
         .then(|| CaptionerConfig::named(&opts.model))
         .flatten()
         .map(|c| c.train_flops() as f64 * examples_per_s / 1e12);

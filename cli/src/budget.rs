@@ -43,6 +43,10 @@ pub enum BudgetCommand {
         /// jobs such as DP-FedEmb). Budgets of different units never compose.
         #[arg(long, value_enum, default_value_t = Unit::Example)]
         unit: Unit,
+        /// A readable name for dashboards (the metrics' `name` label); default: DATASET as
+        /// given when it is a path or URL, else the name already set.
+        #[arg(long)]
+        name: Option<String>,
         #[command(flatten)]
         to: Accountant,
     },
@@ -99,24 +103,31 @@ fn print(budget: &DatasetBudget) {
         "{}",
         json!({"dataset_id": budget.dataset_id, "unit": if budget.unit == PrivacyUnit::User as i32 { "user" } else { "example" },
                "epsilon_budget": budget.epsilon_budget, "delta": budget.delta,
-               "epsilon_spent": budget.epsilon_spent, "jobs": budget.jobs, "version": budget.version,
+               "name": budget.name, "epsilon_spent": budget.epsilon_spent, "epsilon_reserved": budget.epsilon_reserved,
+               "epsilon_free": budget.epsilon_free, "jobs": budget.jobs, "version": budget.version,
                "allow_not_private": budget.allow_not_private})
     );
 }
 
 /// Runs one `dpctl dataset budget` command.
 pub async fn run(command: BudgetCommand, server: &Server) -> Result<()> {
-    let (dataset, to) = match &command {
-        BudgetCommand::Set { dataset, to, .. } | BudgetCommand::Show { dataset, to, .. } => (dataset, to),
+    let (dataset, accountant) = match &command {
+        BudgetCommand::Set { dataset, to, .. } | BudgetCommand::Show { dataset, to, .. } => {
+            (dataset.clone(), to.accountant.clone())
+        }
     };
-    let dataset_id = dataset_digest(dataset).await?;
-    let endpoint =
-        server.tls.endpoint(&to.accountant).with_context(|| format!("invalid --accountant {}", to.accountant))?;
+    let dataset_id = dataset_digest(&dataset).await?;
+    let endpoint = server.tls.endpoint(&accountant).with_context(|| format!("invalid --accountant {accountant}"))?;
     let mut client = AccountantClient::lazy(endpoint, CallCredentials::token(server.token.clone()));
     let budget = match command {
-        BudgetCommand::Set { epsilon, delta, reason, allow_not_private, unit, .. } => {
+        BudgetCommand::Set { epsilon, delta, reason, allow_not_private, unit, name, .. } => {
             let unit = unit.to_proto();
-            let request = SetDatasetBudgetRequest { dataset_id, epsilon, delta, reason, allow_not_private, unit };
+            // DATASET as given (never a digest, which the metrics show anyway), less any
+            // credential its URL carries: the name becomes a metric label.
+            let shown =
+                || if dataset.starts_with("sha256:") { String::new() } else { dpcap_serve::store::shown(&dataset) };
+            let name = name.unwrap_or_else(shown);
+            let request = SetDatasetBudgetRequest { dataset_id, epsilon, delta, reason, allow_not_private, unit, name };
             client.raw().set_dataset_budget(request).await
         }
         BudgetCommand::Show { unit, .. } => {

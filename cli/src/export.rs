@@ -5,13 +5,14 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Result, anyhow};
 use clap::{Args, ValueEnum};
 use dpcap_ml::CpuBackend;
 use dpcap_ml::checkpoint::{export_encoder, load_weights_with_prefix};
 use dpcap_ml::model::{CaptionerConfig, Encoder, EncoderConfig, MaeConfig};
 use dpcap_ml::params::ParamSet;
 use dpcap_ml::timm;
+use dpcap_registry::Family;
 use serde_json::json;
 
 type Inner = <CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
@@ -54,13 +55,12 @@ pub struct ExportArgs {
 }
 
 /// The encoder shape of a checkpoint's model and objective.
-fn encoder_config(model: &str, objective: &str) -> Result<EncoderConfig> {
+fn encoder_config(model: &str, objective: Family) -> Result<EncoderConfig> {
     let config = match objective {
-        "caption" => CaptionerConfig::named(model).map(|c| c.encoder),
-        "mae" => MaeConfig::named(model).map(|c| c.encoder),
+        Family::Captioner => CaptionerConfig::named(model).map(|c| c.encoder),
+        Family::Mae => MaeConfig::named(model).map(|c| c.encoder),
         // DP-FedEmb's backbone: the encoder exports alone (its embedding projection stays).
-        "fedemb" => dpcap_ml::model::EmbedderConfig::named(model).map(|c| c.encoder),
-        other => bail!("the checkpoint's objective {other:?} has no image encoder to export"),
+        Family::Embedder => dpcap_ml::model::EmbedderConfig::named(model).map(|c| c.encoder),
     };
     config.ok_or_else(|| anyhow!("the checkpoint's model {model:?} is not a known configuration"))
 }
@@ -70,7 +70,7 @@ pub async fn run(args: ExportArgs) -> Result<()> {
     let root = &args.checkpoint;
     let loaded = crate::checkpoint::load(root, args.step).await?;
     let (step, manifest) = (loaded.step, &loaded.manifest);
-    let config = encoder_config(&manifest.model, &manifest.objective)
+    let config = encoder_config(&manifest.model, manifest.objective)
         .map_err(|e| anyhow!("checkpoint {root} step {step}: {e}"))?;
     let mut params = ParamSet::<Inner>::seeded(&Default::default(), 0);
     let encoder = Encoder::new(&mut params, "encoder", config);

@@ -7,16 +7,11 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use dpcap_coordinator::{SpecFile, mode};
 use dpcap_privacy::contract::{Mode, PrivacyContract};
-use dpcap_proto::v1::job_service_client::JobServiceClient;
-use dpcap_proto::v1::{
-    CancelJobRequest, GetJobRequest, Job, JobState, ListJobsRequest, Reduction, ResumeJobRequest, SubmitJobRequest,
-    WatchJobRequest,
-};
-use dpcap_serve::{AttachToken, ClientTlsArgs};
+use dpcap_proto::client::{ClientError, JobsClient};
+use dpcap_proto::v1::{Job, JobState, Reduction};
+use dpcap_serve::ClientTlsArgs;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
 /// Where the coordinator is and how to authenticate.
 #[derive(Debug, Clone, Args)]
@@ -27,35 +22,23 @@ pub struct Server {
     /// Bearer token of the role the command needs: operator (submit, cancel, resume), viewer
     /// (get, list, watch, wait, audit), privacy-admin (dataset budget set).
     #[arg(long, global = true, env = "DPCAP_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    pub token: Option<dpcap_proto::Secret>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub tls: ClientTlsArgs,
 }
 
-/// A JobService client.
-pub type Client = JobServiceClient<InterceptedService<Channel, AttachToken>>;
-
 impl Server {
     /// Connects to the coordinator.
-    pub async fn connect(&self) -> Result<Client> {
-        let channel = self
+    pub async fn connect(&self) -> Result<JobsClient> {
+        let endpoint = self
             .tls
             .endpoint(&self.coordinator)
-            .with_context(|| format!("invalid --coordinator {}", self.coordinator))?
-            .connect()
+            .with_context(|| format!("invalid --coordinator {}", self.coordinator))?;
+        JobsClient::connect(endpoint, self.token.clone())
             .await
-            .map_err(|e| connect_error(&self.coordinator, e))?;
-        Ok(JobServiceClient::with_interceptor(channel, AttachToken(self.token.clone())))
+            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.coordinator))
     }
-}
-
-/// A failed connection, with what to do when it is a misconfiguration (TLS on one side only, a
-/// certificate the client does not trust).
-pub fn connect_error(endpoint: &str, e: tonic::transport::Error) -> anyhow::Error {
-    let status = tonic::Status::from_error(Box::new(e));
-    let hint = dpcap_proto::hint(&status).map(|h| format!(": {h}")).unwrap_or_default();
-    anyhow::anyhow!("cannot reach {endpoint}{hint} ({})", status.message())
 }
 
 /// Exit codes of `dpctl wait` and `dpctl watch` by outcome.
@@ -155,6 +138,7 @@ pub fn job_json(job: &Job) -> Value {
             "examples_per_second": progress.examples_per_second, "eta_seconds": progress.eta_seconds,
             "checkpoint_step": progress.checkpoint_step, "generation": progress.generation, "workers": progress.workers,
             "steps_discarded": progress.steps_discarded, "nonfinite_examples": progress.nonfinite_examples,
+            "queue_position": progress.queue_position,
             "dropped_examples": progress.dropped_examples,
         },
         "conditions": job.conditions.iter().map(|c| json!({"type": c.r#type, "reason": c.reason, "message": c.message, "time_unix_ms": c.time_unix_ms})).collect::<Vec<_>>(),
@@ -192,6 +176,9 @@ fn print_job(job: &Job, as_json: bool) {
             c.delta
         );
     }
+    if p.queue_position > 0 {
+        outln!("  queued: position {} (why: its last WaitingForWorkers condition)", p.queue_position);
+    }
     // A step's loss is absent (not 0) when every example of it was left out as non-finite.
     let loss = p.loss.map_or_else(|| "absent".to_owned(), |l| format!("{l:.4} (non-DP)"));
     outln!(
@@ -216,49 +203,71 @@ fn print_job(job: &Job, as_json: bool) {
 pub async fn submit(server: &Server, file: &PathBuf, key: Option<String>, as_json: bool) -> Result<Job> {
     let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let base = std::fs::canonicalize(file).ok().and_then(|f| f.parent().map(Path::to_owned)).unwrap_or_default();
-    let spec = SpecFile::parse(&text)
-        .map(|spec| resolve_paths(spec, &base))
-        .and_then(SpecFile::into_proto)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-    let request = SubmitJobRequest { spec: Some(spec), idempotency_key: key.unwrap_or_default() };
-    let job = server.connect().await?.submit_job(request).await.map_err(status)?.into_inner();
+    let spec = SpecFile::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let spec = resolve_paths(spec, &base).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let spec = spec.into_proto().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let job = server.connect().await?.submit(spec, key.unwrap_or_default()).await?;
     print_job(&job, as_json);
     Ok(job)
 }
 
 /// A spec's local paths (dataset, tokenizer, init_from) are read by the coordinator and the
 /// workers, from their own working directories: a relative one is made absolute against the
-/// spec file's directory, so that it names what its author meant.
-pub fn resolve_paths(mut spec: SpecFile, base: &Path) -> SpecFile {
-    let resolve = |location: &mut String| {
+/// spec file's directory, so that it names what its author meant. One that then names nothing
+/// is refused here, before the coordinator reports "cannot open store", saying where it was
+/// looked for and, when the path exists relative to the current directory instead, how to
+/// write it.
+pub fn resolve_paths(mut spec: SpecFile, base: &Path) -> Result<SpecFile> {
+    let resolve = |field: &'static str, location: &mut String| -> Result<()> {
         let local = !location.contains("://") && !location.is_empty() && Path::new(location.as_str()).is_relative();
-        if local {
-            *location = base.join(location.as_str()).to_string_lossy().into_owned();
+        if !local {
+            return Ok(());
         }
+        let resolved = base.join(location.as_str());
+        if !resolved.exists() {
+            let here = std::env::current_dir().map(|d| d.join(location.as_str())).ok().filter(|p| p.exists());
+            let hint = match here.and_then(|p| std::fs::canonicalize(p).ok()) {
+                Some(found) => format!(
+                    "; {location} exists relative to the current directory: write it as {} (absolute) in the spec",
+                    found.display()
+                ),
+                None => "; write the path relative to the spec file, or absolute".to_owned(),
+            };
+            anyhow::bail!(
+                "{field}: {location} was resolved against the spec file's folder {}, and {} does not exist{hint}",
+                base.display(),
+                resolved.display()
+            );
+        }
+        *location = resolved.to_string_lossy().into_owned();
+        Ok(())
     };
-    resolve(&mut spec.dataset);
-    spec.tokenizer.as_mut().map(resolve);
-    spec.init_from.as_mut().map(resolve);
-    spec
+    resolve("dataset", &mut spec.dataset)?;
+    if let Some(tokenizer) = spec.tokenizer.as_mut() {
+        resolve("tokenizer", tokenizer)?;
+    }
+    if let Some(init) = spec.init_from.as_mut() {
+        resolve("init_from", init)?;
+    }
+    Ok(spec)
 }
 
-/// A gRPC status as an operator-facing error, with what to do about a misconfiguration.
+/// A gRPC status as an operator-facing error: the typed client error (its code, message and
+/// what to do about a misconfiguration).
 pub fn status(s: tonic::Status) -> anyhow::Error {
-    let hint = dpcap_proto::hint(&s).map(|h| format!(" ({h})")).unwrap_or_default();
-    anyhow::anyhow!("{:?}: {}{hint}", s.code(), s.message())
+    ClientError::from(s).into()
 }
 
 /// `dpctl get ID`.
 pub async fn get(server: &Server, job_id: &str, as_json: bool) -> Result<()> {
-    let job =
-        server.connect().await?.get_job(GetJobRequest { job_id: job_id.into() }).await.map_err(status)?.into_inner();
+    let job = server.connect().await?.get(job_id).await?;
     print_job(&job, as_json);
     Ok(())
 }
 
 /// `dpctl list`.
 pub async fn list(server: &Server, as_json: bool) -> Result<()> {
-    let jobs = server.connect().await?.list_jobs(ListJobsRequest {}).await.map_err(status)?.into_inner().jobs;
+    let jobs = server.connect().await?.list().await?;
     if as_json {
         outln!("{}", serde_json::to_string_pretty(&jobs.iter().map(job_json).collect::<Vec<_>>())?);
         return Ok(());
@@ -286,19 +295,14 @@ pub async fn list(server: &Server, as_json: bool) -> Result<()> {
 /// `dpctl cancel ID` (`resume: false`) and `dpctl resume ID` (`resume: true`).
 pub async fn cancel_or_resume(server: &Server, job_id: &str, resume: bool) -> Result<()> {
     let mut client = server.connect().await?;
-    let job = if resume {
-        client.resume_job(ResumeJobRequest { job_id: job_id.into() }).await
-    } else {
-        client.cancel_job(CancelJobRequest { job_id: job_id.into() }).await
-    };
-    let job = job.map_err(status)?.into_inner();
+    let job = if resume { client.resume(job_id).await? } else { client.cancel(job_id).await? };
     outln!("job {} {}", job.job_id, state_name(job.state));
     Ok(())
 }
 
 /// Follows a job to its end; with `bar`, draws the progress bar. Returns the final job.
-pub async fn follow(client: &mut Client, job_id: &str, bar: bool) -> Result<Job> {
-    let mut stream = client.watch_job(WatchJobRequest { job_id: job_id.into() }).await.map_err(status)?.into_inner();
+pub async fn follow(client: &mut JobsClient, job_id: &str, bar: bool) -> Result<Job> {
+    let mut stream = client.watch(job_id).await?;
     // A bar on a terminal; piped or logged, one line per change of step or state instead.
     let lines = bar && !std::io::IsTerminal::is_terminal(&std::io::stderr());
     let progress = if bar && !lines { ProgressBar::new(1) } else { ProgressBar::hidden() };

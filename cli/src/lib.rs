@@ -1,6 +1,7 @@
 //! `dpctl`: dpcap's operator CLI. Job control over the coordinator's JobService, the embedded
 //! demo cluster, evaluation of checkpoints, offline privacy calculators, datasets, model
-//! configurations and benchmarks. The binary is [`main`]; nothing else is public.
+//! configurations and benchmarks. The binary is [`main`]; the only other public module is
+//! [`eval`], whose parts its suite tests directly.
 //!
 //! It owns no service logic: it calls the services over gRPC, or embeds them whole (`demo`).
 
@@ -21,6 +22,7 @@ mod bench_scale;
 mod bench_share;
 mod budget;
 mod checkpoint;
+mod context;
 mod dataset;
 mod demo;
 pub mod eval;
@@ -39,6 +41,9 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 struct Cli {
     #[command(flatten)]
     server: jobs::Server,
+    /// The dpctl config context to use for this command (`dpctl config get-contexts`).
+    #[arg(long, global = true, env = "DPCAP_CONTEXT")]
+    context: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -97,6 +102,9 @@ enum Command {
     /// Benchmarks (ratios measured side by side in one run).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Named clusters (endpoints, CA, domain, token file) in one file, like kubeconfig.
+    #[command(subcommand)]
+    Config(context::ConfigCommand),
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -109,6 +117,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Privacy(command) => privacy::run(command)?,
         Command::Bench(command) => bench::run(command)?,
         Command::Model(command) => model::run(command)?,
+        Command::Config(command) => context::run(command)?,
         Command::Dataset(command) => dataset::run(command, &server)?,
         Command::Submit { file, idempotency_key, json } => {
             runtime()?.block_on(jobs::submit(&server, &file, idempotency_key, json))?;
@@ -131,11 +140,16 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 /// The commands that never reach a cluster: their help leaves the cluster's flags out.
-const OFFLINE: [&str; 8] = ["bench", "demo", "eval", "export", "privacy", "dataset synth", "dataset index", "model"];
+const OFFLINE: [&str; 9] =
+    ["bench", "demo", "eval", "export", "privacy", "dataset synth", "dataset index", "model", "config"];
 
-/// The command line, with the cluster's global flags hidden from the offline commands' help.
-fn command() -> clap::Command {
+/// The command line, with the cluster's global flags hidden from the offline commands' help
+/// and, when a dpctl config context is in use, its values as their defaults.
+fn command(context: Option<&context::Context>, args: &[String]) -> anyhow::Result<clap::Command> {
     let mut command = Cli::command();
+    if let Some(context) = context {
+        command = context::apply(command, context, args)?;
+    }
     command.build(); // propagates the global flags to every subcommand
     let cluster: Vec<clap::Id> =
         command.get_arguments().filter(|a| a.is_global_set()).map(|a| a.get_id().clone()).collect();
@@ -148,7 +162,7 @@ fn command() -> clap::Command {
             None => command.mut_subcommand(path, |s| hide_all(s, &hide)),
         };
     }
-    command
+    Ok(command)
 }
 
 /// `hide` applied to `command` and every command under it.
@@ -184,7 +198,15 @@ fn write_line(line: std::fmt::Arguments<'_>) {
 
 /// Runs `dpctl` on the process's arguments and exits with its code (2 on an error).
 pub fn main() {
-    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
+    let fail = |e: anyhow::Error| -> ! {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    };
+    let args: Vec<String> = std::env::args().collect();
+    let config = context::Config::load().unwrap_or_else(|e| fail(e));
+    let active = config.active(context::chosen(&args).as_deref()).unwrap_or_else(|e| fail(e));
+    let command = command(active.map(|(_, c)| c), &args).unwrap_or_else(|e| fail(e));
+    let cli = Cli::from_arg_matches(&command.get_matches_from(args)).unwrap_or_else(|e| e.exit());
     match run(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {

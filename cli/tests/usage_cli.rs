@@ -57,3 +57,66 @@ fn a_pipe_closed_early_ends_the_command_without_a_panic() {
     drop(child.stdout.take());
     assert_eq!(child.wait().unwrap().code(), Some(2));
 }
+
+/// The tour's old mistake: a spec in a subfolder naming ./data/train, data made in the current
+/// directory. Refused before any connection, saying where the path was looked for and how to
+/// write it.
+#[test]
+fn a_relative_spec_path_that_names_nothing_is_refused_at_submit_naming_where_it_was_resolved() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("jobs")).unwrap();
+    std::fs::create_dir_all(dir.path().join("data/train")).unwrap();
+    std::fs::write(dir.path().join("jobs/job.yaml"), "name: t\ndataset: ./data/train\nmodel: micro\nepsilon: 8\n")
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_dpctl"))
+        .current_dir(dir.path())
+        .args(["--coordinator", "http://127.0.0.1:1", "submit", "jobs/job.yaml"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let jobs = std::fs::canonicalize(dir.path().join("jobs")).unwrap();
+    assert!(
+        stderr
+            .contains(&format!("dataset: ./data/train was resolved against the spec file's folder {}", jobs.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("exists relative to the current directory"), "{stderr}");
+    assert!(!stderr.contains("127.0.0.1:1"), "refused before connecting: {stderr}");
+}
+
+fn dpctl_with_config(config: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_dpctl"))
+        .env("DPCAP_CONFIG", config)
+        .env_remove("DPCAP_COORDINATOR")
+        .env_remove("DPCAP_CONTEXT")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// A context supplies the cluster flags' defaults; a flag given wins; an unknown context is
+/// refused by name. Unreachable ports show which endpoint each command used.
+#[test]
+fn a_config_context_supplies_the_cluster_flags_and_a_flag_given_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("dpcap/config.yaml");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "0123456789abcdef0123\n").unwrap();
+    let settings = ["coordinator=http://127.0.0.1:9", &format!("token-file={}", token.display())];
+    let set = dpctl_with_config(&config, &[&["config", "set-context", "lab"][..], &settings].concat());
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    let contexts = dpctl_with_config(&config, &["config", "get-contexts"]);
+    assert!(String::from_utf8_lossy(&contexts.stdout).contains("* lab  coordinator http://127.0.0.1:9"));
+    let from_context = dpctl_with_config(&config, &["get", "job-x"]);
+    assert!(
+        String::from_utf8_lossy(&from_context.stderr).contains("cannot reach http://127.0.0.1:9"),
+        "{from_context:?}"
+    );
+    let flag = dpctl_with_config(&config, &["get", "job-x", "--coordinator", "http://127.0.0.1:7"]);
+    assert!(String::from_utf8_lossy(&flag.stderr).contains("cannot reach http://127.0.0.1:7"), "{flag:?}");
+    let unknown = dpctl_with_config(&config, &["--context", "prod", "get", "job-x"]);
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("context \"prod\" is not in the dpctl config"));
+    let help = dpctl_with_config(&config, &["get", "--help"]);
+    assert!(!String::from_utf8_lossy(&help.stdout).contains("0123456789abcdef"), "the token never shows in help");
+}

@@ -34,6 +34,16 @@ fn refusal(status: tonic::Status) -> CoordinatorError {
     }
 }
 
+/// What became of a close.
+enum Closed {
+    /// Done.
+    Yes,
+    /// The accountant knows no such job (nothing to revoke).
+    Unknown,
+    /// It could not be told.
+    Failed,
+}
+
 /// A spend answer held against the job's record: NOT_FOUND means never registered, and a
 /// contract other than the record's is refused naming each field with both values.
 fn checked_spend(
@@ -123,15 +133,19 @@ impl Coordinator {
     }
 
     /// Carries out the closes a transition asked for. Returns the closed jobs that were
-    /// submitted with an audit.
-    pub(crate) async fn close_all(&self, closings: &[Closing]) -> Vec<String> {
-        let mut audits = Vec::new();
+    /// submitted with an audit, and the jobs the accountant could not be told of.
+    pub(crate) async fn close_all(&self, closings: &[Closing]) -> (Vec<String>, Vec<String>) {
+        let (mut audits, mut unclosed) = (Vec::new(), Vec::new());
         for closing in closings {
-            if self.close(closing).await && !closing.resumable && self.is_audited(&closing.job_id) {
-                audits.push(closing.job_id.clone());
+            match self.close(closing).await {
+                Closed::Yes if !closing.resumable && self.is_audited(&closing.job_id) => {
+                    audits.push(closing.job_id.clone())
+                }
+                Closed::Yes | Closed::Unknown => {}
+                Closed::Failed => unclosed.push(closing.job_id.clone()),
             }
         }
-        audits
+        (audits, unclosed)
     }
 
     /// Carries out the trims a transition asked for.
@@ -161,8 +175,8 @@ impl Coordinator {
         }
     }
 
-    /// Closes a job (or, resumable, releases its noise drawn ahead); true when it was closed.
-    async fn close(&self, closing: &Closing) -> bool {
+    /// Closes a job (or, resumable, suspends it).
+    async fn close(&self, closing: &Closing) -> Closed {
         let request = CloseJobRequest {
             job_id: closing.job_id.clone(),
             reason: closing.reason.clone(),
@@ -175,11 +189,11 @@ impl Coordinator {
         })
         .await;
         match closed {
-            Ok(_) => true,
-            Err(s) if s.code() == tonic::Code::NotFound => false,
+            Ok(_) => Closed::Yes,
+            Err(s) if s.code() == tonic::Code::NotFound => Closed::Unknown,
             Err(s) => {
                 tracing::warn!(job_id = closing.job_id, error = %s, "could not close the job at the accountant");
-                false
+                Closed::Failed
             }
         }
     }

@@ -17,7 +17,7 @@ use crate::state::{AUDIT_REASONS, Effects, JobEntry, Report, State, WorkerEntry,
 use crate::store::{JobStore, Private, hex};
 
 /// How the coordinator is set up.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// The object-store URL or directory of jobs and checkpoints (workers write here).
     pub store_url: String,
@@ -29,29 +29,13 @@ pub struct Config {
     /// TLS towards the accountant (https:// endpoints).
     pub accountant_tls: dpcap_serve::ClientTlsArgs,
     /// The coordinator-role token presented to the accountant.
-    pub accountant_token: Option<String>,
+    pub accountant_token: Option<dpcap_proto::Secret>,
     /// A worker silent for this long is dropped and its job's group re-formed.
     pub lease: Duration,
     /// Signs the capabilities workers carry to the accountant (the accountant's keys).
     pub capabilities: Capabilities,
     /// How long a capability stays valid; workers renew theirs with every heartbeat.
     pub capability_ttl: Duration,
-}
-
-impl std::fmt::Debug for Config {
-    /// Everything but the token's value.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("store_url", &self.store_url)
-            .field("secrets_url", &self.secrets_url)
-            .field("accountant_endpoint", &self.accountant_endpoint)
-            .field("accountant_tls", &self.accountant_tls)
-            .field("accountant_token", &self.accountant_token.as_ref().map(|_| "<set>"))
-            .field("lease", &self.lease)
-            .field("capabilities", &self.capabilities)
-            .field("capability_ttl", &self.capability_ttl)
-            .finish()
-    }
 }
 
 /// The coordinator.
@@ -102,7 +86,7 @@ impl Coordinator {
         let credentials = CallCredentials::token(config.accountant_token.clone());
         let accountant = AccountantClient::lazy(endpoint, credentials).into_raw();
         let mut state = State::default();
-        let mut restored = store.load_all().await?;
+        let (mut restored, refused) = store.load_all().await?;
         restored.sort_by_key(|(job, _)| (job.created_unix_ms, job.job_id.clone()));
         for (mut job, private) in restored {
             if state.jobs.contains_key(&job.job_id) {
@@ -164,7 +148,28 @@ impl Coordinator {
             draining: tokio::sync::watch::channel(false).0,
             audits: Mutex::default(),
         }))
-        .inspect(|coordinator| coordinator.audit_unaudited())
+        .inspect(|coordinator| {
+            coordinator.audit_unaudited();
+            coordinator.suspend_refused(refused);
+        })
+    }
+
+    /// Suspends, in the background, the jobs whose records were refused at restore: they can
+    /// never run from this store, and a suspended job reserves nothing of its dataset's budget
+    /// and admits no capability. (A record copied under a new id names no registered job.)
+    fn suspend_refused(self: &Arc<Self>, refused: Vec<String>) {
+        for job_id in refused {
+            let this = self.clone();
+            tokio::spawn(async move {
+                this.close_all(&[never_resumed(job_id, "its job record was refused at restore")]).await;
+            });
+        }
+    }
+
+    /// A submission whose registration got no answer (the accountant may have written it) is
+    /// suspended there at once, best effort: a job it does not know is no error.
+    pub(crate) async fn suspend_unanswered(&self, job_id: &str) {
+        self.close_all(&[never_resumed(job_id.to_owned(), "its submission's registration got no answer")]).await;
     }
 
     /// Settles, in the background, every audited job that ended for good (SUCCEEDED or
@@ -186,7 +191,7 @@ impl Coordinator {
             tokio::spawn(async move {
                 let reason = "ended before the coordinator restarted".to_owned();
                 let closing = crate::state::Closing { job_id: job_id.clone(), reason, resumable: false, generation: 0 };
-                this.close_all(&[closing]).await;
+                let _ = this.close_all(&[closing]).await;
                 this.record_audit(&job_id).await;
                 this.changed.send_modify(|v| *v += 1);
             });
@@ -233,7 +238,7 @@ impl Coordinator {
         // Revocation first: a dissolved group's, a cancelled or ended job's capabilities stop
         // working before anything else happens (and before a cancel is acknowledged).
         self.revoke(&effects.fence).await;
-        let audits = self.close_all(&effects.close).await;
+        let (audits, unclosed) = self.close_all(&effects.close).await;
         // ε and the charged steps come from the ledger, read once nothing more can be charged
         // for an ended job, and before the record is written.
         for job_id in &effects.spend {
@@ -241,6 +246,15 @@ impl Coordinator {
         }
         let result = self.persist(&effects.persist).await;
         self.trim_all(&effects.trim).await;
+        // A job that ended but that the accountant was not told of is reported (its capabilities
+        // then stop only at their expiry), after everything else was carried out.
+        let result = match (result, unclosed.first()) {
+            (Ok(()), Some(job_id)) => Err(CoordinatorError::Accountant(format!(
+                "job {job_id} ended, but the accountant could not be told: its workers' capabilities stop only when \
+                 they expire"
+            ))),
+            (result, _) => result,
+        };
         // An audited job's audit is in its conditions before any watcher sees it ended.
         for job_id in &audits {
             self.record_audit(job_id).await;
@@ -270,20 +284,22 @@ impl Coordinator {
         let effects = {
             let mut state = self.lock();
             state.jobs.insert(job_id.clone(), entry_for(job, private, clients)?);
-            state.queue.push_back(job_id);
+            state.queue.push_back(job_id.clone());
+            state.warn_short(&job_id);
             state.schedule()
         };
         self.apply(effects).await
     }
 
-    /// One job.
+    /// One job, with its place in the queue while it waits.
     pub fn get(&self, job_id: &str) -> Result<Job, CoordinatorError> {
-        self.lock().jobs.get(job_id).map(|e| e.job.clone()).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))
+        self.lock().view(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))
     }
 
     /// Every job, oldest first.
     pub fn list(&self) -> Vec<Job> {
-        let mut jobs: Vec<Job> = self.lock().jobs.values().map(|e| e.job.clone()).collect();
+        let state = self.lock();
+        let mut jobs: Vec<Job> = state.jobs.keys().filter_map(|id| state.view(id)).collect();
         jobs.sort_by_key(|j| (j.created_unix_ms, j.job_id.clone()));
         jobs
     }
@@ -440,8 +456,11 @@ impl Coordinator {
         let Some(group) = entry.group.as_ref() else { return Ok(None) };
         // Only a member of the group gets its assignment (and a capability).
         let Some(rank) = group.members.iter().position(|m| m == worker_id) else { return Ok(None) };
+        // Renewed every beat: it carries the current step's grant once the step's work exists,
+        // so that a part sent after a step of any length has a capability that has not expired.
+        let step = group.step.filter(|_| group.work.is_some());
         Ok(Some(Assignment {
-            capability: self.capability(entry, rank, None),
+            capability: self.capability(entry, rank, step),
             job_id,
             spec: entry.job.spec.clone(),
             plan: entry.job.plan.clone(),
@@ -594,13 +613,17 @@ impl Coordinator {
 
     /// A rank's word that the budget is spent would end the job for good: it stands only if
     /// the accountant's ledger says so; otherwise the step failed (and the job may resume).
+    /// The condition then says which budget refused (the job's or its dataset's), in the
+    /// ledger's words, whichever rank reported.
     async fn confirm_exhaustion(&self, job_id: &str, report: Report) -> Report {
         if report.outcome != dpcap_proto::v1::StepOutcome::BudgetExhausted {
             return report;
         }
         let Ok(job) = self.get(job_id) else { return report };
         match self.spend(&job).await {
-            Ok(spend) if spend.phase == dpcap_proto::v1::JobPhase::BudgetExhausted as i32 => report,
+            Ok(spend) if spend.phase == dpcap_proto::v1::JobPhase::BudgetExhausted as i32 => {
+                if spend.exhausted_by.is_empty() { report } else { Report { message: spend.exhausted_by, ..report } }
+            }
             Ok(_) => Report {
                 outcome: dpcap_proto::v1::StepOutcome::Failed,
                 message: format!(
@@ -670,4 +693,10 @@ fn entry_for(job: Job, private: &Private, clients: Option<Arc<Vec<Vec<u64>>>>) -
         requeued_at: None,
         settling: 0,
     })
+}
+
+/// A suspension past any generation the job had: it never resumes from this coordinator's
+/// records, and it reserves nothing of its dataset's budget.
+fn never_resumed(job_id: String, reason: &str) -> crate::state::Closing {
+    crate::state::Closing { job_id, reason: reason.to_owned(), resumable: true, generation: u64::from(u32::MAX) }
 }

@@ -6,33 +6,11 @@
 
 use dpcap_proto::v1::JobSpec;
 use object_store::ObjectStoreExt;
-use serde::Deserialize;
 
 use crate::error::CoordinatorError;
 
-/// The checkpoint a job starts from.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct InitSource {
-    /// The job that wrote it.
-    pub job_id: String,
-    /// Its step.
-    pub step: u64,
-    /// Its model configuration.
-    pub model: String,
-    /// "dp", "not_private" or "simulation" (checkpoints from before modes were DP).
-    #[serde(default = "dp")]
-    pub privacy: String,
-    /// The digest of the dataset it trained on ("" in checkpoints from before it was recorded).
-    #[serde(default)]
-    pub dataset: String,
-    /// "caption", "mae" or "fedemb": its privacy unit is the user for fedemb.
-    #[serde(default)]
-    pub objective: String,
-}
-
-fn dp() -> String {
-    "dp".into()
-}
+/// The checkpoint a job starts from: its manifest, read with the one type workers write it with.
+pub type InitSource = dpcap_registry::Manifest;
 
 fn invalid(reason: String) -> CoordinatorError {
     CoordinatorError::invalid("init_from", reason)
@@ -67,13 +45,13 @@ pub async fn check(spec: &JobSpec, dataset: &str) -> Result<Option<InitSource>, 
         return Err(invalid(format!("{location} is a {} model, this job trains {}", source.model, spec.model)));
     }
     let job_is_private = !spec.not_private && spec.simulate.is_none();
-    if job_is_private && source.privacy != "dp" && !dataset.is_empty() && source.dataset == dataset {
+    if job_is_private && !source.is_private() && !dataset.is_empty() && source.dataset == dataset {
         return Err(invalid(format!(
             "{location} holds NOT PRIVATE weights trained on this job's own dataset (job {}): they would void its guarantee",
             source.job_id
         )));
     }
-    if job_is_private && source.privacy != "dp" && !spec.init_public {
+    if job_is_private && !source.is_private() && !spec.init_public {
         return Err(invalid(format!(
             "{location} holds NOT PRIVATE weights (job {}, {}); a DP job starts from them only with init_public: \
              true, stating they were trained on public or synthetic data only",

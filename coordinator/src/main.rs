@@ -37,7 +37,7 @@ struct Args {
     secrets_store: String,
     /// The coordinator-role token this coordinator presents to the accountant.
     #[arg(long, env = "DPCAP_ACCOUNTANT_TOKEN", hide_env_values = true)]
-    accountant_token: Option<String>,
+    accountant_token: Option<dpcap_proto::Secret>,
     #[command(flatten)]
     security: ServerSecurity,
     #[command(flatten)]

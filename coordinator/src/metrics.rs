@@ -24,6 +24,16 @@ fn job_labels(id: &str, e: &crate::state::JobEntry) -> String {
     format!("job_id=\"{id}\",privacy=\"{}\"", e.contract.mode.name())
 }
 
+/// Names kept one release after a rename, as copies of the new series: (old, new). ε has one
+/// name in both services (`dpcap_privacy_*`, labels job_id and privacy): the accountant's
+/// series live while a job is open, the coordinator's (the ledger's value as last reported)
+/// stay after it ends.
+pub const DEPRECATED: [(&str, &str); 3] = [
+    ("dpcap_job_epsilon_spent", "dpcap_privacy_epsilon_spent"),
+    ("dpcap_job_epsilon_target", "dpcap_privacy_epsilon_target"),
+    ("dpcap_job_epsilon_composed", "dpcap_privacy_epsilon_composed"),
+];
+
 /// A per-job series: name, Prometheus type, help, and its value for a job.
 type Series = (&'static str, &'static str, &'static str, fn(&crate::state::JobEntry) -> f64);
 
@@ -33,7 +43,7 @@ const PER_JOB: [Series; 9] = [
         e.job.progress.as_ref().map_or(0.0, |p| p.step as f64)
     }),
     ("dpcap_job_steps_planned", "gauge", "Steps in the job's plan.", |e| e.contract.planned_steps as f64),
-    ("dpcap_job_epsilon_spent", "gauge", "Epsilon at delta spent, as last reported by the accountant.", |e| {
+    ("dpcap_privacy_epsilon_spent", "gauge", "Epsilon at delta spent, as last reported by the accountant.", |e| {
         e.job.progress.as_ref().map_or(0.0, |p| p.epsilon_spent)
     }),
     (
@@ -43,7 +53,7 @@ const PER_JOB: [Series; 9] = [
         |e| e.job.progress.as_ref().map_or(0.0, |p| p.steps_discarded as f64),
     ),
     (
-        "dpcap_job_epsilon_composed",
+        "dpcap_privacy_epsilon_composed",
         "gauge",
         "Epsilon at delta composed with the DP job this one started from (init_from), from the accountant.",
         |e| e.job.progress.as_ref().map_or(0.0, |p| p.epsilon_composed),
@@ -60,7 +70,7 @@ const PER_JOB: [Series; 9] = [
         "Sampled examples left out because they could not be read or decoded (a count only).",
         |e| e.job.progress.as_ref().map_or(0.0, |p| p.dropped_examples as f64),
     ),
-    ("dpcap_job_epsilon_target", "gauge", "The job's epsilon target at delta (+Inf: NOT PRIVATE, none).", |e| {
+    ("dpcap_privacy_epsilon_target", "gauge", "The job's epsilon target at delta (+Inf: NOT PRIVATE, none).", |e| {
         e.contract.epsilon_target.unwrap_or(f64::INFINITY)
     }),
     (
@@ -100,9 +110,13 @@ fn render_states(state: &State) -> String {
 
 fn render_per_job(state: &State, text: &mut String) {
     for (name, kind, help, value) in PER_JOB {
-        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (id, e) in &state.jobs {
-            let _ = writeln!(text, "{name}{{{}}} {}", job_labels(id, e), sample(value(e)));
+        let old = DEPRECATED.iter().find(|(_, new)| *new == name).map(|(old, _)| *old);
+        for (family, help) in [(Some(name), help.to_owned()), (old, format!("Deprecated alias of {name}: {help}"))] {
+            let Some(family) = family else { continue };
+            let _ = writeln!(text, "# HELP {family} {help}\n# TYPE {family} {kind}");
+            for (id, e) in &state.jobs {
+                let _ = writeln!(text, "{family}{{{}}} {}", job_labels(id, e), sample(value(e)));
+            }
         }
     }
 }

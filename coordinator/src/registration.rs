@@ -5,25 +5,16 @@
 //! the tokenizer pinned by the digest of its bytes.
 
 use dpcap_privacy::contract::{Audit, Mechanism, Placement, PrivacyContract, PrivacyUnit};
-use dpcap_proto::v1::{JobSpec, Objective};
-use dpcap_registry::Family;
+use dpcap_proto::v1::JobSpec;
 
 use crate::error::CoordinatorError;
 use crate::init::InitSource;
-use crate::spec::Terms;
-
-/// The model family a spec's objective trains.
-pub fn family(spec: &JobSpec) -> Family {
-    match Objective::try_from(spec.objective) {
-        Ok(Objective::Mae) => Family::Mae,
-        Ok(Objective::Fedemb) => Family::Embedder,
-        _ => Family::Captioner,
-    }
-}
+use crate::spec::{Checked, Terms};
 
 /// P for the spec's model and objective.
-pub fn gradient_dim(spec: &JobSpec) -> Result<u64, CoordinatorError> {
-    dpcap_registry::parameter_count(family(spec), &spec.model).ok_or_else(|| {
+pub fn gradient_dim(checked: &Checked) -> Result<u64, CoordinatorError> {
+    let spec = &checked.spec;
+    dpcap_registry::parameter_count(checked.family, &spec.model).ok_or_else(|| {
         CoordinatorError::invalid(
             "model",
             format!("{:?} is not one of {}", spec.model, dpcap_registry::NAMES.join(", ")),
@@ -64,8 +55,8 @@ pub fn contract(
     };
     let init_from_job = provenance
         .init
-        .filter(|source| source.privacy == "dp" && source.dataset == provenance.dataset_id && mode.is_private())
-        .filter(|source| (source.objective == "fedemb") == matches!(unit, PrivacyUnit::User { .. }))
+        .filter(|source| source.is_private() && source.dataset == provenance.dataset_id && mode.is_private())
+        .filter(|source| source.objective.is_user_level() == matches!(unit, PrivacyUnit::User { .. }))
         .map(|source| source.job_id.clone());
     let contract = PrivacyContract {
         mechanism: Mechanism {
@@ -90,8 +81,9 @@ pub fn contract(
 /// A captioning job's tokenizer: its location (the spec's, or the dataset's own
 /// `tokenizer.json`) and the digest of its bytes, which workers check. None for objectives
 /// without captions.
-pub async fn pin_tokenizer(spec: &JobSpec) -> Result<Option<(String, String)>, CoordinatorError> {
-    if family(spec) != Family::Captioner {
+pub async fn pin_tokenizer(checked: &Checked) -> Result<Option<(String, String)>, CoordinatorError> {
+    let spec = &checked.spec;
+    if !checked.family.has_captions() {
         return Ok(None);
     }
     let location = if spec.tokenizer.is_empty() {

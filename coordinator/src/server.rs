@@ -10,7 +10,6 @@ use dpcap_proto::v1::job_service_server::JobServiceServer;
 use dpcap_proto::v1::worker_service_server::WorkerServiceServer;
 use dpcap_serve::{Listeners, SecuredServer, open_store};
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic_health::ServingStatus;
 
 use crate::coordinator::{Config, Coordinator};
 use crate::error::CoordinatorError;
@@ -48,27 +47,14 @@ pub async fn serve(
     .max_encoding_message_size(dpcap_proto::MAX_WORK_MESSAGE_BYTES)
     .max_decoding_message_size(dpcap_proto::MAX_WORK_MESSAGE_BYTES);
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let (health_on_stop, coordinator_on_stop) = (health.clone(), coordinator.clone());
-    tokio::spawn(async move {
-        shutdown.await;
-        tracing::info!("shutting down: draining in-flight requests");
-        coordinator_on_stop.begin_drain();
-        health_on_stop.set_service_status("", ServingStatus::NotServing).await;
-        health_on_stop.set_not_serving::<JobServiceServer<JobGrpc>>().await;
-        health_on_stop.set_not_serving::<WorkerServiceServer<WorkerGrpc>>().await;
-        let _ = stop_tx.send(true);
-    });
+    use tonic::server::NamedService;
+    let services =
+        &[<JobServiceServer<JobGrpc> as NamedService>::NAME, <WorkerServiceServer<WorkerGrpc> as NamedService>::NAME];
+    let draining = coordinator.clone();
+    let stopped = dpcap_serve::drain::on_shutdown(shutdown, health.clone(), services, move || draining.begin_drain());
     let render = coordinator.clone();
-    tokio::spawn(dpcap_serve::serve_http(
-        metrics_listener,
-        Arc::new(move || render.render_metrics()),
-        stopped(stop_rx.clone()),
-    ));
-    tokio::spawn(reap(coordinator.clone(), lease, stopped(stop_rx.clone())));
+    tokio::spawn(dpcap_serve::serve_http(metrics_listener, Arc::new(move || render.render_metrics()), stopped.wait()));
+    tokio::spawn(reap(coordinator.clone(), lease, stopped.wait()));
     let mut server = server;
     server
         .add_service(health_service)
@@ -76,7 +62,7 @@ pub async fn serve(
         .add_service(reflection_v1alpha)
         .add_service(jobs)
         .add_service(workers)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(stop_rx))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped.wait())
         .await
         .map_err(|e| CoordinatorError::Store(format!("grpc server failed: {e}")))
 }

@@ -6,7 +6,8 @@
 //! refusal names its field.
 
 use dpcap_privacy::AccountantKind;
-use dpcap_proto::v1::{self, JobSpec, Objective, Plan, TelemetryMode};
+use dpcap_proto::v1::{self, JobSpec, Plan, TelemetryMode};
+use dpcap_registry::Family;
 use serde::{Deserialize, Serialize};
 
 use crate::error::CoordinatorError;
@@ -137,14 +138,11 @@ impl SpecFile {
 
     /// The wire message; enum names are checked here.
     pub fn into_proto(self) -> Result<JobSpec, CoordinatorError> {
-        let objective = match self.objective.as_deref().unwrap_or("caption") {
-            "caption" => Objective::Caption,
-            "mae" => Objective::Mae,
-            "fedemb" => Objective::Fedemb,
-            other => {
-                return Err(CoordinatorError::invalid("objective", format!("{other:?} is not caption, mae or fedemb")));
-            }
+        let objective = match self.objective.as_deref() {
+            None => Family::Captioner,
+            Some(name) => name.parse::<Family>().map_err(|e| CoordinatorError::invalid("objective", e.to_string()))?,
         };
+        let objective = dpcap_proto::contract::family_to_proto(objective);
         let telemetry = match self.telemetry.as_deref().unwrap_or("full") {
             "full" => TelemetryMode::Full,
             "strict" => TelemetryMode::Strict,
@@ -231,6 +229,8 @@ pub struct Checked {
     pub spec: JobSpec,
     /// Its accountant kind (the wire's one conversion: an unknown kind is refused).
     pub kind: AccountantKind,
+    /// Its objective, likewise.
+    pub family: Family,
 }
 
 /// Checks every field that does not need the dataset; the first problem is returned.
@@ -244,9 +244,7 @@ pub fn check_fields(spec: &JobSpec) -> Result<Checked, CoordinatorError> {
             format!("{:?} is not one of {}", spec.model, MODEL_NAMES.join(", ")),
         ));
     }
-    if Objective::try_from(spec.objective).is_err() {
-        return Err(CoordinatorError::invalid("objective", format!("unknown value {}", spec.objective)));
-    }
+    let family = dpcap_proto::contract::family_from_proto(spec.objective)?;
     if v1::Augment::try_from(spec.augment).is_err() {
         return Err(CoordinatorError::invalid("augment", format!("unknown value {}", spec.augment)));
     }
@@ -304,7 +302,7 @@ pub fn check_fields(spec: &JobSpec) -> Result<Checked, CoordinatorError> {
             ),
         ));
     }
-    Ok(Checked { spec: spec.clone(), kind })
+    Ok(Checked { spec: spec.clone(), kind, family })
 }
 
 /// The privacy terms a spec resolves into: they become the job's contract, never the plan's.
@@ -408,13 +406,14 @@ pub fn server_adam(spec: &JobSpec) -> bool {
 
 /// Users per client of a user-level (fedemb) job; None for example-level objectives.
 pub fn users_per_client(spec: &JobSpec) -> Option<u32> {
-    (spec.objective == Objective::Fedemb as i32).then(|| spec.fedemb.as_ref().map_or(1, |f| f.users_per_client.max(1)))
+    let user_level = dpcap_proto::contract::family_from_proto(spec.objective).is_ok_and(Family::is_user_level);
+    user_level.then(|| spec.fedemb.as_ref().map_or(1, |f| f.users_per_client.max(1)))
 }
 
 /// fedemb settings belong to a fedemb job and must be in range; a simulation of a user-level
 /// recipe is not offered.
 fn check_fedemb(spec: &JobSpec) -> Result<(), CoordinatorError> {
-    let fedemb = spec.objective == Objective::Fedemb as i32;
+    let fedemb = dpcap_proto::contract::family_from_proto(spec.objective).is_ok_and(Family::is_user_level);
     if fedemb && spec.simulate.is_some() {
         return Err(CoordinatorError::invalid("simulate", "a TAN simulation of a user-level recipe is not offered"));
     }

@@ -302,6 +302,43 @@ impl State {
         effects
     }
 
+    /// A copy of the job with its queue position (1 at the head) while it waits.
+    pub fn view(&self, job_id: &str) -> Option<Job> {
+        let mut job = self.jobs.get(job_id)?.job.clone();
+        if let Some(position) = self.queue.iter().position(|id| id == job_id) {
+            job.progress.get_or_insert_with(Default::default).queue_position = position as u32 + 1;
+        }
+        Some(job)
+    }
+
+    /// The workers `entry`'s job needs, and how many registered workers could serve it (CUDA
+    /// ones only once it reduces over NCCL).
+    fn demand(&self, entry: &JobEntry) -> (usize, Vec<(&String, &WorkerEntry)>) {
+        let want = entry.job.plan.as_ref().map_or(1, |p| p.workers).max(1) as usize;
+        // A job that reduces over NCCL keeps doing so: later groups need CUDA workers too.
+        let nccl_only = entry.job.reduction == Reduction::Nccl as i32;
+        (want, self.workers.iter().filter(|(_, w)| !nccl_only || is_cuda(&w.device)).collect())
+    }
+
+    /// A job just queued that needs more workers than are registered says so at submit, and
+    /// what happens meanwhile.
+    pub fn warn_short(&mut self, job_id: &str) {
+        let Some(entry) = self.jobs.get(job_id) else { return };
+        let (want, eligible) = self.demand(entry);
+        let registered = eligible.len();
+        if registered >= want || !self.queue.iter().any(|id| id == job_id) {
+            return;
+        }
+        let Some(entry) = self.jobs.get_mut(job_id) else { return };
+        let warning = format!(
+            "the job needs {want} workers and {registered} are registered: it waits until {} more register; \
+             meanwhile later jobs that fit the registered workers run beside it (backfill)",
+            want - registered
+        );
+        condition(&mut entry.job, "Warning", "NotEnoughWorkers", warning);
+        self.touch(job_id);
+    }
+
     /// Gang allocation in FIFO order: a job starts when all its W workers are free. The head
     /// is never overtaken by a job that would take workers it is waiting for; but while the
     /// head needs more workers than are registered at all (it waits for workers to arrive, not
@@ -315,11 +352,7 @@ impl State {
                 self.queue.remove(position);
                 continue;
             };
-            let want = entry.job.plan.as_ref().map_or(1, |p| p.workers).max(1) as usize;
-            // A job that reduces over NCCL keeps doing so: later groups need CUDA workers too.
-            let nccl_only = entry.job.reduction == Reduction::Nccl as i32;
-            let eligible: Vec<(&String, &WorkerEntry)> =
-                self.workers.iter().filter(|(_, w)| !nccl_only || is_cuda(&w.device)).collect();
+            let (want, eligible) = self.demand(entry);
             let registered = eligible.len();
             let free: Vec<String> =
                 eligible.iter().filter(|(_, w)| w.job.is_none()).map(|(id, _)| (*id).clone()).take(want).collect();
@@ -524,8 +557,10 @@ impl State {
         };
         match group.step {
             Some(current) if step == current => Ok(Some(rank)),
+            // A failure ends the job whatever step it names (a rank that could not learn the
+            // step still reports); a done report of an older step is a retry already counted.
+            _ if failed => Ok(Some(rank)),
             Some(current) if step < current => Ok(None),
-            None if failed => Ok(Some(rank)),
             current => Err(CoordinatorError::invalid("step", format!("{step} is not the current step {current:?}"))),
         }
     }

@@ -7,14 +7,17 @@
 //! **Records are sealed.** Whoever can write the job store (a worker, through its checkpoints)
 //! must not be able to change what a job samples or clips, nor create a job. Each record is
 //! written with an HMAC-SHA256 tag under a key only the coordinator holds (`record.key` in the
-//! secrets store, created once), bound to the job's id; every read checks it. A record whose
-//! tag does not verify (changed, copied under another id, or written by hand) is never
-//! restored: it is logged and counted (`dpcap_coordinator_records_refused_total`), and its job
-//! is neither registered nor run. A record from before sealing (`job.binpb`) is refused alike.
+//! secrets store, created once), bound to the job's id and to the record's version; every read
+//! checks it. The secrets store keeps each job's last version (written after the record), so an
+//! older sealed record put back in place (a cancelled job's, say, from when it ran) is refused
+//! too. A refused record (changed, copied under another id, replayed, or written by hand) is
+//! never restored: it is logged and counted (`dpcap_coordinator_records_refused_total`), its job
+//! is neither registered nor run, and it is suspended at the accountant (so that it reserves
+//! nothing). A record from before sealing (`job.binpb`) is refused alike.
 //!
 //! Layout: job store `jobs/{id}/job.sealed`, `idempotency/{hex(key)}`; secrets store
-//! `record.key`, `jobs/{id}/private.json`. One coordinator replica writes both (Deployment,
-//! Recreate).
+//! `record.key`, `jobs/{id}/private.json`, `jobs/{id}/record.version`. One coordinator replica
+//! writes both (Deployment, Recreate).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,8 +62,9 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A sealed record starts with these bytes (format version 1), then the 32-byte tag.
-const SEAL_MAGIC: &[u8; 8] = b"dpcapJR1";
+/// A sealed record starts with these bytes (format version 2), then the 32-byte tag, then the
+/// record's version (8 bytes, little-endian), then the record.
+const SEAL_MAGIC: &[u8; 8] = b"dpcapJR2";
 
 /// The HMAC key that seals job records, held in the secrets store only.
 #[derive(Clone)]
@@ -73,32 +77,37 @@ impl std::fmt::Debug for RecordKey {
 }
 
 impl RecordKey {
-    /// The tag of `job_id`'s record `bytes`: binding the id, a record copied under another
-    /// job's path does not verify.
-    fn tag(&self, job_id: &str, bytes: &[u8]) -> [u8; 32] {
+    /// The tag of version `version` of `job_id`'s record `bytes`: binding the id and the
+    /// version, a record copied under another job's path, or given another version, does not
+    /// verify.
+    fn tag(&self, job_id: &str, version: u64, bytes: &[u8]) -> [u8; 32] {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes any key length");
-        for part in [b"dpcap job record v1".as_slice(), job_id.as_bytes(), bytes] {
+        let version = version.to_le_bytes();
+        for part in [b"dpcap job record v2".as_slice(), job_id.as_bytes(), &version, bytes] {
             mac.update(&(part.len() as u64).to_le_bytes());
             mac.update(part);
         }
         mac.finalize().into_bytes().into()
     }
 
-    /// `job`'s record, sealed.
-    pub fn seal(&self, job: &Job) -> Vec<u8> {
+    /// Version `version` of `job`'s record, sealed.
+    pub fn seal(&self, job: &Job, version: u64) -> Vec<u8> {
         let bytes = job.encode_to_vec();
-        let mut out = Vec::with_capacity(SEAL_MAGIC.len() + 32 + bytes.len());
+        let mut out = Vec::with_capacity(SEAL_MAGIC.len() + 40 + bytes.len());
         out.extend_from_slice(SEAL_MAGIC);
-        out.extend_from_slice(&self.tag(&job.job_id, &bytes));
+        out.extend_from_slice(&self.tag(&job.job_id, version, &bytes));
+        out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&bytes);
         out
     }
 
-    /// The job in `sealed`, stored under `job_id`'s path, if its tag verifies.
-    pub fn open(&self, job_id: &str, sealed: &[u8]) -> Result<Job, String> {
+    /// The job in `sealed` and its version, stored under `job_id`'s path, if its tag verifies.
+    pub fn open(&self, job_id: &str, sealed: &[u8]) -> Result<(Job, u64), String> {
         let rest = sealed.strip_prefix(SEAL_MAGIC.as_slice()).ok_or("not a sealed record")?;
-        let (tag, bytes) = rest.split_at_checked(32).ok_or("truncated")?;
-        let expected = self.tag(job_id, bytes);
+        let (tag, rest) = rest.split_at_checked(32).ok_or("truncated")?;
+        let (version, bytes) = rest.split_at_checked(8).ok_or("truncated")?;
+        let version = u64::from_le_bytes(version.try_into().map_err(|_| "truncated")?);
+        let expected = self.tag(job_id, version, bytes);
         // Constant time: a forger learns nothing from how long a comparison took.
         if tag.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
             return Err("its tag does not verify (changed outside the coordinator, or copied under another id)".into());
@@ -107,7 +116,7 @@ impl RecordKey {
         if job.job_id != job_id {
             return Err(format!("it holds job {:?}", job.job_id));
         }
-        Ok(job)
+        Ok((job, version))
     }
 }
 
@@ -119,7 +128,9 @@ pub struct JobStore {
     secrets: Arc<dyn ObjectStore>,
     secrets_root: Path,
     key: RecordKey,
-    /// Records refused at restore (tampered, unsealed, or copied): a metric.
+    /// Each job's last record version written or read.
+    versions: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>,
+    /// Records refused at restore (tampered, unsealed, copied or replayed): a metric.
     refused: Arc<AtomicU64>,
 }
 
@@ -135,7 +146,7 @@ impl JobStore {
         (secrets, secrets_root): (Arc<dyn ObjectStore>, Path),
     ) -> Result<Self, CoordinatorError> {
         let key = record_key(secrets.as_ref(), &secrets_root).await?;
-        Ok(Self { store, root, secrets, secrets_root, key, refused: Arc::default() })
+        Ok(Self { store, root, secrets, secrets_root, key, versions: Arc::default(), refused: Arc::default() })
     }
 
     /// Records refused at restore since this process started.
@@ -147,11 +158,49 @@ impl JobStore {
         under(&self.root, rest)
     }
 
-    /// Overwrites the job's record, sealed.
+    /// Overwrites the job's record, sealed with the next version; then records that version
+    /// in the secrets store (a crash between the two leaves a record newer than the version on
+    /// record, which is accepted; an older one never is). Callers serialise writes of a job.
     pub async fn put_job(&self, job: &Job) -> Result<(), CoordinatorError> {
+        let version = self.last_version(&job.job_id).await? + 1;
         let path = self.path(&format!("jobs/{}/job.sealed", job.job_id));
-        self.store.put(&path, PutPayload::from(self.key.seal(job))).await?;
+        self.store.put(&path, PutPayload::from(self.key.seal(job, version))).await?;
+        let version_path = under(&self.secrets_root, &format!("jobs/{}/record.version", job.job_id));
+        self.secrets.put(&version_path, PutPayload::from(version.to_string().into_bytes())).await?;
+        self.versions.lock().expect("versions lock").insert(job.job_id.clone(), version);
         Ok(())
+    }
+
+    /// The job's last record version: remembered, else the secrets store's (0: none).
+    async fn last_version(&self, job_id: &str) -> Result<u64, CoordinatorError> {
+        if let Some(&version) = self.versions.lock().expect("versions lock").get(job_id) {
+            return Ok(version);
+        }
+        let path = under(&self.secrets_root, &format!("jobs/{job_id}/record.version"));
+        let version = match self.secrets.get(&path).await {
+            Ok(r) => String::from_utf8_lossy(&r.bytes().await?).trim().parse().unwrap_or(0),
+            Err(object_store::Error::NotFound { .. }) => 0,
+            Err(e) => return Err(e.into()),
+        };
+        self.versions.lock().expect("versions lock").insert(job_id.to_owned(), version);
+        Ok(version)
+    }
+
+    /// Deletes a job's record and private part (a submission the accountant refused).
+    pub async fn delete_job(&self, job_id: &str) {
+        self.delete_record(job_id).await;
+        let path = under(&self.secrets_root, &format!("jobs/{job_id}/private.json"));
+        if let Err(e) = self.secrets.delete(&path).await {
+            tracing::warn!(job_id, error = %e, "could not delete a refused submission's secret");
+        }
+    }
+
+    /// Deletes a submission's record only: its secret stays, marking an orphan that a restore
+    /// suspends at the accountant (see `load_all`).
+    pub async fn delete_record(&self, job_id: &str) {
+        if let Err(e) = self.store.delete(&self.path(&format!("jobs/{job_id}/job.sealed"))).await {
+            tracing::warn!(job_id, error = %e, "could not delete a refused submission's record");
+        }
     }
 
     /// The job's record, its seal checked (None when there is none).
@@ -162,7 +211,10 @@ impl JobStore {
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        self.key.open(job_id, &bytes).map(Some).map_err(|why| CoordinatorError::Store(format!("{path}: {why}")))
+        self.key
+            .open(job_id, &bytes)
+            .map(|(job, _)| Some(job))
+            .map_err(|why| CoordinatorError::Store(format!("{path}: {why}")))
     }
 
     /// Writes the job's private part once.
@@ -193,32 +245,77 @@ impl JobStore {
         }
     }
 
-    /// Every stored job whose seal verifies, with its private part, in no particular order.
-    /// Jobs without a private part (a crash between the two writes of a submission) are
-    /// skipped; records that do not verify are refused (see the module docs).
-    pub async fn load_all(&self) -> Result<Vec<(Job, Private)>, CoordinatorError> {
+    /// Every stored job whose seal verifies, with its private part, in no particular order,
+    /// and the ids of the records refused (see the module docs). Jobs without a private part
+    /// (a crash between the two writes of a submission) are skipped.
+    pub async fn load_all(&self) -> Result<(Vec<(Job, Private)>, Vec<String>), CoordinatorError> {
         let listed: Vec<_> = self.store.list(Some(&self.path("jobs"))).try_collect().await?;
-        let mut out = Vec::new();
+        let id_of = |location: &str, suffix: &str| {
+            location.strip_suffix(suffix).map(|prefix| prefix.rsplit('/').next().unwrap_or_default().to_owned())
+        };
+        // An id with a sealed record is judged by it alone: an unsealed job.binpb beside it
+        // (from before seals, or dropped there by a writer of the store) is ignored, so that it
+        // can neither run nor get a sound job fenced.
+        let sealed: std::collections::HashSet<String> =
+            listed.iter().filter_map(|m| id_of(m.location.as_ref(), "/job.sealed")).collect();
+        let (mut out, mut refused) = (Vec::new(), Vec::new());
         for meta in &listed {
             let location = meta.location.as_ref();
-            let Some(job_id) = location.strip_suffix("/job.sealed").or_else(|| location.strip_suffix("/job.binpb"))
-            else {
-                continue;
+            let job_id = match (id_of(location, "/job.sealed"), id_of(location, "/job.binpb")) {
+                (Some(id), _) => id,
+                (None, Some(id)) if !sealed.contains(&id) => id,
+                _ => continue,
             };
-            let job_id = job_id.rsplit('/').next().unwrap_or_default();
+            let job_id = job_id.as_str();
             let bytes = self.store.get(&meta.location).await?.bytes().await?;
-            let job = match self.key.open(job_id, &bytes) {
-                Ok(job) => job,
+            let opened = self.key.open(job_id, &bytes);
+            let last = self.last_version(job_id).await?;
+            let job = match opened {
+                Ok((job, version)) if version >= last => {
+                    self.versions.lock().expect("versions lock").insert(job_id.to_owned(), version);
+                    job
+                }
+                Ok((_, version)) => {
+                    self.refuse(location, format!("version {version} is older than the last written, {last}"));
+                    refused.push(job_id.to_owned());
+                    continue;
+                }
                 Err(why) => {
-                    self.refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(record = %location, why, "job record refused: it is not restored, registered or run");
+                    self.refuse(location, why);
+                    refused.push(job_id.to_owned());
                     continue;
                 }
             };
             let Some(private) = self.load_private(&job.job_id).await? else { continue };
             out.push((job, private));
         }
-        Ok(out)
+        refused.extend(self.orphans(&out, &refused).await?);
+        Ok((out, refused))
+    }
+
+    /// Ids the secrets store holds a private part of but whose record is gone (deleted after a
+    /// registration whose answer never came, or never written): the accountant may hold their
+    /// registration, so they are suspended with the refused ones, to reserve nothing.
+    async fn orphans(&self, restored: &[(Job, Private)], refused: &[String]) -> Result<Vec<String>, CoordinatorError> {
+        let listed: Vec<_> = self.secrets.list(Some(&under(&self.secrets_root, "jobs"))).try_collect().await?;
+        let known = |id: &str| restored.iter().any(|(job, _)| job.job_id == id) || refused.iter().any(|r| r == id);
+        let mut orphans: Vec<String> = listed
+            .iter()
+            .filter_map(|m| m.location.as_ref().strip_suffix("/private.json"))
+            .map(|prefix| prefix.rsplit('/').next().unwrap_or_default().to_owned())
+            .filter(|id| !id.is_empty() && !known(id))
+            .collect();
+        orphans.sort();
+        orphans.dedup();
+        for id in &orphans {
+            tracing::warn!(job_id = %id, "a job's secret without its record: suspended at the accountant, never run");
+        }
+        Ok(orphans)
+    }
+
+    fn refuse(&self, location: &str, why: String) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(record = %location, why, "job record refused: it is not restored, registered or run");
     }
 
     /// The job's private part from the secrets store (never from the job store, which workers

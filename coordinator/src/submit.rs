@@ -66,11 +66,24 @@ impl Coordinator {
                         since indexing would be read; re-index it (dpctl dataset index) to pin them";
             condition(&mut job, "Warning", "ShardsNotPinned", note);
         }
-        // The contract exists at the accountant before the job does anywhere else.
-        self.register(&job).await?;
+        // The record first, then the contract at the accountant: a crash between them leaves a
+        // record the accountant does not know (its job fails at restore, reserving nothing),
+        // never a registration without a record (which would reserve its plan for good). A
+        // refused registration takes the record back. One whose answer never came (the
+        // accountant may have written it) is suspended there, and its secret is kept, so that a
+        // restore suspends it again if this fails too: it never reserves its plan for good.
         let private = Private { secret: hex(&random_bytes::<32>()), shard_counts: counts };
         self.store.put_private(&job_id, &private).await?;
         self.store.put_job(&job).await?;
+        if let Err(e) = self.register(&job).await {
+            if e.is_permanent() {
+                self.store.delete_job(&job_id).await;
+            } else {
+                self.store.delete_record(&job_id).await;
+                self.suspend_unanswered(&job_id).await;
+            }
+            return Err(e);
+        }
         tracing::info!(job_id, "job submitted");
         self.enqueue(job, &private, clients).await?;
         self.get(&job_id)
@@ -86,7 +99,7 @@ impl Coordinator {
         let Ok(spend) = client.get_spend(request).await else { return Ok(()) };
         let Some(contract) = spend.into_inner().contract else { return Ok(()) };
         let contract = dpcap_proto::contract::contract_from_proto(contract)?;
-        if contract.mode.name() != source.privacy
+        if contract.mode.kind() != source.privacy
             || (!source.dataset.is_empty() && contract.dataset_id != source.dataset)
         {
             return Err(CoordinatorError::invalid(
@@ -109,10 +122,10 @@ impl Coordinator {
 /// checked spec, plan and terms, contract); no side effects.
 async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
     let checked = crate::spec::check_fields(&spec)?;
-    let gradient_dim = registration::gradient_dim(&spec)?;
+    let gradient_dim = registration::gradient_dim(&checked)?;
     let layout = dataset::read_layout(&spec.dataset).await?;
     let init = crate::init::check(&spec, &layout.digest).await?;
-    let tokenizer = registration::pin_tokenizer(&spec).await?;
+    let tokenizer = registration::pin_tokenizer(&checked).await?;
     let examples = layout.layout.examples();
     // User-level objectives sample and account clients, not examples.
     let users = match crate::spec::users_per_client(&spec) {
@@ -133,7 +146,7 @@ async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
     }
     plan.gradient_dim = gradient_dim;
     if let Some(source) = &init {
-        (plan.init_step, plan.init_privacy) = (source.step, source.privacy.clone());
+        (plan.init_step, plan.init_privacy) = (source.step, source.privacy.name().to_owned());
     }
     if let Some((location, digest)) = tokenizer {
         (plan.tokenizer, plan.tokenizer_digest) = (location, digest);
@@ -160,7 +173,7 @@ fn describe(job: &mut Job, contract: &PrivacyContract, init: Option<&InitSource>
     if let Some(source) = init {
         let from = format!("weights of job {} step {} ({})", source.job_id, source.step, source.privacy);
         condition(job, "Initialised", "InitFrom", from.clone());
-        if source.privacy != "dp" && contract.mode.is_private() {
+        if !source.is_private() && contract.mode.is_private() {
             let stated = format!("{from} are NOT PRIVATE; init_public states they saw public or synthetic data only");
             condition(job, "Warning", "InitNotPrivate", stated);
         }

@@ -106,7 +106,7 @@ async fn a_dp_job_starts_from_not_private_weights_only_when_told_they_saw_public
     let err = check(&spec(baseline.clone(), false, false), OTHER).await.unwrap_err().to_string();
     assert!(err.starts_with("invalid init_from:") && err.contains("init_public"), "{err}");
     let source = check(&spec(baseline.clone(), true, false), OTHER).await.unwrap().unwrap();
-    assert_eq!((source.job_id.as_str(), source.step, source.privacy.as_str()), ("job-src", 4, "not_private"));
+    assert_eq!((source.job_id.as_str(), source.step, source.privacy.name()), ("job-src", 4, "not_private"));
     let own = check(&spec(baseline.clone(), true, false), SAME).await.unwrap_err().to_string();
     assert!(own.contains("own dataset"), "never from NOT PRIVATE weights of the same data: {own}");
     assert!(

@@ -40,6 +40,30 @@ fn a_job_waiting_for_workers_to_arrive_says_so_and_lets_a_job_that_fits_run_besi
     assert_eq!(said, 1, "one condition, updated as the reason changes: conditions never grow while waiting");
 }
 
+#[test]
+fn a_job_needing_more_workers_than_are_registered_is_warned_at_submit_and_shows_its_queue_position() {
+    let mut state = State::default();
+    worker(&mut state, "w1");
+    worker(&mut state, "w2");
+    submit(&mut state, job("a", 5, 5));
+    state.warn_short("a");
+    submit(&mut state, job("b", 3, 5));
+    state.warn_short("b");
+    state.schedule();
+    let warned = state.jobs["a"].job.conditions.iter().find(|c| c.reason == "NotEnoughWorkers").unwrap();
+    assert_eq!(warned.r#type, "Warning");
+    assert!(warned.message.contains("needs 5 workers and 2 are registered") && warned.message.contains("backfill"));
+    let positions: Vec<u32> =
+        ["a", "b"].iter().map(|id| state.view(id).unwrap().progress.unwrap_or_default().queue_position).collect();
+    assert_eq!(positions, [1, 2], "queued jobs show their place");
+    submit(&mut state, job("c", 2, 5));
+    state.warn_short("c");
+    state.schedule();
+    assert!(running(&state, "c"), "c fits the registered workers: backfilled beside a and b");
+    assert!(state.jobs["c"].job.conditions.iter().all(|c| c.reason != "NotEnoughWorkers"), "c was not short");
+    assert_eq!(state.view("c").unwrap().progress.unwrap_or_default().queue_position, 0, "running: not queued");
+}
+
 /// Job a runs on w1 and w2, job b (one worker) queues behind it, and w2's lease lapses: a is
 /// requeued at the head, with w1 free.
 fn a_loses_a_worker_with_b_queued() -> State {

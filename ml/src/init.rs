@@ -11,6 +11,8 @@ use crate::checkpoint::load_weights_with_prefix;
 use crate::checkpoint::{CheckpointStore, Manifest};
 use crate::params::ParamSet;
 use dpcap_dataset::WorkError;
+use dpcap_privacy::contract::ModeKind;
+use dpcap_registry::Family;
 
 /// Loads checkpoint `step` under `location`, which the coordinator checked and found of
 /// `privacy`, into `params` of a `model` trained for `objective`; returns its manifest. A
@@ -18,8 +20,8 @@ use dpcap_dataset::WorkError;
 pub async fn load_init<B: Backend>(
     params: &mut ParamSet<B>,
     location: &str,
-    (model, objective): (&str, &str),
-    (step, privacy): (u64, &str),
+    (model, objective): (&str, Family),
+    (step, privacy): (u64, ModeKind),
 ) -> Result<Manifest, WorkError> {
     let spec = |reason: String| WorkError::Spec { field: "init_from", reason };
     let source = CheckpointStore::open_existing(location).map_err(|e| spec(format!("{location}: {e}")))?;

@@ -8,6 +8,8 @@ use dpcap_ml::checkpoint::{CheckpointError, load_optimizer, load_weights, save_o
 use dpcap_ml::model::{Captioner, CaptionerConfig};
 use dpcap_ml::optim::{AdamW, AdamWConfig, Rule, Schedule};
 use dpcap_ml::params::{Init, ParamSet};
+use dpcap_privacy::contract::ModeKind;
+use dpcap_registry::Family;
 
 type Inner = <CpuBackend as AutodiffBackend>::InnerBackend;
 
@@ -131,13 +133,13 @@ fn an_exported_encoder_carries_its_privacy_and_a_not_private_one_says_so() {
         step: 5,
         ledger_position: 5,
         model: "micro".into(),
-        objective: "caption".into(),
+        objective: Family::Captioner,
         parameters: params.numel() as u64,
         generation: 1,
         created_unix_ms: 0,
         applied_steps: 5,
         discarded_steps: vec![],
-        privacy: privacy.into(),
+        privacy: privacy.parse().unwrap(),
         dataset: String::new(),
         init_from: String::new(),
     };
@@ -175,13 +177,13 @@ async fn a_job_starts_from_another_jobs_weights_the_encoder_alone_across_objecti
             step: 3,
             ledger_position: 3,
             model: model.into(),
-            objective: objective.into(),
+            objective: objective.parse().unwrap(),
             parameters: source.numel() as u64,
             generation: 1,
             created_unix_ms: 0,
             applied_steps: 3,
             discarded_steps: vec![],
-            privacy: "not_private".into(),
+            privacy: ModeKind::NotPrivate,
             dataset: String::new(),
             init_from: String::new(),
         };
@@ -198,25 +200,30 @@ async fn a_job_starts_from_another_jobs_weights_the_encoder_alone_across_objecti
     };
     let same = write("caption", "micro", "caption").await;
     let mut params = fresh();
-    let manifest = load_init(&mut params, &same, ("micro", "caption"), (3, "not_private")).await.unwrap();
+    let manifest =
+        load_init(&mut params, &same, ("micro", Family::Captioner), (3, ModeKind::NotPrivate)).await.unwrap();
     assert_eq!((manifest.job_id.as_str(), manifest.step), ("job-src", 3));
     for id in params.ids() {
         assert_eq!(values(params.value(id)), values(source.value(id)), "{}", params.spec(id).name);
     }
     let mae = write("mae", "micro", "mae").await;
     let (mut params, untouched) = (fresh(), fresh());
-    load_init(&mut params, &mae, ("micro", "caption"), (3, "not_private")).await.unwrap();
+    load_init(&mut params, &mae, ("micro", Family::Captioner), (3, ModeKind::NotPrivate)).await.unwrap();
     for id in params.ids() {
         let name = &params.spec(id).name;
         let want = if name.starts_with("encoder.") { &source } else { &untouched };
         assert_eq!(values(params.value(id)), values(want.value(id)), "{name}: the encoder only");
     }
     let bench = write("bench", "bench", "caption").await;
-    let err = load_init(&mut fresh(), &bench, ("micro", "caption"), (3, "not_private")).await.unwrap_err().to_string();
+    let err = load_init(&mut fresh(), &bench, ("micro", Family::Captioner), (3, ModeKind::NotPrivate))
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("invalid init_from:") && err.contains("bench"), "{err}");
     let nowhere = dir.path().join("nowhere").to_string_lossy().into_owned();
-    assert!(load_init(&mut fresh(), &nowhere, ("micro", "caption"), (3, "not_private")).await.is_err());
-    let err = load_init(&mut fresh(), &same, ("micro", "caption"), (3, "dp")).await.unwrap_err().to_string();
+    assert!(load_init(&mut fresh(), &nowhere, ("micro", Family::Captioner), (3, ModeKind::NotPrivate)).await.is_err());
+    let err =
+        load_init(&mut fresh(), &same, ("micro", Family::Captioner), (3, ModeKind::Dp)).await.unwrap_err().to_string();
     assert!(err.contains("not the dp checked at submission"), "privacy re-checked where it is loaded: {err}");
     assert!(!dir.path().join("nowhere").exists(), "reading a path never creates it");
 }

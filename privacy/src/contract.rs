@@ -65,18 +65,70 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// Its kind, without a simulation's recipe.
+    pub fn kind(&self) -> ModeKind {
+        match self {
+            Mode::Dp => ModeKind::Dp,
+            Mode::NotPrivate => ModeKind::NotPrivate,
+            Mode::Simulation { .. } => ModeKind::Simulation,
+        }
+    }
+
     /// The mode's name in metrics labels, manifests and logs.
     pub fn name(&self) -> &'static str {
-        match self {
-            Mode::Dp => "dp",
-            Mode::NotPrivate => "not_private",
-            Mode::Simulation { .. } => "simulation",
-        }
+        self.kind().name()
     }
 
     /// Whether releases carry the job's DP guarantee (and spend dataset budgets).
     pub fn is_private(&self) -> bool {
-        matches!(self, Mode::Dp)
+        self.kind().is_private()
+    }
+}
+
+/// A mode without a simulation's recipe: what a checkpoint manifest records of the weights it
+/// holds, and every label names ("dp", "not_private", "simulation"). An unknown name is refused,
+/// never read as DP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModeKind {
+    /// Weights under the job's DP guarantee (the default of manifests from before modes).
+    #[default]
+    Dp,
+    /// A non-private baseline's: NOT PRIVATE.
+    NotPrivate,
+    /// A TAN simulation's: NOT PRIVATE.
+    Simulation,
+}
+
+impl ModeKind {
+    /// "dp", "not_private" or "simulation".
+    pub fn name(self) -> &'static str {
+        match self {
+            ModeKind::Dp => "dp",
+            ModeKind::NotPrivate => "not_private",
+            ModeKind::Simulation => "simulation",
+        }
+    }
+
+    /// Whether it carries a DP guarantee.
+    pub fn is_private(self) -> bool {
+        self == ModeKind::Dp
+    }
+}
+
+impl std::fmt::Display for ModeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ModeKind {
+    type Err = ContractError;
+    fn from_str(s: &str) -> Result<Self, ContractError> {
+        [ModeKind::Dp, ModeKind::NotPrivate, ModeKind::Simulation]
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| invalid("privacy", format!("{s:?} is not dp, not_private or simulation")))
     }
 }
 

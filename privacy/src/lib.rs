@@ -19,7 +19,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use calibrate::{max_steps, noise_multiplier};
-pub use contract::{ContractError, Mechanism, Mode, PrivacyContract, PrivacyUnit};
+pub use contract::{ContractError, Mechanism, Mode, ModeKind, PrivacyContract, PrivacyUnit};
 
 /// Which accountant turns a mechanism's history into (ε, δ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, serde::Serialize, serde::Deserialize)]

@@ -4,6 +4,7 @@
 
 use dpcap_privacy::AccountantKind;
 use dpcap_privacy::contract::{Audit, ContractError, Mechanism, Mode, Placement, PrivacyContract, PrivacyUnit, Recipe};
+use dpcap_registry::Family;
 
 use crate::v1;
 
@@ -25,6 +26,26 @@ pub fn kind_from_proto(value: i32) -> Result<AccountantKind, ContractError> {
         Ok(v1::AccountantKind::Unspecified | v1::AccountantKind::Pld) => Ok(AccountantKind::Pld),
         Ok(v1::AccountantKind::Rdp) => Ok(AccountantKind::Rdp),
         Err(_) => Err(invalid("accountant", format!("unknown accountant kind {value}"))),
+    }
+}
+
+/// The objective from the wire (unspecified is caption, the default); an unknown one is
+/// refused, never defaulted.
+pub fn family_from_proto(value: i32) -> Result<Family, ContractError> {
+    match v1::Objective::try_from(value) {
+        Ok(v1::Objective::Unspecified | v1::Objective::Caption) => Ok(Family::Captioner),
+        Ok(v1::Objective::Mae) => Ok(Family::Mae),
+        Ok(v1::Objective::Fedemb) => Ok(Family::Embedder),
+        Err(_) => Err(invalid("objective", format!("unknown objective {value}"))),
+    }
+}
+
+/// The wire form of an objective.
+pub fn family_to_proto(family: Family) -> v1::Objective {
+    match family {
+        Family::Captioner => v1::Objective::Caption,
+        Family::Mae => v1::Objective::Mae,
+        Family::Embedder => v1::Objective::Fedemb,
     }
 }
 
@@ -159,6 +180,16 @@ mod tests {
         for c in [base, simulation, baseline] {
             assert_eq!(contract_from_proto(contract_to_proto(&c)), Ok(c));
         }
+    }
+
+    #[test]
+    fn every_objective_round_trips_through_the_wire_and_an_unknown_one_is_refused() {
+        for family in Family::ALL {
+            assert_eq!(family_from_proto(family_to_proto(family) as i32), Ok(family));
+            assert_eq!(family.name().parse::<Family>(), Ok(family));
+        }
+        assert_eq!(family_from_proto(0), Ok(Family::Captioner), "unspecified is the default");
+        assert_eq!(family_from_proto(99).unwrap_err().field, "objective");
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub mod floats;
 pub mod plan;
 pub mod reflection;
 pub mod retry;
+pub mod roles;
+pub mod secret;
 
 /// Generated messages, clients and servers of package `dpcap.v1`.
 pub mod v1 {
@@ -30,3 +32,4 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("dpca
 
 pub use error::{ErrorCode, ServiceError, to_status};
 pub use retry::{RetryPolicy, hint, is_transient, misconfiguration, retry};
+pub use secret::Secret;

@@ -1,4 +1,5 @@
-//! Who may call what. Every dpcap RPC has the roles allowed to call it ([`POLICY`]); a caller
+//! Who may call what. Every dpcap RPC has the roles allowed to call it ([`POLICY`], defined
+//! beside the protocol in `dpcap_proto::roles` and enforced here); a caller
 //! proves a role with a bearer token (`authorization: Bearer T`), or, over mTLS, with a client
 //! certificate whose SHA-256 fingerprint is listed for the role. Health and reflection stay
 //! open. A missing or unknown token is UNAUTHENTICATED; a known token without the RPC's role
@@ -7,99 +8,17 @@
 
 use std::fmt;
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use dpcap_proto::{ErrorCode, ServiceError, to_status};
 use futures::future::BoxFuture;
 
-/// A caller's role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Role {
-    /// Submits, cancels and resumes jobs.
-    Operator,
-    /// Reads jobs (get, list, watch) and spend.
-    Viewer,
-    /// A rank: WorkerService, parts in and releases out.
-    Worker,
-    /// The coordinator: registers, closes and trims jobs at the accountant.
-    Coordinator,
-    /// Owns datasets' privacy budgets.
-    PrivacyAdmin,
-}
-
-/// Every role, in a fixed order.
-pub const ROLES: [Role; 5] = [Role::Operator, Role::Viewer, Role::Worker, Role::Coordinator, Role::PrivacyAdmin];
-
-impl Role {
-    /// The role's name in flags, token files and errors.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Operator => "operator",
-            Role::Viewer => "viewer",
-            Role::Worker => "worker",
-            Role::Coordinator => "coordinator",
-            Role::PrivacyAdmin => "privacy-admin",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Role {
-    type Err = AuthError;
-    fn from_str(s: &str) -> Result<Self, AuthError> {
-        ROLES.into_iter().find(|r| r.as_str() == s).ok_or_else(|| AuthError::UnknownRole(s.to_owned()))
-    }
-}
-
-use Role::{Coordinator, Operator, PrivacyAdmin, Viewer, Worker};
-
-/// The roles allowed on each RPC (full gRPC paths).
-pub const POLICY: &[(&str, &[Role])] = &[
-    // Only the coordinator writes a job's privacy contract; workers attach to it, and their
-    // parts and releases also need a capability for the job (see `crate::capability`).
-    ("/dpcap.v1.AccountantService/RegisterJob", &[Coordinator]),
-    ("/dpcap.v1.AccountantService/AttachJob", &[Worker]),
-    ("/dpcap.v1.AccountantService/SubmitPart", &[Worker]),
-    ("/dpcap.v1.AccountantService/FetchRelease", &[Worker]),
-    ("/dpcap.v1.AccountantService/GetSpend", &[Coordinator, Operator, Viewer, PrivacyAdmin]),
-    ("/dpcap.v1.AccountantService/CloseJob", &[Coordinator]),
-    // Revocation: only the coordinator, which forms and dissolves groups, fences them.
-    ("/dpcap.v1.AccountantService/FenceJob", &[Coordinator]),
-    ("/dpcap.v1.AccountantService/TrimReleases", &[Coordinator]),
-    ("/dpcap.v1.AccountantService/Estimate", &[Operator, Viewer, Coordinator, PrivacyAdmin]),
-    ("/dpcap.v1.AccountantService/SetDatasetBudget", &[PrivacyAdmin]),
-    ("/dpcap.v1.AccountantService/GetDatasetBudget", &[PrivacyAdmin, Operator, Viewer, Coordinator]),
-    ("/dpcap.v1.AccountantService/AuditJob", &[Operator, Viewer, PrivacyAdmin, Coordinator]),
-    ("/dpcap.v1.JobService/SubmitJob", &[Operator]),
-    ("/dpcap.v1.JobService/CancelJob", &[Operator]),
-    ("/dpcap.v1.JobService/ResumeJob", &[Operator]),
-    ("/dpcap.v1.JobService/GetJob", &[Operator, Viewer]),
-    ("/dpcap.v1.JobService/ListJobs", &[Operator, Viewer]),
-    ("/dpcap.v1.JobService/WatchJob", &[Operator, Viewer]),
-    ("/dpcap.v1.JobService/AuditJob", &[Operator, Viewer]),
-    ("/dpcap.v1.WorkerService/RegisterWorker", &[Worker]),
-    ("/dpcap.v1.WorkerService/Heartbeat", &[Worker]),
-    ("/dpcap.v1.WorkerService/GetStep", &[Worker]),
-    ("/dpcap.v1.WorkerService/ReportStep", &[Worker]),
-    ("/dpcap.v1.WorkerService/Rendezvous", &[Worker]),
-    ("/dpcap.v1.WorkerService/Leave", &[Worker]),
-];
+pub use dpcap_proto::roles::{POLICY, ROLES, Role, UnknownRole, allowed};
 
 /// Paths every caller may use: health checks and server reflection.
 const OPEN: [&str; 3] =
     ["/grpc.health.v1.Health/", "/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/"];
-
-/// The roles allowed on `path`; None for a path the policy does not name (denied).
-pub fn allowed(path: &str) -> Option<&'static [Role]> {
-    POLICY.iter().find(|(p, _)| *p == path).map(|(_, roles)| *roles)
-}
 
 /// Why a caller was refused, or a credential could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -118,8 +37,8 @@ pub enum AuthError {
         has: String,
     },
     /// A role name that does not exist.
-    #[error("invalid role {0:?}: expected one of operator, viewer, worker, coordinator, privacy-admin")]
-    UnknownRole(String),
+    #[error(transparent)]
+    UnknownRole(#[from] UnknownRole),
     /// A token that is too short to be a secret.
     #[error("invalid {role} token: {len} characters; a token needs at least {MIN_TOKEN_LEN}")]
     WeakToken {
@@ -230,7 +149,7 @@ impl Credentials {
             let (role, token) = line
                 .split_once(char::is_whitespace)
                 .ok_or_else(|| file_error(format!("line {}: expected `ROLE TOKEN`", n + 1)))?;
-            let role: Role = role.parse().map_err(|e: AuthError| file_error(format!("line {}: {e}", n + 1)))?;
+            let role: Role = role.parse().map_err(|e: UnknownRole| file_error(format!("line {}: {e}", n + 1)))?;
             let added = match token.trim().strip_prefix("cert:") {
                 Some(fingerprint) => self.add_cert(role, fingerprint),
                 None => self.add(role, token),

@@ -53,6 +53,40 @@ pub struct Capability {
     pub step: Option<StepGrant>,
 }
 
+impl Capability {
+    /// What a capability's text states, read without verifying its tag: for its holder's
+    /// bookkeeping only (which of two capabilities is newer), never for a decision of trust,
+    /// which only [`Capabilities::verify`] makes.
+    pub fn peek(text: &str) -> Option<Capability> {
+        let payload = text.split('.').nth(2)?;
+        serde_json::from_slice(&unhex(payload)?).ok()
+    }
+
+    /// Whether this capability should replace `held` in a worker's cell: always for another
+    /// job, a newer generation or another group of the same generation (a coordinator restart
+    /// may reuse the number), never for an older generation's, an older step's, or one without
+    /// a step grant while `held` has one of the same group (a heartbeat computed before the
+    /// step's work existed and answered after it: taking it would leave the part without its
+    /// grant, and the job would fail).
+    pub fn supersedes(&self, held: Option<&Capability>) -> bool {
+        let Some(held) = held else { return true };
+        if self.job_id != held.job_id || self.generation > held.generation {
+            return true;
+        }
+        if self.generation < held.generation {
+            return false;
+        }
+        if self.group != held.group {
+            return true;
+        }
+        match (self.step, held.step) {
+            (_, None) => true,
+            (None, Some(_)) => false,
+            (Some(new), Some(old)) => new.step >= old.step,
+        }
+    }
+}
+
 /// What a step capability states about its step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepGrant {
@@ -304,6 +338,35 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn held(generation: u64, group: u64, step: Option<u64>) -> Capability {
+        Capability {
+            job_id: "j".into(),
+            rank: 0,
+            generation,
+            group,
+            parts: 2,
+            expires_unix_ms: 0,
+            step: step.map(|step| StepGrant { step, sampled: 10 }),
+        }
+    }
+
+    #[test]
+    fn a_worker_keeps_its_steps_grant_against_a_late_heartbeat_and_takes_every_newer_capability() {
+        let step13 = held(1, 7, Some(13));
+        assert!(!held(1, 7, None).supersedes(Some(&step13)), "a grantless renewal never drops the step's grant");
+        assert!(!held(1, 7, Some(12)).supersedes(Some(&step13)), "an older step's renewal is stale");
+        assert!(!held(0, 7, Some(14)).supersedes(Some(&step13)), "an older generation's is stale");
+        assert!(held(1, 7, Some(13)).supersedes(Some(&step13)), "the same step's renewal extends it");
+        assert!(held(1, 7, Some(14)).supersedes(Some(&step13)), "the next step's");
+        assert!(held(2, 9, None).supersedes(Some(&step13)), "a new generation's, grant or not");
+        assert!(held(1, 8, None).supersedes(Some(&step13)), "a re-formed group of the same number");
+        assert!(held(1, 7, None).supersedes(None), "anything fills an empty cell");
+        assert!(held(1, 7, Some(3)).supersedes(Some(&held(1, 7, None))), "a grant replaces a grantless one");
+        let text = Capabilities::new(Some(KeyRing::generate("k1"))).issue(&step13);
+        assert_eq!(Capability::peek(&text), Some(step13), "its holder reads what a capability states");
+        assert_eq!(Capability::peek("v1.k1.zz.00"), None, "and never panics on a malformed one");
+    }
 
     fn capability(expires_unix_ms: u64) -> Capability {
         Capability { job_id: "job-a".into(), rank: 1, generation: 3, group: 9, parts: 2, expires_unix_ms, step: None }

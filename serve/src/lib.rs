@@ -1,13 +1,15 @@
 //! The plumbing every dpcap server and client shares, in one place: TLS ([`tls`]), bearer-token
 //! roles on every RPC ([`auth`]), the rule that an exposed port needs both ([`exposure`]), the
 //! server builder that applies them ([`security`]), object stores by URL ([`store`]), the
-//! metrics port ([`metrics_http`]), logging, shutdown and address files ([`process`]), and the
-//! job-scoped capabilities workers carry to the accountant ([`capability`]).
+//! metrics port ([`metrics_http`]), logging, signals and address files ([`process`]), the
+//! drain every server runs at shutdown ([`drain`]), and the job-scoped capabilities workers
+//! carry to the accountant ([`capability`]).
 //!
 //! It owns no service logic and no privacy math, and it must never log a credential.
 
 pub mod auth;
 pub mod capability;
+pub mod drain;
 pub mod exposure;
 pub mod metrics_http;
 pub mod process;

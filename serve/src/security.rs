@@ -9,45 +9,33 @@ use std::sync::Arc;
 use tonic::transport::Server;
 use tower::layer::util::{Identity, Stack};
 
+use dpcap_proto::Secret;
+
 use crate::auth::{AuthError, AuthLayer, Credentials, Role};
 use crate::exposure::{self, ExposureError};
 use crate::tls::{ServerTlsArgs, TlsError};
 
 /// Tokens a server accepts, by role (each flag may also come from its environment variable).
-#[derive(Clone, Default, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct AuthArgs {
     /// Bearer token of the operator role (submit, cancel, resume).
     #[arg(long, env = "DPCAP_OPERATOR_TOKEN", hide_env_values = true)]
-    pub operator_token: Option<String>,
+    pub operator_token: Option<Secret>,
     /// Bearer token of the viewer role (get, list, watch, spend).
     #[arg(long, env = "DPCAP_VIEWER_TOKEN", hide_env_values = true)]
-    pub viewer_token: Option<String>,
+    pub viewer_token: Option<Secret>,
     /// Bearer token of the worker role (WorkerService, parts and releases).
     #[arg(long, alias = "cluster-token", env = "DPCAP_WORKER_TOKEN", hide_env_values = true)]
-    pub worker_token: Option<String>,
+    pub worker_token: Option<Secret>,
     /// Bearer token of the coordinator role (register, close, trim at the accountant).
     #[arg(long, env = "DPCAP_COORDINATOR_TOKEN", hide_env_values = true)]
-    pub coordinator_token: Option<String>,
+    pub coordinator_token: Option<Secret>,
     /// Bearer token of the privacy-admin role (dataset budgets).
     #[arg(long, env = "DPCAP_PRIVACY_ADMIN_TOKEN", hide_env_values = true)]
-    pub privacy_admin_token: Option<String>,
+    pub privacy_admin_token: Option<Secret>,
     /// A file of `ROLE TOKEN` lines (several tokens per role, for rotation).
     #[arg(long, env = "DPCAP_AUTH_TOKENS_FILE")]
     pub auth_tokens_file: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for AuthArgs {
-    /// Which roles have a token, never the tokens.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AuthArgs")
-            .field("operator_token", &self.operator_token.as_ref().map(|_| "<set>"))
-            .field("viewer_token", &self.viewer_token.as_ref().map(|_| "<set>"))
-            .field("worker_token", &self.worker_token.as_ref().map(|_| "<set>"))
-            .field("coordinator_token", &self.coordinator_token.as_ref().map(|_| "<set>"))
-            .field("privacy_admin_token", &self.privacy_admin_token.as_ref().map(|_| "<set>"))
-            .field("auth_tokens_file", &self.auth_tokens_file)
-            .finish()
-    }
 }
 
 impl AuthArgs {
@@ -62,7 +50,7 @@ impl AuthArgs {
             (Role::PrivacyAdmin, &self.privacy_admin_token),
         ];
         for (role, token) in flags {
-            if let Some(token) = token.as_deref().filter(|t| !t.is_empty()) {
+            if let Some(token) = token.as_ref().map(Secret::expose).filter(|t| !t.is_empty()) {
                 credentials.add(role, token)?;
             }
         }
@@ -99,9 +87,24 @@ pub enum SecurityError {
     /// The exposure rule.
     #[error(transparent)]
     Exposure(#[from] ExposureError),
-    /// tonic refused the TLS configuration.
-    #[error("tls setup failed: {0}")]
+    /// tonic refused the TLS configuration (its own message is only "transport error": the
+    /// causes under it are spelled out).
+    #[error("tls setup failed: {}", causes(.0))]
     Transport(#[from] tonic::transport::Error),
+}
+
+/// An error and every cause under it, the empty ones left out.
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        let line = cause.to_string();
+        if !line.is_empty() && !text.ends_with(&line) {
+            text = format!("{text}: {line}");
+        }
+        next = cause.source();
+    }
+    text
 }
 
 /// A tonic server with the auth layer.

@@ -18,6 +18,21 @@ pub struct StoreError {
     pub reason: String,
 }
 
+/// `location` fit to show (a log line, a metric label): a URL without its user, password,
+/// query or fragment (a presigned URL's signature); a path as it is.
+pub fn shown(location: &str) -> String {
+    match url::Url::parse(location) {
+        Ok(mut url) => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.set_query(None);
+            url.set_fragment(None);
+            url.to_string()
+        }
+        Err(_) => location.to_owned(),
+    }
+}
+
 /// Opens `location` for writing, returning the store and the root path inside it (a local
 /// directory is created if missing).
 pub fn open_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
@@ -122,3 +137,13 @@ fn install_tls_provider() {
 
 #[cfg(not(feature = "cloud"))]
 fn install_tls_provider() {}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_location_shown_keeps_no_credential_of_its_url_and_a_path_as_it_is() {
+        assert_eq!(super::shown("s3://key:secret@bucket/laion?X-Amz-Signature=abc#f"), "s3://bucket/laion");
+        assert_eq!(super::shown("./data/train"), "./data/train");
+        assert_eq!(super::shown("/abs/data"), "/abs/data");
+    }
+}

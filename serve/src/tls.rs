@@ -42,6 +42,67 @@ fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|e| TlsError::File { flag, path: path.display().to_string(), reason: e.to_string() })
 }
 
+/// What rustls (and so every client) would refuse about a server's certificate, found at start
+/// with its reason, where tonic would only report "transport error" at the first handshake or
+/// at bind: rustls accepts X.509 v3 only and matches the server's name against subjectAltName
+/// only (never the CN), and an expired certificate fails every handshake.
+fn check_server_pem(cert: &Path, cert_pem: &[u8], key: &Path, key_pem: &[u8]) -> Result<(), TlsError> {
+    use x509_parser::pem::Pem;
+    let bad = |flag: &'static str, path: &Path, reason: String| TlsError::File {
+        flag,
+        path: path.display().to_string(),
+        reason,
+    };
+    let leaf = Pem::iter_from_buffer(cert_pem)
+        .filter_map(Result::ok)
+        .find(|block| block.label == "CERTIFICATE")
+        .ok_or_else(|| bad("tls_cert", cert, "no PEM CERTIFICATE block".into()))?;
+    let parsed = leaf.parse_x509().map_err(|e| bad("tls_cert", cert, format!("not an X.509 certificate: {e}")))?;
+    let version = parsed.version().0 + 1;
+    if version != 3 {
+        return Err(bad(
+            "tls_cert",
+            cert,
+            format!(
+                "certificate is X.509 v{version}: rustls accepts only v3; issue it with extensions \
+                 (openssl x509 -req ... -extfile with a subjectAltName line: docs/security.md, TLS quickstart)"
+            ),
+        ));
+    }
+    match parsed.subject_alternative_name() {
+        Ok(Some(_)) => {}
+        _ => {
+            return Err(bad(
+                "tls_cert",
+                cert,
+                "certificate has no subjectAltName: clients check the server's name against it only (never the \
+                 CN); add subjectAltName=DNS:NAME,IP:ADDRESS for every name clients dial"
+                    .into(),
+            ));
+        }
+    }
+    let validity = parsed.validity();
+    if !validity.is_valid() {
+        return Err(bad(
+            "tls_cert",
+            cert,
+            format!(
+                "certificate is valid from {} to {}, not now: issue a new one",
+                validity.not_before, validity.not_after
+            ),
+        ));
+    }
+    let keys = ["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"];
+    if !Pem::iter_from_buffer(key_pem).filter_map(Result::ok).any(|block| keys.contains(&block.label.as_str())) {
+        return Err(bad(
+            "tls_key",
+            key,
+            "no PEM private key block (PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY)".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Server TLS flags.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ServerTlsArgs {
@@ -73,7 +134,9 @@ impl ServerTlsArgs {
             (Some(_), None) => return Err(TlsError::Incomplete { flag: "tls_key", reason: "--tls-cert needs it" }),
             (None, Some(_)) => return Err(TlsError::Incomplete { flag: "tls_cert", reason: "--tls-key needs it" }),
         };
-        let identity = Identity::from_pem(read("tls_cert", cert)?, read("tls_key", key)?);
+        let (cert_pem, key_pem) = (read("tls_cert", cert)?, read("tls_key", key)?);
+        check_server_pem(cert, &cert_pem, key, &key_pem)?;
+        let identity = Identity::from_pem(cert_pem, key_pem);
         let mut config = ServerTlsConfig::new().identity(identity);
         if let Some(ca) = &self.tls_client_ca {
             config =
@@ -129,5 +192,46 @@ impl ClientTlsArgs {
             config = config.domain_name(domain.clone());
         }
         endpoint.tls_config(config).map_err(|e| bad(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Made by the TLS quickstart's openssl commands (docs/security.md), with 100-year validity:
+    /// the v3 certificate with -extfile and a subjectAltName line, and the two mistakes.
+    fn server(cert: &str) -> ServerTlsArgs {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        ServerTlsArgs {
+            tls_cert: Some(fixtures.join(cert)),
+            tls_key: Some(fixtures.join("server.key")),
+            tls_client_ca: None,
+        }
+    }
+
+    #[test]
+    fn a_v3_certificate_with_a_subject_alternative_name_is_served() {
+        assert!(server("v3-san.crt").config().unwrap().is_some());
+    }
+
+    #[test]
+    fn a_v1_certificate_is_refused_at_start_naming_its_version_and_the_fix() {
+        let error = server("v1.crt").config().unwrap_err().to_string();
+        assert!(error.contains("tls_cert") && error.contains("X.509 v1") && error.contains("-extfile"), "{error}");
+    }
+
+    #[test]
+    fn a_certificate_without_a_subject_alternative_name_is_refused_at_start() {
+        let error = server("v3-nosan.crt").config().unwrap_err().to_string();
+        assert!(error.contains("no subjectAltName"), "{error}");
+    }
+
+    #[test]
+    fn a_key_file_without_a_private_key_is_refused_naming_the_flag() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let args = ServerTlsArgs { tls_key: Some(fixtures.join("ca.crt")), ..server("v3-san.crt") };
+        let error = args.config().unwrap_err().to_string();
+        assert!(error.contains("tls_key") && error.contains("no PEM private key"), "{error}");
     }
 }

@@ -200,9 +200,11 @@ impl Process {
         let mut stream = tokio::net::TcpStream::connect(&self.metrics).await.expect("metrics port");
         let request = format!("GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.metrics);
         stream.write_all(request.as_bytes()).await.expect("write");
-        let mut body = String::new();
-        stream.read_to_string(&mut body).await.expect("read");
-        body
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.expect("read");
+        let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+        assert!(!head.to_ascii_lowercase().contains("transfer-encoding: chunked"), "a chunked /metrics: {head}");
+        body.to_owned()
     }
 }
 
@@ -524,7 +526,8 @@ impl Services {
 
     /// Steps of `job_id` the ledger records as discarded.
     pub fn discarded_steps(&self, job_id: &str) -> Vec<u64> {
-        ledger_steps(&self.ledger.join("jobs").join(job_id).join("discarded"))
+        // Discard markers are bare step numbers (`discarded/{step:020}`), charges `STEP.json`.
+        ledger_steps(&self.ledger.join("jobs").join(job_id).join("discarded"), "")
     }
 
     /// A JobService client.
@@ -539,7 +542,7 @@ impl Services {
 
     /// Charge records in the ledger for `job_id`, by step number.
     pub fn charged_steps(&self, job_id: &str) -> Vec<u64> {
-        ledger_steps(&self.ledger.join("jobs").join(job_id).join("charges"))
+        ledger_steps(&self.ledger.join("jobs").join(job_id).join("charges"), ".json")
     }
 
     /// The coordinator's job store with its own record key (from its secrets store beside the
@@ -562,9 +565,9 @@ impl Services {
 /// The steps of a ledger directory's committed records, `STEP.json`, in order. A put the
 /// accountant was killed in the middle of leaves object_store's staging file `STEP.json#N`,
 /// which was never committed (the ledger's replay ignores it too) and is not a record.
-fn ledger_steps(dir: &Path) -> Vec<u64> {
+fn ledger_steps(dir: &Path, suffix: &str) -> Vec<u64> {
     let mut steps: Vec<u64> = std::fs::read_dir(dir)
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".json")?.parse().ok()).collect())
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(suffix)?.parse().ok()).collect())
         .unwrap_or_default();
     steps.sort_unstable();
     steps

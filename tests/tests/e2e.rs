@@ -4,8 +4,12 @@
 
 use std::time::Duration;
 
+#[path = "e2e/metrics_doc.rs"]
+mod metrics_doc;
 #[path = "e2e/s3.rs"]
 mod s3;
+#[path = "e2e/tour.rs"]
+mod tour;
 
 use dpcap_coordinator::SpecFile;
 use dpcap_e2e::jobs::{ended, get, is, spec, spend, step, submit, tempfile_dir, wait_until, within};
@@ -181,6 +185,8 @@ async fn cancel_and_budget_exhaustion_end_jobs_in_their_own_states() {
     assert_eq!(waited.status.code(), Some(5), "dpctl wait exits 5 on budget exhaustion");
     let job = get(&services, &job.job_id).await;
     assert_eq!(job.state, JobState::BudgetExhausted as i32, "not FAILED: {job:#?}");
+    let ended = job.conditions.iter().find(|c| c.reason == "BudgetExhausted").unwrap();
+    assert!(ended.message.contains("> job target 1.5"), "the condition says which budget: {ended:?}");
     let spend = spend(&services, &job.job_id).await;
     assert!(spend.epsilon_spent <= 1.5 && spend.steps_charged < 40, "{spend:?}");
     let progress = job.progress.clone().unwrap();
@@ -306,7 +312,7 @@ async fn a_tan_simulation_runs_not_private_and_reports_its_targets_epsilon_every
 
     let checkpoints = dpcap_ml::checkpoint::CheckpointStore::open(&job.checkpoint_root).unwrap();
     let (manifest, _, _) = checkpoints.load(checkpoints.latest().await.unwrap().unwrap()).await.unwrap();
-    assert_eq!(manifest.privacy, "simulation");
+    assert_eq!(manifest.privacy, dpcap_accountant::privacy::contract::ModeKind::Simulation);
     assert!(!manifest.is_private());
 }
 

@@ -58,7 +58,7 @@ async fn a_user_level_job_samples_users_charges_each_round_once_and_leaves_an_em
     // The checkpoint is an embedder's (encoder and projection), with server momentum state.
     let checkpoints = dpcap_ml::checkpoint::CheckpointStore::open(&job.checkpoint_root).unwrap();
     let (manifest, weights, optimizer) = checkpoints.load(3).await.unwrap();
-    assert_eq!((manifest.objective.as_str(), manifest.step), ("fedemb", 3));
+    assert_eq!((manifest.objective.name(), manifest.step), ("fedemb", 3));
     let mut params = dpcap_ml::params::ParamSet::<Inner>::new(&Default::default());
     let config = dpcap_ml::model::EmbedderConfig::named("micro").unwrap();
     let _model = dpcap_ml::model::Embedder::new(&mut params, config);

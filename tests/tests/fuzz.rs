@@ -1,5 +1,6 @@
 //! Hostile input: 10,000 generated cases — job-spec files, and structurally valid request
-//! messages with hostile field values for every RPC of every service — against running servers.
+//! messages with hostile field values for every RPC in the role table (`dpcap_proto::roles::POLICY`,
+//! which a serve test holds equal to the protocol's RPCs) — against running servers.
 //! No case may crash a server or hang it, and every INVALID_ARGUMENT names its field
 //! (`invalid FIELD: …`). Reproducible from the seed.
 
@@ -8,6 +9,7 @@ use std::time::Duration;
 use dpcap_coordinator::SpecFile;
 use dpcap_e2e::jobs::tempfile_dir;
 use dpcap_e2e::{Services, synth_dataset};
+use dpcap_proto::roles::POLICY;
 use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
 use dpcap_proto::v1::job_service_client::JobServiceClient;
 use dpcap_proto::v1::worker_service_client::WorkerServiceClient;
@@ -159,10 +161,12 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
     let mut g = Gen(ChaCha20Rng::seed_from_u64(2));
     let dataset = dataset.to_string_lossy().into_owned();
     for case in 0..CASES {
-        let rpc = case % 20;
-        let what = format!("case {case} rpc {rpc}");
+        // Every RPC the role table names, in turn: an RPC added to the protocol (and so to the
+        // table, which a serve test holds to the protocol) and not here fails below.
+        let rpc = POLICY[case % POLICY.len()].0.trim_start_matches("/dpcap.v1.");
+        let what = format!("case {case} {rpc}");
         let answer = match rpc {
-            0 => {
+            "AccountantService/RegisterJob" => {
                 // Cheap mechanisms only: calibrating an absurd σ is a cost question, not this test's.
                 let mechanism = Mechanism {
                     sample_rate: g.f64(),
@@ -192,7 +196,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                 };
                 within(&what, accountant.register_job(request)).await
             }
-            1 => {
+            "AccountantService/SubmitPart" => {
                 let chunks: Vec<GradientChunk> = (0..(g.0.next_u64() % 3))
                     .map(|_| GradientChunk {
                         job_id: g.string(),
@@ -206,12 +210,14 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     .collect();
                 within(&what, accountant.submit_part(futures_stream(chunks))).await
             }
-            2 => {
+            "AccountantService/FetchRelease" => {
                 let request = FetchReleaseRequest { job_id: g.string(), step: g.u64(), chunk_values: g.u32() };
                 within(&what, async { accountant.fetch_release(request).await?.into_inner().message().await }).await
             }
-            3 => within(&what, accountant.get_spend(GetSpendRequest { job_id: g.string() })).await,
-            4 => {
+            "AccountantService/GetSpend" => {
+                within(&what, accountant.get_spend(GetSpendRequest { job_id: g.string() })).await
+            }
+            "AccountantService/CloseJob" => {
                 within(
                     &what,
                     accountant.close_job(CloseJobRequest {
@@ -223,14 +229,14 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                 )
                 .await
             }
-            5 => {
+            "AccountantService/TrimReleases" => {
                 within(
                     &what,
                     accountant.trim_releases(TrimReleasesRequest { job_id: g.string(), before_step: g.u64() }),
                 )
                 .await
             }
-            6 => {
+            "AccountantService/Estimate" => {
                 let request = EstimateRequest {
                     sample_rate: g.f64(),
                     delta: g.f64(),
@@ -241,7 +247,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                 };
                 within(&what, accountant.estimate(request)).await
             }
-            7 => {
+            "AccountantService/SetDatasetBudget" => {
                 let request = SetDatasetBudgetRequest {
                     dataset_id: g.string(),
                     epsilon: g.f64(),
@@ -249,10 +255,11 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     reason: g.string(),
                     allow_not_private: g.pick(&[false, true]),
                     unit: g.u32() as i32,
+                    name: g.string(),
                 };
                 within(&what, accountant.set_dataset_budget(request)).await
             }
-            8 => {
+            "AccountantService/GetDatasetBudget" => {
                 within(
                     &what,
                     accountant
@@ -260,7 +267,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                 )
                 .await
             }
-            9 => {
+            "JobService/SubmitJob" => {
                 let mut spec = SpecFile {
                     dataset: if case % 2 == 0 { dataset.clone() } else { g.string() },
                     model: if case % 3 == 0 { g.string() } else { "micro".to_owned() },
@@ -292,22 +299,24 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                 let request = SubmitJobRequest { spec: g.pick(&[None, Some(spec)]), idempotency_key: g.string() };
                 within(&what, jobs.submit_job(request)).await
             }
-            10 => within(&what, jobs.get_job(GetJobRequest { job_id: g.string() })).await,
-            11 => within(&what, jobs.cancel_job(CancelJobRequest { job_id: g.string() })).await,
-            12 => within(&what, jobs.resume_job(ResumeJobRequest { job_id: g.string() })).await,
-            13 => {
+            "JobService/GetJob" => within(&what, jobs.get_job(GetJobRequest { job_id: g.string() })).await,
+            "JobService/CancelJob" => within(&what, jobs.cancel_job(CancelJobRequest { job_id: g.string() })).await,
+            "JobService/ResumeJob" => within(&what, jobs.resume_job(ResumeJobRequest { job_id: g.string() })).await,
+            "JobService/WatchJob" => {
                 within(&what, async { jobs.watch_job(WatchJobRequest { job_id: g.string() }).await.map(|_| ()) }).await
             }
-            14 => {
+            "WorkerService/RegisterWorker" => {
                 let request = RegisterWorkerRequest { name: g.string(), device: g.string(), throughput: g.f64() };
                 within(&what, workers.register_worker(request)).await
             }
-            15 => within(&what, workers.heartbeat(HeartbeatRequest { worker_id: g.string() })).await,
-            16 => {
+            "WorkerService/Heartbeat" => {
+                within(&what, workers.heartbeat(HeartbeatRequest { worker_id: g.string() })).await
+            }
+            "WorkerService/GetStep" => {
                 let request = GetStepRequest { worker_id: g.string(), job_id: g.string(), generation: g.u64() };
                 within(&what, workers.get_step(request)).await
             }
-            17 => {
+            "WorkerService/ReportStep" => {
                 let request = ReportStepRequest {
                     worker_id: g.string(),
                     job_id: g.string(),
@@ -322,11 +331,22 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                 };
                 within(&what, workers.report_step(request)).await
             }
-            19 => {
+            "AccountantService/AttachJob" => {
                 let request = AttachJobRequest { job_id: g.string(), gradient_dim: g.u64(), parts: g.u32() };
                 within(&what, accountant.attach_job(request)).await
             }
-            _ => {
+            "AccountantService/FenceJob" => {
+                let request =
+                    FenceJobRequest { job_id: g.string(), generation: g.u64(), resume: g.pick(&[false, true]) };
+                within(&what, accountant.fence_job(request)).await
+            }
+            "AccountantService/AuditJob" => {
+                within(&what, accountant.audit_job(AuditJobRequest { job_id: g.string() })).await
+            }
+            "JobService/AuditJob" => within(&what, jobs.audit_job(AuditJobRequest { job_id: g.string() })).await,
+            "JobService/ListJobs" => within(&what, jobs.list_jobs(ListJobsRequest {})).await,
+            "WorkerService/Leave" => within(&what, workers.leave(LeaveRequest { worker_id: g.string() })).await,
+            "WorkerService/Rendezvous" => {
                 let request = RendezvousRequest {
                     worker_id: g.string(),
                     job_id: g.string(),
@@ -335,6 +355,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                 };
                 within(&what, workers.rendezvous(request)).await
             }
+            other => panic!("{other} is in the role table but has no hostile case here: add one"),
         };
         check(&what, answer);
     }

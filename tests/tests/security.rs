@@ -94,7 +94,7 @@ async fn every_rpc_refuses_callers_without_credentials_or_with_the_wrong_role_an
             .unwrap();
         let mut jobs = dpcap_proto::v1::job_service_client::JobServiceClient::with_interceptor(
             channel,
-            dpcap_serve::AttachToken(Some(token(Role::Operator))),
+            dpcap_serve::AttachToken(Some(token(Role::Operator).into())),
         );
         let request = dpcap_proto::v1::SubmitJobRequest {
             spec: Some(spec(&dataset, 3).into_proto().unwrap()),
@@ -223,7 +223,7 @@ async fn tls_and_mtls_admit_only_clients_the_server_can_verify() {
     }
     // The role check still applies inside the tunnel.
     let endpoint = trusted.endpoint(&url).unwrap();
-    let mut client = AccountantClient::lazy(endpoint, CallCredentials::token(Some(token(Role::Coordinator))));
+    let mut client = AccountantClient::lazy(endpoint, CallCredentials::token(Some(token(Role::Coordinator).into())));
     let spend = client.raw().get_spend(dpcap_proto::v1::GetSpendRequest { job_id: "nope".into() }).await.unwrap_err();
     assert_eq!(ErrorCode::of(&spend), Some(ErrorCode::JobNotRegistered), "{spend:?}");
 
@@ -387,8 +387,8 @@ async fn a_worker_token_writes_no_contract_and_its_capability_opens_only_its_own
         let endpoint = tonic::transport::Endpoint::from_shared(services.accountant.grpc.clone()).unwrap();
         AccountantClient::lazy(endpoint, credentials)
     };
-    let as_worker = || CallCredentials::token(Some(token(Role::Worker)));
-    let as_coordinator = || CallCredentials::token(Some(token(Role::Coordinator)));
+    let as_worker = || CallCredentials::token(Some(token(Role::Worker).into()));
+    let as_coordinator = || CallCredentials::token(Some(token(Role::Coordinator).into()));
 
     // A worker token registering σ = 0.01 at a target of 1e9.
     let weak = RegisterJobRequest {
@@ -416,7 +416,7 @@ async fn a_worker_token_writes_no_contract_and_its_capability_opens_only_its_own
             let channel = tonic::transport::Endpoint::from_shared(coordinator).unwrap().connect().await.unwrap();
             let mut jobs = dpcap_proto::v1::job_service_client::JobServiceClient::with_interceptor(
                 channel,
-                dpcap_serve::AttachToken(Some(token(Role::Operator))),
+                dpcap_serve::AttachToken(Some(token(Role::Operator).into())),
             );
             let request =
                 dpcap_proto::v1::SubmitJobRequest { spec: Some(spec.into_proto().unwrap()), ..Default::default() };
@@ -485,7 +485,7 @@ async fn a_worker_token_writes_no_contract_and_its_capability_opens_only_its_own
         tonic::transport::Endpoint::from_shared(services.coordinator.grpc.clone()).unwrap().connect().await.unwrap();
     let mut jobs = dpcap_proto::v1::job_service_client::JobServiceClient::with_interceptor(
         channel,
-        dpcap_serve::AttachToken(Some(token(Role::Viewer))),
+        dpcap_serve::AttachToken(Some(token(Role::Viewer).into())),
     );
     let request = dpcap_proto::v1::GetJobRequest { job_id: job_a.job_id.clone() };
     let shown = jobs.get_job(request).await.unwrap().into_inner();

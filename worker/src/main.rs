@@ -22,7 +22,7 @@ struct Args {
     device: String,
     /// Worker-role bearer token, presented to the coordinator and the accountant.
     #[arg(long, alias = "worker-token", env = "DPCAP_CLUSTER_TOKEN", hide_env_values = true)]
-    cluster_token: Option<String>,
+    cluster_token: Option<dpcap_proto::Secret>,
     #[command(flatten)]
     tls: ClientTlsArgs,
     /// Watchdog for NCCL collectives, in seconds: a peer silent this long aborts the

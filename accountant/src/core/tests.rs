@@ -83,7 +83,13 @@ async fn a_plan_the_datasets_remaining_budget_cannot_cover_is_refused_at_registr
     let dir = tempfile::tempdir().unwrap();
     let accountant = accountant(dir.path(), false).await;
     let key = BudgetKey { dataset_id: dataset(), unit: "example".into() };
-    let setting = BudgetSetting { epsilon: 2.0, delta: 1e-5, reason: "test".into(), allow_not_private: false };
+    let setting = BudgetSetting {
+        epsilon: 2.0,
+        delta: 1e-5,
+        reason: "test".into(),
+        allow_not_private: false,
+        name: String::new(),
+    };
     accountant.set_budget(&key, setting).await.unwrap();
     // σ = 1, q = 0.01 by RDP: about ε 1.2 after 200 steps, 3.7 after 2,000.
     assert!(accountant.register(planned("fits", 1.0, 200)).await.is_ok());
@@ -139,7 +145,13 @@ async fn a_dataset_budget_is_never_promised_twice_and_a_suspended_jobs_reservati
     let key = BudgetKey { dataset_id: dataset(), unit: "example".into() };
     // A budget between the ε of 400 and of 600 planned steps: two plans of 200 fit, a third not.
     let budget = (rdp(400) + rdp(600)) / 2.0;
-    let setting = BudgetSetting { epsilon: budget, delta: 1e-5, reason: "test".into(), allow_not_private: false };
+    let setting = BudgetSetting {
+        epsilon: budget,
+        delta: 1e-5,
+        reason: "test".into(),
+        allow_not_private: false,
+        name: String::new(),
+    };
     accountant.set_budget(&key, setting).await.unwrap();
     let (first, _) = accountant.register(planned("first", 1.0, 200)).await.unwrap();
     accountant.register(planned("second", 1.0, 200)).await.unwrap();
@@ -148,13 +160,17 @@ async fn a_dataset_budget_is_never_promised_twice_and_a_suspended_jobs_reservati
     assert!(accountant.job("third").is_err(), "nothing spent, yet both plans are promised");
     // Cancelled (suspended): it keeps what it charged (here 50 steps), and frees the rest.
     first.progress.send_modify(|p| p.charged = 50);
-    accountant.suspend(&first, "cancelled", 1).await;
+    accountant.suspend(&first, "cancelled", 1).await.unwrap();
     accountant.register(planned("third", 1.0, 140)).await.unwrap();
+    // Resuming the first job re-admits its plan: it no longer fits beside the third's.
+    let refused = accountant.fence(&first, 2, true).await.unwrap_err().to_string();
+    assert!(refused.contains("reserved by other jobs"), "{refused}");
+    assert!(first.suspended.load(Ordering::SeqCst), "still suspended");
     // The reservation survives a restart: the ledger holds the plans and the suspension.
     let again = super::Accountant::new(accountant.ledger.clone(), Policy::default());
     again.replay().await.unwrap();
     assert!(again.job("first").unwrap().suspended.load(Ordering::SeqCst));
-    let segments = again.reserved_segments(&key);
+    let segments = again.reserved_segments(&key, None);
     let steps: u64 = segments.iter().map(|s| s.steps).sum();
     assert_eq!(steps, 200 + 140, "the suspended job reserves nothing it has not charged (none after replay)");
 }
@@ -168,7 +184,7 @@ async fn a_fence_revokes_older_generations_a_suspension_all_of_them_and_a_resume
     accountant.fence(&job, 2, false).await.unwrap();
     assert!(accountant.admit_generation(&job, 1).await.unwrap_err().contains("generation 2"), "revoked at once");
     assert!(accountant.admit_generation(&job, 2).await.is_ok());
-    accountant.suspend(&job, "cancelled", 2).await;
+    accountant.suspend(&job, "cancelled", 2).await.unwrap();
     let refused = accountant.admit_generation(&job, 3).await.unwrap_err();
     assert!(refused.contains("suspended"), "{refused}");
     let stale = accountant.fence(&job, 2, true).await.unwrap_err();

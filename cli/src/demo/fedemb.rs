@@ -102,7 +102,8 @@ async fn initial(init: Option<&Finished>) -> Result<(Embedder, ParamSet<Inner>)>
         let checkpoints = CheckpointStore::open(root)?;
         let last = checkpoints.latest().await?.context("the warm start left no checkpoint")?;
         let (manifest, _, _) = checkpoints.load(last).await?;
-        dpcap_ml::init::load_init(&mut params, root, ("micro", "fedemb"), (last, &manifest.privacy)).await?;
+        let objective = dpcap_registry::Family::Embedder;
+        dpcap_ml::init::load_init(&mut params, root, ("micro", objective), (last, manifest.privacy)).await?;
     }
     Ok((model, params))
 }

@@ -18,6 +18,7 @@ use dpcap_dataset::synth;
 use dpcap_ml::CpuBackend;
 use dpcap_ml::checkpoint::export_encoder;
 use dpcap_ml::trainer::Trainer;
+use dpcap_registry::Family;
 use serde_json::json;
 
 use crate::eval::report::named_keys;
@@ -59,7 +60,7 @@ pub struct DemoArgs {
     /// Objective: caption (DP-Cap, the default), mae (ViP; no captions in the report) or
     /// fedemb (DP-FedEmb: user-level DP embeddings, retrieval recall in the report).
     #[arg(long, default_value = "caption")]
-    pub objective: String,
+    pub objective: Family,
     /// fedemb: users in the identity dataset (the accounting N; δ = 1/users).
     #[arg(long, default_value_t = 2_000)]
     pub users: u64,
@@ -114,7 +115,7 @@ pub struct DemoArgs {
 impl DemoArgs {
     /// The steps of each job: `--steps`, or the objective's default.
     pub fn steps(&self) -> u64 {
-        self.steps.unwrap_or(if self.objective == "fedemb" { 100 } else { 150 })
+        self.steps.unwrap_or(if self.objective.is_user_level() { 100 } else { 150 })
     }
 }
 
@@ -164,6 +165,7 @@ async fn warm_start(
         reason: "dpctl demo: procedural images, no private content".into(),
         allow_not_private: true,
         unit: dpcap_proto::v1::PrivacyUnit::Example as i32,
+        name: "demo".into(),
     };
     set_dataset_budget(accountant, budget).await?;
     train::run(server, accountant, train::warm_start_spec(args, &procedural, steps)).await
@@ -193,14 +195,11 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let started = Instant::now();
     // Refuse bad evaluation sizes before training, not after.
     suite_options(&args).check(["--eval-images", "--eval-examples"])?;
-    if !matches!(args.objective.as_str(), "caption" | "mae" | "fedemb") {
-        anyhow::bail!("invalid --objective {:?}: must be caption, mae or fedemb", args.objective);
-    }
     std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = std::fs::canonicalize(&args.dir)?;
-    let train_dir = match args.objective.as_str() {
-        "fedemb" => fedemb::prepare_data(&dir, &args).await?,
-        _ => prepare_data(&dir, &args).await?,
+    let train_dir = match args.objective {
+        Family::Embedder => fedemb::prepare_data(&dir, &args).await?,
+        Family::Captioner | Family::Mae => prepare_data(&dir, &args).await?,
     };
     for stale in ["ledger", "store"] {
         let _ = std::fs::remove_dir_all(dir.join(stale));
@@ -228,7 +227,7 @@ async fn train_and_report(
         0 => None,
         steps => Some(warm_start(args, dir, (&server, &cluster.accountant), steps).await?),
     };
-    if args.objective == "fedemb" {
+    if args.objective.is_user_level() {
         return fedemb::train_and_report(args, dir, train_dir, (&server, &cluster.accountant), warm.as_ref(), started)
             .await;
     }
@@ -266,7 +265,7 @@ async fn train_and_report(
 /// synthetic, so its owner also lets the NOT PRIVATE baseline train on it.
 async fn set_budget(args: &DemoArgs, train_dir: &Path, accountant: &str) -> Result<()> {
     let dataset_id = crate::budget::dataset_digest(&train_dir.to_string_lossy()).await?;
-    let fedemb = args.objective == "fedemb";
+    let fedemb = args.objective.is_user_level();
     let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
         dataset_id,
         epsilon: args.epsilon,
@@ -276,6 +275,7 @@ async fn set_budget(args: &DemoArgs, train_dir: &Path, accountant: &str) -> Resu
         allow_not_private: !args.no_baseline,
         // fedemb protects users: its budget is a user-level one.
         unit: if fedemb { dpcap_proto::v1::PrivacyUnit::User } else { dpcap_proto::v1::PrivacyUnit::Example } as i32,
+        name: if fedemb { "demo-fedemb" } else { "demo" }.into(),
     };
     set_dataset_budget(accountant, budget).await
 }

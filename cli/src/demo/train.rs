@@ -13,7 +13,8 @@ use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
 use dpcap_ml::clip::ClipEngine;
 use dpcap_ml::optim::Schedule;
 use dpcap_ml::trainer::{Kind, ReplicaConfig, Trainer};
-use dpcap_proto::v1::{GetSpendRequest, Job, JobSpend, JobState, SubmitJobRequest};
+use dpcap_proto::v1::{GetSpendRequest, Job, JobSpend, JobState};
+use dpcap_registry::Family;
 
 use super::DemoArgs;
 use crate::jobs::{self, Server};
@@ -28,7 +29,7 @@ pub fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool, init: Option<&
         name: if not_private { "demo-nonprivate".into() } else { "demo".into() },
         dataset: train_dir.to_string_lossy().into_owned(),
         model: "micro".into(),
-        objective: Some(args.objective.clone()),
+        objective: Some(args.objective.name().to_owned()),
         epsilon: (!not_private).then_some(args.epsilon),
         not_private: not_private.then_some(true),
         batch_size: Some(args.batch_size),
@@ -79,8 +80,7 @@ pub struct Finished {
 /// Submits `spec`, follows it with a progress bar to its end, and reads its spend.
 pub async fn run(server: &Server, accountant: &str, spec: SpecFile) -> Result<Finished> {
     let mut client = server.connect().await?;
-    let request = SubmitJobRequest { spec: Some(spec.into_proto()?), idempotency_key: String::new() };
-    let job = client.submit_job(request).await.map_err(jobs::status)?.into_inner();
+    let job = client.submit(spec.into_proto()?, String::new()).await?;
     let plan = job.plan.clone().unwrap_or_default();
     let c = jobs::contract_of(&job)?;
     match dpcap_coordinator::mode::notice(&plan, &c) {
@@ -128,7 +128,7 @@ pub fn fresh(args: &DemoArgs, tokenizer: &CaptionTokenizer) -> Result<Trainer<Cp
     let schedule = Schedule { peak: 0.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
     let replica = ReplicaConfig {
         model_name: "micro",
-        kind: if args.objective == "mae" { Kind::Mae } else { Kind::Caption },
+        kind: if args.objective == Family::Mae { Kind::Mae } else { Kind::Caption },
         tokenizer: Some(tokenizer.clone()),
         seed: 0,
         engine,

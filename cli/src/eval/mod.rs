@@ -18,6 +18,7 @@ use dpcap_ml::checkpoint::load_weights;
 use dpcap_ml::model::{Captioner, CaptionerConfig, Mae, MaeConfig};
 use dpcap_ml::params::ParamSet;
 use dpcap_ml::trainer::Model;
+use dpcap_registry::Family;
 use serde_json::{Value, json};
 
 use suite::{SuiteOptions, run_suite};
@@ -87,13 +88,13 @@ pub async fn run(args: EvalArgs) -> Result<()> {
         SuiteOptions { images: args.images, probe_images: args.probe_images, seed: args.seed, ..Default::default() };
     options.check(["--images", "--probe-images"])?;
     let crate::checkpoint::Loaded { step, manifest, weights } = crate::checkpoint::load(root, args.step).await?;
-    let tokenizer = match manifest.objective.as_str() {
-        "caption" => {
+    let tokenizer = match manifest.objective {
+        Family::Captioner => {
             let dataset = Dataset::open(&args.dataset).await.map_err(|e| anyhow!("--dataset {}: {e}", args.dataset))?;
             Some(dataset.tokenizer("").await.map_err(|e| anyhow!("--dataset {}: {e}", args.dataset))?)
         }
-        "mae" => None,
-        other => bail!("--checkpoint {root}: checkpoint {step} has objective {other:?}, not caption or mae"),
+        Family::Mae => None,
+        other => bail!("--checkpoint {root}: checkpoint {step} has objective {other}, not caption or mae"),
     };
     let (model, mut params) = build(&manifest, tokenizer, RANDOM_INIT_SEED)
         .map_err(|e| anyhow!("--checkpoint {root}: checkpoint {step}: {e}"))?;

@@ -111,7 +111,7 @@ pub(crate) fn provenance(manifest: &crate::checkpoint::Manifest) -> HashMap<Stri
     let mut metadata = HashMap::from([
         ("dpcap.job_id".to_owned(), manifest.job_id.clone()),
         ("dpcap.step".to_owned(), manifest.step.to_string()),
-        ("dpcap.privacy".to_owned(), manifest.privacy.clone()),
+        ("dpcap.privacy".to_owned(), manifest.privacy.name().to_owned()),
     ]);
     if !manifest.init_from.is_empty() {
         metadata.insert("dpcap.init_from".to_owned(), manifest.init_from.clone());

@@ -7,61 +7,11 @@ use std::sync::Arc;
 
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use serde::{Deserialize, Serialize};
 
 use dpcap_dataset::WorkError;
 
-/// What a checkpoint is, for people and for resume.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
-    /// The job.
-    pub job_id: String,
-    /// Releases of steps < step are applied.
-    pub step: u64,
-    /// The ledger's next step when it was written (the same number: the ledger owns steps).
-    pub ledger_position: u64,
-    /// Model configuration name.
-    pub model: String,
-    /// caption or mae.
-    pub objective: String,
-    /// P: trainable parameters (the length of every part and release).
-    pub parameters: u64,
-    /// The group generation of the rank 0 that wrote it.
-    pub generation: u64,
-    /// When, in milliseconds since the Unix epoch.
-    pub created_unix_ms: i64,
-    /// Releases applied to this state (charged steps whose update reached the model).
-    #[serde(default)]
-    pub applied_steps: u64,
-    /// Charged steps skipped because their release was lost (they stay spent). With
-    /// `applied_steps` this must account for every charge below `step`:
-    /// charged = applied + discarded.
-    #[serde(default)]
-    pub discarded_steps: Vec<u64>,
-    /// "dp", or "not_private" / "simulation": weights without a privacy guarantee (NOT
-    /// PRIVATE), which every export of them says. Checkpoints from before read as "dp".
-    #[serde(default = "dp")]
-    pub privacy: String,
-    /// The digest of the dataset the job trains on ("" before it was recorded): `init_from`
-    /// refuses NOT PRIVATE weights of a DP job's own dataset.
-    #[serde(default)]
-    pub dataset: String,
-    /// Where the job's initial weights came from ("job J step S (privacy)"; "" for a fresh
-    /// init), carried into exports.
-    #[serde(default)]
-    pub init_from: String,
-}
-
-fn dp() -> String {
-    "dp".into()
-}
-
-impl Manifest {
-    /// Whether the weights carry the job's DP guarantee.
-    pub fn is_private(&self) -> bool {
-        self.privacy == "dp"
-    }
-}
+/// What a checkpoint is: the registry's type, which the coordinator reads too.
+pub use dpcap_registry::Manifest;
 
 /// The checkpoints of one job.
 #[derive(Debug, Clone)]

@@ -7,6 +7,7 @@
 //! accountant ([`CAPABILITY_HEADER`]). None of them is ever logged.
 
 mod accountant;
+mod jobs;
 
 use std::fmt;
 use std::sync::{Arc, RwLock};
@@ -16,9 +17,11 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 
+use crate::Secret;
 use crate::v1::worker_service_client::WorkerServiceClient;
 
 pub use accountant::{AccountantClient, CHUNK_VALUES, PartKey, RawClient};
+pub use jobs::{ClientError, JobsClient, RawJobsClient};
 
 /// Metadata carrying a rank's capability for one job (see `Assignment.capability`).
 pub const CAPABILITY_HEADER: &str = "x-dpcap-capability";
@@ -40,20 +43,18 @@ pub fn bulk(endpoint: Endpoint) -> Endpoint {
 }
 
 /// Adds `authorization: Bearer <token>` to a client's requests when a token is set.
-#[derive(Clone, Default)]
-pub struct AttachToken(pub Option<String>);
-
-impl fmt::Debug for AttachToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() { "AttachToken(set)" } else { "AttachToken(none)" })
-    }
-}
+#[derive(Debug, Clone, Default)]
+pub struct AttachToken(pub Option<Secret>);
 
 impl Interceptor for AttachToken {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        attach(&mut request, "authorization", self.0.as_deref().map(|t| format!("Bearer {t}")))?;
+        attach(&mut request, "authorization", bearer(&self.0))?;
         Ok(request)
     }
+}
+
+fn bearer(token: &Option<Secret>) -> Option<String> {
+    token.as_ref().map(|t| format!("Bearer {}", t.expose()))
 }
 
 fn attach(request: &mut Request<()>, key: &'static str, value: Option<String>) -> Result<(), Status> {
@@ -80,6 +81,15 @@ impl CapabilityCell {
         *self.0.write().unwrap_or_else(|p| p.into_inner()) = capability;
     }
 
+    /// Replaces the capability when `supersedes(held)` says the new one is newer, deciding
+    /// under the cell's lock (a heartbeat and a step's work may both renew it at once).
+    pub fn renew(&self, capability: String, supersedes: impl FnOnce(&str) -> bool) {
+        let mut held = self.0.write().unwrap_or_else(|p| p.into_inner());
+        if supersedes(&held) {
+            *held = capability;
+        }
+    }
+
     /// The current capability ("" before the first).
     pub fn get(&self) -> String {
         self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
@@ -90,20 +100,20 @@ impl CapabilityCell {
 /// registration key, towards the accountant its current capability.
 #[derive(Clone, Default)]
 pub struct CallCredentials {
-    token: Option<String>,
-    worker_key: Option<String>,
+    token: Option<Secret>,
+    worker_key: Option<Secret>,
     capability: Option<CapabilityCell>,
 }
 
 impl CallCredentials {
     /// The bearer token alone.
-    pub fn token(token: Option<String>) -> Self {
+    pub fn token(token: Option<Secret>) -> Self {
         Self { token, ..Self::default() }
     }
 
     /// Adds the worker's registration key.
     pub fn with_worker_key(mut self, key: String) -> Self {
-        self.worker_key = Some(key);
+        self.worker_key = Some(key.into());
         self
     }
 
@@ -115,11 +125,11 @@ impl CallCredentials {
 }
 
 impl fmt::Debug for CallCredentials {
-    /// Which credentials are set, never their values.
+    /// Which credentials are set, never their values (the capability cell is no `Secret`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CallCredentials")
-            .field("token", &self.token.is_some())
-            .field("worker_key", &self.worker_key.is_some())
+            .field("token", &self.token)
+            .field("worker_key", &self.worker_key)
             .field("capability", &self.capability.is_some())
             .finish()
     }
@@ -127,8 +137,8 @@ impl fmt::Debug for CallCredentials {
 
 impl Interceptor for CallCredentials {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        attach(&mut request, "authorization", self.token.as_deref().map(|t| format!("Bearer {t}")))?;
-        attach(&mut request, WORKER_KEY_HEADER, self.worker_key.clone())?;
+        attach(&mut request, "authorization", bearer(&self.token))?;
+        attach(&mut request, WORKER_KEY_HEADER, self.worker_key.as_ref().map(|k| k.expose().to_owned()))?;
         attach(&mut request, CAPABILITY_HEADER, self.capability.as_ref().map(CapabilityCell::get))?;
         Ok(request)
     }
@@ -152,7 +162,7 @@ mod tests {
     #[test]
     fn credentials_attach_what_is_set_and_never_show_it() {
         let cell = CapabilityCell::new("cap-1".into());
-        let mut creds = CallCredentials::token(Some("t".repeat(20))).with_capability(cell.clone());
+        let mut creds = CallCredentials::token(Some("t".repeat(20).into())).with_capability(cell.clone());
         cell.set("cap-2".into());
         let request = creds.call(Request::new(())).unwrap();
         let meta = request.metadata();

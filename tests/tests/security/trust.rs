@@ -163,7 +163,8 @@ async fn a_job_record_rewritten_or_copied_in_the_store_is_never_restored_registe
 
     let record = services.record_path(&job.job_id);
     let sealed = std::fs::read(&record).unwrap();
-    let (header, payload) = sealed.split_at(40);
+    // The sealed format: 8 bytes of magic, a 32-byte tag, an 8-byte version, then the record.
+    let (header, payload) = sealed.split_at(48);
     let mut rewritten = Job::decode(payload).unwrap();
     let contract = rewritten.plan.as_mut().unwrap().contract.as_mut().unwrap();
     let mechanism = contract.mechanism.as_mut().unwrap();
@@ -191,6 +192,40 @@ async fn a_job_record_rewritten_or_copied_in_the_store_is_never_restored_registe
             .unwrap();
     let copy = ledger.get_spend(GetSpendRequest { job_id: "job-copy".into() }).await.unwrap_err();
     assert_eq!(copy.code(), Code::NotFound, "never registered: {copy}");
+}
+
+/// A junk unsealed `job.binpb` dropped beside a sound sealed record (a worker can write the
+/// job store) neither runs nor gets the sound job fenced: it runs to its end. A job whose
+/// record is gone but whose secret remains (a registration whose answer never came) is
+/// suspended at the accountant at restore: it reserves nothing and admits no capability.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_junk_unsealed_record_fences_nothing_and_a_secret_without_its_record_is_suspended() {
+    let dir = tempfile_dir("orphans");
+    let dataset = synth_dataset(&dir, 120);
+    let mut services = Services::start(&dir).await;
+    let sound = submit(&services, one_worker(&dataset, 2)).await;
+    let orphan = submit(&services, one_worker(&dataset, 2)).await;
+    services.coordinator.kill();
+    std::fs::write(services.record_path(&sound.job_id).with_file_name("job.binpb"), b"junk").unwrap();
+    std::fs::remove_file(services.record_path(&orphan.job_id)).unwrap();
+
+    services.restart_coordinator(Duration::ZERO).await;
+    let _worker = Process::worker(&services.coordinator.grpc, "w0", &dir);
+    wait_until(&services, &sound.job_id, within(2), |j| j.state == JobState::Succeeded as i32).await;
+    let metrics = services.coordinator.scrape().await;
+    assert!(metrics.contains("dpcap_coordinator_records_refused_total 0"), "the junk was ignored: {metrics}");
+    let generation = services.ledger.join("jobs").join(&orphan.job_id).join("generation.json");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let fence: serde_json::Value =
+            std::fs::read(&generation).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+        if fence["suspended"] == true {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the orphan was never suspended: {fence}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(services.charged_steps(&orphan.job_id), Vec::<u64>::new(), "never run");
 }
 
 /// Defence in depth: a record sealed with the coordinator's own key (as if that key leaked)

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 /// How a worker runs.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct WorkerConfig {
     /// The coordinator, e.g. "http://127.0.0.1:7071".
     pub coordinator: String,
@@ -13,7 +13,7 @@ pub struct WorkerConfig {
     /// "cpu" or "cuda:N".
     pub device: String,
     /// The worker-role bearer token, presented to the coordinator and the accountant.
-    pub cluster_token: Option<String>,
+    pub cluster_token: Option<dpcap_proto::Secret>,
     /// TLS towards the coordinator and the accountant (https:// endpoints).
     pub tls: dpcap_serve::ClientTlsArgs,
     /// Watchdog for NCCL collectives: a peer silent this long aborts the communicator and the
@@ -21,19 +21,4 @@ pub struct WorkerConfig {
     pub collective_timeout: Duration,
     /// Dtype of the matrix products in the ClipEngine (norms and sums stay f32).
     pub precision: dpcap_ml::clip::Precision,
-}
-
-impl std::fmt::Debug for WorkerConfig {
-    /// Everything but the token's value.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkerConfig")
-            .field("coordinator", &self.coordinator)
-            .field("name", &self.name)
-            .field("device", &self.device)
-            .field("cluster_token", &self.cluster_token.as_ref().map(|_| "<set>"))
-            .field("tls", &self.tls)
-            .field("collective_timeout", &self.collective_timeout)
-            .field("precision", &self.precision)
-            .finish()
-    }
 }

@@ -83,3 +83,19 @@ pub fn lease_or(s: tonic::Status) -> RuntimeError {
         _ => s.into(),
     }
 }
+
+/// Puts `text` in the cell the accountant client reads, unless the capability held is newer:
+/// heartbeats and a step's work both renew it, and a heartbeat answered late (computed before
+/// the step's work existed) must not replace the step's grant, or the part would be refused
+/// and the job fail. Empty text (no capability issued) never replaces one.
+pub(crate) fn renew(cell: &dpcap_proto::client::CapabilityCell, text: String) {
+    use dpcap_serve::Capability;
+    if text.is_empty() {
+        return;
+    }
+    let Some(new) = Capability::peek(&text) else {
+        cell.set(text); // not ours to judge: the accountant verifies it
+        return;
+    };
+    cell.renew(text, |held| new.supersedes(Capability::peek(held).as_ref()));
+}

@@ -21,9 +21,6 @@ pub struct StepKey<'a> {
     pub job_id: &'a str,
     /// The step, the rank and the group generation.
     pub part: PartKey,
-    /// The step's capability from the coordinator: it states the units sampled for the step,
-    /// which the accountant holds the part to. Sent with the part, never altered.
-    pub capability: &'a str,
 }
 
 /// What became of a step's part.
@@ -120,7 +117,7 @@ pub async fn release(
 /// arrives once it is stored, so storing is not paid twice on the step's critical path.
 async fn through_accountant(
     accountant: &mut AccountantClient,
-    StepKey { job_id, part: key, capability }: StepKey<'_>,
+    StepKey { job_id, part: key }: StepKey<'_>,
     sum: Vec<f32>,
 ) -> Result<Outcome, RuntimeError> {
     let PartKey { step, part, .. } = key;
@@ -133,7 +130,9 @@ async fn through_accountant(
         let mut fetcher = accountant.clone();
         let fetch = fetcher.fetch_release(job_id, key.step);
         tokio::pin!(fetch);
-        let submit = accountant.submit_bytes(job_id, key, capability, data.clone());
+        // The call's capability, renewed by every heartbeat, carries the step's grant (the units
+        // sampled for it): read at each attempt, it never expires however long the step took.
+        let submit = accountant.submit_bytes(job_id, key, "", data.clone());
         // Until the submit answers, a fetch that ends is the answer (the step was released).
         let (submitted, fetched) = tokio::select! {
             submitted = submit => (Some(submitted), None),
@@ -182,7 +181,7 @@ async fn through_accountant(
 async fn over_nccl(
     group: &std::sync::Arc<crate::collective::nccl::NcclGroup>,
     accountant: &mut AccountantClient,
-    StepKey { job_id, part: key, capability }: StepKey<'_>,
+    StepKey { job_id, part: key }: StepKey<'_>,
     part: Vec<f32>,
 ) -> Result<Outcome, RuntimeError> {
     let PartKey { step, part: rank, .. } = key;
@@ -193,8 +192,7 @@ async fn over_nccl(
     let mut reduce_seconds = t.elapsed().as_secs_f64();
     if rank == 0 {
         // Rank 0 alone talks to the accountant (parts = 1), then tells the others what happened.
-        let fetched =
-            through_accountant(accountant, StepKey { job_id, part: PartKey { part: 0, ..key }, capability }, sum).await;
+        let fetched = through_accountant(accountant, StepKey { job_id, part: PartKey { part: 0, ..key } }, sum).await;
         let status = match &fetched {
             Ok(Outcome::Released(_)) => ReleaseStatus::Released,
             Ok(Outcome::Discarded) => ReleaseStatus::Discarded,

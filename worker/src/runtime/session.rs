@@ -10,8 +10,8 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_proto::client::{AccountantClient, CapabilityCell, CoordinatorClient, PartKey};
 use dpcap_proto::v1::{
-    Assignment, AttachJobRequest, Augment, GetStepRequest, JobSpec, Objective, ReportStepRequest, StepOutcome,
-    TelemetryMode, step_work::Action,
+    Assignment, AttachJobRequest, Augment, GetStepRequest, JobSpec, ReportStepRequest, StepOutcome, TelemetryMode,
+    step_work::Action,
 };
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
 
@@ -29,6 +29,7 @@ use dpcap_ml::fed::LocalConfig;
 use dpcap_ml::optim::Schedule;
 use dpcap_ml::optim::{AdamWConfig, Rule};
 use dpcap_ml::trainer::{Kind, ReplicaConfig, Trainer};
+use dpcap_registry::Family;
 
 /// Seconds of each phase of one step.
 #[derive(Debug, Default, Clone, Copy)]
@@ -103,8 +104,13 @@ async fn restore<AB: AutodiffBackend>(
     if spec.init_from.is_empty() {
         return Ok(Restored::default());
     }
-    let (model, pinned) = ((spec.model.as_str(), objective_name(&spec)), (plan.init_step, plan.init_privacy.as_str()));
-    let source = dpcap_ml::init::load_init(&mut trainer.params, &spec.init_from, (model.0, &model.1), pinned).await?;
+    let pinned = plan
+        .init_privacy
+        .parse()
+        .map_err(|e: dpcap_privacy::ContractError| RuntimeError::Spec { field: "init_privacy", reason: e.reason })?;
+    let model = (spec.model.as_str(), family(&spec)?);
+    let source =
+        dpcap_ml::init::load_init(&mut trainer.params, &spec.init_from, model, (plan.init_step, pinned)).await?;
     tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, from = %source.job_id, step = source.step,
         "initialised from another job's weights");
     let init_from = format!("job {} step {} ({})", source.job_id, source.step, source.privacy);
@@ -152,7 +158,7 @@ impl<AB: AutodiffBackend> Session<AB> {
         let contract = dpcap_proto::plan::contract(&plan).map_err(|e| RuntimeError::Protocol(e.to_string()))?;
         let dataset = Dataset::open(&spec.dataset).await?;
         dataset.check_pinned(&contract.dataset_id, plan.examples)?;
-        let kind = trainer_kind(&spec);
+        let kind = trainer_kind(&spec)?;
         let tokenizer = match kind {
             Kind::Caption if !plan.tokenizer.is_empty() => {
                 Some(Dataset::pinned_tokenizer(&plan.tokenizer, &plan.tokenizer_digest).await?)
@@ -239,7 +245,7 @@ impl<AB: AutodiffBackend> Session<AB> {
                 return Ok(());
             }
             if !work.capability.is_empty() {
-                self.capability.set(work.capability.clone());
+                super::renew(&self.capability, work.capability.clone());
             }
             if !self.attached {
                 self.attach().await?;
@@ -252,7 +258,7 @@ impl<AB: AutodiffBackend> Session<AB> {
                 step,
                 ..Default::default()
             };
-            match self.step((step, &work.capability), &work.units, work.checkpoint, &mut report).await {
+            match self.step(step, &work.units, work.checkpoint, &mut report).await {
                 Ok(StepDone::Applied) => report.outcome = StepOutcome::Done as i32,
                 Ok(StepDone::Discarded) => report.outcome = StepOutcome::Discarded as i32,
                 Err(e @ (RuntimeError::LeaseLost | RuntimeError::Superseded)) => return Err(e),
@@ -345,7 +351,7 @@ impl<AB: AutodiffBackend> Session<AB> {
 
     async fn step(
         &mut self,
-        (step, capability): (u64, &str),
+        step: u64,
         units: &[dpcap_proto::v1::ExampleRange],
         checkpoint: bool,
         report: &mut ReportStepRequest,
@@ -362,7 +368,7 @@ impl<AB: AutodiffBackend> Session<AB> {
         let outcome = reduce::release(
             &self.reducer,
             &mut self.accountant,
-            reduce::StepKey { job_id: &job_id, part: PartKey { step, part: rank, attempt: generation }, capability },
+            reduce::StepKey { job_id: &job_id, part: PartKey { step, part: rank, attempt: generation } },
             computed.part,
         )
         .await?;
@@ -471,7 +477,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             step,
             ledger_position: step,
             model: self.spec.model.clone(),
-            objective: objective_name(&self.spec),
+            objective: family(&self.spec)?,
             parameters: self.trainer.dim() as u64,
             generation: self.assignment.generation,
             created_unix_ms: std::time::SystemTime::now()
@@ -481,7 +487,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             applied_steps: self.applied,
             discarded_steps: self.discarded.clone(),
             // The contract's mode; fails closed: a plan without one is not "dp".
-            privacy: self.mode_name().to_owned(),
+            privacy: self.mode_kind(),
             dataset: self.contract().map(|c| c.dataset_id).unwrap_or_default(),
             init_from: self.init_from.clone(),
         };
@@ -497,18 +503,20 @@ impl<AB: AutodiffBackend> Session<AB> {
         self.assignment.plan.as_ref().and_then(|p| dpcap_proto::plan::contract(p).ok())
     }
 
-    /// The job's privacy mode as manifests name it, from its contract; fails closed: without
-    /// a valid contract it is not "dp".
-    fn mode_name(&self) -> &'static str {
-        self.contract().map_or("unknown", |c| c.mode.name())
+    /// The job's privacy mode as manifests record it, from its contract; fails closed: without
+    /// a valid contract the weights are NOT PRIVATE.
+    fn mode_kind(&self) -> dpcap_privacy::contract::ModeKind {
+        self.contract().map_or(dpcap_privacy::contract::ModeKind::NotPrivate, |c| c.mode.kind())
     }
 }
 
-/// The C a rank clips to: the contract's. A worker built with the test-only feature
-/// `test-skip-clipping` and started with `DPCAP_TEST_SKIP_CLIPPING=1` clips to +∞ instead (it
+/// The C a rank clips to: the contract's. A debug build with the test-only feature
+/// `test-skip-clipping`, started with `DPCAP_TEST_SKIP_CLIPPING=1`, clips to +∞ instead (it
 /// sends unclipped sums), so that the suite can prove the accountant refuses them.
 fn clipping_norm(contract: &dpcap_privacy::contract::PrivacyContract) -> f64 {
-    #[cfg(feature = "test-skip-clipping")]
+    // Debug builds only: a release build of the workspace (which unifies the suite's features)
+    // never honours the switch.
+    #[cfg(all(feature = "test-skip-clipping", debug_assertions))]
     if std::env::var("DPCAP_TEST_SKIP_CLIPPING").is_ok_and(|v| v == "1") {
         tracing::warn!("DPCAP_TEST_SKIP_CLIPPING=1: this test worker sends unclipped sums");
         return f64::INFINITY;
@@ -538,11 +546,18 @@ pub fn reported_error(error: &RuntimeError, strict: bool) -> String {
     }
 }
 
+/// The spec's objective (the wire's one conversion: an unknown value is refused).
+fn family(spec: &JobSpec) -> Result<Family, RuntimeError> {
+    dpcap_proto::contract::family_from_proto(spec.objective)
+        .map_err(|e| RuntimeError::Spec { field: "objective", reason: e.reason })
+}
+
 /// How a spec's objective trains, with fedemb's defaults filled in.
-pub fn trainer_kind(spec: &JobSpec) -> Kind {
-    match Objective::try_from(spec.objective) {
-        Ok(Objective::Mae) => Kind::Mae,
-        Ok(Objective::Fedemb) => {
+pub fn trainer_kind(spec: &JobSpec) -> Result<Kind, RuntimeError> {
+    Ok(match family(spec)? {
+        Family::Captioner => Kind::Caption,
+        Family::Mae => Kind::Mae,
+        Family::Embedder => {
             let f = spec.fedemb.clone().unwrap_or_default();
             let defaults = LocalConfig::default();
             let local = LocalConfig {
@@ -562,15 +577,5 @@ pub fn trainer_kind(spec: &JobSpec) -> Kind {
             };
             Kind::FedEmb { local, head_scale: f.head_scale.unwrap_or(10.0), server }
         }
-        _ => Kind::Caption,
-    }
-}
-
-/// "caption", "mae" or "fedemb", as checkpoint manifests name a job's objective.
-fn objective_name(spec: &JobSpec) -> String {
-    Objective::try_from(spec.objective)
-        .unwrap_or(Objective::Caption)
-        .as_str_name()
-        .trim_start_matches("OBJECTIVE_")
-        .to_lowercase()
+    })
 }

@@ -179,7 +179,7 @@ async fn keep_lease(
                 let assignment = r.into_inner().assignment.map(|mut a| {
                     // Renewed every beat: kept apart, so that only a new assignment wakes the
                     // session, and set before the assignment is published.
-                    capability.set(std::mem::take(&mut a.capability));
+                    super::renew(&capability, std::mem::take(&mut a.capability));
                     Box::new(a)
                 });
                 lease.send_if_modified(|held| {
@@ -233,16 +233,19 @@ async fn superseded(mut lease: watch::Receiver<Lease>, job_id: &str, generation:
 
 /// A session that could not start or run (bad spec, unreadable data, a contract the accountant
 /// refuses) fails its job with the reason: the report names the group's current step, or step
-/// 0 when the group has none yet (the coordinator takes a failure then), so that no refusal
-/// leaves the job RUNNING.
+/// 0 when the group has none yet (the coordinator takes a failure for any step). Each call is
+/// retried while the coordinator is unreachable; a report that still cannot be delivered makes
+/// the worker leave, so that the group re-forms instead of waiting on it.
 async fn fail_job(coordinator: &mut CoordinatorClient, worker_id: &str, job_id: &str, error: &RuntimeError) {
-    let Ok(Some(assignment)) = coordinator
-        .heartbeat(HeartbeatRequest { worker_id: worker_id.into() })
-        .await
-        .map(|r| r.into_inner().assignment)
-    else {
-        return;
-    };
+    let policy = RetryPolicy::default();
+    let beat = HeartbeatRequest { worker_id: worker_id.into() };
+    let assignment = retry(policy, "heartbeat", || {
+        let (mut client, beat) = (coordinator.clone(), beat.clone());
+        async move { client.heartbeat(beat).await }
+    })
+    .await
+    .map(|r| r.into_inner().assignment);
+    let Ok(Some(assignment)) = assignment else { return };
     if assignment.job_id != job_id {
         return;
     }
@@ -266,5 +269,13 @@ async fn fail_job(coordinator: &mut CoordinatorClient, worker_id: &str, job_id: 
         message: error.to_string(),
         ..Default::default()
     };
-    let _ = coordinator.report_step(report).await;
+    let reported = retry(policy, "report_step", || {
+        let (mut client, report) = (coordinator.clone(), report.clone());
+        async move { client.report_step(report).await }
+    })
+    .await;
+    if let Err(e) = reported {
+        tracing::error!(worker_id, job_id, error = %e, "could not report the failure; leaving the group");
+        let _ = coordinator.leave(LeaveRequest { worker_id: worker_id.into() }).await;
+    }
 }
