@@ -212,7 +212,7 @@ fn endpoint_given(args: &[String]) -> bool {
 /// ones, and `--accountant` where a command has it). The context's token is a default only
 /// while every endpoint is the context's; a token file that cannot be read is a warning (the
 /// command may need no token, and `dpctl config` must still work to fix the context).
-pub fn apply(mut command: clap::Command, context: &Context, args: &[String]) -> Result<clap::Command> {
+pub fn apply(mut command: clap::Command, context: &Context, args: &[String]) -> clap::Command {
     let default = |value: Option<String>, hide: bool| {
         move |arg: clap::Arg| match &value {
             Some(v) => arg.default_value(v.clone()).hide_default_value(hide),
@@ -234,5 +234,5 @@ pub fn apply(mut command: clap::Command, context: &Context, args: &[String]) -> 
             })
         })
         .mut_subcommand("audit", |a| a.mut_arg("accountant", &accountant));
-    Ok(command)
+    command
 }

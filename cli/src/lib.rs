@@ -145,10 +145,10 @@ const OFFLINE: [&str; 9] =
 
 /// The command line, with the cluster's global flags hidden from the offline commands' help
 /// and, when a dpctl config context is in use, its values as their defaults.
-fn command(context: Option<&context::Context>, args: &[String]) -> anyhow::Result<clap::Command> {
+fn command(context: Option<&context::Context>, args: &[String]) -> clap::Command {
     let mut command = Cli::command();
     if let Some(context) = context {
-        command = context::apply(command, context, args)?;
+        command = context::apply(command, context, args);
     }
     command.build(); // propagates the global flags to every subcommand
     let cluster: Vec<clap::Id> =
@@ -162,7 +162,7 @@ fn command(context: Option<&context::Context>, args: &[String]) -> anyhow::Resul
             None => command.mut_subcommand(path, |s| hide_all(s, &hide)),
         };
     }
-    Ok(command)
+    command
 }
 
 /// `hide` applied to `command` and every command under it.
@@ -205,7 +205,7 @@ pub fn main() {
     let args: Vec<String> = std::env::args().collect();
     let config = context::Config::load().unwrap_or_else(|e| fail(e));
     let active = config.active(context::chosen(&args).as_deref()).unwrap_or_else(|e| fail(e));
-    let command = command(active.map(|(_, c)| c), &args).unwrap_or_else(|e| fail(e));
+    let command = command(active.map(|(_, c)| c), &args);
     let cli = Cli::from_arg_matches(&command.get_matches_from(args)).unwrap_or_else(|e| e.exit());
     match run(cli) {
         Ok(code) => std::process::exit(code),
