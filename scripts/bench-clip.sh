@@ -2,7 +2,7 @@
 # One DP-SGD step of the `bench` captioner (batch 64, 2 threads) with dpcap and with PyTorch +
 # Opacus, interleaved: ROUNDS rounds (default 7) of one dpcap process (`dpctl bench clip`:
 # non-private and ClipEngine, the median of RUNS timed steps after a warm-up) then one
-# reference process (the project's shared script: non-private, Opacus hooks, Opacus ghost, the
+# reference process (reference/opacus_ref.py: non-private, Opacus hooks, Opacus ghost, the
 # median of RUNS steps after a warm-up), after one discarded warm-up round of each. These
 # machines are noisy: a single run decides nothing, so the script prints each method's median
 # over the rounds with its spread (min..max), the ratios of those medians, and each ratio's
@@ -10,7 +10,7 @@
 # Installs torch and opacus (from PyPI) into target/bench-torch-venv on first use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-reference=${OPACUS_REF:-../shared/bench/opacus_ref.py}
+reference=${OPACUS_REF:-reference/opacus_ref.py}
 venv=target/bench-torch-venv
 rounds=${ROUNDS:-7}
 runs=${RUNS:-3}

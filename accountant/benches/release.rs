@@ -1,6 +1,6 @@
 //! What one release costs: CPU-seconds per GB of gradient released through a real accountant on
 //! loopback (one rank, noise drawn ahead), and each phase alone, side by side in one run.
-//! Run: `cargo bench -p dpcap-accountant --bench release` (P from `PARAMS`, default 50M; timed
+//! Run: `cargo bench -p dpcap-accountant --features bench --bench release` (P from `PARAMS`, default 50M; timed
 //! releases from `STEPS`, untimed ones first from `WARMUP`; `dpctl bench scale` runs the same
 //! at the paper's P = 190M).
 

@@ -9,28 +9,34 @@
 /// The accounting math, re-exported: it is the `dpcap-privacy` crate (pure, no I/O).
 pub use dpcap_privacy as privacy;
 
-pub mod ahead;
-pub mod audit;
-pub mod blocks;
-pub mod composed;
-pub mod core;
+mod ahead;
+mod audit;
+mod blocks;
+mod composed;
+mod core;
+mod datasets;
+mod error;
+mod exposition;
+mod job;
+mod ledger;
+mod metrics;
+mod noise;
+mod records;
+mod release;
+mod server;
+mod service;
+mod spending;
+mod step;
+mod sum;
+mod synced;
+
+// Benchmark code: compiled only for `dpctl bench scale` and `cargo bench --features bench`.
+#[cfg(feature = "bench")]
+#[path = "../bench/cost.rs"]
 pub mod cost;
-pub mod datasets;
-pub mod error;
-pub mod exposition;
-pub mod job;
-pub mod ledger;
-pub mod metrics;
-pub mod noise;
-pub mod records;
-pub mod release;
-pub mod server;
-pub mod service;
-pub mod spending;
-pub mod step;
-pub mod sum;
-pub mod synced;
 
 pub use crate::core::{Accountant, DEFAULT_NOISE_AHEAD_BYTES, Policy};
 pub use error::AccountantError;
+pub use exposition::DEPRECATED as DEPRECATED_SERIES;
+pub use server::{ServeError, Setup, open_ledger, serve};
 pub use step::PartOutcome;

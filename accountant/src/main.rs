@@ -63,13 +63,13 @@ async fn main() -> anyhow::Result<()> {
         write_addr_file(path, grpc_addr, Some(metrics_addr))
             .with_context(|| format!("writing --addr-file {}", path.display()))?;
     }
-    let ledger = dpcap_accountant::server::open_ledger(&args.ledger)?;
+    let ledger = dpcap_accountant::open_ledger(&args.ledger)?;
     let policy = dpcap_accountant::Policy {
         allow_seeded_noise: args.allow_seeded_noise,
         allow_unbudgeted_datasets: args.allow_unbudgeted_datasets,
         noise_ahead_bytes: args.noise_ahead_bytes,
     };
-    let setup = dpcap_accountant::server::Setup { ledger, policy, capabilities };
-    dpcap_accountant::server::serve(dpcap_serve::Listeners { grpc, metrics }, server, setup, shutdown_signal()).await?;
+    let setup = dpcap_accountant::Setup { ledger, policy, capabilities };
+    dpcap_accountant::serve(dpcap_serve::Listeners { grpc, metrics }, server, setup, shutdown_signal()).await?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::privacy::AccountantKind;
-use crate::privacy::contract::{Audit, Mechanism, Mode, Placement, PrivacyContract, PrivacyUnit, Recipe, check_digest};
+use crate::privacy::contract::{Audit, Mechanism, Mode, ModeKind, Placement, PrivacyContract, PrivacyUnit, Recipe, check_digest};
 
 /// A job as the accountant knows it: the coordinator's contract and the gradient dimension.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -92,12 +92,11 @@ fn dp() -> String {
 
 impl LegacyRegistration {
     fn into_registration(self) -> Result<Registration, String> {
-        let mode = match (self.privacy.as_str(), self.simulated) {
-            ("dp", _) => Mode::Dp,
-            ("not_private", _) => Mode::NotPrivate,
-            ("simulation", Some(target)) => Mode::Simulation { target },
-            (other, _) => return Err(format!("legacy registration of {}: privacy {other:?}", self.job_id)),
-        };
+        let mode = self
+            .privacy
+            .parse::<ModeKind>()
+            .and_then(|kind| Mode::from_kind(kind, self.simulated))
+            .map_err(|e| format!("legacy registration of {}: {e}", self.job_id))?;
         let placement = match self.audit_coordinates.as_str() {
             "" | "model" => Placement::Model,
             _ => Placement::Reserved,
@@ -110,7 +109,7 @@ impl LegacyRegistration {
             },
             accountant: self.accountant,
             delta: self.delta,
-            epsilon_target: (mode != Mode::NotPrivate).then_some(self.epsilon_target),
+            epsilon_target: mode.reports_epsilon().then_some(self.epsilon_target),
             mode,
             // Unknown before units (fedemb jobs registered without one): read as example-level,
             // and `legacy` makes every unit's budget of the dataset count its spend.

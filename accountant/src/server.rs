@@ -17,7 +17,7 @@ use crate::service::AccountantGrpc;
 use crate::{exposition, metrics};
 
 /// Largest inbound gRPC message (a part chunk): 8 MiB.
-pub use dpcap_proto::client::MAX_MESSAGE_BYTES;
+use dpcap_proto::client::MAX_MESSAGE_BYTES;
 
 /// What the accountant serves with: its ledger, what it accepts beyond the safe defaults, and
 /// the keys that check workers' capabilities.

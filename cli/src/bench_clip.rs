@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Device, Distribution, Tensor};
+use burn::tensor::{Device, Tensor};
 use dpcap_ml::CpuBackend;
 use dpcap_ml::clip::{ClipEngine, MatmulInputs, Objective, Precision, Reads, naive_clipped_sum, nonprivate_sum};
-use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig, Mae, MaeBatch, MaeConfig};
+use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig, OnBatch};
 use dpcap_ml::params::ParamSet;
 use dpcap_registry::Family;
 use serde_json::json;
@@ -23,7 +23,7 @@ pub struct ClipBench {
     /// Examples per step.
     #[arg(long, default_value_t = 64)]
     batch: usize,
-    /// Training objective: caption or mae.
+    /// Training objective: caption or mae (fedemb clips per client, not per example).
     #[arg(long, default_value = "caption")]
     objective: Family,
     /// Device: cpu, cuda[:N] in a build with the `cuda` feature, or wgpu (the default Vulkan
@@ -183,40 +183,43 @@ fn measure<AB: AutodiffBackend, M: Objective<AB>>(
     Timings { params: params.numel(), nonprivate_s, clip_s, naive_s, verify_rel_err: None }
 }
 
-fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<Timings> {
-    let inner_device: Device<AB::InnerBackend> = device.clone();
-    let mut params = ParamSet::<AB::InnerBackend>::new(&inner_device);
-    match opts.objective {
-        Family::Captioner => {
-            let Some(config) = CaptionerConfig::named(&opts.model) else {
-                bail!("invalid --model {}: use one of {}", opts.model, dpcap_registry::NAMES.join(", "))
-            };
-            let model = Captioner::new(&mut params, config);
-            let batch = CaptionBatch::<AB>::random(config, opts.batch, &device);
-            let mut timings = measure::<AB, _>(&model, &params, &batch, opts);
-            if opts.verify {
-                // One example poisoned: the device leaves it out its own way (masking, on a GPU)
-                // and the CPU reference by selection; the sums must agree and be finite.
-                let batch = with_a_nan_example(batch);
-                let values = clipped_values::<AB>(&model, &params, &batch, engine(opts));
-                timings.verify_rel_err = Some(verify_against_cpu(config, &values, &batch, engine(opts).matmul_inputs));
-            }
-            Ok(timings)
-        }
-        Family::Mae if opts.verify => {
-            bail!("invalid --verify: only the caption objective is verified (MAE masks are random per device)")
-        }
-        Family::Mae => {
-            let Some(config) = MaeConfig::named(&opts.model) else {
-                bail!("invalid --model {}: use one of {}", opts.model, dpcap_registry::NAMES.join(", "))
-            };
-            let model = Mae::new(&mut params, config);
-            let image = config.encoder.image;
-            let images = Tensor::random([opts.batch, 3, image, image], Distribution::Normal(0.0, 1.0), &device);
-            Ok(measure::<AB, _>(&model, &params, &MaeBatch::new(images, config.encoder.patches()), opts))
-        }
-        Family::Embedder => bail!("invalid --objective fedemb: use caption or mae (fedemb clips per client)"),
+/// [`measure`] as work on any objective's model.
+struct Measure<'a>(&'a ClipBench);
+
+impl<AB: AutodiffBackend> OnBatch<AB> for Measure<'_> {
+    type Output = Timings;
+    fn run<M: Objective<AB>>(self, model: &M, params: &ParamSet<AB::InnerBackend>, batch: &M::Batch) -> Timings {
+        measure::<AB, M>(model, params, batch, self.0)
     }
+}
+
+fn run_on<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<Timings> {
+    if opts.verify {
+        return measure_and_verify::<AB>(opts, device);
+    }
+    dpcap_ml::model::with_random_batch::<AB, _>((opts.objective, &opts.model), opts.batch, &device, Measure(opts))
+        .map_err(|e| anyhow::anyhow!("--objective {} --model {}: {e}", opts.objective, opts.model))
+}
+
+/// The timings of the caption objective, then its clipped sum on this device against the
+/// CPU's on the same weights and data, with one example poisoned: the device leaves it out its
+/// own way (masking, on a GPU) and the CPU reference by selection; the sums must agree and be
+/// finite. Only captions are verified: MAE masks are random per device.
+fn measure_and_verify<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>) -> Result<Timings> {
+    if !opts.objective.has_captions() {
+        bail!("invalid --verify: only the caption objective is verified (MAE masks are random per device)");
+    }
+    let Some(config) = CaptionerConfig::named(&opts.model) else {
+        bail!("invalid --model {}: use one of {}", opts.model, dpcap_registry::NAMES.join(", "))
+    };
+    let mut params = ParamSet::<AB::InnerBackend>::new(&device);
+    let model = Captioner::new(&mut params, config);
+    let batch = CaptionBatch::<AB>::random(config, opts.batch, &device);
+    let mut timings = measure::<AB, _>(&model, &params, &batch, opts);
+    let batch = with_a_nan_example(batch);
+    let values = clipped_values::<AB>(&model, &params, &batch, engine(opts));
+    timings.verify_rel_err = Some(verify_against_cpu(config, &values, &batch, engine(opts).matmul_inputs));
+    Ok(timings)
 }
 
 #[cfg(feature = "cuda")]
@@ -262,7 +265,9 @@ pub fn run(opts: ClipBench) -> Result<()> {
     let examples_per_s = opts.batch as f64 / t.clip_s;
     let peak = peak_rss_bytes();
     // Model FLOPs (3 forward passes of matrix products per example) per second of the DP step.
-    let tflops = (opts.objective == Family::Captioner)
+    let tflops = opts
+        .objective
+        .has_captions()
         .then(|| CaptionerConfig::named(&opts.model))
         .flatten()
         .map(|c| c.train_flops() as f64 * examples_per_s / 1e12);

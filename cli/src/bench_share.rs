@@ -58,7 +58,8 @@ pub fn run(opts: ShareBench) -> Result<()> {
         let device = Default::default();
         let replica = ReplicaConfig {
             model_name: &opts.model,
-            kind: dpcap_ml::trainer::Kind::Caption,
+            objective: dpcap_registry::Family::Captioner,
+            fedemb: Default::default(),
             tokenizer: Some(tokenizer),
             seed: 1,
             engine,

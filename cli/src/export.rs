@@ -9,7 +9,7 @@ use anyhow::{Result, anyhow};
 use clap::{Args, ValueEnum};
 use dpcap_ml::CpuBackend;
 use dpcap_ml::checkpoint::{export_encoder, load_weights_with_prefix};
-use dpcap_ml::model::{CaptionerConfig, Encoder, EncoderConfig, MaeConfig};
+use dpcap_ml::model::{Encoder, EncoderConfig};
 use dpcap_ml::params::ParamSet;
 use dpcap_ml::timm;
 use dpcap_registry::Family;
@@ -56,13 +56,8 @@ pub struct ExportArgs {
 
 /// The encoder shape of a checkpoint's model and objective.
 fn encoder_config(model: &str, objective: Family) -> Result<EncoderConfig> {
-    let config = match objective {
-        Family::Captioner => CaptionerConfig::named(model).map(|c| c.encoder),
-        Family::Mae => MaeConfig::named(model).map(|c| c.encoder),
-        // DP-FedEmb's backbone: the encoder exports alone (its embedding projection stays).
-        Family::Embedder => dpcap_ml::model::EmbedderConfig::named(model).map(|c| c.encoder),
-    };
-    config.ok_or_else(|| anyhow!("the checkpoint's model {model:?} is not a known configuration"))
+    dpcap_ml::model::encoder_config(objective, model)
+        .ok_or_else(|| anyhow!("the checkpoint's model {model:?} is not a known configuration"))
 }
 
 /// Loads the checkpoint's encoder and writes it (and the check vectors) in the chosen format.

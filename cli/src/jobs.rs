@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use dpcap_coordinator::{SpecFile, mode};
-use dpcap_privacy::contract::{Mode, PrivacyContract};
+use dpcap_privacy::contract::PrivacyContract;
 use dpcap_proto::client::{ClientError, JobsClient};
 use dpcap_proto::v1::{Job, JobState, Reduction};
 use dpcap_serve::ClientTlsArgs;
@@ -92,12 +92,9 @@ impl View {
 
     /// The simulated recipe's batch and σ (0 unless a simulation).
     fn simulated(&self) -> (f64, f64) {
-        match self.contract.as_ref().map(|c| c.mode) {
-            Some(Mode::Simulation { target }) => {
-                (target.sample_rate * dpcap_proto::plan::units(&self.plan) as f64, target.noise_multiplier)
-            }
-            _ => (0.0, 0.0),
-        }
+        self.contract.as_ref().and_then(|c| c.mode.simulated()).map_or((0.0, 0.0), |target| {
+            (target.sample_rate * dpcap_proto::plan::units(&self.plan) as f64, target.noise_multiplier)
+        })
     }
 }
 

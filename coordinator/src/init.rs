@@ -44,7 +44,7 @@ pub async fn check(spec: &JobSpec, dataset: &str) -> Result<Option<InitSource>, 
     if source.model != spec.model {
         return Err(invalid(format!("{location} is a {} model, this job trains {}", source.model, spec.model)));
     }
-    let job_is_private = !spec.not_private && spec.simulate.is_none();
+    let job_is_private = crate::mode::requested_is_private(spec);
     if job_is_private && !source.is_private() && !dataset.is_empty() && source.dataset == dataset {
         return Err(invalid(format!(
             "{location} holds NOT PRIVATE weights trained on this job's own dataset (job {}): they would void its guarantee",

@@ -52,6 +52,12 @@ pub fn notice(plan: &Plan, contract: &PrivacyContract) -> Option<String> {
     }
 }
 
+/// Whether the spec asks for a DP job (neither a baseline nor a simulation), before its
+/// fields are resolved into a [`Mode`].
+pub fn requested_is_private(spec: &JobSpec) -> bool {
+    !spec.not_private && spec.simulate.is_none()
+}
+
 /// Checks the privacy fields against each other (before the dataset is read).
 pub fn check(spec: &JobSpec) -> Result<(), CoordinatorError> {
     fn invalid(field: &'static str, reason: impl Into<String>) -> CoordinatorError {

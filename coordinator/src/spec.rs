@@ -139,7 +139,7 @@ impl SpecFile {
     /// The wire message; enum names are checked here.
     pub fn into_proto(self) -> Result<JobSpec, CoordinatorError> {
         let objective = match self.objective.as_deref() {
-            None => Family::Captioner,
+            None => Family::default(),
             Some(name) => name.parse::<Family>().map_err(|e| CoordinatorError::invalid("objective", e.to_string()))?,
         };
         let objective = dpcap_proto::contract::family_to_proto(objective);
@@ -489,7 +489,7 @@ fn check_audit(spec: &JobSpec) -> Result<(), CoordinatorError> {
             format!("{} must be in [1, {MAX_AUDIT_CANARIES}]", audit.canaries),
         ));
     }
-    if spec.not_private || spec.simulate.is_some() {
+    if !crate::mode::requested_is_private(spec) {
         return Err(CoordinatorError::invalid("audit", "a NOT PRIVATE job claims no guarantee to audit"));
     }
     Ok(())

@@ -188,10 +188,8 @@ fn describe(job: &mut Job, contract: &PrivacyContract, init: Option<&InitSource>
     }
     let Some(target) = contract.epsilon_target else { return };
     let how = if plan.calibrated { "calibrated" } else { "fixed" };
-    let sigma = match contract.mode {
-        dpcap_privacy::contract::Mode::Simulation { target } => target.noise_multiplier,
-        _ => contract.mechanism.noise_multiplier,
-    };
+    // The σ whose ε is reported: a simulation's target recipe's, else the job's own.
+    let sigma = contract.epsilon_mechanism().map_or(contract.mechanism.noise_multiplier, |(_, _, sigma)| sigma);
     let calibrated = format!(
         "sigma = {sigma:.4} ({how}); epsilon {:.4} planned, target {target:.4} at delta {:.3e}",
         plan.epsilon_planned, contract.delta

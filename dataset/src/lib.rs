@@ -87,12 +87,13 @@ pub enum DataError {
     },
 }
 
-/// A job's work refused or failed on the data side: the spec, the data, or a peer's message.
-/// Workers report it as the step's failure; under `telemetry: strict` a data error names no
-/// example.
+/// A job's data refused or failed: the spec's data fields, reading an example or the
+/// tokenizer, or a work unit that names data the dataset does not hold. Workers report it as
+/// the step's failure; under `telemetry: strict` an error that names an example is withheld
+/// ([`JobDataError::names_examples`]).
 #[derive(Debug, thiserror::Error)]
-pub enum WorkError {
-    /// The job spec cannot be run by this worker.
+pub enum JobDataError {
+    /// The job spec's data cannot be run by this worker.
     #[error("invalid {field}: {reason}")]
     Spec {
         /// The spec field.
@@ -100,15 +101,26 @@ pub enum WorkError {
         /// Why.
         reason: String,
     },
-    /// Reading the dataset or tokenizer failed.
+    /// Reading the dataset or tokenizer failed (the message may name an example).
     #[error("data: {0}")]
     Data(String),
-    /// A peer answered something unexpected.
+    /// Reading sampled examples failed (the error may name an example).
+    #[error("data: {0}")]
+    Read(#[source] DataError),
+    /// The image pipeline cannot be built for the model's image side.
+    #[error("image pipeline: {0}")]
+    Pipeline(#[from] pipeline::PipelineError),
+    /// A work unit names a shard or an example the dataset does not hold.
     #[error("rpc: {0}")]
     Protocol(String),
-    /// Writing or reading a checkpoint failed.
-    #[error("checkpoint: {0}")]
-    Checkpoint(String),
+}
+
+impl JobDataError {
+    /// Whether the message may name an example (its key, member or bytes come from the sampled
+    /// data): `telemetry: strict` withholds it from the job's condition.
+    pub fn names_examples(&self) -> bool {
+        matches!(self, JobDataError::Data(_) | JobDataError::Read(_))
+    }
 }
 
 /// An example ready for the model: pixels through the image pipeline, caption, label.

@@ -9,7 +9,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use rayon::prelude::*;
 
-use crate::WorkError;
+use crate::{DataError, JobDataError};
 use crate::pipeline::{Crop, Pipeline};
 use crate::tokenizer::CaptionTokenizer;
 use crate::{Example, RawExample, ShardReader};
@@ -43,8 +43,8 @@ pub struct View {
 
 impl View {
     /// Centre crops at `side` px (evaluation, probes).
-    pub fn eval(side: usize) -> Result<Self, WorkError> {
-        let pipeline = Pipeline::clip(side as u32).map_err(|e| WorkError::Data(e.to_string()))?;
+    pub fn eval(side: usize) -> Result<Self, JobDataError> {
+        let pipeline = Pipeline::clip(side as u32)?;
         Ok(Self { pipeline: Arc::new(pipeline), crop: CropPlan::Eval })
     }
 
@@ -72,11 +72,11 @@ pub struct Dataset {
 
 impl Dataset {
     /// Opens `url` and reads its manifest.
-    pub async fn open(url: &str) -> Result<Self, WorkError> {
-        let (store, root) = dpcap_serve::open_existing_store(url).map_err(|e| WorkError::Data(e.to_string()))?;
+    pub async fn open(url: &str) -> Result<Self, JobDataError> {
+        let (store, root) = dpcap_serve::open_existing_store(url).map_err(|e| JobDataError::Data(e.to_string()))?;
         let reader = ShardReader::open(store, root)
             .await
-            .map_err(|e| WorkError::Data(format!("{url}: {e} (index the dataset with `dpctl dataset index {url}`)")))?
+            .map_err(|e| JobDataError::Data(format!("{url}: {e} (index the dataset with `dpctl dataset index {url}`)")))?
             .trusting_content_e_tags(content_e_tags(url));
         Ok(Self { reader })
     }
@@ -84,18 +84,18 @@ impl Dataset {
     /// Refuses a dataset other than the one the job was planned and accounted on: a different
     /// index (re-indexed, shards added or removed) could map two sampled positions to one
     /// example or read examples the accounting never saw.
-    pub fn check_pinned(&self, digest: &str, examples: u64) -> Result<(), WorkError> {
+    pub fn check_pinned(&self, digest: &str, examples: u64) -> Result<(), JobDataError> {
         if digest.is_empty() {
-            return Err(WorkError::Spec { field: "dataset", reason: "the job's plan pins no index digest".into() });
+            return Err(JobDataError::Spec { field: "dataset", reason: "the job's plan pins no index digest".into() });
         }
         if digest != self.reader.digest() {
-            return Err(WorkError::Spec {
+            return Err(JobDataError::Spec {
                 field: "dataset",
                 reason: format!("index digest {} differs from the job's pinned {digest}", self.reader.digest()),
             });
         }
         if examples != self.examples() {
-            return Err(WorkError::Spec {
+            return Err(JobDataError::Spec {
                 field: "dataset",
                 reason: format!("index has {} examples, the job's plan {examples}", self.examples()),
             });
@@ -110,8 +110,8 @@ impl Dataset {
 
     /// The tokenizer: `location` (a path or URL of a `tokenizer.json`, or of a BERT
     /// `vocab.txt`) or the dataset's own `tokenizer.json` when empty.
-    pub async fn tokenizer(&self, location: &str) -> Result<CaptionTokenizer, WorkError> {
-        let spec = |reason: String| WorkError::Spec { field: "tokenizer", reason };
+    pub async fn tokenizer(&self, location: &str) -> Result<CaptionTokenizer, JobDataError> {
+        let spec = |reason: String| JobDataError::Spec { field: "tokenizer", reason };
         let (store, path, name) = if location.is_empty() {
             let (store, root) = self.reader.location();
             (store, crate::indexer::join(&root, "tokenizer.json"), "tokenizer.json")
@@ -140,8 +140,8 @@ impl Dataset {
 
     /// The tokenizer the job's plan pinned: the bytes at `location` must have `digest` (the
     /// coordinator read them at submit), so a tokenizer replaced since is refused by name.
-    pub async fn pinned_tokenizer(location: &str, digest: &str) -> Result<CaptionTokenizer, WorkError> {
-        let spec = |reason: String| WorkError::Spec { field: "tokenizer", reason };
+    pub async fn pinned_tokenizer(location: &str, digest: &str) -> Result<CaptionTokenizer, JobDataError> {
+        let spec = |reason: String| JobDataError::Spec { field: "tokenizer", reason };
         let bytes = dpcap_serve::store::read_object(location).await.map_err(|e| spec(e.to_string()))?;
         let found = dpcap_proto::digest::sha256(&bytes);
         if found != digest {
@@ -158,12 +158,12 @@ impl Dataset {
     }
 
     /// Global index of position `local` in shard `shard`, bounds-checked against the shard.
-    pub fn global(&self, shard: usize, local: u64) -> Result<u64, WorkError> {
+    pub fn global(&self, shard: usize, local: u64) -> Result<u64, JobDataError> {
         let layout = self.reader.layout();
         layout.global(shard, local).ok_or_else(|| match layout.count(shard) {
-            None => WorkError::Protocol(format!("work unit names shard {shard} of {}", layout.shards())),
+            None => JobDataError::Protocol(format!("work unit names shard {shard} of {}", layout.shards())),
             Some(count) => {
-                WorkError::Protocol(format!("work unit names example {local} of shard {shard}, which holds {count}"))
+                JobDataError::Protocol(format!("work unit names example {local} of shard {shard}, which holds {count}"))
             }
         })
     }
@@ -171,7 +171,7 @@ impl Dataset {
     /// Reads examples by global index and puts their images through `view`. An image that the
     /// index accepted but that fails to decode in full (a truncated body) is left out with a
     /// warning: it then contributes nothing, which the accounting allows (a removed example).
-    pub async fn read(&self, indices: Vec<u64>, view: &View) -> Result<Vec<Example>, WorkError> {
+    pub async fn read(&self, indices: Vec<u64>, view: &View) -> Result<Vec<Example>, JobDataError> {
         let raw: Vec<(u64, RawExample)> = futures::stream::iter(indices)
             .map(|i| async move { self.reader.read(i).await.map(|raw| (i, raw)) })
             .buffered(READ_CONCURRENCY)
@@ -179,10 +179,10 @@ impl Dataset {
             .await
             .map_err(|e| match e {
                 // Not the pinned data: the job's input, named in full under any telemetry.
-                changed @ crate::DataError::Changed { .. } => {
-                    WorkError::Spec { field: "dataset", reason: changed.to_string() }
+                changed @ DataError::Changed { .. } => {
+                    JobDataError::Spec { field: "dataset", reason: changed.to_string() }
                 }
-                other => WorkError::Data(other.to_string()),
+                other => JobDataError::Read(other),
             })?;
         let view = view.clone();
         tokio::task::spawn_blocking(move || {
@@ -197,6 +197,6 @@ impl Dataset {
                 .collect()
         })
         .await
-        .map_err(|e| WorkError::Data(format!("decode task failed: {e}")))
+        .map_err(|e| JobDataError::Data(format!("decode task failed: {e}")))
     }
 }

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::Example;
-use crate::WorkError;
+use crate::DataError;
 use crate::reader::{Dataset, View};
 
 /// Chunks decoded ahead of the one being computed.
@@ -19,7 +19,7 @@ pub const DEFAULT_PREFETCH: usize = 2;
 /// The examples of a share, in chunks of at most one micro-batch.
 #[derive(Debug)]
 pub struct ExampleStream {
-    chunks: mpsc::Receiver<Result<Vec<Example>, WorkError>>,
+    chunks: mpsc::Receiver<Result<Vec<Example>, JobDataError>>,
     read: Arc<AtomicUsize>,
     reader: JoinHandle<()>,
     /// Chunks in the share, and chunks handed to the consumer so far.
@@ -53,12 +53,12 @@ impl ExampleStream {
 
     /// The next chunk; None when the share is done. A reader that stopped before the end of
     /// the share (it panicked) is an error, never a silently smaller part.
-    pub async fn next(&mut self) -> Option<Result<Vec<Example>, WorkError>> {
+    pub async fn next(&mut self) -> Option<Result<Vec<Example>, JobDataError>> {
         let next = self.chunks.recv().await;
         if next.is_none() && self.handed < self.expected {
             let stopped = format!("the reader stopped after {} of {} chunks", self.handed, self.expected);
             self.handed = self.expected;
-            return Some(Err(WorkError::Data(stopped)));
+            return Some(Err(JobDataError::Data(stopped)));
         }
         self.handed += usize::from(next.is_some());
         next

@@ -1,7 +1,7 @@
 //! A rank's share streams one micro-batch at a time from a pinned dataset: memory is bounded
 //! by the prefetch, not the share, and a dataset other than the planned one is refused.
 
-use dpcap_dataset::WorkError;
+use dpcap_dataset::JobDataError;
 use dpcap_dataset::build_index;
 use dpcap_dataset::reader::{Dataset, View};
 use dpcap_dataset::stream::ExampleStream;
@@ -52,7 +52,7 @@ async fn a_dataset_other_than_the_pinned_one_is_refused_and_positions_are_bounds
     let data = Dataset::open(&url).await.unwrap();
     data.check_pinned(&pinned, 120).expect("the planned index");
     let err = data.check_pinned("sha256:00", 120).unwrap_err();
-    assert!(matches!(err, WorkError::Spec { field: "dataset", .. }), "{err}");
+    assert!(matches!(err, JobDataError::Spec { field: "dataset", .. }), "{err}");
     assert!(err.to_string().contains("digest"), "{err}");
     let err = data.check_pinned(&pinned, 121).unwrap_err();
     assert!(err.to_string().contains("121"), "{err}");

@@ -10,7 +10,7 @@ use burn::tensor::backend::Backend;
 use crate::checkpoint::load_weights_with_prefix;
 use crate::checkpoint::{CheckpointStore, Manifest};
 use crate::params::ParamSet;
-use dpcap_dataset::WorkError;
+use crate::error::MlError;
 use dpcap_privacy::contract::ModeKind;
 use dpcap_registry::Family;
 
@@ -22,8 +22,8 @@ pub async fn load_init<B: Backend>(
     location: &str,
     (model, objective): (&str, Family),
     (step, privacy): (u64, ModeKind),
-) -> Result<Manifest, WorkError> {
-    let spec = |reason: String| WorkError::Spec { field: "init_from", reason };
+) -> Result<Manifest, MlError> {
+    let spec = |reason: String| MlError::Spec { field: "init_from", reason };
     let source = CheckpointStore::open_existing(location).map_err(|e| spec(format!("{location}: {e}")))?;
     let (manifest, weights, _) = source.load(step).await.map_err(|e| spec(format!("{location} step {step}: {e}")))?;
     if manifest.privacy != privacy {

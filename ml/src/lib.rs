@@ -11,6 +11,7 @@
 pub mod checkpoint;
 pub mod clip;
 pub mod device;
+pub mod error;
 pub mod eval;
 pub mod fed;
 pub mod init;
@@ -21,6 +22,9 @@ pub mod timm;
 pub mod trainer;
 
 /// The default CPU training backend.
+pub use error::MlError;
+
+/// The CPU training backend.
 pub type CpuBackend = burn::backend::Autodiff<burn::backend::Flex>;
 
 /// The CUDA training backend (feature `cuda`).

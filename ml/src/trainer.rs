@@ -1,52 +1,98 @@
 //! One rank's model replica: parameters, optimizer and objective for a job, turning examples
 //! into a clipped part (Σ clip_C(g_i) as P f32 values) and applying a release (g = R / L).
 
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::clip::{ClipEngine, ClippedSum, Telemetry};
+use crate::error::MlError;
 use crate::fed::{LocalConfig, add_clipped, batch_ranges, local_delta};
 use crate::model::embedder::prototypes;
 use crate::model::{CaptionBatch, Captioner, CaptionerConfig, EmbedBatch, Embedder, EmbedderConfig, Encoder, Mae};
 use crate::model::{MaeBatch, MaeConfig};
-use crate::optim::{AdamW, AdamWConfig, Schedule};
+use crate::optim::{AdamW, AdamWConfig, Rule, Schedule};
 use crate::params::ParamSet;
 use dpcap_dataset::Example;
-use dpcap_dataset::WorkError;
 use dpcap_dataset::tokenizer::CaptionTokenizer;
+use dpcap_registry::Family;
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
 
-/// Which objective a replica trains, as the job spec chose it.
+/// DP-FedEmb's training of each client and of the server. Only an objective that trains
+/// clients ([`Family::is_user_level`]) reads it; the others ignore it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Kind {
-    /// DP-Cap.
-    Caption,
-    /// ViP.
-    Mae,
-    /// DP-FedEmb: local training per client; `head_scale` is the cosine head's softmax scale.
-    FedEmb {
-        /// Each client's local SGD.
-        local: LocalConfig,
-        /// s in s·cos(e, p_c).
-        head_scale: f64,
-        /// The server optimizer (SGD with momentum, or Adam) applying the averaged deltas.
-        server: AdamWConfig,
-    },
+pub struct FedEmbTraining {
+    /// Each client's local SGD.
+    pub local: LocalConfig,
+    /// s in s·cos(e, p_c): the cosine head's softmax scale.
+    pub head_scale: f64,
+    /// The server optimizer (SGD with momentum, or Adam) applying the averaged deltas.
+    pub server: AdamWConfig,
 }
 
-/// Which objective a job trains.
+impl Default for FedEmbTraining {
+    /// DP-FedEmb's defaults: one local epoch, s = 10, server SGD with momentum 0.9.
+    fn default() -> Self {
+        Self {
+            local: LocalConfig::default(),
+            head_scale: 10.0,
+            server: AdamWConfig { rule: Rule::Momentum, beta1: 0.9, weight_decay: 0.0, ..AdamWConfig::default() },
+        }
+    }
+}
+
+/// A job's model: one variant per objective, each with what its training needs.
 #[derive(Debug, Clone)]
 pub enum Model {
     /// DP-Cap, with the tokenizer its captions go through.
     Caption(Captioner, Box<CaptionTokenizer>),
     /// ViP.
     Mae(Mae),
-    /// DP-FedEmb, with its local training.
+    /// DP-FedEmb, with its local training and head scale.
     Embed(Embedder, LocalConfig, f64),
 }
 
 impl Model {
+    /// A fresh model of configuration `name` (`dpcap-registry`) for `objective`, its weights
+    /// drawn into `params`. The one place an objective becomes a model: the worker, `dpctl
+    /// eval` and the demo all come here. The caption objective needs `tokenizer`, whose
+    /// vocabulary must fit the model's.
+    pub fn new<B: Backend>(
+        objective: Family,
+        name: &str,
+        tokenizer: Option<CaptionTokenizer>,
+        fedemb: &FedEmbTraining,
+        params: &mut ParamSet<B>,
+    ) -> Result<Model, MlError> {
+        let unknown = || MlError::Spec { field: "model", reason: format!("unknown configuration {name:?}") };
+        Ok(match objective {
+            Family::Mae => Model::Mae(Mae::new(params, MaeConfig::named(name).ok_or_else(unknown)?)),
+            Family::Embedder => Model::Embed(
+                Embedder::new(params, EmbedderConfig::named(name).ok_or_else(unknown)?),
+                fedemb.local,
+                fedemb.head_scale,
+            ),
+            Family::Captioner => {
+                let config = CaptionerConfig::named(name).ok_or_else(unknown)?;
+                let tokenizer = tokenizer.ok_or(MlError::Spec {
+                    field: "tokenizer",
+                    reason: "the caption objective needs a tokenizer".into(),
+                })?;
+                if tokenizer.vocab_size() > config.vocab {
+                    return Err(MlError::Spec {
+                        field: "tokenizer",
+                        reason: format!(
+                            "vocabulary of {} exceeds model {name}'s {}",
+                            tokenizer.vocab_size(),
+                            config.vocab
+                        ),
+                    });
+                }
+                Model::Caption(Captioner::new(params, config), Box::new(tokenizer))
+            }
+        })
+    }
+
     /// The image encoder (what the job exports).
     pub fn encoder(&self) -> &Encoder {
         match self {
@@ -54,6 +100,20 @@ impl Model {
             Model::Mae(m) => m.encoder(),
             Model::Embed(m, ..) => m.encoder(),
         }
+    }
+
+    /// The captioner and its tokenizer, for the objective that has them.
+    pub fn captioner(&self) -> Option<(&Captioner, &CaptionTokenizer)> {
+        match self {
+            Model::Caption(m, tokenizer) => Some((m, tokenizer)),
+            Model::Mae(_) | Model::Embed(..) => None,
+        }
+    }
+
+    /// Whether a part is made of clients' clipped deltas ([`Trainer::accumulate_client`])
+    /// rather than examples' clipped gradients ([`Trainer::accumulate`]).
+    pub fn trains_clients(&self) -> bool {
+        matches!(self, Model::Embed(..))
     }
 }
 
@@ -63,7 +123,9 @@ pub struct ReplicaConfig<'a> {
     /// A model configuration's name (`dpcap-registry`).
     pub model_name: &'a str,
     /// The objective.
-    pub kind: Kind,
+    pub objective: Family,
+    /// DP-FedEmb's training (read only by an objective that trains clients).
+    pub fedemb: FedEmbTraining,
     /// The caption objective's tokenizer (None for the others).
     pub tokenizer: Option<CaptionTokenizer>,
     /// The seed of the initial weights (every rank of a job uses the job's).
@@ -111,40 +173,13 @@ pub fn images_tensor<B: burn::tensor::backend::Backend>(
 
 impl<AB: AutodiffBackend> Trainer<AB> {
     /// A fresh replica for `model_name`/`objective` with weights from `seed`.
-    pub fn new(replica: ReplicaConfig<'_>, device: &AB::Device) -> Result<Self, WorkError> {
-        let ReplicaConfig { model_name, kind, tokenizer, seed, engine, expected_batch_size, schedule } = replica;
-        let unknown = || WorkError::Spec { field: "model", reason: format!("unknown configuration {model_name:?}") };
+    pub fn new(replica: ReplicaConfig<'_>, device: &AB::Device) -> Result<Self, MlError> {
+        let ReplicaConfig { model_name, objective, fedemb, tokenizer, seed, engine, expected_batch_size, schedule } =
+            replica;
         let mut params = ParamSet::seeded(device, seed);
-        let model = if kind == Kind::Mae {
-            Model::Mae(Mae::new(&mut params, MaeConfig::named(model_name).ok_or_else(unknown)?))
-        } else if let Kind::FedEmb { local, head_scale, .. } = kind {
-            Model::Embed(
-                Embedder::new(&mut params, EmbedderConfig::named(model_name).ok_or_else(unknown)?),
-                local,
-                head_scale,
-            )
-        } else {
-            let config = CaptionerConfig::named(model_name).ok_or_else(unknown)?;
-            let tokenizer = tokenizer.ok_or(WorkError::Spec {
-                field: "tokenizer",
-                reason: "the caption objective needs a tokenizer".into(),
-            })?;
-            if tokenizer.vocab_size() > config.vocab {
-                return Err(WorkError::Spec {
-                    field: "tokenizer",
-                    reason: format!(
-                        "vocabulary of {} exceeds model {model_name}'s {}",
-                        tokenizer.vocab_size(),
-                        config.vocab
-                    ),
-                });
-            }
-            Model::Caption(Captioner::new(&mut params, config), Box::new(tokenizer))
-        };
-        let config = match kind {
-            Kind::FedEmb { server, .. } => server,
-            _ => AdamWConfig::default(),
-        };
+        let model = Model::new(objective, model_name, tokenizer, &fedemb, &mut params)?;
+        // The server applies averaged client deltas with its own optimizer.
+        let config = if model.trains_clients() { fedemb.server } else { AdamWConfig::default() };
         let optimizer = AdamW::new(config, &params);
         Ok(Self { model, params, optimizer, schedule, engine, expected_batch_size })
     }
@@ -155,7 +190,7 @@ impl<AB: AutodiffBackend> Trainer<AB> {
     }
 
     /// Σ_i clip_C(g_i) over `examples` as P values, with non-DP telemetry. No examples: zeros.
-    pub fn clipped_part(&self, examples: &[Example]) -> Result<(Vec<f32>, Telemetry), WorkError> {
+    pub fn clipped_part(&self, examples: &[Example]) -> Result<(Vec<f32>, Telemetry), MlError> {
         let mut part = self.begin_part();
         self.accumulate(&mut part, examples)?;
         self.finish_part(part)
@@ -168,7 +203,7 @@ impl<AB: AutodiffBackend> Trainer<AB> {
 
     /// Adds the clipped gradients of `examples` (one micro-batch or a few) to `part`; only
     /// these examples are ever tensorised at once.
-    pub fn accumulate(&self, part: &mut ClippedSum<Inner<AB>>, examples: &[Example]) -> Result<(), WorkError> {
+    pub fn accumulate(&self, part: &mut ClippedSum<Inner<AB>>, examples: &[Example]) -> Result<(), MlError> {
         if examples.is_empty() {
             return Ok(());
         }
@@ -182,7 +217,7 @@ impl<AB: AutodiffBackend> Trainer<AB> {
                 for e in examples {
                     let ids = tokenizer
                         .encode(&e.caption, seq)
-                        .map_err(|err| WorkError::Data(format!("example {}: {err}", e.key)))?;
+                        .map_err(|err| MlError::Example(format!("example {}: {err}", e.key)))?;
                     tokens.extend(ids);
                 }
                 let tokens = Tensor::<AB, 2, Int>::from_data(TensorData::new(tokens, [examples.len(), seq]), &device);
@@ -193,7 +228,7 @@ impl<AB: AutodiffBackend> Trainer<AB> {
                 self.engine.accumulate(model, &self.params, &batch, part);
             }
             Model::Embed(..) => {
-                return Err(WorkError::Protocol("fedemb trains clients, not examples (accumulate_client)".into()));
+                return Err(MlError::Unsupported("fedemb trains clients, not examples (accumulate_client)"));
             }
         }
         Ok(())
@@ -201,9 +236,9 @@ impl<AB: AutodiffBackend> Trainer<AB> {
 
     /// DP-FedEmb: trains one client (all its examples, labelled with their identity) from the
     /// current weights and adds its clipped delta to `part`. Returns ‖u‖ before clipping.
-    pub fn accumulate_client(&self, part: &mut ClippedSum<Inner<AB>>, examples: &[Example]) -> Result<f64, WorkError> {
+    pub fn accumulate_client(&self, part: &mut ClippedSum<Inner<AB>>, examples: &[Example]) -> Result<f64, MlError> {
         let Model::Embed(model, local, scale) = &self.model else {
-            return Err(WorkError::Protocol("only fedemb trains clients".into()));
+            return Err(MlError::Unsupported("only fedemb trains clients"));
         };
         if examples.is_empty() {
             return Ok(0.0);
@@ -213,7 +248,7 @@ impl<AB: AutodiffBackend> Trainer<AB> {
         let mut labels = Vec::with_capacity(examples.len());
         for e in examples {
             let label = e.label.ok_or_else(|| {
-                WorkError::Data(format!("example {} has no identity label (KEY.json `label`)", e.key))
+                MlError::Example(format!("example {} has no identity label (KEY.json `label`)", e.key))
             })?;
             let class = classes.iter().position(|&c| c == label).unwrap_or_else(|| {
                 classes.push(label);
@@ -242,20 +277,16 @@ impl<AB: AutodiffBackend> Trainer<AB> {
 
     /// The part as P values (the step's one device-to-host copy of P values) and its telemetry
     /// (under [`crate::clip::Reads::PerPart`], the one read of every micro-batch's norms).
-    pub fn finish_part(&self, mut part: ClippedSum<Inner<AB>>) -> Result<(Vec<f32>, Telemetry), WorkError> {
+    pub fn finish_part(&self, mut part: ClippedSum<Inner<AB>>) -> Result<(Vec<f32>, Telemetry), MlError> {
         part.settle();
-        let values = part.sum.flatten().into_data().into_vec::<f32>().map_err(|e| WorkError::Data(format!("{e:?}")))?;
+        let values = part.sum.flatten().into_data().into_vec::<f32>().map_err(|e| MlError::ReadBack(format!("{e:?}")))?;
         Ok((values, part.telemetry))
     }
 
     /// Applies the release of ledger step `step`: AdamW on R / L at the schedule's rate.
-    pub fn apply(&mut self, release: Vec<f32>, step: u64) -> Result<(), WorkError> {
+    pub fn apply(&mut self, release: Vec<f32>, step: u64) -> Result<(), MlError> {
         if release.len() != self.dim() {
-            return Err(WorkError::Protocol(format!(
-                "release of step {step} has {} values, the model {}",
-                release.len(),
-                self.dim()
-            )));
+            return Err(MlError::ReleaseLength { step, values: release.len(), dim: self.dim() });
         }
         let n = release.len();
         let release = Tensor::from_data(TensorData::new(release, [n]), self.params.device());

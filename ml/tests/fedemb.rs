@@ -11,7 +11,8 @@ use dpcap_ml::fed::{LocalConfig, add_clipped, local_delta};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig};
 use dpcap_ml::optim::{AdamWConfig, Rule, Schedule};
 use dpcap_ml::params::ParamSet;
-use dpcap_ml::trainer::{Kind, ReplicaConfig, Trainer};
+use dpcap_ml::trainer::{FedEmbTraining, ReplicaConfig, Trainer};
+use dpcap_registry::Family;
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 
@@ -37,10 +38,10 @@ fn trainer(local: LocalConfig, clipping_norm: f64) -> Trainer<AB> {
     };
     let schedule = Schedule { peak: 1.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
     let server = AdamWConfig { rule: Rule::Momentum, weight_decay: 0.0, ..AdamWConfig::default() };
-    let kind = Kind::FedEmb { local, head_scale: 10.0, server };
     let replica = ReplicaConfig {
         model_name: "micro",
-        kind,
+        objective: Family::Embedder,
+        fedemb: FedEmbTraining { local, head_scale: 10.0, server },
         tokenizer: None,
         seed: 3,
         engine,

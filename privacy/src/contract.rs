@@ -83,6 +83,30 @@ impl Mode {
     pub fn is_private(&self) -> bool {
         self.kind().is_private()
     }
+
+    /// Whether the job reports (and enforces) an ε at δ: its own, or a simulated recipe's.
+    pub fn reports_epsilon(&self) -> bool {
+        !matches!(self, Mode::NotPrivate)
+    }
+
+    /// The recipe a simulation stands for; None for every other mode.
+    pub fn simulated(&self) -> Option<Recipe> {
+        match self {
+            Mode::Simulation { target } => Some(*target),
+            Mode::Dp | Mode::NotPrivate => None,
+        }
+    }
+
+    /// The mode of a kind read from a record, with the simulated recipe stored beside it.
+    /// A simulation without its recipe is refused: it cannot report the ε it simulates.
+    pub fn from_kind(kind: ModeKind, simulated: Option<Recipe>) -> Result<Mode, ContractError> {
+        match (kind, simulated) {
+            (ModeKind::Dp, _) => Ok(Mode::Dp),
+            (ModeKind::NotPrivate, _) => Ok(Mode::NotPrivate),
+            (ModeKind::Simulation, Some(target)) => Ok(Mode::Simulation { target }),
+            (ModeKind::Simulation, None) => Err(invalid("simulated", "a simulation names the recipe it simulates")),
+        }
+    }
 }
 
 /// A mode without a simulation's recipe: what a checkpoint manifest records of the weights it

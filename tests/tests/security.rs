@@ -356,10 +356,18 @@ async fn job_secrets_live_apart_from_artifacts_and_a_strict_job_exports_nothing_
         !metrics.contains(&format!("dpcap_step_duration_seconds_sum{{job_id=\"{}\"", job.job_id)),
         "step timings of a strict job are not exported: {metrics}"
     );
-    let data_error = dpcap_worker::runtime::RuntimeError::Data("example shard-0003/000012: bad png".into());
-    let shown = dpcap_worker::runtime::session::reported_error(&data_error, true);
-    assert!(!shown.contains("000012") && shown.contains("withheld"), "{shown}");
-    assert!(dpcap_worker::runtime::session::reported_error(&data_error, false).contains("000012"));
+    use dpcap_worker::runtime::RuntimeError;
+    use dpcap_worker::runtime::session::reported_error;
+    let read = dpcap_dataset::JobDataError::Data("example shard-0003/000012: bad png".into());
+    let caption = dpcap_ml::MlError::Example("example shard-0003/000012: caption too long".into());
+    for data_error in [RuntimeError::Data(read), RuntimeError::Ml(caption)] {
+        let shown = reported_error(&data_error, true);
+        assert!(!shown.contains("000012") && shown.contains("withheld"), "{shown}");
+        assert!(reported_error(&data_error, false).contains("000012"));
+    }
+    // A spec error names no example: shown in full under strict telemetry too.
+    let spec = RuntimeError::Data(dpcap_dataset::JobDataError::Spec { field: "dataset", reason: "moved".into() });
+    assert!(reported_error(&spec, true).contains("moved"));
 }
 
 /// The attack that motivated job-scoped capabilities, tried against a secured cluster of real

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dpcap_accountant::server::Setup;
+use dpcap_accountant::Setup;
 use dpcap_coordinator::coordinator::Config;
 use dpcap_serve::{Capabilities, KeyRing, Listeners, ServerSecurity};
 use dpcap_worker::WorkerConfig;
@@ -45,7 +45,7 @@ impl Cluster {
         let (stop, _) = watch::channel(false);
         let mut tasks = Vec::new();
         let ((a_grpc, a_addr), (a_metrics, a_metrics_addr)) = (bind().await?, bind().await?);
-        let ledger = dpcap_accountant::server::open_ledger(&dir.join("ledger").to_string_lossy())?;
+        let ledger = dpcap_accountant::open_ledger(&dir.join("ledger").to_string_lossy())?;
         let shutdown = stopped(&stop);
         // Loopback, plaintext, no tokens: the local demo (the exposure rule allows exactly this).
         // Capabilities are signed all the same, with a key only this process holds.
@@ -54,7 +54,7 @@ impl Cluster {
         let setup = Setup { ledger, policy: Default::default(), capabilities: capabilities.clone() };
         tasks.push(tokio::spawn(async move {
             if let Err(e) =
-                dpcap_accountant::server::serve(Listeners { grpc: a_grpc, metrics: a_metrics }, server, setup, shutdown)
+                dpcap_accountant::serve(Listeners { grpc: a_grpc, metrics: a_metrics }, server, setup, shutdown)
                     .await
             {
                 tracing::error!(error = %e, "accountant failed");

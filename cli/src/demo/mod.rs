@@ -197,9 +197,11 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     suite_options(&args).check(["--eval-images", "--eval-examples"])?;
     std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = std::fs::canonicalize(&args.dir)?;
-    let train_dir = match args.objective {
-        Family::Embedder => fedemb::prepare_data(&dir, &args).await?,
-        Family::Captioner | Family::Mae => prepare_data(&dir, &args).await?,
+    // A user-level objective needs examples that belong to users (identities).
+    let train_dir = if args.objective.is_user_level() {
+        fedemb::prepare_data(&dir, &args).await?
+    } else {
+        prepare_data(&dir, &args).await?
     };
     for stale in ["ledger", "store"] {
         let _ = std::fs::remove_dir_all(dir.join(stale));

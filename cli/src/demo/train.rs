@@ -12,9 +12,8 @@ use dpcap_ml::checkpoint::load_weights;
 use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
 use dpcap_ml::clip::ClipEngine;
 use dpcap_ml::optim::Schedule;
-use dpcap_ml::trainer::{Kind, ReplicaConfig, Trainer};
+use dpcap_ml::trainer::{ReplicaConfig, Trainer};
 use dpcap_proto::v1::{GetSpendRequest, Job, JobSpend, JobState};
-use dpcap_registry::Family;
 
 use super::DemoArgs;
 use crate::jobs::{self, Server};
@@ -128,7 +127,8 @@ pub fn fresh(args: &DemoArgs, tokenizer: &CaptionTokenizer) -> Result<Trainer<Cp
     let schedule = Schedule { peak: 0.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
     let replica = ReplicaConfig {
         model_name: "micro",
-        kind: if args.objective == Family::Mae { Kind::Mae } else { Kind::Caption },
+        objective: args.objective,
+        fedemb: Default::default(),
         tokenizer: Some(tokenizer.clone()),
         seed: 0,
         engine,

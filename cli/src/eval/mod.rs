@@ -8,17 +8,15 @@ pub mod probe;
 pub mod report;
 pub mod suite;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use dpcap_dataset::reader::Dataset;
 use dpcap_dataset::tokenizer::CaptionTokenizer;
 use dpcap_ml::CpuBackend;
 use dpcap_ml::checkpoint::Manifest;
 use dpcap_ml::checkpoint::load_weights;
-use dpcap_ml::model::{Captioner, CaptionerConfig, Mae, MaeConfig};
 use dpcap_ml::params::ParamSet;
 use dpcap_ml::trainer::Model;
-use dpcap_registry::Family;
 use serde_json::{Value, json};
 
 use suite::{SuiteOptions, run_suite};
@@ -61,22 +59,7 @@ pub struct EvalArgs {
 /// A model of the manifest's configuration with fresh weights from `seed`.
 fn build(manifest: &Manifest, tokenizer: Option<CaptionTokenizer>, seed: u64) -> Result<(Model, ParamSet<Inner>)> {
     let mut params = ParamSet::seeded(&Default::default(), seed);
-    let unknown = || anyhow!("model {:?} is not a known configuration", manifest.model);
-    let model = match tokenizer {
-        None => Model::Mae(Mae::new(&mut params, MaeConfig::named(&manifest.model).ok_or_else(unknown)?)),
-        Some(tokenizer) => {
-            let config = CaptionerConfig::named(&manifest.model).ok_or_else(unknown)?;
-            if tokenizer.vocab_size() > config.vocab {
-                bail!(
-                    "the --dataset tokenizer's vocabulary of {} exceeds model {}'s {}",
-                    tokenizer.vocab_size(),
-                    manifest.model,
-                    config.vocab
-                );
-            }
-            Model::Caption(Captioner::new(&mut params, config), Box::new(tokenizer))
-        }
-    };
+    let model = Model::new(manifest.objective, &manifest.model, tokenizer, &Default::default(), &mut params)?;
     Ok((model, params))
 }
 
@@ -88,13 +71,13 @@ pub async fn run(args: EvalArgs) -> Result<()> {
         SuiteOptions { images: args.images, probe_images: args.probe_images, seed: args.seed, ..Default::default() };
     options.check(["--images", "--probe-images"])?;
     let crate::checkpoint::Loaded { step, manifest, weights } = crate::checkpoint::load(root, args.step).await?;
-    let tokenizer = match manifest.objective {
-        Family::Captioner => {
-            let dataset = Dataset::open(&args.dataset).await.map_err(|e| anyhow!("--dataset {}: {e}", args.dataset))?;
-            Some(dataset.tokenizer("").await.map_err(|e| anyhow!("--dataset {}: {e}", args.dataset))?)
-        }
-        Family::Mae => None,
-        other => bail!("--checkpoint {root}: checkpoint {step} has objective {other}, not caption or mae"),
+    // Only the caption objective scores captions (and so reads the dataset's tokenizer); every
+    // objective's encoder is probed.
+    let tokenizer = if manifest.objective.has_captions() {
+        let dataset = Dataset::open(&args.dataset).await.map_err(|e| anyhow!("--dataset {}: {e}", args.dataset))?;
+        Some(dataset.tokenizer("").await.map_err(|e| anyhow!("--dataset {}: {e}", args.dataset))?)
+    } else {
+        None
     };
     let (model, mut params) = build(&manifest, tokenizer, RANDOM_INIT_SEED)
         .map_err(|e| anyhow!("--checkpoint {root}: checkpoint {step}: {e}"))?;

@@ -188,11 +188,11 @@ pub fn run_suite<AB: AutodiffBackend>(
     for (out, shots) in few_shot.iter_mut().zip(SHOTS) {
         *out = probe::few_shot_accuracy(&features, &labels, shots, options.few_shot_draws, options.seed)?;
     }
-    let captions = match model {
-        Model::Caption(captioner, tokenizer) => {
+    let captions = match model.captioner() {
+        Some((captioner, tokenizer)) => {
             Some(caption_metrics::<AB>(captioner, params, tokenizer, &pipeline, options, &sizes)?)
         }
-        Model::Mae(_) | Model::Embed(..) => None,
+        None => None,
     };
     Ok(SuiteReport {
         zero_shot: captions.as_ref().map(|c| c.zero_shot),

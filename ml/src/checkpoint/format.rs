@@ -40,6 +40,24 @@ pub enum CheckpointError {
         /// Why it is unusable.
         reason: String,
     },
+    /// The checkpoint location cannot be opened.
+    #[error("checkpoint location: {0}")]
+    Location(#[from] dpcap_serve::StoreError),
+    /// The object store failed.
+    #[error("checkpoint store: {0}")]
+    Store(#[from] object_store::Error),
+    /// `latest` does not name a step.
+    #[error("latest pointer {0:?} is not a step number")]
+    Pointer(String),
+    /// A manifest could not be read or written as JSON.
+    #[error("checkpoint {step} manifest: {source}")]
+    Manifest {
+        /// The checkpoint's step.
+        step: u64,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 pub(crate) fn to_bytes<B: Backend>(t: Tensor<B, 1>) -> Vec<u8> {
@@ -96,8 +114,8 @@ fn named<B: Backend>(params: &ParamSet<B>, prefix: &str) -> Vec<(String, Vec<usi
 }
 
 /// The encoder of a checkpoint as a safetensors file for other tools, with its provenance in
-/// the metadata: `dpcap.job_id`, `dpcap.step`, `dpcap.privacy` ("dp", "not_private",
-/// "simulation") and, for weights without a guarantee, `dpcap.notice` = "NOT PRIVATE: ...".
+/// the metadata: `dpcap.job_id`, `dpcap.step`, `dpcap.privacy` (the mode's name, as
+/// `ModeKind` spells it) and, for weights without a guarantee, `dpcap.notice` = "NOT PRIVATE: ...".
 /// Exports go through here so that no NOT PRIVATE model leaves without its marker.
 pub fn export_encoder<B: Backend>(
     params: &ParamSet<B>,

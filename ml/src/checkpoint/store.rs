@@ -8,7 +8,7 @@ use std::sync::Arc;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use dpcap_dataset::WorkError;
+use super::CheckpointError;
 
 /// What a checkpoint is: the registry's type, which the coordinator reads too.
 pub use dpcap_registry::Manifest;
@@ -20,21 +20,17 @@ pub struct CheckpointStore {
     root: Path,
 }
 
-fn store_error(e: object_store::Error) -> WorkError {
-    WorkError::Checkpoint(e.to_string())
-}
-
 impl CheckpointStore {
     /// The store at `root_url` (a directory or URL, see `open_store`).
-    pub fn open(root_url: &str) -> Result<Self, WorkError> {
-        let (store, root) = dpcap_serve::open_store(root_url).map_err(|e| WorkError::Checkpoint(e.to_string()))?;
+    pub fn open(root_url: &str) -> Result<Self, CheckpointError> {
+        let (store, root) = dpcap_serve::open_store(root_url)?;
         Ok(Self { store, root })
     }
 
     /// Another job's checkpoints, to read (`init_from`): a local directory must exist.
-    pub fn open_existing(root_url: &str) -> Result<Self, WorkError> {
+    pub fn open_existing(root_url: &str) -> Result<Self, CheckpointError> {
         let (store, root) =
-            dpcap_serve::open_existing_store(root_url).map_err(|e| WorkError::Checkpoint(e.to_string()))?;
+            dpcap_serve::open_existing_store(root_url)?;
         Ok(Self { store, root })
     }
 
@@ -43,27 +39,25 @@ impl CheckpointStore {
     }
 
     /// The latest complete checkpoint's step, if any.
-    pub async fn latest(&self) -> Result<Option<u64>, WorkError> {
+    pub async fn latest(&self) -> Result<Option<u64>, CheckpointError> {
         match self.store.get(&self.path("latest")).await {
             Ok(r) => {
-                let text = r.bytes().await.map_err(store_error)?;
-                let step = String::from_utf8_lossy(&text).trim().parse().map_err(|_| {
-                    WorkError::Checkpoint(format!(
-                        "latest pointer {:?} is not a step number",
-                        String::from_utf8_lossy(&text)
-                    ))
-                })?;
+                let text = r.bytes().await?;
+                let step = String::from_utf8_lossy(&text)
+                    .trim()
+                    .parse()
+                    .map_err(|_| CheckpointError::Pointer(String::from_utf8_lossy(&text).into_owned()))?;
                 Ok(Some(step))
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(store_error(e)),
+            Err(e) => Err(e.into()),
         }
     }
 
     /// The steps of the checkpoints under the root, ascending: every `STEP/` folder that holds
     /// a manifest (a save cut short before its manifest is left out).
-    pub async fn steps(&self) -> Result<Vec<u64>, WorkError> {
-        let listing = self.store.list_with_delimiter(Some(&self.root)).await.map_err(store_error)?;
+    pub async fn steps(&self) -> Result<Vec<u64>, CheckpointError> {
+        let listing = self.store.list_with_delimiter(Some(&self.root)).await?;
         let mut steps = Vec::new();
         for folder in listing.common_prefixes {
             let Some(step) = folder.filename().and_then(|name| name.parse::<u64>().ok()) else { continue };
@@ -76,13 +70,14 @@ impl CheckpointStore {
     }
 
     /// Writes a checkpoint and then moves `latest` to it.
-    pub async fn save(&self, manifest: &Manifest, weights: Vec<u8>, optimizer: Vec<u8>) -> Result<(), WorkError> {
+    pub async fn save(&self, manifest: &Manifest, weights: Vec<u8>, optimizer: Vec<u8>) -> Result<(), CheckpointError> {
         let dir = manifest.step.to_string();
-        let json = serde_json::to_vec_pretty(manifest).map_err(|e| WorkError::Checkpoint(e.to_string()))?;
+        let json = serde_json::to_vec_pretty(manifest)
+            .map_err(|source| CheckpointError::Manifest { step: manifest.step, source })?;
         for (name, body) in
             [("weights.safetensors", weights), ("optimizer.safetensors", optimizer), ("manifest.json", json)]
         {
-            self.store.put(&self.path(&format!("{dir}/{name}")), PutPayload::from(body)).await.map_err(store_error)?;
+            self.store.put(&self.path(&format!("{dir}/{name}")), PutPayload::from(body)).await?;
         }
         // Never move `latest` backwards: a superseded rank 0 finishing a save late must not
         // point past releases the accountant has trimmed since.
@@ -90,21 +85,21 @@ impl CheckpointStore {
             tracing::warn!(job_id = %manifest.job_id, step = manifest.step, "a newer checkpoint exists; latest not moved");
             return Ok(());
         }
-        self.store.put(&self.path("latest"), PutPayload::from(dir.into_bytes())).await.map_err(store_error)?;
+        self.store.put(&self.path("latest"), PutPayload::from(dir.into_bytes())).await?;
         Ok(())
     }
 
     /// The manifest, weights and optimizer bytes of checkpoint `step`.
-    pub async fn load(&self, step: u64) -> Result<(Manifest, Vec<u8>, Vec<u8>), WorkError> {
+    pub async fn load(&self, step: u64) -> Result<(Manifest, Vec<u8>, Vec<u8>), CheckpointError> {
         let get = |name: &str| {
             let path = self.path(&format!("{step}/{name}"));
             async move { self.store.get(&path).await?.bytes().await }
         };
-        let manifest = get("manifest.json").await.map_err(store_error)?;
-        let manifest: Manifest = serde_json::from_slice(&manifest)
-            .map_err(|e| WorkError::Checkpoint(format!("checkpoint {step} manifest: {e}")))?;
-        let weights = get("weights.safetensors").await.map_err(store_error)?.to_vec();
-        let optimizer = get("optimizer.safetensors").await.map_err(store_error)?.to_vec();
+        let manifest = get("manifest.json").await?;
+        let manifest: Manifest =
+            serde_json::from_slice(&manifest).map_err(|source| CheckpointError::Manifest { step, source })?;
+        let weights = get("weights.safetensors").await?.to_vec();
+        let optimizer = get("optimizer.safetensors").await?.to_vec();
         Ok((manifest, weights, optimizer))
     }
 }

@@ -96,7 +96,7 @@ async fn metrics_md_lists_exactly_what_both_services_serve_and_the_dashboard_que
     let unserved: Vec<_> = doc.difference(&dpcap).filter(|n| !after_an_audit.contains(n)).collect();
     assert!(undocumented.is_empty(), "served but not in docs/metrics.md: {undocumented:?}");
     assert!(unserved.is_empty(), "in docs/metrics.md but not served: {unserved:?}");
-    let deprecated: BTreeSet<&str> = dpcap_accountant::exposition::DEPRECATED
+    let deprecated: BTreeSet<&str> = dpcap_accountant::DEPRECATED_SERIES
         .iter()
         .chain(dpcap_coordinator::metrics::DEPRECATED.iter())
         .map(|(old, _)| *old)

@@ -21,12 +21,34 @@ pub enum RuntimeError {
         /// Why.
         reason: String,
     },
-    /// Reading the dataset or tokenizer failed.
-    #[error("data: {0}")]
-    Data(String),
-    /// Writing or reading a checkpoint failed.
+    /// The job's data, as the dataset crate reported it.
+    #[error(transparent)]
+    Data(#[from] dpcap_dataset::JobDataError),
+    /// The replica (model, clipping, update), as the ML crate reported it.
+    #[error(transparent)]
+    Ml(#[from] dpcap_ml::MlError),
+    /// The job's checkpoint store failed.
     #[error("checkpoint: {0}")]
-    Checkpoint(String),
+    Checkpoint(#[from] dpcap_ml::checkpoint::CheckpointError),
+    /// Checkpoint `step` does not fit this replica, or could not be written.
+    #[error("checkpoint {step}: {source}")]
+    CheckpointStep {
+        /// The checkpoint's step.
+        step: u64,
+        /// Why.
+        #[source]
+        source: dpcap_ml::checkpoint::CheckpointError,
+    },
+    /// A release the checkpoint needs was deleted: the job cannot resume from that checkpoint.
+    #[error("checkpoint: release of step {step} was deleted but the checkpoint loaded stops at step {position}: {reason}")]
+    ReleaseTrimmed {
+        /// The deleted release's step.
+        step: u64,
+        /// The step the checkpoint holds the state before.
+        position: u64,
+        /// The accountant's message.
+        reason: String,
+    },
     /// The accountant refused the step: the budget is spent.
     #[error("budget exhausted: {0}")]
     BudgetExhausted(String),
@@ -44,16 +66,14 @@ pub enum RuntimeError {
     Superseded,
 }
 
-impl From<dpcap_dataset::WorkError> for RuntimeError {
-    /// The data and ML crates' errors keep their kind: a data error stays one (and is
-    /// withheld under `telemetry: strict`).
-    fn from(e: dpcap_dataset::WorkError) -> Self {
-        use dpcap_dataset::WorkError as W;
-        match e {
-            W::Spec { field, reason } => Self::Spec { field, reason },
-            W::Data(reason) => Self::Data(reason),
-            W::Protocol(reason) => Self::Protocol(reason),
-            W::Checkpoint(reason) => Self::Checkpoint(reason),
+impl RuntimeError {
+    /// Whether the message may name an example (its key, member or bytes come from the sampled
+    /// data): `telemetry: strict` withholds it from the job's condition.
+    pub fn names_examples(&self) -> bool {
+        match self {
+            RuntimeError::Data(e) => e.names_examples(),
+            RuntimeError::Ml(e) => e.names_examples(),
+            _ => false,
         }
     }
 }

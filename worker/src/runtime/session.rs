@@ -27,8 +27,8 @@ use dpcap_ml::checkpoint::{load_optimizer, load_weights, save_optimizer, save_we
 use dpcap_ml::clip::{ClipEngine, Telemetry};
 use dpcap_ml::fed::LocalConfig;
 use dpcap_ml::optim::Schedule;
-use dpcap_ml::optim::{AdamWConfig, Rule};
-use dpcap_ml::trainer::{Kind, ReplicaConfig, Trainer};
+use dpcap_ml::optim::AdamWConfig;
+use dpcap_ml::trainer::{FedEmbTraining, ReplicaConfig, Trainer};
 use dpcap_registry::Family;
 
 /// Seconds of each phase of one step.
@@ -89,10 +89,9 @@ async fn restore<AB: AutodiffBackend>(
     let (spec, plan) = (assignment.spec.clone().unwrap_or_default(), assignment.plan.clone().unwrap_or_default());
     if let Some(step) = checkpoints.latest().await? {
         let (manifest, weights, optimizer) = checkpoints.load(step).await?;
-        load_weights(&mut trainer.params, &weights)
-            .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
-        trainer.optimizer = load_optimizer(&trainer.params, &optimizer)
-            .map_err(|e| RuntimeError::Checkpoint(format!("checkpoint {step}: {e}")))?;
+        let at_step = |source| RuntimeError::CheckpointStep { step, source };
+        load_weights(&mut trainer.params, &weights).map_err(at_step)?;
+        trainer.optimizer = load_optimizer(&trainer.params, &optimizer).map_err(at_step)?;
         tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, step, "resumed from checkpoint");
         return Ok(Restored {
             position: manifest.step,
@@ -158,13 +157,13 @@ impl<AB: AutodiffBackend> Session<AB> {
         let contract = dpcap_proto::plan::contract(&plan).map_err(|e| RuntimeError::Protocol(e.to_string()))?;
         let dataset = Dataset::open(&spec.dataset).await?;
         dataset.check_pinned(&contract.dataset_id, plan.examples)?;
-        let kind = trainer_kind(&spec)?;
-        let tokenizer = match kind {
-            Kind::Caption if !plan.tokenizer.is_empty() => {
-                Some(Dataset::pinned_tokenizer(&plan.tokenizer, &plan.tokenizer_digest).await?)
-            }
-            Kind::Caption => Some(dataset.tokenizer(&spec.tokenizer).await?),
-            _ => None,
+        let objective = family(&spec)?;
+        let tokenizer = if !objective.has_captions() {
+            None
+        } else if !plan.tokenizer.is_empty() {
+            Some(Dataset::pinned_tokenizer(&plan.tokenizer, &plan.tokenizer_digest).await?)
+        } else {
+            Some(dataset.tokenizer(&spec.tokenizer).await?)
         };
         let schedule = Schedule {
             peak: plan.learning_rate,
@@ -182,7 +181,8 @@ impl<AB: AutodiffBackend> Session<AB> {
         let mut trainer = tokio::task::block_in_place(|| {
             let replica = ReplicaConfig {
                 model_name: &spec.model,
-                kind,
+                objective,
+                fedemb: fedemb_training(&spec),
                 tokenizer,
                 seed: spec.seed,
                 engine,
@@ -192,7 +192,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             Trainer::<AB>::new(replica, device)
         })?;
         let side = trainer.model.encoder().config().image as u32;
-        let pipeline = Arc::new(Pipeline::clip(side).map_err(|e| RuntimeError::Data(e.to_string()))?);
+        let pipeline = Arc::new(Pipeline::clip(side).map_err(dpcap_dataset::JobDataError::from)?);
         let augment_key = match Augment::try_from(spec.augment) {
             Ok(Augment::CenterCrop) => None,
             _ => Some(<[u8; 32]>::try_from(assignment.augment_key.as_ref()).map_err(|_| {
@@ -336,11 +336,11 @@ impl<AB: AutodiffBackend> Session<AB> {
                     self.discarded.push(t);
                 }
                 Err(s) if ErrorCode::of(&s) == Some(ErrorCode::ReleaseTrimmed) => {
-                    return Err(RuntimeError::Checkpoint(format!(
-                        "release of step {t} was deleted but the checkpoint loaded stops at step {}: {}",
-                        self.position,
-                        s.message()
-                    )));
+                    return Err(RuntimeError::ReleaseTrimmed {
+                        step: t,
+                        position: self.position,
+                        reason: s.message().to_owned(),
+                    });
                 }
                 Err(s) => return Err(s.into()),
             }
@@ -420,7 +420,7 @@ impl<AB: AutodiffBackend> Session<AB> {
         let view = View { pipeline: self.pipeline.clone(), crop };
         let mut part = self.trainer.begin_part();
         let mut produced = 0;
-        if matches!(self.trainer.model, dpcap_ml::trainer::Model::Embed(..)) {
+        if self.trainer.model.trains_clients() {
             // One client at a time, each read on its own: an image that fails to decode is then
             // left out of its own client only, never shifting examples into the next client
             // (which would let one user move two clipped deltas).
@@ -467,9 +467,9 @@ impl<AB: AutodiffBackend> Session<AB> {
     async fn save_checkpoint(&self, step: u64) -> Result<(), RuntimeError> {
         let (weights, optimizer) = tokio::task::block_in_place(|| {
             Ok::<_, RuntimeError>((
-                save_weights(&self.trainer.params).map_err(|e| RuntimeError::Checkpoint(e.to_string()))?,
+                save_weights(&self.trainer.params).map_err(|source| RuntimeError::CheckpointStep { step, source })?,
                 save_optimizer(&self.trainer.optimizer, &self.trainer.params)
-                    .map_err(|e| RuntimeError::Checkpoint(e.to_string()))?,
+                    .map_err(|source| RuntimeError::CheckpointStep { step, source })?,
             ))
         })?;
         let manifest = Manifest {
@@ -538,11 +538,10 @@ pub struct Clients {
 /// no example (its key, member or bytes come from the sampled data); the rank's own log keeps
 /// the detail.
 pub fn reported_error(error: &RuntimeError, strict: bool) -> String {
-    match error {
-        RuntimeError::Data(_) if strict => {
-            "data: a sampled example could not be read or decoded (details withheld under telemetry: strict)".into()
-        }
-        other => other.to_string(),
+    if strict && error.names_examples() {
+        "data: a sampled example could not be read or decoded (details withheld under telemetry: strict)".into()
+    } else {
+        error.to_string()
     }
 }
 
@@ -552,30 +551,20 @@ fn family(spec: &JobSpec) -> Result<Family, RuntimeError> {
         .map_err(|e| RuntimeError::Spec { field: "objective", reason: e.reason })
 }
 
-/// How a spec's objective trains, with fedemb's defaults filled in.
-pub fn trainer_kind(spec: &JobSpec) -> Result<Kind, RuntimeError> {
-    Ok(match family(spec)? {
-        Family::Captioner => Kind::Caption,
-        Family::Mae => Kind::Mae,
-        Family::Embedder => {
-            let f = spec.fedemb.clone().unwrap_or_default();
-            let defaults = LocalConfig::default();
-            let local = LocalConfig {
-                steps: f.local_steps,
-                epochs: if f.local_epochs == 0 { defaults.epochs } else { f.local_epochs },
-                learning_rate: f.local_learning_rate.unwrap_or(defaults.learning_rate),
-                batch: if f.local_batch == 0 { defaults.batch } else { f.local_batch as usize },
-            };
-            let server = match f.server_optimizer.as_str() {
-                "adam" => AdamWConfig { weight_decay: 0.0, ..AdamWConfig::default() },
-                _ => AdamWConfig {
-                    rule: Rule::Momentum,
-                    beta1: f.server_momentum.unwrap_or(0.9),
-                    weight_decay: 0.0,
-                    ..AdamWConfig::default()
-                },
-            };
-            Kind::FedEmb { local, head_scale: f.head_scale.unwrap_or(10.0), server }
-        }
-    })
+/// DP-FedEmb's training as the spec sets it, with its defaults filled in (read only by an
+/// objective that trains clients).
+pub fn fedemb_training(spec: &JobSpec) -> FedEmbTraining {
+    let f = spec.fedemb.clone().unwrap_or_default();
+    let defaults = FedEmbTraining::default();
+    let local = LocalConfig {
+        steps: f.local_steps,
+        epochs: if f.local_epochs == 0 { defaults.local.epochs } else { f.local_epochs },
+        learning_rate: f.local_learning_rate.unwrap_or(defaults.local.learning_rate),
+        batch: if f.local_batch == 0 { defaults.local.batch } else { f.local_batch as usize },
+    };
+    let server = match f.server_optimizer.as_str() {
+        "adam" => AdamWConfig { weight_decay: 0.0, ..AdamWConfig::default() },
+        _ => AdamWConfig { beta1: f.server_momentum.unwrap_or(defaults.server.beta1), ..defaults.server },
+    };
+    FedEmbTraining { local, head_scale: f.head_scale.unwrap_or(defaults.head_scale), server }
 }

@@ -1,6 +1,77 @@
-//! The configurations themselves, each with its parameter count.
+//! The objectives ([`Family`]) and the configurations each builds, with their parameter
+//! counts: an objective and its shapes are added here together.
 
 use crate::{block, layer_norm, linear};
+
+/// What a job trains, its objective: the model family a configuration name is built into. The
+/// one type of the objective past the wire (`dpcap_proto::contract::family_from_proto`), in
+/// specs ("caption", "mae", "fedemb"), manifests and the CLI alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+pub enum Family {
+    /// DP-Cap's captioner (objective caption): the default.
+    #[default]
+    #[serde(rename = "caption")]
+    Captioner,
+    /// ViP's masked autoencoder (objective mae).
+    #[serde(rename = "mae")]
+    Mae,
+    /// DP-FedEmb's embedder (objective fedemb): user-level privacy.
+    #[serde(rename = "fedemb")]
+    Embedder,
+}
+
+impl Family {
+    /// Every objective.
+    pub const ALL: [Family; 3] = [Family::Captioner, Family::Mae, Family::Embedder];
+
+    /// "caption", "mae" or "fedemb", as specs, manifests and the CLI name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Captioner => "caption",
+            Family::Mae => "mae",
+            Family::Embedder => "fedemb",
+        }
+    }
+
+    /// Whether the objective protects users (DP-FedEmb samples and clips clients of users).
+    pub fn is_user_level(self) -> bool {
+        self == Family::Embedder
+    }
+
+    /// Whether the objective trains on captions (and so needs a tokenizer).
+    pub fn has_captions(self) -> bool {
+        self == Family::Captioner
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An objective name that is not one of [`Family::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid objective: {0:?} is not caption, mae or fedemb")]
+pub struct UnknownObjective(pub String);
+
+impl std::str::FromStr for Family {
+    type Err = UnknownObjective;
+    fn from_str(s: &str) -> Result<Self, UnknownObjective> {
+        Family::ALL.into_iter().find(|f| f.name() == s).ok_or_else(|| UnknownObjective(s.to_owned()))
+    }
+}
+
+/// The trainable parameter count P of configuration `name` in `family`: the length of every
+/// gradient part and release. None for an unknown name.
+pub fn parameter_count(family: Family, name: &str) -> Option<u64> {
+    let count = match family {
+        Family::Captioner => CaptionerConfig::named(name)?.parameters(),
+        Family::Mae => MaeConfig::named(name)?.parameters(),
+        Family::Embedder => EmbedderConfig::named(name)?.parameters(),
+    };
+    Some(count as u64)
+}
 
 /// The ViT encoder every objective shares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

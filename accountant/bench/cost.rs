@@ -3,7 +3,7 @@
 //! (noise drawn ahead, as in production), and each phase of the release run alone on the same
 //! P for the breakdown. CPU-seconds per GB of gradient released (4·P bytes) is the figure that
 //! carries to another machine; wall time here is set by this machine's cores.
-//! `dpctl bench scale` and `cargo bench -p dpcap-accountant --bench release` report it.
+//! `dpctl bench scale` and `cargo bench -p dpcap-accountant --features bench --bench release` report it.
 //!
 //! Benchmark code, not service code: nothing in the service calls it.
 
