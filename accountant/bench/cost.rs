@@ -370,7 +370,8 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
         // The rank fetches while it submits, as the worker does: the release streams while the
         // accountant stores it, and its last chunk comes once it is stored.
         // The step's capability, as the coordinator issues it: the units it sampled (L).
-        let grant = Capability { step: Some(StepGrant { step, sampled: opts.batch }), ..rank_capability() };
+        let grant =
+            Capability { step: Some(StepGrant { step, sampled: opts.batch, units: opts.batch }), ..rank_capability() };
         let grant = Capabilities::new(None).issue(&grant);
         let submit = async {
             let submitted =

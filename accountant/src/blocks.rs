@@ -53,11 +53,6 @@ impl BlockPool {
         idle.keep = idle.keep.max(2 * dim.div_ceil(self.values));
     }
 
-    /// Values per block.
-    pub fn block_values(&self) -> usize {
-        self.values
-    }
-
     /// A block of `len` values (at most the pool's block size), reused when one is idle. Its
     /// values are whatever it last held: the caller writes all of them.
     pub fn block(&self, len: usize) -> Block {

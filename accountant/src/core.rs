@@ -11,7 +11,7 @@ use tokio::sync::{Mutex, watch};
 use dpcap_proto::ErrorCode;
 
 use crate::ahead::{AheadBudget, NoiseAhead};
-use crate::audit::{AuditOutcome, Canaries, Placement};
+use crate::audit::{AuditOutcome, AuditPlan, Placement};
 use crate::blocks::BlockPool;
 use crate::composed::{self, Composed};
 use crate::datasets::{BudgetSetting, Datasets};
@@ -37,7 +37,13 @@ pub struct Policy {
     /// noised coordinate per job: 1.5 GB at P = 190M). A job past it draws each step's noise
     /// once its parts are in: a release slower by the draw. 0 never draws ahead.
     pub noise_ahead_bytes: u64,
+    /// How long a part stream may wait for its next chunk before it is cut off (its bytes let
+    /// go, nothing charged): a stalled rank holds no memory past it.
+    pub part_idle: std::time::Duration,
 }
+
+/// The default idle timeout of a part stream.
+pub const DEFAULT_PART_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The default ceiling on noise drawn ahead: two jobs of the paper's P = 190M (1.52 GB each).
 pub const DEFAULT_NOISE_AHEAD_BYTES: u64 = 3 << 30;
@@ -48,6 +54,7 @@ impl Default for Policy {
             allow_seeded_noise: false,
             allow_unbudgeted_datasets: false,
             noise_ahead_bytes: DEFAULT_NOISE_AHEAD_BYTES,
+            part_idle: DEFAULT_PART_IDLE,
         }
     }
 }
@@ -321,6 +328,14 @@ impl Accountant {
         // queued job holds none).
         let next = job.progress();
         job.ahead.prepare_if_idle(next.next_step);
+        // And the audit's canaries, which only a running job holds.
+        if let Some(plan) = job.audit.clone() {
+            let draw = move || drop(plan.canaries());
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(draw)),
+                Err(_) => draw(),
+            }
+        }
         if next.charged < job.spending.max_steps() {
             job.spending.prepare(next.charged + 1);
         }
@@ -388,7 +403,7 @@ impl Accountant {
         if resume {
             job.suspended.store(false, Ordering::SeqCst);
         } else {
-            job.ahead.clear(); // a requeued job holds no noise while it waits
+            job.let_go(); // a requeued job holds no noise or canaries while it waits
         }
         let readmitted = admission.take().is_some();
         drop(state);
@@ -444,11 +459,14 @@ impl Accountant {
         let r = &job.registration;
         let not_auditable =
             |reason: &str| AccountantError::NotAuditable { job_id: r.job_id.clone(), reason: reason.into() };
-        let canaries = job.audit.clone().ok_or_else(|| not_auditable("it was registered without an audit"))?;
+        let plan = job.audit.as_ref().ok_or_else(|| not_auditable("it was registered without an audit"))?;
         let progress = job.progress();
         if progress.phase == Phase::Open {
             return Err(not_auditable("it is still open; its canaries stay secret until it ends"));
         }
+        // Drawn again for the scoring (the job is over: it held none), and let go after it.
+        let canaries = plan.canaries();
+        plan.clear();
         let mut scores = vec![0.0; canaries.len()];
         let mut steps = 0;
         for step in 0..progress.next_step {
@@ -595,7 +613,7 @@ impl Accountant {
         // and the closed phase.
         let mut state = job.state.lock().await;
         state.pending = None;
-        job.ahead.clear();
+        job.let_go();
         job.progress.send_modify(|p| p.phase = Phase::Closed);
         drop(state);
         tracing::info!(job_id = %job.registration.job_id, reason, "closed job");
@@ -623,7 +641,7 @@ impl Accountant {
         job.suspended.store(true, Ordering::SeqCst);
         job.generation.fetch_max(generation.saturating_add(1), Ordering::SeqCst);
         state.pending = None;
-        job.ahead.clear();
+        job.let_go();
         drop(state);
         job.progress.send_modify(|_| {});
         self.record_fence(job).await?;
@@ -753,7 +771,7 @@ async fn build_job(
         Some(a) => {
             let secret = ledger.audit_secret(&r.job_id).await?;
             let (q, c) = (r.contract.mechanism.sample_rate, r.contract.mechanism.clipping_norm);
-            Some(Arc::new(Canaries::new(secret, a.canaries as usize, dim, q, c, a.placement)))
+            Some(Arc::new(AuditPlan::new(secret, a.canaries as usize, dim, q, c, a.placement)))
         }
     };
     // Noise covers the model and the audit's reserved coordinates, in one draw and one pass.
@@ -773,6 +791,7 @@ async fn build_job(
         fence_writes: Default::default(),
         violation_counted: Default::default(),
         exhausted_by: Default::default(),
+        streams: Default::default(),
     })
 }
 

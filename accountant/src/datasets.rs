@@ -93,8 +93,8 @@ impl Datasets {
                 "unit",
                 format!(
                     "{} is budgeted at the {other} level: its owners bound {other}-level loss, which a {}-level \
-                     job would not be held to; run a {other}-level job, or ask a privacy admin to budget another \
-                     index of the data",
+                     job would not be held to; run a {other}-level job, or ask its privacy admin to change the \
+                     budget's unit (every index and copy of the same shards shares one budget)",
                     key.dataset_id, key.unit
                 ),
             ));
@@ -169,7 +169,8 @@ impl Datasets {
                 "unit",
                 format!(
                     "{} is budgeted at the {other} level already; a dataset's budget is of one unit, so that no \
-                     job escapes it (change the {other}-level budget, or budget another index of the data)",
+                     job escapes it (change the {other}-level budget; every index and copy of the same shards \
+                     shares it)",
                     key.dataset_id
                 ),
             ));
@@ -273,6 +274,7 @@ mod tests {
             mode,
             unit,
             dataset_id: format!("sha256:{}", "ab".repeat(32)),
+            data_id: String::new(),
             audit: None,
             init_from_job: None,
             planned_steps: 100,

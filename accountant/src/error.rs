@@ -143,6 +143,42 @@ pub enum AccountantError {
         /// What the norms may sum to.
         bound: f64,
     },
+    /// One rank's part is past C times the units of that rank's own share: nothing is
+    /// charged or released (one rank can never spend another's share of the sensitivity).
+    #[error(
+        "job {job_id} step {step} part {part}: its L2 norm {norm:.6e} is past C = {clipping_norm} times the \
+         {units} units of its rank's share ({bound:.6e}): a worker did not clip; nothing was charged or released"
+    )]
+    UnclippedPart {
+        /// The job.
+        job_id: String,
+        /// The step.
+        step: u64,
+        /// The part (the rank, on the CPU path).
+        part: u32,
+        /// Its L2 norm so far (a stream is cut off as soon as it passes the bound).
+        norm: f64,
+        /// The contract's C.
+        clipping_norm: f64,
+        /// Units of the rank's share, as its step capability states them.
+        units: u64,
+        /// What the norm may reach.
+        bound: f64,
+    },
+    /// A part stream passed one of the limits on what open streams may hold: cut off, its
+    /// bytes let go, nothing charged.
+    #[error("job {job_id} part {part}: stream cut off by {limit}: {reason}")]
+    PartStream {
+        /// The job.
+        job_id: String,
+        /// The part.
+        part: u32,
+        /// The limit's name: `part_idle` (no chunk within `--part-idle-seconds`; the rank's
+        /// retry resends) or `one_stream_per_part` (a newer stream of the part replaced it).
+        limit: &'static str,
+        /// What happened, with the value.
+        reason: String,
+    },
     /// The job cannot be audited (yet): registered without canaries, or still open.
     #[error("job {job_id} cannot be audited: {reason}")]
     NotAuditable {
@@ -191,7 +227,9 @@ impl ServiceError for AccountantError {
             BudgetExhausted { .. } => ErrorCode::BudgetExhausted,
             JobClosed { .. } => ErrorCode::JobClosed,
             Fenced { .. } => ErrorCode::FailedPrecondition,
-            Unclipped { .. } => ErrorCode::Unclipped,
+            Unclipped { .. } | UnclippedPart { .. } => ErrorCode::Unclipped,
+            PartStream { limit: "part_idle", .. } => ErrorCode::Unavailable,
+            PartStream { .. } => ErrorCode::Aborted,
             ConflictingPart { .. } | StalePart { .. } => ErrorCode::Aborted,
             ChargedElsewhere { .. } => ErrorCode::ReleaseDiscarded,
             Unavailable(_) => ErrorCode::Unavailable,

@@ -113,8 +113,8 @@ pub struct Job {
     pub ahead: NoiseAhead,
     /// Published progress.
     pub progress: watch::Sender<Progress>,
-    /// The job's audit canaries (secret; registered with an audit).
-    pub audit: Option<Arc<crate::audit::Canaries>>,
+    /// The job's audit (registered with one): its canaries, drawn only while it runs.
+    pub audit: Option<Arc<crate::audit::AuditPlan>>,
     /// The lowest generation still admitted: the newest a verified capability has shown, or
     /// the coordinator fenced (a group re-formed, a lease expired). Capabilities of older
     /// generations are refused, whatever their expiry.
@@ -130,9 +130,63 @@ pub struct Job {
     /// Which budget refused the job's step, and by how much (the refusal's text): every rank
     /// that asks for the refused release, and GetSpend, say the same.
     pub exhausted_by: std::sync::OnceLock<String>,
+    /// The open part streams, by part: at most one each (a newer stream of the same part,
+    /// a rank's retry, supersedes the older, which ends at once), so that open streams hold at
+    /// most W · 4P bytes of a running job.
+    pub streams: std::sync::Mutex<std::collections::HashMap<u32, OpenStream>>,
+}
+
+/// One open part stream: its number, and how a newer stream of the same part ends it.
+#[derive(Debug)]
+pub struct OpenStream {
+    id: u64,
+    superseded: Arc<tokio::sync::Notify>,
+}
+
+/// A part stream's hold on its slot; the slot frees when it drops (unless a newer stream of the
+/// part took it).
+#[derive(Debug)]
+pub struct StreamSlot {
+    job: Arc<Job>,
+    part: u32,
+    id: u64,
+    superseded: Arc<tokio::sync::Notify>,
+}
+
+impl StreamSlot {
+    /// Resolves when a newer stream of the same part takes the slot.
+    pub async fn superseded(&self) {
+        self.superseded.notified().await
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut streams = self.job.streams.lock().expect("streams lock");
+        if streams.get(&self.part).is_some_and(|open| open.id == self.id) {
+            streams.remove(&self.part);
+        }
+    }
 }
 
 impl Job {
+    /// Takes part `part`'s stream slot, ending any older stream of it.
+    pub fn open_stream(self: &Arc<Self>, part: u32) -> StreamSlot {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let superseded = Arc::new(tokio::sync::Notify::new());
+        let open = OpenStream { id, superseded: superseded.clone() };
+        if let Some(older) = self.streams.lock().expect("streams lock").insert(part, open) {
+            older.superseded.notify_one();
+        }
+        StreamSlot { job: self.clone(), part, id, superseded }
+    }
+
+    /// Part streams open now.
+    pub fn open_streams(&self) -> usize {
+        self.streams.lock().expect("streams lock").len()
+    }
+
     /// Keeps `release` for fetches, with at most [`RELEASES_KEPT`] in memory.
     pub fn keep_release(&self, release: Arc<Release>) {
         let mut releases = self.releases.lock().expect("releases lock");
@@ -183,7 +237,15 @@ pub struct Attempt {
     pub group: u64,
     /// Units the step sampled (the coordinator's word, in the part's step capability).
     pub sampled: u64,
+    /// Units of this part's rank's share (the coordinator's word, in the same capability): the
+    /// part's L2 norm may be at most C times this.
+    pub units: u64,
 }
+
+/// Relative slack on C·n for the f32 arithmetic of honest parts: each rank sums up to L/W
+/// clipped vectors in f32 (and NCCL sums W parts), which can stray from the exact sum by
+/// γ_n ≈ n·2⁻²⁴ of the terms' magnitudes in the worst case, far below this.
+pub const CLIP_SLACK: f64 = 1e-3;
 
 /// Collects one part's chunks, checking every chunk against the job's shape. The values are
 /// copied out of the transport's buffers into reused release-sized blocks
@@ -202,6 +264,12 @@ pub struct PartAssembler {
     parts: u32,
     group: u64,
     sampled: u64,
+    /// Units of this rank's share.
+    units: u64,
+    /// The contract's C (L2).
+    clipping_norm: f64,
+    /// (C · units · (1 + [`CLIP_SLACK`]))²: the part is refused as soon as its Σ x² passes it.
+    bound_squared: f64,
     /// Σ x² of the values so far.
     squares: f64,
     /// Gathers the chunks into whole pooled blocks.
@@ -219,11 +287,22 @@ impl std::fmt::Debug for PartAssembler {
     }
 }
 
+impl Job {
+    /// Lets go of what only a running job needs: the next step's noise, drawn ahead, and the
+    /// audit's canaries (both are drawn again when its ranks attach).
+    pub fn let_go(&self) {
+        self.ahead.clear();
+        if let Some(plan) = &self.audit {
+            plan.clear();
+        }
+    }
+}
+
 impl PartAssembler {
     /// Starts part `part` of `step` of `job`, computed by the group of `attempt`, to be held in
     /// blocks of `blocks`.
     pub fn new(job: &Job, step: u64, part: u32, attempt: Attempt, blocks: &BlockPool) -> Result<Self, AccountantError> {
-        let Attempt { generation: attempt, parts, group, sampled } = attempt;
+        let Attempt { generation: attempt, parts, group, sampled, units } = attempt;
         let r = &job.registration;
         // Attempts are group generations: a huge one would make every legitimate part stale.
         if attempt > MAX_ATTEMPT {
@@ -235,6 +314,13 @@ impl PartAssembler {
         if part >= parts {
             return Err(AccountantError::invalid("part", format!("part {part} is out of range for {parts} parts")));
         }
+        if units > sampled {
+            return Err(AccountantError::invalid(
+                "step_capability",
+                format!("its share of {units} units is more than the {sampled} its step sampled"),
+            ));
+        }
+        let bound = r.contract.mechanism.clipping_norm * units as f64 * (1.0 + CLIP_SLACK);
         let dim = usize::try_from(r.gradient_dim)
             .map_err(|_| AccountantError::invalid("gradient_dim", "too large for this host"))?;
         blocks.expect_step(dim);
@@ -249,6 +335,9 @@ impl PartAssembler {
             parts,
             group,
             sampled,
+            units,
+            clipping_norm: r.contract.mechanism.clipping_norm,
+            bound_squared: bound * bound,
             squares: 0.0,
             filler: Filler::new(blocks, dim),
         })
@@ -291,12 +380,31 @@ impl PartAssembler {
                 .squares;
             hasher.update(&block);
             values.push(block);
-            Ok(())
+            Ok::<(), AccountantError>(())
+        })?;
+        // Cut off as soon as the rank's share is passed: nothing more of it is held.
+        self.check_clipped()
+    }
+
+    /// The part so far is within C times its rank's share of the step.
+    fn check_clipped(&self) -> Result<(), AccountantError> {
+        if self.squares <= self.bound_squared {
+            return Ok(());
+        }
+        Err(AccountantError::UnclippedPart {
+            job_id: self.job_id.clone(),
+            step: self.step,
+            part: self.part,
+            norm: self.squares.sqrt(),
+            clipping_norm: self.clipping_norm,
+            units: self.units,
+            bound: self.bound_squared.sqrt(),
         })
     }
 
     /// The complete part, or an error if it is short of P values.
     pub fn finish(self) -> Result<Part, AccountantError> {
+        self.check_clipped()?;
         if self.values.len() != self.dim {
             return Err(AccountantError::invalid(
                 "data",

@@ -35,7 +35,7 @@ mod synced;
 #[path = "../bench/cost.rs"]
 pub mod cost;
 
-pub use crate::core::{Accountant, DEFAULT_NOISE_AHEAD_BYTES, Policy};
+pub use crate::core::{Accountant, DEFAULT_NOISE_AHEAD_BYTES, DEFAULT_PART_IDLE, Policy};
 pub use error::AccountantError;
 pub use exposition::DEPRECATED as DEPRECATED_SERIES;
 pub use server::{ServeError, Setup, open_ledger, serve};

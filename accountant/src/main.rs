@@ -33,6 +33,10 @@ struct Args {
     /// it draws each step's noise when its parts are in, a slower release. 0: never ahead.
     #[arg(long, env = "DPCAP_NOISE_AHEAD_BYTES", default_value_t = dpcap_accountant::DEFAULT_NOISE_AHEAD_BYTES)]
     noise_ahead_bytes: u64,
+    /// Seconds a part stream may wait for its next chunk before it is cut off (its memory let
+    /// go, nothing charged; the rank's retry sends the part again).
+    #[arg(long, env = "DPCAP_PART_IDLE_SECONDS", default_value_t = dpcap_accountant::DEFAULT_PART_IDLE.as_secs())]
+    part_idle_seconds: u64,
     /// Write {"grpc": ADDR, "metrics": ADDR} here once both ports are bound.
     #[arg(long)]
     addr_file: Option<PathBuf>,
@@ -68,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
         allow_seeded_noise: args.allow_seeded_noise,
         allow_unbudgeted_datasets: args.allow_unbudgeted_datasets,
         noise_ahead_bytes: args.noise_ahead_bytes,
+        part_idle: std::time::Duration::from_secs(args.part_idle_seconds.max(1)),
     };
     let setup = dpcap_accountant::Setup { ledger, policy, capabilities };
     dpcap_accountant::serve(dpcap_serve::Listeners { grpc, metrics }, server, setup, shutdown_signal()).await?;

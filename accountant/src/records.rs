@@ -10,7 +10,9 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::privacy::AccountantKind;
-use crate::privacy::contract::{Audit, Mechanism, Mode, ModeKind, Placement, PrivacyContract, PrivacyUnit, Recipe, check_digest};
+use crate::privacy::contract::{
+    Audit, Mechanism, Mode, ModeKind, Placement, PrivacyContract, PrivacyUnit, Recipe, check_digest,
+};
 
 /// A job as the accountant knows it: the coordinator's contract and the gradient dimension.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -115,6 +117,8 @@ impl LegacyRegistration {
             // and `legacy` makes every unit's budget of the dataset count its spend.
             unit: PrivacyUnit::Example,
             dataset_id: self.dataset_id,
+            // Before budgets followed the data: keyed by the index digest, as then.
+            data_id: String::new(),
             audit: (self.audit_canaries > 0).then_some(Audit { canaries: self.audit_canaries, placement }),
             init_from_job: None,
             // Before plans were part of the contract: no limit but ε, no reservation.
@@ -193,9 +197,10 @@ pub struct BudgetKey {
 }
 
 impl BudgetKey {
-    /// The budget a job with `contract` spends.
+    /// The budget a job with `contract` spends: keyed by the data (its shards' digests), so
+    /// that every index of the same shards spends it.
     pub fn of(contract: &PrivacyContract) -> Self {
-        Self { dataset_id: contract.dataset_id.clone(), unit: contract.unit.name().to_owned() }
+        Self { dataset_id: contract.budget_id().to_owned(), unit: contract.unit.name().to_owned() }
     }
 
     /// The ledger directory name: the digest without ':', and `~user` for user-level budgets
@@ -300,6 +305,7 @@ mod tests {
                         PrivacyUnit::Example
                     },
                     dataset_id: String::new(),
+                    data_id: String::new(),
                     audit: (i % 2 == 1).then_some(Audit { canaries: 1000, placement: Placement::Reserved }),
                     init_from_job: (i % 7 == 0).then(|| "job-0".to_owned()),
                     planned_steps: 100,

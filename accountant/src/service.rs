@@ -14,7 +14,7 @@ use dpcap_proto::v1::{
     RegisterJobRequest, RegisterJobResponse, ReleaseChunk, SetDatasetBudgetRequest, SubmitPartResponse,
     TrimReleasesRequest,
 };
-use dpcap_serve::capability::{Capabilities, Capability, CapabilityError, now_unix_ms};
+use dpcap_serve::capability::{Capabilities, Capability, CapabilityError, StepGrant, now_unix_ms};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -86,7 +86,7 @@ impl AccountantGrpc {
         metadata: &MetadataMap,
         first: &GradientChunk,
         job: &Job,
-    ) -> Result<(Capability, u64), AccountantError> {
+    ) -> Result<(Capability, StepGrant), AccountantError> {
         let capability = match first.step_capability.is_empty() {
             true => self.capability(metadata, job).await?,
             false => self.verify(&first.step_capability, job).await?,
@@ -101,7 +101,7 @@ impl AccountantGrpc {
             return Err(scope(format!("the part is part {} of attempt {}", first.part, first.attempt)).into());
         }
         match capability.step {
-            Some(grant) if grant.step == first.step => Ok((capability.clone(), grant.sampled)),
+            Some(grant) if grant.step == first.step => Ok((capability.clone(), grant)),
             Some(grant) => {
                 Err(scope(format!("it is step {}'s; the part is of step {}", grant.step, first.step)).into())
             }
@@ -205,15 +205,40 @@ impl AccountantService for AccountantGrpc {
             .ok_or_else(|| Status::invalid_argument("invalid values: the part stream is empty"))?;
         let job = self.accountant.job(&first.job_id).map_err(to_status)?;
         // The capability decides before a byte of the part is kept: nothing is charged on it.
-        let (capability, sampled) = self.part_capability(&metadata, &first, &job).await.map_err(to_status)?;
-        let attempt = Attempt { generation: first.attempt, parts: capability.parts, group: capability.group, sampled };
+        let (capability, grant) = self.part_capability(&metadata, &first, &job).await.map_err(to_status)?;
+        let attempt = Attempt {
+            generation: first.attempt,
+            parts: capability.parts,
+            group: capability.group,
+            sampled: grant.sampled,
+            units: grant.units,
+        };
+        let slot = job.open_stream(first.part);
         let mut assembler =
             PartAssembler::new(&job, first.step, first.part, attempt, &self.accountant.blocks).map_err(to_status)?;
+        let (idle, part_no) = (self.accountant.policy.part_idle, first.part);
         let mut next = Some(first);
         while let Some(chunk) = next {
             assembler.push(&chunk.job_id, chunk.step, chunk.part, chunk.offset, chunk.data).map_err(to_status)?;
-            next = chunks.message().await?;
+            next = tokio::select! {
+                read = tokio::time::timeout(idle, chunks.message()) => match read {
+                    Ok(read) => read?,
+                    Err(_) => return Err(to_status(AccountantError::PartStream {
+                        job_id: job.registration.job_id.clone(),
+                        part: part_no,
+                        limit: "part_idle",
+                        reason: format!("no chunk for {} s (--part-idle-seconds)", idle.as_secs()),
+                    })),
+                },
+                () = slot.superseded() => return Err(to_status(AccountantError::PartStream {
+                    job_id: job.registration.job_id.clone(),
+                    part: part_no,
+                    limit: "one_stream_per_part",
+                    reason: "a newer stream of the same part took its place".into(),
+                })),
+            };
         }
+        drop(slot);
         let part = assembler.finish().map_err(to_status)?;
         let (step, part_index) = (part.step, part.part);
         // The release (charge, noise, stored release, progress) must run to its end even if the

@@ -157,6 +157,7 @@ mod tests {
             mode,
             unit: PrivacyUnit::Example,
             dataset_id: String::new(),
+            data_id: String::new(),
             audit: None,
             init_from_job: None,
             planned_steps: 100,

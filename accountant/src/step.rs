@@ -12,6 +12,7 @@ use dpcap_proto::ErrorCode;
 
 use crate::core::Accountant;
 use crate::error::AccountantError;
+use crate::job::CLIP_SLACK;
 use crate::job::{Job, Part, Pending, Phase, Progress, StepState};
 use crate::metrics;
 use crate::noise;
@@ -42,7 +43,7 @@ impl Accountant {
     /// Adds one complete part. When it is the last of the W parts, charges and releases the
     /// step before returning.
     pub async fn submit_part(&self, job: &Job, part: Part) -> Result<PartOutcome, AccountantError> {
-        let Part { step, part, values, digest, attempt, parts, group, norm, sampled } = part;
+        let Part { step, part, values, digest, attempt, parts, group, norm, sampled, .. } = part;
         let r = &job.registration;
         let mut state = job.state.lock().await;
         // Under the step lock, which a fence or a suspension takes too: a part admitted before
@@ -248,7 +249,8 @@ impl Accountant {
             stored_rx,
         ));
         let pass = {
-            let (release, canaries, sum) = (release.clone(), job.audit.clone(), std::mem::take(&mut pending.sum));
+            let canaries = job.audit.as_ref().map(|plan| plan.canaries());
+            let (release, sum) = (release.clone(), std::mem::take(&mut pending.sum));
             let (mut noise, blocks) = (noise, self.blocks.clone());
             tokio::task::spawn_blocking(move || {
                 // An audit's canaries are gradients like any example's: in the sum, under the noise.
@@ -308,7 +310,7 @@ impl Accountant {
         }
         state.stored.insert(step);
         stored.send_replace(Stored::Done);
-        if let Some(canaries) = &job.audit
+        if let Some(canaries) = job.audit.as_ref().map(|plan| plan.canaries())
             && let Err(e) =
                 self.ledger.put_audit_readings(&r.job_id, step, canaries.readings(|c| release.value(c))).await
         {
@@ -343,7 +345,7 @@ impl Accountant {
         tracing::error!(job_id = %job_id, step, error = %error, "release not stored: step discarded");
         if let Err(marker) = self.ledger.discard(job_id, step).await {
             tracing::error!(job_id = %job_id, step, error = %marker, "discard not recorded; refusing further steps");
-            job.ahead.clear();
+            job.let_go();
             job.progress.send_modify(|p| p.phase = Phase::Closed);
         }
         error
@@ -351,7 +353,7 @@ impl Accountant {
 
     fn refuse(&self, job: &Job, step: u64, refusal: Refusal, delta: f64, reason: &'static str) -> AccountantError {
         metrics::record_budget_rejection(reason);
-        job.ahead.clear();
+        job.let_go();
         job.progress.send_modify(|p| p.phase = Phase::BudgetExhausted);
         tracing::warn!(job_id = %job.registration.job_id, step, epsilon_after = refusal.after, target = refusal.target,
             reason, "refused step: budget exhausted");
@@ -397,14 +399,10 @@ fn discard_charged(job: &Job, state: &mut StepState, step: u64, epsilon_after: f
     });
 }
 
-/// Relative slack on C·sampled for the f32 arithmetic of honest parts: each rank sums up to
-/// L/W clipped vectors in f32 (and NCCL sums W parts), which can stray from the exact sum by
-/// γ_n ≈ n·2⁻²⁴ of the terms' magnitudes in the worst case, far below this.
-pub const CLIP_SLACK: f64 = 1e-3;
-
 /// The step's parts could have come from clipped examples only: Σ_r ‖S_r‖ ≤ C·n (1 + slack),
-/// n the units the coordinator sampled. Honest ranks always pass (each ‖S_r‖ ≤ C·n_r), and a
-/// passing sum satisfies ‖Σ_r S_r‖ ≤ C·n by the triangle inequality.
+/// n the units the coordinator sampled. Each part was already held to its own rank's share
+/// (‖S_r‖ ≤ C·n_r, [`crate::job::PartAssembler`]); this whole-step bound is the second line, for
+/// shares that would not add up to n.
 fn check_clipped(job: &Job, step: u64, pending: &Pending) -> Result<(), AccountantError> {
     let clipping_norm = job.registration.contract.mechanism.clipping_norm;
     let bound = clipping_norm * pending.sampled as f64 * (1.0 + CLIP_SLACK);

@@ -936,3 +936,84 @@ async fn parts_of_two_groups_are_never_summed_and_a_restart_remembers_the_newest
     let refused = client.with(Some(older)).fetch_release("twins", 0).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "generation 2 < 3, remembered: {refused}");
 }
+
+/// C = 1, a step of 10 units split 5 and 5 over two ranks: a part of norm 6 fits the step's
+/// C·n = 10 but not its rank's C·n_r = 5, so it is refused (and cut off mid-stream), nothing
+/// is charged, and the honest parts of the same step still release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_past_c_times_its_ranks_own_share_is_refused_even_under_the_steps_total() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
+    let mut client = server.client().await;
+    let dim = 1 << 16;
+    client.raw().register_job(job("shares", 0.01, 1.0, 1.0, 50.0, dim as u64, 2, Some(5))).await.unwrap();
+    let on_one_coordinate = |norm: f32| {
+        let mut values = vec![0.0f32; dim];
+        values[7] = norm;
+        values
+    };
+    let send = |client: &common::Client, part: u32, values: Vec<f32>| {
+        let capability = client.share_capability("shares", key(0, part, 0), 10, 5);
+        let mut rank = client.with(Some(capability));
+        async move { rank.submit_attempt("shares", key(0, part, 0), &values).await }
+    };
+    let refused = send(&client, 1, on_one_coordinate(6.0)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    assert_eq!(ErrorCode::of(&refused), Some(ErrorCode::Unclipped), "{refused}");
+    assert!(refused.message().contains("5 units of its rank's share"), "{refused}");
+    assert!(charged_steps(dir.path(), "shares").is_empty(), "nothing charged");
+    // Honest ranks: each within C·5 (a rank's share spent on one example is still within it).
+    assert!(!send(&client, 0, on_one_coordinate(5.0)).await.unwrap().released);
+    assert!(send(&client, 1, on_one_coordinate(4.0)).await.unwrap().released);
+    assert_eq!(charged_steps(dir.path(), "shares"), vec![0]);
+    // A capability whose share is more than its step sampled is refused by name.
+    let capability = client.share_capability("shares", key(1, 0, 0), 10, 11);
+    let bad = client.with(Some(capability)).submit_attempt("shares", key(1, 0, 0), &on_one_coordinate(0.0)).await;
+    assert!(bad.unwrap_err().message().contains("more than the 10 its step sampled"));
+}
+
+/// Eight ranks open their part streams, send one chunk and stall: each stream is cut off after
+/// `--part-idle-seconds` naming the limit (the rank's retry resends), nothing is held after,
+/// and a second stream of one part supersedes the first at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_part_streams_are_cut_off_by_the_idle_limit_and_a_newer_stream_supersedes_an_older() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise", "--part-idle-seconds", "2"]).await;
+    let mut client = server.client().await;
+    let dim = 1 << 16;
+    client.raw().register_job(job("stall", 0.01, 1.0, 1.0, 50.0, dim as u64, 8, Some(5))).await.unwrap();
+    let open = |client: &mut common::Client, part: u32| {
+        let capability = client.step_capability("stall", key(0, part, 0), 10);
+        let mut raw = client.with(Some(capability)).into_raw();
+        let (sender, chunks) = tokio::sync::mpsc::channel::<GradientChunk>(4);
+        let first =
+            GradientChunk { job_id: "stall".into(), part, data: to_bytes(&vec![0.0; 1024]), ..Default::default() };
+        sender.try_send(first).unwrap();
+        let call =
+            tokio::spawn(async move { raw.submit_part(tokio_stream::wrappers::ReceiverStream::new(chunks)).await });
+        (sender, call)
+    };
+    let mut stalled = Vec::new();
+    for part in 0..8 {
+        stalled.push(open(&mut client, part));
+    }
+    let open_now = |text: String| {
+        let line = text.lines().find(|l| l.starts_with("dpcap_accountant_part_streams_open ")).unwrap().to_owned();
+        line.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(open_now(server.scrape().await), 8, "eight streams held");
+    // A rank's retry of part 0 takes its slot: the older stream ends at once.
+    let (_retry, retried) = open(&mut client, 0);
+    let (_first_sender, first_call) = stalled.remove(0);
+    let superseded = first_call.await.unwrap().unwrap_err();
+    assert!(superseded.message().contains("one_stream_per_part"), "{superseded}");
+    for (_sender, call) in stalled {
+        let cut = call.await.unwrap().unwrap_err();
+        assert_eq!(cut.code(), Code::Unavailable, "{cut}");
+        assert!(cut.message().contains("part_idle"), "{cut}");
+    }
+    assert!(retried.await.unwrap().unwrap_err().message().contains("part_idle"));
+    assert_eq!(open_now(server.scrape().await), 0, "nothing held after the cut");
+    assert!(charged_steps(dir.path(), "stall").is_empty(), "nothing charged");
+}

@@ -170,12 +170,11 @@ pub fn run(opts: ScaleBench) -> Result<()> {
     let sample = sampler.sample(0);
     let sample_s = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    let work = split_work(&sample, &layout, &vec![1.0; opts.ranks]);
+    let work = split_work(&sample, &layout, opts.ranks);
     let split_s = started.elapsed().as_secs_f64();
     let max_stepwork_bytes =
         work.into_iter().map(|units| step_work(0, example_units(units), false).encoded_len()).max().unwrap_or(0);
-    let single_rank_bytes =
-        step_work(0, example_units(split_work(&sample, &layout, &[1.0]).remove(0)), false).encoded_len();
+    let single_rank_bytes = step_work(0, example_units(split_work(&sample, &layout, 1).remove(0)), false).encoded_len();
     drop((parsed, counts, layout));
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -80,8 +80,10 @@ impl Unit {
     }
 }
 
-/// The digest naming `dataset`: given as is, or the digest of its index manifest.
-pub async fn dataset_digest(dataset: &str) -> Result<String> {
+/// The digest a budget of `dataset` is keyed by: given as is, or the data's digest from its
+/// index (its shards' content digests: every index and copy of the same shards names the same
+/// budget), or, for an index that pins no shard bytes, the index's own digest.
+pub async fn budget_id(dataset: &str) -> Result<String> {
     if dataset.starts_with("sha256:") {
         return Ok(dataset.to_owned());
     }
@@ -94,8 +96,8 @@ pub async fn dataset_digest(dataset: &str) -> Result<String> {
         .with_context(|| format!("reading {dataset}/{manifest} (run `dpctl dataset index` first)"))?
         .bytes()
         .await?;
-    dpcap_dataset::index::Manifest::parse(&bytes).with_context(|| format!("{dataset}/{manifest}"))?;
-    Ok(dpcap_dataset::index::Manifest::digest(&bytes))
+    let parsed = dpcap_dataset::index::Manifest::parse(&bytes).with_context(|| format!("{dataset}/{manifest}"))?;
+    Ok(parsed.data_digest().unwrap_or_else(|| dpcap_dataset::index::Manifest::digest(&bytes)))
 }
 
 fn print(budget: &DatasetBudget) {
@@ -116,7 +118,7 @@ pub async fn run(command: BudgetCommand, server: &Server) -> Result<()> {
             (dataset.clone(), to.accountant.clone())
         }
     };
-    let dataset_id = dataset_digest(&dataset).await?;
+    let dataset_id = budget_id(&dataset).await?;
     let endpoint = server.tls.endpoint(&accountant).with_context(|| format!("invalid --accountant {accountant}"))?;
     let mut client = AccountantClient::lazy(endpoint, CallCredentials::token(server.token.clone()));
     let budget = match command {

@@ -14,7 +14,7 @@ use crate::dataset;
 use crate::error::CoordinatorError;
 use crate::sampler::{JobSecret, PoissonSampler};
 use crate::state::{AUDIT_REASONS, Effects, JobEntry, Report, State, WorkerEntry, condition, is_terminal};
-use crate::store::{JobStore, Private, hex};
+use crate::store::{JobStore, Private, hex, random_bytes};
 
 /// How the coordinator is set up.
 #[derive(Debug, Clone)]
@@ -36,6 +36,9 @@ pub struct Config {
     pub capabilities: Capabilities,
     /// How long a capability stays valid; workers renew theirs with every heartbeat.
     pub capability_ttl: Duration,
+    /// Mint a new record key when the secrets store has none although jobs are held (every
+    /// existing record is then refused): an operator's explicit choice, never a default.
+    pub new_record_key: bool,
 }
 
 /// The coordinator.
@@ -66,13 +69,6 @@ impl Drop for Settle {
         self.coordinator.lock().settled(&self.jobs);
         self.coordinator.changed.send_modify(|v| *v += 1);
     }
-}
-
-/// N random bytes from the OS.
-pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut bytes = [0u8; N];
-    getrandom::fill(&mut bytes).expect("OS entropy is available");
-    bytes
 }
 
 impl Coordinator {
@@ -382,35 +378,18 @@ impl Coordinator {
 
     /// Registers a worker and schedules queued jobs onto it. Returns its id and its key, the
     /// secret its later calls carry.
-    pub async fn register_worker(
-        &self,
-        name: String,
-        device: String,
-        throughput: f64,
-    ) -> Result<(String, String), CoordinatorError> {
+    pub async fn register_worker(&self, name: String, device: String) -> Result<(String, String), CoordinatorError> {
         if name.is_empty() {
             return Err(CoordinatorError::invalid("name", "a worker needs a name"));
         }
-        if !(throughput >= 0.0 && throughput.is_finite()) {
-            return Err(CoordinatorError::invalid("throughput", format!("{throughput} must be finite and >= 0")));
-        }
         let worker_id = format!("w-{}", hex(&random_bytes::<4>()));
         let key = hex(&random_bytes::<32>());
-        let throughput = if throughput > 0.0 { throughput } else { 1.0 };
-        tracing::info!(worker_id, name, device, throughput, "worker registered");
+        tracing::info!(worker_id, name, device, "worker registered");
         let effects = {
             let mut state = self.lock();
             state.workers.insert(
                 worker_id.clone(),
-                WorkerEntry {
-                    name,
-                    device,
-                    throughput,
-                    last_seen: Instant::now(),
-                    job: None,
-                    measured: false,
-                    key: key.clone(),
-                },
+                WorkerEntry { name, device, last_seen: Instant::now(), job: None, key: key.clone() },
             );
             state.schedule()
         };
@@ -428,7 +407,9 @@ impl Coordinator {
     }
 
     /// A capability for `rank` of the job's current generation, valid for the TTL; for one
-    /// step (`Some`), it also states the step and the units sampled for it.
+    /// step (`Some`), it also states the step, the units sampled for it and the units of the
+    /// part this rank sends (its own share, or the whole step's when one part carries the
+    /// group's NCCL sum).
     fn capability(&self, entry: &JobEntry, rank: usize, step: Option<u64>) -> String {
         let Some(group) = entry.group.as_ref() else { return String::new() };
         let parts = if entry.job.reduction == Reduction::Nccl as i32 { 1 } else { group.members.len() as u32 };
@@ -440,7 +421,11 @@ impl Coordinator {
             group: group.nonce,
             parts,
             expires_unix_ms: expires.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
-            step: step.map(|step| StepGrant { step, sampled: group.sampled }),
+            step: step.map(|step| StepGrant {
+                step,
+                sampled: group.sampled,
+                units: if parts == 1 { group.sampled } else { group.shares.get(rank).copied().unwrap_or(0) },
+            }),
         })
     }
 
@@ -595,6 +580,7 @@ impl Coordinator {
         report: Report,
     ) -> Result<(), CoordinatorError> {
         let report = self.confirm_exhaustion(job_id, report).await;
+        let report = self.confirm_charged(job_id, step, report).await?;
         let effects = {
             let mut state = self.lock();
             let worker =
@@ -638,6 +624,33 @@ impl Coordinator {
                 ..report
             },
         }
+    }
+
+    /// A rank's word that `step` is done (or discarded) stands only if the ledger holds the
+    /// step's charge: a step completes when it is charged, never on the ranks' word alone. A
+    /// report of a step the ledger has not charged fails the job, naming it (no retry could
+    /// make it true); a ledger that cannot be read now is an error the rank retries.
+    async fn confirm_charged(&self, job_id: &str, step: u64, report: Report) -> Result<Report, CoordinatorError> {
+        use dpcap_proto::v1::StepOutcome;
+        if !matches!(report.outcome, StepOutcome::Done | StepOutcome::Discarded) {
+            return Ok(report);
+        }
+        let Ok(job) = self.get(job_id) else { return Ok(report) };
+        let spend = self.spend(&job).await?;
+        if spend.next_step > step {
+            return Ok(report);
+        }
+        tracing::error!(job_id, step, ledger_next = spend.next_step, "a rank reported an uncharged step done");
+        Ok(Report {
+            outcome: StepOutcome::Failed,
+            message: format!(
+                "reported step {step} {}, but the ledger holds no charge for it (its next step is {}): a step \
+                 completes only once the accountant has charged it",
+                if report.outcome == StepOutcome::Done { "done" } else { "discarded" },
+                spend.next_step
+            ),
+            ..report
+        })
     }
 
     /// Text for `/metrics`.

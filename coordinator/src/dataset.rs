@@ -21,6 +21,9 @@ pub struct DatasetLayout {
     pub digest: String,
     /// Whether the index pins every shard's bytes (version 3), not only its tables.
     pub pins_bytes: bool,
+    /// [`Manifest::data_digest`]: what the data is, whatever indexed it (None for an index
+    /// that pins no shard bytes).
+    pub data_id: Option<String>,
 }
 
 /// Reads and validates the manifest under the dataset URL.
@@ -34,7 +37,13 @@ pub async fn read_layout(dataset: &str) -> Result<DatasetLayout, CoordinatorErro
     let manifest = Manifest::parse(&bytes).map_err(|e| invalid(format!("{MANIFEST_PATH} in {dataset:?}: {e}")))?;
     let counts: Vec<u64> = manifest.shards.iter().map(|s| s.examples).collect();
     let pins_bytes = manifest.shards.iter().all(|s| s.pins_bytes());
-    Ok(DatasetLayout { layout: Layout::from_counts(&counts), counts, digest: Manifest::digest(&bytes), pins_bytes })
+    Ok(DatasetLayout {
+        layout: Layout::from_counts(&counts),
+        counts,
+        digest: Manifest::digest(&bytes),
+        pins_bytes,
+        data_id: manifest.data_digest(),
+    })
 }
 
 /// A user-level job's privacy units.

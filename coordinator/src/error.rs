@@ -13,6 +13,19 @@ pub enum CoordinatorError {
         /// Why, with the offending value.
         reason: String,
     },
+    /// The secrets store has no record key while jobs are held: a new key would refuse every
+    /// record, so the coordinator does not start.
+    #[error(
+        "{path} is missing while the stores hold {jobs} jobs: restore it from a backup of the secrets store, or \
+         start once with --new-record-key to mint a new one (every existing job record is then refused and its \
+         job suspended)"
+    )]
+    RecordKeyLost {
+        /// Where the key should be.
+        path: String,
+        /// Jobs the stores hold.
+        jobs: usize,
+    },
     /// No such job.
     #[error("job {0} not found")]
     JobNotFound(String),
@@ -109,6 +122,7 @@ impl ServiceError for CoordinatorError {
             Self::Refused { code, .. } => *code,
             Self::Accountant(_) | Self::Draining => ErrorCode::Unavailable,
             Self::Store(_) => ErrorCode::Internal,
+            Self::RecordKeyLost { .. } => ErrorCode::FailedPrecondition,
         }
     }
 }

@@ -28,4 +28,4 @@ pub use coordinator::{Config, Coordinator};
 pub use error::CoordinatorError;
 pub use sampler::{JobSecret, PoissonSampler};
 pub use spec::SpecFile;
-pub use work::{ClientUnit, WorkUnit, split_clients, split_work, step_work};
+pub use work::{ClientUnit, WorkUnit, share_units, split_clients, split_work, step_work};

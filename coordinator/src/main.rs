@@ -49,6 +49,11 @@ struct Args {
     /// ones; short, so that a removed worker's capability soon stops working.
     #[arg(long, default_value_t = 0)]
     capability_ttl_seconds: u64,
+    /// Mint a new record key although the stores hold jobs (the key in the secrets store was
+    /// lost): every existing job record is then refused and its job suspended. Without it, a
+    /// missing key with jobs present stops the start.
+    #[arg(long)]
+    new_record_key: bool,
     /// Write {"grpc": ADDR, "metrics": ADDR} to this file once listening (for tests and scripts).
     #[arg(long)]
     addr_file: Option<PathBuf>,
@@ -85,6 +90,7 @@ async fn main() -> Result<()> {
             0 => (3 * args.lease_seconds).max(30),
             ttl => ttl.max(args.lease_seconds),
         }),
+        new_record_key: args.new_record_key,
     };
     serve(dpcap_serve::Listeners { grpc, metrics }, server, config, shutdown_signal()).await?;
     Ok(())

@@ -27,6 +27,9 @@ pub fn gradient_dim(checked: &Checked) -> Result<u64, CoordinatorError> {
 pub struct Provenance<'a> {
     /// The dataset: the digest of the index the plan was made on.
     pub dataset_id: String,
+    /// The data: [`dpcap_dataset::index::Manifest::data_digest`] ("" when the index pins no
+    /// shard bytes).
+    pub data_id: String,
     /// The user table's digest, for a user-level job.
     pub users_digest: Option<String>,
     /// Where the job's initial weights come from, if anywhere.
@@ -70,6 +73,7 @@ pub fn contract(
         mode,
         unit,
         dataset_id: provenance.dataset_id,
+        data_id: provenance.data_id,
         audit,
         init_from_job,
         planned_steps: terms.steps,

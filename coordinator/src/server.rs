@@ -16,6 +16,11 @@ use crate::error::CoordinatorError;
 use crate::service::{JobGrpc, WorkerGrpc};
 use crate::store::JobStore;
 
+/// The secrets store's own cloud settings: object_store's variable names behind this prefix
+/// (`DPCAP_SECRETS_STORE_AWS_ACCESS_KEY_ID`, ...), so that it can have credentials the job
+/// store (which workers write) does not share.
+pub const SECRETS_ENV_PREFIX: &str = "DPCAP_SECRETS_STORE_";
+
 /// Serves until `shutdown` resolves, then drains. `server` carries TLS and the auth layer
 /// ([`dpcap_serve::ServerSecurity::server`]): JobService needs operator or viewer tokens,
 /// WorkerService worker tokens.
@@ -27,11 +32,14 @@ pub async fn serve(
 ) -> Result<(), CoordinatorError> {
     let jobs_store = open_store(&config.store_url).map_err(|e| CoordinatorError::invalid("store", e.to_string()))?;
     let secrets_url = secrets_location(&config)?;
-    let secrets_store =
-        open_store(&secrets_url).map_err(|e| CoordinatorError::invalid("secrets_store", e.to_string()))?;
+    let secrets_store = dpcap_serve::store::open_store_prefixed(&secrets_url, SECRETS_ENV_PREFIX)
+        .map_err(|e| CoordinatorError::invalid("secrets_store", e.to_string()))?;
     let lease = config.lease;
     let accountant_endpoint = config.accountant_endpoint.clone();
-    let coordinator = Coordinator::open(config, JobStore::open(jobs_store, secrets_store).await?).await?;
+    let job_store = JobStore::open(jobs_store, secrets_store, config.new_record_key).await?;
+    // The record key and the sampler secrets: for this process alone (0700 and 0600).
+    dpcap_serve::store::restrict_local(&secrets_url);
+    let coordinator = Coordinator::open(config, job_store).await?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<JobServiceServer<JobGrpc>>().await;
     health.set_serving::<WorkerServiceServer<WorkerGrpc>>().await;

@@ -122,8 +122,7 @@ impl WorkerService for WorkerGrpc {
         request: Request<RegisterWorkerRequest>,
     ) -> Result<Response<RegisterWorkerResponse>, Status> {
         let r = request.into_inner();
-        let (worker_id, worker_key) =
-            self.coordinator.register_worker(r.name, r.device, r.throughput).await.map_err(to_status)?;
+        let (worker_id, worker_key) = self.coordinator.register_worker(r.name, r.device).await.map_err(to_status)?;
         Ok(Response::new(RegisterWorkerResponse {
             worker_id,
             worker_key,

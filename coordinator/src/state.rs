@@ -9,7 +9,7 @@ use dpcap_proto::v1::{Condition, Job, JobState, Reduction, StepOutcome};
 
 use crate::error::CoordinatorError;
 use crate::sampler::PoissonSampler;
-use crate::work::{ClientUnit, example_units, split_clients, split_work};
+use crate::work::{ClientUnit, example_units, share_units, split_clients, split_work};
 use dpcap_dataset::index::Layout;
 
 /// A fresh group nonce from the OS.
@@ -94,9 +94,11 @@ pub struct Group {
     /// The NCCL unique id rank 0 published for this generation (NCCL reduction only).
     pub nccl_id: Option<Vec<u8>>,
     /// Units (examples, or a user-level job's clients) the sampler drew for the current step:
-    /// signed into each rank's step capability, so that the accountant can hold the step's
-    /// parts to C times this count.
+    /// signed into each rank's step capability.
     pub sampled: u64,
+    /// Each rank's units of the current step (its share of `sampled`): signed into its step
+    /// capability, so that the accountant holds each rank's part to C times its own share.
+    pub shares: Vec<u64>,
 }
 
 /// The reasons of an audit's condition: passed, violated, or not scored.
@@ -171,30 +173,13 @@ pub struct WorkerEntry {
     pub name: String,
     /// "cpu" or "cuda:N".
     pub device: String,
-    /// Examples per second (1 when unknown).
-    pub throughput: f64,
     /// Its last heartbeat (or other call): the lease runs from here.
     pub last_seen: Instant,
     /// The job whose group it belongs to.
     pub job: Option<String>,
-    /// Whether `throughput` was measured (rather than registered or defaulted).
-    pub measured: bool,
     /// The registration's secret: its later calls carry it, so that a worker token alone
     /// cannot act (or read assignments and capabilities) as this worker.
     pub key: String,
-}
-
-impl WorkerEntry {
-    /// Folds one step's examples per compute second into the throughput (an exponential
-    /// moving average, weight 0.3 on the newest), which weights the next steps' work units.
-    pub fn observe_throughput(&mut self, examples: usize, compute_seconds: f64) {
-        if examples == 0 || !(compute_seconds > 0.0 && compute_seconds.is_finite()) {
-            return;
-        }
-        let measured = examples as f64 / compute_seconds;
-        self.throughput = if self.measured { 0.7 * self.throughput + 0.3 * measured } else { measured };
-        self.measured = true;
-    }
 }
 
 /// Everything behind the coordinator's lock.
@@ -425,6 +410,7 @@ impl State {
             step_loss_examples: 0,
             nccl_id: None,
             sampled: 0,
+            shares: Vec::new(),
         });
         condition(&mut entry.job, "Scheduled", "WorkersAllocated", scheduled);
         self.touch(job_id);
@@ -499,10 +485,6 @@ impl State {
 
     /// The work units of `rank` for the group's current step, computing them once per step.
     pub fn work_for(&mut self, job_id: &str, rank: usize) -> Option<(u64, Vec<ClientUnit>)> {
-        let weights: Vec<f64> = {
-            let group = self.jobs.get(job_id)?.group.as_ref()?;
-            group.members.iter().map(|id| self.workers.get(id).map_or(1.0, |w| w.throughput)).collect()
-        };
         let entry = self.jobs.get_mut(job_id)?;
         let group = entry.group.as_mut()?;
         let step = group.step?;
@@ -515,16 +497,20 @@ impl State {
             }
             let sample = entry.sampler.sample(step);
             group.sampled = sample.len() as u64;
-            group.work = Some(match &entry.clients {
+            let ranks = group.members.len();
+            let work = match &entry.clients {
                 // The sampler's numbers are clients; a number past the table cannot happen
                 // (the sampler's N is the table's length) and is dropped, never remapped.
                 Some(clients) => {
                     let sampled: Vec<&[u64]> =
                         sample.iter().filter_map(|&c| clients.get(c as usize).map(Vec::as_slice)).collect();
-                    split_clients(&sampled, &entry.layout, &weights)
+                    split_clients(&sampled, &entry.layout, ranks)
                 }
-                None => split_work(&sample, &entry.layout, &weights).into_iter().map(example_units).collect(),
-            });
+                None => split_work(&sample, &entry.layout, ranks).into_iter().map(example_units).collect(),
+            };
+            let user_level = entry.clients.is_some();
+            group.shares = work.iter().map(|units| share_units(units, user_level)).collect();
+            group.work = Some(work);
             group.step_started = Instant::now();
         }
         Some((step, group.work.as_ref()?.get(rank)?.clone()))
@@ -594,7 +580,7 @@ impl State {
         self.complete_step(job_id)
     }
 
-    /// Records one rank's done step (telemetry, throughput, checkpoint, counts). Returns whether
+    /// Records one rank's done step (telemetry, checkpoint, counts). Returns whether
     /// every rank of the group has now reported.
     fn record(&mut self, job_id: &str, rank: usize, report: &Report) -> bool {
         let Some(entry) = self.jobs.get_mut(job_id) else { return false };
@@ -604,14 +590,12 @@ impl State {
             return false;
         }
         group.reported[rank] = true;
-        // Measured throughput from what this rank was assigned (the coordinator's own work
-        // units, so no raw-data telemetry is needed) and its compute time.
+        // What this rank was assigned (the coordinator's own work units): its counts' ceiling.
         let assigned: usize = group
             .work
             .as_ref()
             .and_then(|w| w.get(rank))
             .map_or(0, |units| units.iter().map(|u| u.unit.indices.len()).sum());
-        let member = group.members.get(rank).cloned();
         group.step_examples += report.examples;
         if let Some(loss) = report.loss {
             group.step_loss += loss * report.examples as f64;
@@ -642,9 +626,6 @@ impl State {
             entry.job.progress.get_or_insert_with(Default::default).checkpoint_step = report.checkpoint_step;
         }
         entry.version += 1;
-        if !strict && let Some(worker) = member.and_then(|id| self.workers.get_mut(&id)) {
-            worker.observe_throughput(assigned, report.phases[0]);
-        }
         all_reported
     }
 

@@ -15,8 +15,8 @@
 //! is neither registered nor run, and it is suspended at the accountant (so that it reserves
 //! nothing). A record from before sealing (`job.binpb`) is refused alike.
 //!
-//! Layout: job store `jobs/{id}/job.sealed`, `idempotency/{hex(key)}`; secrets store
-//! `record.key`, `jobs/{id}/private.json`, `jobs/{id}/record.version`. One coordinator replica
+//! Layout: job store `jobs/{id}/job.sealed` (read only at that exact path); secrets store
+//! `record.key`, `idempotency/{hex(key)}`, `jobs/{id}/private.json`, `jobs/{id}/record.version`. One coordinator replica
 //! writes both (Deployment, Recreate).
 
 use std::sync::Arc;
@@ -55,6 +55,13 @@ impl Private {
             .ok_or_else(|| CoordinatorError::Store("a job's sampler secret is not 64 hex digits".into()))?;
         Ok(JobSecret(key))
     }
+}
+
+/// N random bytes from the OS (keys, secrets, ids).
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).expect("OS entropy is available");
+    bytes
 }
 
 /// Lowercase hex of bytes.
@@ -139,13 +146,16 @@ fn under(root: &Path, rest: &str) -> Path {
 }
 
 impl JobStore {
-    /// Jobs under `root` of `store`; secrets (and the record key, created on first use) under
-    /// `secrets_root` of `secrets`.
+    /// Jobs under `root` of `store`; secrets (and the record key) under `secrets_root` of
+    /// `secrets`. The record key is created only while neither store holds a job, or with
+    /// `new_key` (an operator's explicit choice: every existing record is then refused).
     pub async fn open(
         (store, root): (Arc<dyn ObjectStore>, Path),
         (secrets, secrets_root): (Arc<dyn ObjectStore>, Path),
+        new_key: bool,
     ) -> Result<Self, CoordinatorError> {
-        let key = record_key(secrets.as_ref(), &secrets_root).await?;
+        let held = held_jobs((store.as_ref(), &root), (secrets.as_ref(), &secrets_root)).await?;
+        let key = record_key(secrets.as_ref(), &secrets_root, KeyCreation { held, new_key }).await?;
         Ok(Self { store, root, secrets, secrets_root, key, versions: Arc::default(), refused: Arc::default() })
     }
 
@@ -231,14 +241,16 @@ impl JobStore {
         Ok(())
     }
 
-    /// Claims `key` for `job_id`; returns the job that already holds it, if any.
+    /// Claims `key` for `job_id`; returns the job that already holds it, if any. Claims live in
+    /// the secrets store, which only the coordinator writes: a claim planted in the job store
+    /// (which workers write) could make a submit answer with an unrelated job and create none.
     pub async fn claim_key(&self, key: &str, job_id: &str) -> Result<Option<String>, CoordinatorError> {
-        let path = self.path(&format!("idempotency/{}", hex(key.as_bytes())));
+        let path = under(&self.secrets_root, &format!("idempotency/{}", hex(key.as_bytes())));
         let options = PutOptions { mode: PutMode::Create, ..Default::default() };
-        match self.store.put_opts(&path, PutPayload::from(job_id.as_bytes().to_vec()), options).await {
+        match self.secrets.put_opts(&path, PutPayload::from(job_id.as_bytes().to_vec()), options).await {
             Ok(_) => Ok(None),
             Err(object_store::Error::AlreadyExists { .. }) => {
-                let bytes = self.store.get(&path).await?.bytes().await?;
+                let bytes = self.secrets.get(&path).await?.bytes().await?;
                 Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
             }
             Err(e) => Err(e.into()),
@@ -250,18 +262,26 @@ impl JobStore {
     /// (a crash between the two writes of a submission) are skipped.
     pub async fn load_all(&self) -> Result<(Vec<(Job, Private)>, Vec<String>), CoordinatorError> {
         let listed: Vec<_> = self.store.list(Some(&self.path("jobs"))).try_collect().await?;
-        let id_of = |location: &str, suffix: &str| {
-            location.strip_suffix(suffix).map(|prefix| prefix.rsplit('/').next().unwrap_or_default().to_owned())
+        // A record is read only at its exact path, `jobs/{id}/{name}`: a file of that name
+        // anywhere deeper (under a job's checkpoints, which workers write) names no job, so it
+        // can neither run nor get a sound job fenced.
+        let jobs_prefix = format!("{}/", self.path("jobs"));
+        let id_of = |location: &str, name: &str| -> Option<String> {
+            let rest = location.strip_prefix(jobs_prefix.as_str())?;
+            match rest.split('/').collect::<Vec<_>>().as_slice() {
+                [id, file] if *file == name && !id.is_empty() => Some((*id).to_owned()),
+                _ => None,
+            }
         };
         // An id with a sealed record is judged by it alone: an unsealed job.binpb beside it
         // (from before seals, or dropped there by a writer of the store) is ignored, so that it
         // can neither run nor get a sound job fenced.
         let sealed: std::collections::HashSet<String> =
-            listed.iter().filter_map(|m| id_of(m.location.as_ref(), "/job.sealed")).collect();
+            listed.iter().filter_map(|m| id_of(m.location.as_ref(), "job.sealed")).collect();
         let (mut out, mut refused) = (Vec::new(), Vec::new());
         for meta in &listed {
             let location = meta.location.as_ref();
-            let job_id = match (id_of(location, "/job.sealed"), id_of(location, "/job.binpb")) {
+            let job_id = match (id_of(location, "job.sealed"), id_of(location, "job.binpb")) {
                 (Some(id), _) => id,
                 (None, Some(id)) if !sealed.contains(&id) => id,
                 _ => continue,
@@ -332,9 +352,34 @@ impl JobStore {
     }
 }
 
+/// When a missing record key may be created.
+#[derive(Debug, Clone, Copy)]
+struct KeyCreation {
+    /// Jobs the stores hold (records or private parts): a fresh key would refuse them all.
+    held: usize,
+    /// The operator asked for a new key (`--new-record-key`).
+    new_key: bool,
+}
+
+/// Jobs the stores hold: ids under the job store's `jobs/` and the secrets store's `jobs/`.
+async fn held_jobs(
+    (store, root): (&dyn ObjectStore, &Path),
+    (secrets, secrets_root): (&dyn ObjectStore, &Path),
+) -> Result<usize, CoordinatorError> {
+    let records = store.list_with_delimiter(Some(&under(root, "jobs"))).await?.common_prefixes.len();
+    let private = secrets.list_with_delimiter(Some(&under(secrets_root, "jobs"))).await?.common_prefixes.len();
+    Ok(records.max(private))
+}
+
 /// The record key: read from the secrets store, or created there once (a create-if-absent put,
-/// so that two processes starting together agree on one key).
-async fn record_key(secrets: &dyn ObjectStore, root: &Path) -> Result<RecordKey, CoordinatorError> {
+/// so that two processes starting together agree on one key), but only while no job is held
+/// or when the operator asked for a new one: a lost key with jobs present stops the start, so
+/// that no job is silently refused and suspended.
+async fn record_key(
+    secrets: &dyn ObjectStore,
+    root: &Path,
+    creation: KeyCreation,
+) -> Result<RecordKey, CoordinatorError> {
     let path = under(root, "record.key");
     let parse = |bytes: &[u8]| -> Result<RecordKey, CoordinatorError> {
         let text = std::str::from_utf8(bytes).unwrap_or_default().trim();
@@ -351,7 +396,16 @@ async fn record_key(secrets: &dyn ObjectStore, root: &Path) -> Result<RecordKey,
         Err(object_store::Error::NotFound { .. }) => {}
         Err(e) => return Err(e.into()),
     }
-    let fresh = hex(&crate::coordinator::random_bytes::<32>());
+    if creation.held > 0 && !creation.new_key {
+        return Err(CoordinatorError::RecordKeyLost { path: path.to_string(), jobs: creation.held });
+    }
+    if creation.held > 0 {
+        tracing::warn!(
+            jobs = creation.held,
+            "a new record key (--new-record-key): every existing job record is refused"
+        );
+    }
+    let fresh = hex(&random_bytes::<32>());
     let options = PutOptions { mode: PutMode::Create, ..Default::default() };
     match secrets.put_opts(&path, PutPayload::from(fresh.clone().into_bytes()), options).await {
         Ok(_) => parse(fresh.as_bytes()),

@@ -10,13 +10,14 @@ use dpcap_privacy::contract::PrivacyContract;
 use dpcap_proto::contract::contract_to_proto;
 use dpcap_proto::v1::{Job, JobSpec, JobState, Plan, Progress, Reduction};
 
-use crate::coordinator::{Coordinator, random_bytes};
+use crate::coordinator::Coordinator;
 use crate::dataset;
 use crate::error::CoordinatorError;
 use crate::init::InitSource;
 use crate::registration::{self, Provenance};
 use crate::spec::Population;
 use crate::state::{condition, now_ms};
+use crate::store::random_bytes;
 use crate::store::{Private, hex};
 
 /// A spec resolved against its dataset: what the job will be, with nothing written yet.
@@ -91,13 +92,45 @@ impl Coordinator {
 }
 
 impl Coordinator {
-    /// The init source's checkpoint manifest is written by a worker: where the accountant knows
-    /// the source job, its ledger (not the manifest) says what the weights are.
+    /// The init source's checkpoint manifest is written by a worker, so it vouches for nothing:
+    /// the ledger says what the weights are. A manifest that claims DP weights of a job the
+    /// accountant does not know is refused (nothing composes its spend, and nothing shows the
+    /// weights were trained with DP); one that claims NOT PRIVATE weights was already held to
+    /// `init_public` ([`crate::init::check`]). A ledger that cannot be read now refuses the
+    /// submit as unavailable (retry), never lets it through.
     async fn check_init_source(&self, source: &InitSource) -> Result<(), CoordinatorError> {
         let request = dpcap_proto::v1::GetSpendRequest { job_id: source.job_id.clone() };
         let mut client = self.accountant.clone();
-        let Ok(spend) = client.get_spend(request).await else { return Ok(()) };
-        let Some(contract) = spend.into_inner().contract else { return Ok(()) };
+        let spend = match client.get_spend(request).await {
+            Ok(spend) => spend.into_inner(),
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                if !source.is_private() {
+                    return Ok(());
+                }
+                return Err(CoordinatorError::invalid(
+                    "init_from",
+                    format!(
+                        "the checkpoint's manifest says job {} trained it with {}, but the accountant knows no such \
+                         job: nothing vouches for that (a manifest is written by a worker); start from a checkpoint \
+                         of a job this cluster ran",
+                        source.job_id, source.privacy
+                    ),
+                ));
+            }
+            Err(status) => {
+                return Err(CoordinatorError::Accountant(format!(
+                    "reading the ledger of init_from's job {}: {}",
+                    source.job_id,
+                    status.message()
+                )));
+            }
+        };
+        let Some(contract) = spend.contract else {
+            return Err(CoordinatorError::invalid(
+                "init_from",
+                format!("the ledger holds no contract of job {}", source.job_id),
+            ));
+        };
         let contract = dpcap_proto::contract::contract_from_proto(contract)?;
         if contract.mode.kind() != source.privacy
             || (!source.dataset.is_empty() && contract.dataset_id != source.dataset)
@@ -153,6 +186,7 @@ async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
     }
     let provenance = Provenance {
         dataset_id: layout.digest,
+        data_id: layout.data_id.unwrap_or_default(),
         users_digest: users.as_ref().map(|u| u.users_digest.clone()),
         init: init.as_ref(),
     };

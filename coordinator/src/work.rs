@@ -1,5 +1,7 @@
 //! A step's sampled indices as work units: grouped by shard (locality for range reads) and cut
-//! so that each rank's share is proportional to its measured throughput. Every rank gets a
+//! into even shares, one per rank. A share is the coordinator's decision, never a number a
+//! worker states: each rank's part is held to C times its own share (`units`), so a worker
+//! that could enlarge its share could spend the other ranks' sensitivity. Every rank gets a
 //! list, possibly empty: a rank with no examples still contributes a zero part.
 
 use dpcap_dataset::index::Layout;
@@ -15,23 +17,14 @@ pub struct WorkUnit {
     pub indices: Vec<u64>,
 }
 
-/// Splits sorted global `sample` indices across ranks with throughputs `weights` (examples per
-/// second, > 0): rank r receives about |sample|·w_r/Σw examples, in shard order. O(|sample| +
-/// shards): the sample is sorted, so the shard cursor only moves forward.
-pub fn split_work(sample: &[u64], layout: &Layout, weights: &[f64]) -> Vec<Vec<WorkUnit>> {
-    let total_weight: f64 = weights.iter().sum();
+/// Splits sorted global `sample` indices evenly across `ranks` ranks (each takes ⌊n/W⌋ or
+/// ⌈n/W⌉ of the n), in shard order. O(|sample| + shards): the sample is sorted, so the
+/// shard cursor only moves forward.
+pub fn split_work(sample: &[u64], layout: &Layout, ranks: usize) -> Vec<Vec<WorkUnit>> {
     let n = sample.len();
-    // Cumulative quotas, rounded so they sum to exactly n.
-    let mut cuts = Vec::with_capacity(weights.len());
-    let mut acc = 0.0;
-    for w in weights {
-        acc += w;
-        cuts.push(((acc / total_weight) * n as f64).round() as usize);
-    }
-    if let Some(last) = cuts.last_mut() {
-        *last = n;
-    }
-    let mut ranks = vec![Vec::new(); weights.len()];
+    let ranks = ranks.max(1);
+    let cuts: Vec<usize> = (1..=ranks).map(|r| n * r / ranks).collect();
+    let mut out = vec![Vec::new(); ranks];
     let (mut start, mut shard) = (0, 0);
     for (rank, &end) in cuts.iter().enumerate() {
         let mut units: Vec<WorkUnit> = Vec::new();
@@ -47,10 +40,10 @@ pub fn split_work(sample: &[u64], layout: &Layout, weights: &[f64]) -> Vec<Vec<W
                 _ => units.push(WorkUnit { shard, indices: vec![local] }),
             }
         }
-        ranks[rank] = units;
+        out[rank] = units;
         start = end.max(start);
     }
-    ranks
+    out
 }
 
 /// Examples of one shard of one client, for one rank (user-level objectives).
@@ -62,20 +55,19 @@ pub struct ClientUnit {
     pub unit: WorkUnit,
 }
 
-/// Splits sampled clients (each a list of global examples, ascending) across ranks with
-/// throughputs `weights`: whole clients only (a client's local training needs all its
-/// examples on one rank), rank r taking clients until its share of the examples reaches
-/// about Σ|client|·w_r/Σw. Each client becomes one unit per shard it spans.
-pub fn split_clients(clients: &[&[u64]], layout: &Layout, weights: &[f64]) -> Vec<Vec<ClientUnit>> {
-    let total_weight: f64 = weights.iter().sum();
+/// Splits sampled clients (each a list of global examples, ascending) evenly across `ranks`
+/// ranks by examples: whole clients only (a client's local training needs all its examples on
+/// one rank), rank r taking clients until it holds about (r+1)/W of the examples. Each client
+/// becomes one unit per shard it spans.
+pub fn split_clients(clients: &[&[u64]], layout: &Layout, ranks: usize) -> Vec<Vec<ClientUnit>> {
+    let world = ranks.max(1);
     let total: usize = clients.iter().map(|c| c.len()).sum();
-    let mut ranks: Vec<Vec<ClientUnit>> = vec![Vec::new(); weights.len()];
-    let (mut rank, mut acc_weight, mut taken, mut ordinal) = (0, weights.first().copied().unwrap_or(1.0), 0, 0u32);
+    let mut ranks: Vec<Vec<ClientUnit>> = vec![Vec::new(); world];
+    let (mut rank, mut taken, mut ordinal) = (0, 0, 0u32);
     for examples in clients {
         // Move to the next rank once this one holds its cumulative quota.
-        while rank + 1 < weights.len() && taken as f64 >= acc_weight / total_weight * total as f64 {
+        while rank + 1 < world && taken * world >= total * (rank + 1) {
             rank += 1;
-            acc_weight += weights[rank];
             ordinal = 0;
         }
         for &global in *examples {
@@ -89,6 +81,16 @@ pub fn split_clients(clients: &[&[u64]], layout: &Layout, weights: &[f64]) -> Ve
         ordinal += 1;
     }
     ranks
+}
+
+/// Units of one rank's share: its examples, or for a user-level job its clients (what one
+/// rank's part is held to C times).
+pub fn share_units(units: &[ClientUnit], user_level: bool) -> u64 {
+    if user_level {
+        units.iter().map(|u| u.client).max().map_or(0, |last| u64::from(last) + 1)
+    } else {
+        units.iter().map(|u| u.unit.indices.len() as u64).sum()
+    }
 }
 
 /// The message that tells a rank to run `step` on `units`.

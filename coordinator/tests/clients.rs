@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::{job, submit, worker};
 use dpcap_coordinator::state::State;
-use dpcap_coordinator::{ClientUnit, JobSecret, PoissonSampler, split_clients};
+use dpcap_coordinator::{ClientUnit, JobSecret, PoissonSampler, share_units, split_clients};
 use dpcap_dataset::index::{Layout, UserTable};
 
 /// `users` users with 1 to 5 examples each, their examples scattered over the dataset in a
@@ -60,11 +60,17 @@ fn a_clients_examples_go_whole_to_one_rank_and_never_mix_with_anothers() {
     let clients = table.clients(1);
     let sample = PoissonSampler::new(JobSecret([5; 32]), clients.len() as u64, 0.3).unwrap().sample(2);
     let sampled: Vec<&[u64]> = sample.iter().map(|&c| clients[c as usize].as_slice()).collect();
-    for weights in [vec![1.0], vec![1.0, 1.0], vec![1.0, 3.0, 2.0]] {
-        let ranks = split_clients(&sampled, &layout, &weights);
+    for world in [1usize, 2, 3] {
+        let ranks = split_clients(&sampled, &layout, world);
         let got: Vec<Vec<u64>> = clients_by_rank(&ranks, &counts).into_iter().flatten().collect();
         let want: Vec<Vec<u64>> = sampled.iter().map(|c| c.to_vec()).collect();
-        assert_eq!(got, want, "weights {weights:?}: every sampled client, whole, once, in order");
+        assert_eq!(got, want, "{world} ranks: every sampled client, whole, once, in order");
+        let shares: Vec<u64> = ranks.iter().map(|units| share_units(units, true)).collect();
+        let by_rank = clients_by_rank(&ranks, &counts);
+        for (share, clients) in shares.iter().zip(&by_rank) {
+            assert_eq!(*share, clients.len() as u64, "{world} ranks: a rank's share counts its clients");
+        }
+        assert_eq!(shares.iter().sum::<u64>(), sampled.len() as u64, "{world} ranks: the shares add up");
     }
 }
 

@@ -61,12 +61,12 @@ fn edge_rates_and_bad_parameters() {
 }
 
 #[test]
-fn work_units_cover_the_sample_for_any_number_of_ranks_and_follow_throughput() {
+fn work_units_cover_the_sample_for_any_number_of_ranks_in_even_shares() {
     let layout = Layout::from_counts(&[300, 300, 400]);
     let batch = sampler(4, 1000, 0.2).sample(1);
-    for weights in [vec![1.0], vec![1.0, 1.0], vec![1.0, 3.0], vec![2.0, 1.0, 1.0]] {
-        let ranks = split_work(&batch, &layout, &weights);
-        assert_eq!(ranks.len(), weights.len());
+    for world in [1usize, 2, 3, 7] {
+        let ranks = split_work(&batch, &layout, world);
+        assert_eq!(ranks.len(), world);
         let mut covered: Vec<u64> = Vec::new();
         for units in &ranks {
             for unit in units {
@@ -75,17 +75,14 @@ fn work_units_cover_the_sample_for_any_number_of_ranks_and_follow_throughput() {
                 covered.extend(unit.indices.iter().map(|i| base + i));
             }
         }
-        assert_eq!(covered, batch, "weights {weights:?}: the ranks' units are exactly the sample");
-        let total: f64 = weights.iter().sum();
-        for (units, w) in ranks.iter().zip(&weights) {
-            let got = units.iter().map(|u| u.indices.len()).sum::<usize>() as f64;
-            assert!((got - batch.len() as f64 * w / total).abs() <= 1.0, "weights {weights:?}: share {got}");
+        assert_eq!(covered, batch, "{world} ranks: the ranks' units are exactly the sample");
+        for units in &ranks {
+            let got = units.iter().map(|u| u.indices.len()).sum::<usize>();
+            let (floor, ceil) = (batch.len() / world, batch.len().div_ceil(world));
+            assert!((floor..=ceil).contains(&got), "{world} ranks: share {got} of {}", batch.len());
         }
     }
-    assert!(
-        split_work(&[], &layout, &[1.0, 1.0]).iter().all(|units| units.is_empty()),
-        "ranks with no examples get empty lists"
-    );
+    assert!(split_work(&[], &layout, 2).iter().all(|units| units.is_empty()), "ranks with no examples get empty lists");
 }
 
 /// The paper's step for one rank (L = 1.31M examples of N = 233.8M in LAION's 23,381 shards,
@@ -98,7 +95,7 @@ fn the_papers_step_for_a_single_rank_fits_in_one_message() {
     let counts: Vec<u64> = (0..shards).map(|s| n / shards + u64::from(s < n % shards)).collect();
     let layout = Layout::from_counts(&counts);
     let batch = sampler(11, n, 1_310_720.0 / n as f64).sample(3);
-    let mut ranks = split_work(&batch, &layout, &[1.0]);
+    let mut ranks = split_work(&batch, &layout, 1);
     let units = ranks.pop().unwrap();
     for (i, &global) in batch.iter().enumerate().step_by(997) {
         let (shard, local) = layout.locate(global).unwrap();

@@ -9,9 +9,9 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use rayon::prelude::*;
 
-use crate::{DataError, JobDataError};
 use crate::pipeline::{Crop, Pipeline};
 use crate::tokenizer::CaptionTokenizer;
+use crate::{DataError, JobDataError};
 use crate::{Example, RawExample, ShardReader};
 
 /// Range reads in flight per rank.
@@ -76,7 +76,9 @@ impl Dataset {
         let (store, root) = dpcap_serve::open_existing_store(url).map_err(|e| JobDataError::Data(e.to_string()))?;
         let reader = ShardReader::open(store, root)
             .await
-            .map_err(|e| JobDataError::Data(format!("{url}: {e} (index the dataset with `dpctl dataset index {url}`)")))?
+            .map_err(|e| {
+                JobDataError::Data(format!("{url}: {e} (index the dataset with `dpctl dataset index {url}`)"))
+            })?
             .trusting_content_e_tags(content_e_tags(url));
         Ok(Self { reader })
     }

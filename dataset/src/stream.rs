@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::Example;
-use crate::DataError;
+use crate::JobDataError;
 use crate::reader::{Dataset, View};
 
 /// Chunks decoded ahead of the one being computed.

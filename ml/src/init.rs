@@ -9,8 +9,8 @@ use burn::tensor::backend::Backend;
 
 use crate::checkpoint::load_weights_with_prefix;
 use crate::checkpoint::{CheckpointStore, Manifest};
-use crate::params::ParamSet;
 use crate::error::MlError;
+use crate::params::ParamSet;
 use dpcap_privacy::contract::ModeKind;
 use dpcap_registry::Family;
 

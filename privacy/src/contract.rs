@@ -246,6 +246,11 @@ pub struct PrivacyContract {
     pub unit: PrivacyUnit,
     /// The dataset: the digest of its index as the plan pinned it ("" for none, tests only).
     pub dataset_id: String,
+    /// The data: the digest of the index's shard content digests, sorted ("" for an index that
+    /// pins no shard bytes). Budgets are keyed by it ([`PrivacyContract::budget_id`]), so a
+    /// re-index or an edited copy of the same shards spends the same budget.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub data_id: String,
     /// A one-run audit, if any (DP jobs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<Audit>,
@@ -273,6 +278,9 @@ impl PrivacyContract {
         self.check_mode()?;
         if !self.dataset_id.is_empty() {
             check_digest("dataset_id", &self.dataset_id)?;
+        }
+        if !self.data_id.is_empty() {
+            check_digest("data_id", &self.data_id)?;
         }
         if let PrivacyUnit::User { users_digest } = &self.unit {
             check_digest("users_digest", users_digest)?;
@@ -317,10 +325,17 @@ impl PrivacyContract {
         field("mode", format!("{:?}", self.mode), format!("{:?}", other.mode));
         field("unit", format!("{:?}", self.unit), format!("{:?}", other.unit));
         field("dataset_id", self.dataset_id.clone(), other.dataset_id.clone());
+        field("data_id", self.data_id.clone(), other.data_id.clone());
         field("audit", format!("{:?}", self.audit), format!("{:?}", other.audit));
         field("init_from_job", format!("{:?}", self.init_from_job), format!("{:?}", other.init_from_job));
         field("planned_steps", self.planned_steps.to_string(), other.planned_steps.to_string());
         out
+    }
+
+    /// What the job's dataset budget is keyed by: the data's digest where the index pins its
+    /// shards' bytes, else the index's digest.
+    pub fn budget_id(&self) -> &str {
+        if self.data_id.is_empty() { &self.dataset_id } else { &self.data_id }
     }
 
     fn check_mode(&self) -> Result<(), ContractError> {
@@ -396,6 +411,7 @@ mod tests {
             mode: Mode::Dp,
             unit: PrivacyUnit::Example,
             dataset_id: format!("sha256:{}", "ab".repeat(32)),
+            data_id: format!("sha256:{}", "cd".repeat(32)),
             audit: None,
             init_from_job: None,
             planned_steps: 100,
@@ -415,10 +431,18 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_is_keyed_by_the_data_where_the_index_pins_it_else_by_the_index() {
+        let mut c = dp();
+        assert_eq!(c.budget_id(), c.data_id);
+        c.data_id.clear();
+        assert_eq!(c.budget_id(), c.dataset_id);
+    }
+
+    #[test]
     fn modes_check_their_fields_and_name_them() {
         assert_eq!(dp().check(), Ok(()));
         type Break = fn(&mut PrivacyContract);
-        let cases: [(&str, Break); 9] = [
+        let cases: [(&str, Break); 10] = [
             ("mechanism.noise_multiplier", |c| c.mechanism.noise_multiplier = 0.0),
             ("mechanism.noise_multiplier", |c| c.mechanism.noise_multiplier = 1e-320),
             ("epsilon_target", |c| c.epsilon_target = None),
@@ -427,6 +451,7 @@ mod tests {
             ("mechanism.sample_rate", |c| c.mechanism.sample_rate = 1.5),
             ("delta", |c| c.delta = 1.0),
             ("dataset_id", |c| c.dataset_id = "s3://bucket/laion".into()),
+            ("data_id", |c| c.data_id = "laion-400m".into()),
             ("audit.canaries", |c| c.audit = Some(Audit { canaries: 0, placement: Placement::Model })),
         ];
         for (field, break_it) in cases {

@@ -83,6 +83,7 @@ pub fn contract_to_proto(c: &PrivacyContract) -> v1::PrivacyContract {
         unit: unit as i32,
         users_digest,
         dataset_id: c.dataset_id.clone(),
+        data_id: c.data_id.clone(),
         audit_canaries: c.audit.map_or(0, |a| a.canaries),
         audit_coordinates: match c.audit.map(|a| a.placement) {
             None => v1::AuditCoordinates::Unspecified,
@@ -137,6 +138,7 @@ pub fn contract_from_proto(p: v1::PrivacyContract) -> Result<PrivacyContract, Co
         mode,
         unit,
         dataset_id: p.dataset_id,
+        data_id: p.data_id,
         audit,
         init_from_job: (!p.init_from_job.is_empty()).then_some(p.init_from_job),
         planned_steps: p.planned_steps,
@@ -159,6 +161,7 @@ mod tests {
             mode: Mode::Dp,
             unit: PrivacyUnit::Example,
             dataset_id: format!("sha256:{}", "0f".repeat(32)),
+            data_id: format!("sha256:{}", "1e".repeat(32)),
             audit: Some(Audit { canaries: 100_000, placement: Placement::Model }),
             init_from_job: Some("job-a".into()),
             planned_steps: 5708,

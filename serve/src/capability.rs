@@ -46,9 +46,9 @@ pub struct Capability {
     pub parts: u32,
     /// Milliseconds since the Unix epoch after which it is refused.
     pub expires_unix_ms: u64,
-    /// For one step only (issued with the step's work): the step and the units the
-    /// coordinator sampled for it. A part needs one: the accountant holds the step's parts to
-    /// C times `sampled`, a count no worker can state.
+    /// For one step only (issued with the step's work): the step, the units the coordinator
+    /// sampled for it and the units of this rank's share. A part needs one: the accountant
+    /// holds each part to C times its own `units`, counts no worker can state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<StepGrant>,
 }
@@ -94,6 +94,10 @@ pub struct StepGrant {
     pub step: u64,
     /// Units (examples, or clients) the coordinator's sampler drew for it, over all ranks.
     pub sampled: u64,
+    /// Units of the part this capability sends: the rank's own share n_r when each rank sends
+    /// a part, all `sampled` when one part carries the group's reduced sum (NCCL). A part's L2
+    /// norm may be at most C · `units`: one rank can never spend another's share.
+    pub units: u64,
 }
 
 /// Why a capability was refused, or a key could not be loaded.
@@ -347,7 +351,7 @@ mod tests {
             group,
             parts: 2,
             expires_unix_ms: 0,
-            step: step.map(|step| StepGrant { step, sampled: 10 }),
+            step: step.map(|step| StepGrant { step, sampled: 10, units: 5 }),
         }
     }
 

@@ -49,6 +49,65 @@ pub fn open_store_with(
     open(location, false, true, Some(options))
 }
 
+/// [`open_store`] with cloud settings of its own: object_store's variable names behind
+/// `prefix` (`{prefix}AWS_ACCESS_KEY_ID`, ...), when any such variable is set, and nothing of
+/// the process's other settings; otherwise the process environment, as [`open_store`]. A store
+/// that must not share the credentials of another (the coordinator's secrets, which workers
+/// must never reach) opens here.
+pub fn open_store_prefixed(location: &str, prefix: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
+    let own: Vec<(String, String)> =
+        std::env::vars().filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.to_owned(), v))).collect();
+    if own.is_empty() {
+        if local_directory(location).is_none() {
+            tracing::warn!(
+                store = %shown(location),
+                "this store uses the process's cloud settings, shared with the other stores; set {prefix}* for its own"
+            );
+        }
+        return open_store(location);
+    }
+    open_store_with(location, &own)
+}
+
+/// Keeps a local store's directory and files to their owner (0700 and 0600): what it holds
+/// (keys, secrets) is for this process alone. Nothing for a cloud URL (its bucket's policy
+/// decides) or off Unix.
+pub fn restrict_local(location: &str) {
+    #[cfg(unix)]
+    if let Some(dir) = local_directory(location) {
+        use std::os::unix::fs::PermissionsExt;
+        let restrict = |path: &std::path::Path, mode: u32| {
+            if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
+                tracing::warn!(path = %path.display(), error = %e, "could not restrict a secret's permissions");
+            }
+        };
+        let root = std::path::Path::new(dir);
+        restrict(root, 0o700);
+        for entry in walk(root) {
+            restrict(&entry, if entry.is_dir() { 0o700 } else { 0o600 });
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = location;
+}
+
+/// Every file and directory under `root`.
+#[cfg(unix)]
+fn walk(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for path in entries.filter_map(|e| Some(e.ok()?.path())) {
+            if path.is_dir() {
+                pending.push(path.clone());
+            }
+            out.push(path);
+        }
+    }
+    out
+}
+
 /// Opens `location` to read what is already there: a local directory must exist. Locations
 /// that come from requests (a job's dataset) open here, so that naming a path never creates it.
 pub fn open_existing_store(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {

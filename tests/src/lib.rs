@@ -471,6 +471,11 @@ impl Services {
         self.accountant = Self::accountant_on(&self.dir, &listen, &self.accountant_extra, &self.env).await;
     }
 
+    /// Adds `flags` to the coordinator's, from its next restart on.
+    pub fn add_coordinator_flags(&mut self, flags: &[&str]) {
+        self.coordinator_extra.extend(flags.iter().map(|f| f.to_string()));
+    }
+
     /// SIGKILLs the coordinator and starts a new one on the same port and store.
     pub async fn restart_coordinator(&mut self, down: Duration) {
         let listen = self.coordinator.grpc.trim_start_matches("http://").to_owned();
@@ -552,7 +557,7 @@ impl Services {
         let jobs = dpcap_serve::open_store(&self.store.to_string_lossy()).expect("job store");
         let secrets = format!("{}-secrets", self.store.to_string_lossy());
         let secrets = dpcap_serve::open_store(&secrets).expect("secrets store");
-        dpcap_coordinator::store::JobStore::open(jobs, secrets).await.expect("record key")
+        dpcap_coordinator::store::JobStore::open(jobs, secrets, false).await.expect("record key")
     }
 
     /// Where `job_id`'s sealed record lies in a local job store: what a worker, which writes

@@ -92,6 +92,18 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
     let request = SubmitJobRequest { spec: Some(from_altered.into_proto().unwrap()), idempotency_key: String::new() };
     let refused = services.jobs().await.submit_job(request).await.unwrap_err();
     assert!(refused.message().starts_with("invalid init_from:") && refused.message().contains("altered"), "{refused}");
+    // A manifest that names a job the accountant never knew, claiming DP weights, vouches for
+    // nothing: refused, whatever dataset it names.
+    let ghost = dir.join("ghost");
+    std::fs::create_dir_all(ghost.join("5")).unwrap();
+    std::fs::write(ghost.join("latest"), "5").unwrap();
+    let claimed = text.replace(&format!("\"{}\"", job.job_id), "\"job-ghost\"");
+    assert!(claimed.contains("job-ghost") && claimed.contains("\"privacy\": \"dp\""), "{claimed}");
+    std::fs::write(ghost.join("5/manifest.json"), claimed).unwrap();
+    let from_ghost = SpecFile { init_from: Some(ghost.to_string_lossy().into_owned()), ..spec(&dataset, 2) };
+    let request = SubmitJobRequest { spec: Some(from_ghost.into_proto().unwrap()), idempotency_key: String::new() };
+    let refused = services.jobs().await.submit_job(request).await.unwrap_err();
+    assert!(refused.message().contains("the accountant knows no such job"), "{refused}");
 
     let metrics = services.coordinator.scrape().await;
     assert!(

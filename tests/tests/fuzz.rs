@@ -179,6 +179,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     epsilon_target: g.pick(&[f64::NAN, -1.0, 8.0, f64::INFINITY]),
                     accountant: g.u32() as i32,
                     dataset_id: g.string(),
+                    data_id: g.string(),
                     privacy: g.u32() as i32,
                     simulated: g.pick(&[None, Some(mechanism)]),
                     audit_canaries: g.pick(&[0, 1, 1000, u32::MAX]),
@@ -306,7 +307,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                 within(&what, async { jobs.watch_job(WatchJobRequest { job_id: g.string() }).await.map(|_| ()) }).await
             }
             "WorkerService/RegisterWorker" => {
-                let request = RegisterWorkerRequest { name: g.string(), device: g.string(), throughput: g.f64() };
+                let request = RegisterWorkerRequest { name: g.string(), device: g.string() };
                 within(&what, workers.register_worker(request)).await
             }
             "WorkerService/Heartbeat" => {

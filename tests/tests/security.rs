@@ -438,7 +438,7 @@ async fn a_worker_token_writes_no_contract_and_its_capability_opens_only_its_own
         tonic::transport::Endpoint::from_shared(services.coordinator.grpc.clone()).unwrap().connect().await.unwrap();
     let mut registrar = WorkerServiceClient::with_interceptor(channel.clone(), as_worker());
     let registration = registrar
-        .register_worker(RegisterWorkerRequest { name: "hand".into(), device: "cpu".into(), throughput: 0.0 })
+        .register_worker(RegisterWorkerRequest { name: "hand".into(), device: "cpu".into() })
         .await
         .unwrap()
         .into_inner();

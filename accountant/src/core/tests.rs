@@ -27,6 +27,7 @@ fn planned(job_id: &str, sigma: f64, steps: u64) -> Registration {
             mode: Mode::Dp,
             unit: PrivacyUnit::Example,
             dataset_id: dataset(),
+            data_id: String::new(),
             audit: None,
             init_from_job: None,
             planned_steps: steps,

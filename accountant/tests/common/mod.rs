@@ -218,13 +218,19 @@ impl Client {
             group: 0,
             parts,
             expires_unix_ms: now_unix_ms() + 3_600_000,
-            step: Some(StepGrant { step: 0, sampled: SAMPLED }),
+            step: Some(StepGrant { step: 0, sampled: SAMPLED, units: SAMPLED }),
         }
     }
 
-    /// The capability of part `key` for its step, which states `sampled` units.
+    /// The capability of part `key` for its step, which states `sampled` units, all of them
+    /// this part's share.
     pub fn step_capability(&self, job_id: &str, key: PartKey, sampled: u64) -> Capability {
-        let step = Some(StepGrant { step: key.step, sampled });
+        self.share_capability(job_id, key, sampled, sampled)
+    }
+
+    /// The capability of part `key` for its step: `sampled` units, `units` of them its share.
+    pub fn share_capability(&self, job_id: &str, key: PartKey, sampled: u64, units: u64) -> Capability {
+        let step = Some(StepGrant { step: key.step, sampled, units });
         Capability { step, ..self.capability(job_id, key.part, Some(key.attempt)) }
     }
 

@@ -54,8 +54,7 @@ impl Cluster {
         let setup = Setup { ledger, policy: Default::default(), capabilities: capabilities.clone() };
         tasks.push(tokio::spawn(async move {
             if let Err(e) =
-                dpcap_accountant::serve(Listeners { grpc: a_grpc, metrics: a_metrics }, server, setup, shutdown)
-                    .await
+                dpcap_accountant::serve(Listeners { grpc: a_grpc, metrics: a_metrics }, server, setup, shutdown).await
             {
                 tracing::error!(error = %e, "accountant failed");
             }
@@ -71,6 +70,7 @@ impl Cluster {
             lease: Duration::from_secs(30),
             capabilities,
             capability_ttl: Duration::from_secs(600),
+            new_record_key: false,
         };
         let shutdown = stopped(&stop);
         let server = ServerSecurity::default().server(c_grpc.local_addr()?)?;

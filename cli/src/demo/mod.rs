@@ -159,7 +159,7 @@ async fn warm_start(
         crate::dataset::index_dataset(&procedural.to_string_lossy(), &options).await?;
     }
     let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
-        dataset_id: crate::budget::dataset_digest(&procedural.to_string_lossy()).await?,
+        dataset_id: crate::budget::budget_id(&procedural.to_string_lossy()).await?,
         epsilon: args.epsilon,
         delta: 1.0 / args.examples as f64,
         reason: "dpctl demo: procedural images, no private content".into(),
@@ -266,7 +266,7 @@ async fn train_and_report(
 /// The data's owner sets the dataset's lifetime budget before any job may spend it; the data is
 /// synthetic, so its owner also lets the NOT PRIVATE baseline train on it.
 async fn set_budget(args: &DemoArgs, train_dir: &Path, accountant: &str) -> Result<()> {
-    let dataset_id = crate::budget::dataset_digest(&train_dir.to_string_lossy()).await?;
+    let dataset_id = crate::budget::budget_id(&train_dir.to_string_lossy()).await?;
     let fedemb = args.objective.is_user_level();
     let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
         dataset_id,

@@ -20,6 +20,7 @@ pub fn contract(steps: u64) -> PrivacyContract {
         mode: Mode::Dp,
         unit: PrivacyUnit::Example,
         dataset_id: String::new(),
+        data_id: String::new(),
         audit: None,
         init_from_job: None,
         planned_steps: steps,
@@ -67,10 +68,8 @@ pub fn worker_on(state: &mut State, id: &str, device: &str) {
         WorkerEntry {
             name: id.into(),
             device: device.into(),
-            throughput: 1.0,
             last_seen: Instant::now(),
             job: None,
-            measured: false,
             key: format!("key-of-{id}"),
         },
     );

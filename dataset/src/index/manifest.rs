@@ -171,6 +171,20 @@ impl Manifest {
         dpcap_proto::digest::sha256(bytes)
     }
 
+    /// What the data is, whatever indexed it: the digest of the shards' content digests,
+    /// sorted (so neither the manifest's bytes, its order of shards, its paths nor a tokenizer
+    /// change it); None when the index does not pin every shard's bytes (version 2). A
+    /// dataset's budget is keyed by it, so a copy or a re-index of the same shards spends the
+    /// same budget.
+    pub fn data_digest(&self) -> Option<String> {
+        if self.shards.is_empty() || !self.shards.iter().all(ShardRecord::pins_bytes) {
+            return None;
+        }
+        let mut digests: Vec<&str> = self.shards.iter().map(|s| s.sha256.as_str()).collect();
+        digests.sort_unstable();
+        Some(dpcap_proto::digest::sha256(format!("dpcap data v1\n{}", digests.join("\n")).as_bytes()))
+    }
+
     /// Where global example numbers fall, in O(shards) memory.
     pub fn layout(&self) -> Layout {
         Layout::from_counts(&self.shards.iter().map(|s| s.examples).collect::<Vec<_>>())

@@ -29,8 +29,7 @@ impl CheckpointStore {
 
     /// Another job's checkpoints, to read (`init_from`): a local directory must exist.
     pub fn open_existing(root_url: &str) -> Result<Self, CheckpointError> {
-        let (store, root) =
-            dpcap_serve::open_existing_store(root_url)?;
+        let (store, root) = dpcap_serve::open_existing_store(root_url)?;
         Ok(Self { store, root })
     }
 

@@ -11,7 +11,7 @@ use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell, Par
 use dpcap_proto::v1::worker_service_client::WorkerServiceClient;
 use dpcap_proto::v1::{
     Assignment, AttachJobRequest, CancelJobRequest, FetchReleaseRequest, GetJobRequest, GetSpendRequest,
-    GetStepRequest, HeartbeatRequest, Job, JobState, RegisterWorkerRequest, StepWork,
+    GetStepRequest, HeartbeatRequest, Job, JobState, RegisterWorkerRequest, ReportStepRequest, StepOutcome, StepWork,
 };
 use tonic::Code;
 
@@ -32,7 +32,7 @@ impl HandWorker {
             .await
             .unwrap();
         let mut registrar = WorkerServiceClient::with_interceptor(channel.clone(), CallCredentials::default());
-        let request = RegisterWorkerRequest { name: "hand".into(), device: "cpu".into(), throughput: 0.0 };
+        let request = RegisterWorkerRequest { name: "hand".into(), device: "cpu".into() };
         let registered = registrar.register_worker(request).await.unwrap().into_inner();
         let credentials = CallCredentials::default().with_worker_key(registered.worker_key);
         Self {
@@ -146,6 +146,68 @@ async fn a_worker_that_skips_clipping_is_refused_at_its_first_step_and_nothing_i
     assert_eq!(services.charged_steps(&job.job_id), Vec::<u64>::new(), "nothing charged");
     let released = std::fs::read_dir(services.ledger.join("jobs").join(&job.job_id).join("releases"));
     assert!(released.map_or(0, |d| d.count()) == 0, "nothing released");
+}
+
+/// Two hand-driven ranks of one job: each step's work is an even split, each rank's step
+/// capability states its own share n_r, and a part of norm C·(n_r + 1) on one coordinate (under
+/// the step's C·n, which the whole-step check alone let through) is refused as UNCLIPPED with
+/// nothing charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_rank_gets_an_even_share_and_a_part_past_c_times_its_own_share_is_refused() {
+    let dir = tempfile_dir("shares");
+    let dataset = synth_dataset(&dir, 120);
+    let services = Services::with_lease(&dir, 60).await;
+    let job = submit(&services, dpcap_coordinator::SpecFile { clipping_norm: Some(1.0), ..spec(&dataset, 3) }).await;
+    let (mut a, mut b) = (HandWorker::register(&services).await, HandWorker::register(&services).await);
+    let (assigned_a, assigned_b) = (a.assignment().await, b.assignment().await);
+    let (work_a, work_b) = tokio::join!(a.step(&assigned_a), b.step(&assigned_b));
+    let count = |w: &StepWork| w.units.iter().map(|u| u.indices.len() as u64).sum::<u64>();
+    let grant = |w: &StepWork| dpcap_serve::Capability::peek(&w.capability).and_then(|c| c.step).expect("a step grant");
+    let n = grant(&work_a).sampled;
+    assert!(n >= 4, "a step of {n} examples");
+    for work in [&work_a, &work_b] {
+        assert!(count(work) == n / 2 || count(work) == n.div_ceil(2), "an even share: {} of {n}", count(work));
+        assert_eq!(grant(work).units, count(work), "the capability states the rank's own share");
+    }
+    let (assignment, work) = if assigned_a.rank == 0 { (&assigned_a, &work_a) } else { (&assigned_b, &work_b) };
+    let share = grant(work).units;
+    let mut values = vec![0.0f32; dim(&job) as usize];
+    values[3] = share as f32 + 1.0; // past C·n_r, well under C·n
+    let key = PartKey { step: work.step, part: 0, attempt: assignment.generation };
+    let mut rank = accountant(&services, &assignment.capability);
+    let attach = AttachJobRequest { job_id: job.job_id.clone(), gradient_dim: dim(&job), parts: 2 };
+    rank.raw().attach_job(attach).await.expect("attached");
+    let bytes = dpcap_proto::floats::to_bytes(&values);
+    let refused = rank.submit_bytes(&job.job_id, key, &work.capability, bytes).await.unwrap_err();
+    assert_eq!(dpcap_proto::ErrorCode::of(&refused), Some(dpcap_proto::ErrorCode::Unclipped), "{refused}");
+    assert_eq!(services.charged_steps(&job.job_id), Vec::<u64>::new(), "nothing charged");
+}
+
+/// A rank that reports its step done without sending a part: the ledger holds no charge for the
+/// step, so the step does not complete; the job fails naming why, and nothing was charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_reported_done_without_its_charge_never_completes_and_the_job_fails_saying_why() {
+    let dir = tempfile_dir("done-uncharged");
+    let dataset = synth_dataset(&dir, 120);
+    let services = Services::with_lease(&dir, 60).await;
+    let job = submit(&services, one_worker(&dataset, 3)).await;
+    let mut worker = HandWorker::register(&services).await;
+    let assignment = worker.assignment().await;
+    let work = worker.step(&assignment).await;
+    let report = ReportStepRequest {
+        worker_id: worker.worker_id.clone(),
+        job_id: job.job_id.clone(),
+        generation: assignment.generation,
+        step: work.step,
+        outcome: StepOutcome::Done as i32,
+        ..Default::default()
+    };
+    worker.coordinator.report_step(report).await.expect("the report is taken, and judged by the ledger");
+    let failed = wait_until(&services, &job.job_id, within(1), |j| j.state == JobState::Failed as i32).await;
+    let condition = failed.conditions.last().unwrap();
+    assert!(condition.message.contains("the ledger holds no charge"), "{failed:#?}");
+    assert_eq!(failed.progress.unwrap().step, 0, "the job's progress never runs ahead of the ledger");
+    assert_eq!(services.charged_steps(&job.job_id), Vec::<u64>::new(), "nothing charged");
 }
 
 /// A queued job, its record rewritten as a worker could (sample rate 1, C = 100), then the
@@ -278,4 +340,167 @@ async fn twenty_queued_tiny_jobs_keep_the_accountants_memory_within_100_mb_of_id
     tokio::time::sleep(Duration::from_secs(2)).await; // a drawing, had one started, would be well on
     let queued = rss();
     assert!(queued < idle + 100_000_000, "idle {idle} B, with 20 queued tiny jobs {queued} B");
+}
+
+/// Audit canaries are held only for a running job: four queued audited jobs of 10M canaries
+/// each (about 170 MB each, were they drawn at registration) leave the accountant within
+/// 100 MB of its idle size, and so does its restart on that ledger (a replay draws none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_queued_audited_jobs_keep_the_accountants_memory_within_100_mb_of_idle_across_a_restart() {
+    let dir = tempfile_dir("queued-audits");
+    let dataset = synth_dataset(&dir, 120);
+    let mut services = Services::start(&dir).await;
+    let rss = |services: &Services| {
+        let pid = services.accountant.pid().unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().to_owned();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    };
+    let idle = rss(&services);
+    let audit = dpcap_coordinator::spec::AuditFile { canaries: 10_000_000, kind: None, coordinates: None };
+    for _ in 0..4 {
+        let spec = dpcap_coordinator::SpecFile { audit: Some(audit.clone()), ..one_worker(&dataset, 3) };
+        submit(&services, spec).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let queued = rss(&services);
+    assert!(queued < idle + 100_000_000, "idle {idle} B, with 4 queued audited jobs {queued} B");
+    services.restart_accountant(Duration::ZERO).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let replayed = rss(&services);
+    assert!(replayed < idle + 100_000_000, "idle {idle} B, replayed with 4 queued audited jobs {replayed} B");
+}
+
+/// A writer of the job store (a worker, through its checkpoints) drops junk named `job.sealed`
+/// under another job's checkpoints, with a sound job's id as the folder above it, and plants an
+/// idempotency claim. After a coordinator restart the sound job still runs to SUCCEEDED (a
+/// record is read only at its exact path), and a submit with the planted key creates its own
+/// job (claims live where only the coordinator writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn junk_in_the_job_store_neither_kills_a_sound_job_nor_answers_a_submit() {
+    use dpcap_proto::v1::SubmitJobRequest;
+    let dir = tempfile_dir("junk-store");
+    let dataset = synth_dataset(&dir, 120);
+    let mut services = Services::start(&dir).await;
+    let sound = submit(&services, one_worker(&dataset, 2)).await;
+    let other = submit(&services, one_worker(&dataset, 2)).await;
+    services.coordinator.kill();
+    for holder in [&other.job_id, &sound.job_id] {
+        let nested = services.store.join("jobs").join(holder).join("checkpoints/9").join(&sound.job_id);
+        std::fs::create_dir_all(&nested).unwrap();
+        std::fs::write(nested.join("job.sealed"), b"junk").unwrap();
+    }
+    let key = "sweep-7";
+    let claims = services.store.join("idempotency");
+    std::fs::create_dir_all(&claims).unwrap();
+    let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(claims.join(hex), other.job_id.as_bytes()).unwrap();
+
+    services.restart_coordinator(Duration::ZERO).await;
+    let metrics = services.coordinator.scrape().await;
+    assert!(metrics.contains("dpcap_coordinator_records_refused_total 0"), "nothing nested was read: {metrics}");
+    let request =
+        SubmitJobRequest { spec: Some(one_worker(&dataset, 2).into_proto().unwrap()), idempotency_key: key.into() };
+    let keyed = services.jobs().await.submit_job(request).await.expect("submitted").into_inner();
+    assert!(keyed.job_id != other.job_id && keyed.job_id != sound.job_id, "a job of its own: {}", keyed.job_id);
+    let _worker = Process::worker(&services.coordinator.grpc, "w0", &dir);
+    let done = wait_until(&services, &sound.job_id, within(2), |j| j.state == JobState::Succeeded as i32).await;
+    assert_eq!(done.progress.unwrap().step, 2);
+}
+
+/// The secrets store loses its record key while jobs are held: the coordinator refuses to
+/// start, naming the key and the flag, instead of refusing every record in silence; with the
+/// flag it starts, and the key file it writes is its owner's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_record_key_with_jobs_held_stops_the_start_unless_a_new_key_is_asked_for() {
+    let dir = tempfile_dir("lost-key");
+    let dataset = synth_dataset(&dir, 120);
+    let mut services = Services::start(&dir).await;
+    submit(&services, one_worker(&dataset, 2)).await;
+    services.coordinator.kill();
+    let secrets = std::path::PathBuf::from(format!("{}-secrets", services.store.display()));
+    std::fs::remove_file(secrets.join("record.key")).unwrap();
+    let start = |extra: &[&str]| {
+        std::process::Command::new(dpcap_e2e::binary("dpcap-coordinator"))
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--store"])
+            .arg(&services.store)
+            .args(["--accountant", &services.accountant.grpc])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let refused = start(&[]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("record.key is missing while the stores hold 1 jobs"), "{stderr}");
+    assert!(stderr.contains("--new-record-key"), "{stderr}");
+    assert!(!secrets.join("record.key").exists(), "no key minted");
+
+    services.add_coordinator_flags(&["--new-record-key"]);
+    services.restart_coordinator(Duration::ZERO).await;
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(secrets.join("record.key")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the key is its owner's alone");
+    let metrics = services.coordinator.scrape().await;
+    assert!(metrics.contains("dpcap_coordinator_records_refused_total 1"), "{metrics}");
+}
+
+/// A budget of ε 2 on a dataset; two copies of its shards: one with the index copied and its
+/// manifest edited by a byte, one indexed afresh (another manifest, no trained tokenizer).
+/// Each copy has an index digest of its own, yet names the original's budget, and a plan past
+/// that budget is refused on either copy as on the original.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_budgeted_dataset_with_its_manifest_edited_spends_the_originals_budget() {
+    use dpcap_e2e::dpctl;
+    use dpcap_proto::v1::SubmitJobRequest;
+    let dir = tempfile_dir("copy-budget");
+    let dataset = synth_dataset(&dir, 120);
+    // As in production: a dataset trains only under a budget its privacy admin set.
+    let services = Services::with_args(&dir, 3, &[], &[]).await;
+    let accountant = services.accountant.grpc.clone();
+    let delta = (1.0f64 / 120.0).to_string();
+    let set = ["dataset", "budget", "set", dataset.to_str().unwrap(), "--epsilon", "2", "--delta", &delta];
+    let set = dpctl(&[&set[..], &["--accountant", &accountant]].concat());
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+
+    let (edited, reindexed) = (dir.join("copy-edited"), dir.join("copy-reindexed"));
+    copy_tree(&dataset, &edited, true);
+    let manifest = edited.join("index/manifest.json");
+    let mut bytes = std::fs::read(&manifest).unwrap();
+    bytes.push(b'\n');
+    std::fs::write(&manifest, bytes).unwrap();
+    copy_tree(&dataset, &reindexed, false);
+    let index = dpctl(&["dataset", "index", reindexed.to_str().unwrap()]);
+    assert!(index.status.success(), "{}", String::from_utf8_lossy(&index.stderr));
+
+    let shown = |data: &std::path::Path| {
+        let out = dpctl(&["dataset", "budget", "show", data.to_str().unwrap(), "--accountant", &accountant]);
+        assert!(out.status.success(), "{}: {}", data.display(), String::from_utf8_lossy(&out.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        json["dataset_id"].as_str().unwrap().to_owned()
+    };
+    let original = shown(&dataset);
+    for copy in [&edited, &reindexed] {
+        assert_eq!(shown(copy), original, "{} names the original's budget", copy.display());
+        let spec = dpcap_coordinator::SpecFile { epsilon: Some(8.0), workers: Some(1), ..spec(copy, 3) };
+        let request = SubmitJobRequest { spec: Some(spec.into_proto().unwrap()), idempotency_key: String::new() };
+        let refused = services.jobs().await.submit_job(request).await.expect_err("refused at submit");
+        assert!(refused.message().contains(&original) && refused.message().contains("budget 2"), "{refused}");
+    }
+}
+
+/// Copies `from`'s shards (and, with `index`, its index) to `to`.
+fn copy_tree(from: &std::path::Path, to: &std::path::Path, index: bool) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            if index {
+                copy_tree(&path, &target, true);
+            }
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
 }

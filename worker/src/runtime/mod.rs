@@ -40,7 +40,9 @@ pub enum RuntimeError {
         source: dpcap_ml::checkpoint::CheckpointError,
     },
     /// A release the checkpoint needs was deleted: the job cannot resume from that checkpoint.
-    #[error("checkpoint: release of step {step} was deleted but the checkpoint loaded stops at step {position}: {reason}")]
+    #[error(
+        "checkpoint: release of step {step} was deleted but the checkpoint loaded stops at step {position}: {reason}"
+    )]
     ReleaseTrimmed {
         /// The deleted release's step.
         step: u64,

@@ -26,8 +26,8 @@ use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
 use dpcap_ml::checkpoint::{load_optimizer, load_weights, save_optimizer, save_weights};
 use dpcap_ml::clip::{ClipEngine, Telemetry};
 use dpcap_ml::fed::LocalConfig;
-use dpcap_ml::optim::Schedule;
 use dpcap_ml::optim::AdamWConfig;
+use dpcap_ml::optim::Schedule;
 use dpcap_ml::trainer::{FedEmbTraining, ReplicaConfig, Trainer};
 use dpcap_registry::Family;
 

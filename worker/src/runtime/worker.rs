@@ -88,8 +88,7 @@ async fn serve<AB: AutodiffBackend>(
 ) -> Result<(), RuntimeError> {
     let forever = RetryPolicy { deadline: Duration::MAX, ..RetryPolicy::default() };
     loop {
-        let request =
-            RegisterWorkerRequest { name: config.name.clone(), device: config.device.clone(), throughput: 0.0 };
+        let request = RegisterWorkerRequest { name: config.name.clone(), device: config.device.clone() };
         let response = retry(forever, "register_worker", || {
             let (mut client, request) = (registrar.clone(), request.clone());
             async move { client.register_worker(request).await }
