@@ -54,6 +54,11 @@ grep -q 'DPCAP_ACCOUNTANT_TOKEN' "$OUT/default.yaml" || { echo "the coordinator 
 grep -q 'capability.keys:' "$OUT/default.yaml" || { echo "the capability key Secret is missing"; exit 1; }
 [ "$(grep -c 'kind: NetworkPolicy' "$OUT/default.yaml")" = 3 ] || { echo "NetworkPolicies missing"; exit 1; }
 grep -q 'name: dpcap-dpcap-secrets' "$OUT/default.yaml" || { echo "job secrets need the coordinator's own volume"; exit 1; }
+# The secrets bucket's credentials reach the secrets store only (prefixed), never the job store's names.
+"$HELM" template dpcap "$CHART" "${TLS[@]}" --set secretsStore.url=s3://secrets/dpcap \
+  --set 'secretsStore.env[0].name=AWS_ACCESS_KEY_ID' --set 'secretsStore.env[0].value=k' > "$OUT/secrets-bucket.yaml"
+grep -q '"name":"DPCAP_SECRETS_STORE_AWS_ACCESS_KEY_ID"' "$OUT/secrets-bucket.yaml" && ! grep -q 'name: AWS_ACCESS_KEY_ID' "$OUT/secrets-bucket.yaml" \
+  || { echo "secretsStore.env must reach the coordinator as DPCAP_SECRETS_STORE_*"; exit 1; }
 "$HELM" template dpcap "$CHART" "${TLS[@]}" --set tls.certManager.issuer=ca-issuer > "$OUT/cert-manager.yaml"
 grep -q 'kind: Certificate' "$OUT/cert-manager.yaml" || { echo "cert-manager Certificate missing"; exit 1; }
 [ "$(grep -c 'readOnlyRootFilesystem: true' "$OUT/default.yaml")" = 3 ] || { echo "containers must have read-only roots"; exit 1; }

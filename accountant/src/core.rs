@@ -214,7 +214,7 @@ impl Accountant {
         let job =
             Arc::new(build_job(JobRecord::new(registration.clone()), self.policy, &self.ledger, &self.ahead).await?);
         // One admission at a time per budget: two plans never both fit in the same ε.
-        let key = BudgetKey::of(&registration.contract);
+        let key = self.datasets.key_of(&registration.contract);
         let _admission = self.datasets.admission_lock(&key).lock_owned().await;
         self.check_plan(&job).await?;
         let created = self.ledger.register(&registration).await?;
@@ -252,7 +252,7 @@ impl Accountant {
     /// reserved and left, and what to do.
     async fn check_plan(&self, job: &Job) -> Result<(), AccountantError> {
         let contract = &job.registration.contract;
-        let key = BudgetKey::of(contract);
+        let key = self.datasets.key_of(contract);
         let (Some(budget), true, Some(mechanism)) =
             (self.datasets.budget_of(&key), contract.mode.is_private(), contract.epsilon_mechanism())
         else {
@@ -294,7 +294,7 @@ impl Accountant {
             .read()
             .expect("jobs lock")
             .values()
-            .filter(|j| spends(&j.registration, key) && j.registration.contract.mode.is_private())
+            .filter(|j| spends(&self.datasets, &j.registration, key) && j.registration.contract.mode.is_private())
             .filter(|j| except != Some(j.registration.job_id.as_str()))
             .map(|j| {
                 let charged = j.progress().charged;
@@ -392,7 +392,7 @@ impl Accountant {
         // suspended, so that no registration in between sees its plan as released.
         let mut admission = None;
         if resume && job.suspended.load(Ordering::SeqCst) {
-            let key = BudgetKey::of(&job.registration.contract);
+            let key = self.datasets.key_of(&job.registration.contract);
             admission = Some(self.datasets.admission_lock(&key).lock_owned().await);
             self.check_plan(job).await?;
         }
@@ -424,7 +424,7 @@ impl Accountant {
             .read()
             .expect("jobs lock")
             .values()
-            .filter(|j| spends(&j.registration, key) && j.registration.contract.mode.is_private())
+            .filter(|j| spends(&self.datasets, &j.registration, key) && j.registration.contract.mode.is_private())
             .map(|j| segment(j, j.progress().charged))
             .collect();
         if let Some((job, steps)) = extra {
@@ -624,7 +624,7 @@ impl Accountant {
     /// A job admitted, ended or suspended changes what its budget has reserved: the standing
     /// is composed again (with PLD, as GetDatasetBudget does) for the metrics; best effort.
     async fn refresh_standing(&self, job: &Job) {
-        let key = BudgetKey::of(&job.registration.contract);
+        let key = self.datasets.key_of(&job.registration.contract);
         if self.datasets.budget_of(&key).is_some()
             && let Err(e) = self.dataset(&key).await
         {
@@ -672,7 +672,7 @@ impl Accountant {
             .read()
             .expect("jobs lock")
             .values()
-            .filter(|j| spends(&j.registration, key))
+            .filter(|j| spends(&self.datasets, &j.registration, key))
             .map(|j| j.registration.job_id.clone())
             .collect();
         jobs.sort();
@@ -685,8 +685,8 @@ impl Accountant {
 
 /// Whether a job spends budget `key`: its own, or, for a job registered before privacy units
 /// (its unit unknown), every unit's budget of its dataset.
-fn spends(r: &Registration, key: &BudgetKey) -> bool {
-    let own = BudgetKey::of(&r.contract);
+fn spends(datasets: &Datasets, r: &Registration, key: &BudgetKey) -> bool {
+    let own = datasets.key_of(&r.contract);
     own == *key || (r.legacy && own.dataset_id == key.dataset_id)
 }
 

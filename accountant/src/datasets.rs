@@ -76,6 +76,19 @@ impl Datasets {
         self.budgets.read().expect("budgets lock").get(key).cloned()
     }
 
+    /// The budget `contract` spends: keyed by its data (`data_id`), unless its index's own
+    /// digest carries a budget set before budgets followed the data, which then stays the one
+    /// its jobs spend (budgets are never removed, so the choice never changes under a job).
+    pub fn key_of(&self, contract: &PrivacyContract) -> BudgetKey {
+        let by_data = BudgetKey::of(contract);
+        let by_index = BudgetKey { dataset_id: contract.dataset_id.clone(), unit: by_data.unit.clone() };
+        if by_index != by_data && self.budgets.read().expect("budgets lock").contains_key(&by_index) {
+            by_index
+        } else {
+            by_data
+        }
+    }
+
     /// Every budget, for metrics.
     pub fn all(&self) -> Vec<DatasetBudget> {
         self.budgets.read().expect("budgets lock").values().cloned().collect()
@@ -87,7 +100,20 @@ impl Datasets {
         if registering && !contract.dataset_id.is_empty() {
             check_dataset_id(&contract.dataset_id)?;
         }
-        let key = BudgetKey::of(contract);
+        let key = self.key_of(contract);
+        let by_data = BudgetKey::of(contract);
+        if registering && key != by_data && self.budget_of(&by_data).is_some() {
+            return Err(AccountantError::invalid(
+                "dataset",
+                format!(
+                    "its data has two budgets: {} by the data's digest, and one by this index's digest {} (set \
+                     before budgets followed the data); a job would be held to one only, so none runs until a \
+                     privacy admin sets the index's budget to what remains and the data's to the whole",
+                    by_data.describe(),
+                    key.dataset_id
+                ),
+            ));
+        }
         if let Some(other) = self.other_unit(&key) {
             return Err(AccountantError::invalid(
                 "unit",
@@ -293,6 +319,26 @@ mod tests {
             allow_not_private: false,
             name: String::new(),
         }
+    }
+
+    #[test]
+    fn a_job_spends_its_datas_budget_unless_its_index_kept_a_budget_from_before_and_never_two() {
+        let datasets = Datasets::new(false);
+        let data = format!("sha256:{}", "ef".repeat(32));
+        let job = PrivacyContract { data_id: data.clone(), ..contract(PrivacyUnit::Example, Mode::Dp) };
+        assert_eq!(datasets.key_of(&job).dataset_id, data, "keyed by the data");
+        datasets.load(DatasetBudget { dataset_id: data.clone(), ..budget("example", 1) });
+        assert!(datasets.check(&job, true).is_ok());
+        let copy = PrivacyContract { dataset_id: format!("sha256:{}", "01".repeat(32)), ..job.clone() };
+        assert_eq!(datasets.key_of(&copy), datasets.key_of(&job), "another index of the same data: the same budget");
+
+        let legacy = Datasets::new(false);
+        legacy.load(budget("example", 1)); // keyed by the index digest, as budgets were before
+        assert_eq!(legacy.key_of(&job).dataset_id, job.dataset_id, "the index's budget from before stays its own");
+        assert!(legacy.check(&job, true).is_ok());
+        legacy.load(DatasetBudget { dataset_id: data, ..budget("example", 1) });
+        let refused = legacy.check(&job, true).unwrap_err().to_string();
+        assert!(refused.starts_with("invalid dataset:") && refused.contains("two budgets"), "{refused}");
     }
 
     #[test]

@@ -124,7 +124,7 @@ impl Accountant {
     /// Check, charge, noise, publish. Called with the job's lock held and every part in.
     async fn release(&self, job: &Job, state: &mut StepState) -> Result<(), AccountantError> {
         let step = state.pending.as_ref().expect("release needs a pending step").step;
-        let key = BudgetKey::of(&job.registration.contract);
+        let key = self.datasets.key_of(&job.registration.contract);
         let _dataset_guard = match self.datasets.lock(&key) {
             Some(lock) => Some(lock.lock_owned().await),
             None => None,
@@ -170,7 +170,7 @@ impl Accountant {
         }
         self.datasets.check(contract, false)?;
         // Jobs without a guarantee were let onto the dataset by its owners and never spend it.
-        let key = BudgetKey::of(contract);
+        let key = self.datasets.key_of(contract);
         let Some(budget) = self.datasets.budget_of(&key).filter(|_| contract.mode.is_private()) else {
             return Ok(Checked { epsilon_after, dataset_after: None });
         };
@@ -331,7 +331,7 @@ impl Accountant {
 
     /// Starts composing the dataset's ε for `job`'s next step while the step trains.
     fn prepare_dataset(&self, job: &Job) {
-        let key = BudgetKey::of(&job.registration.contract);
+        let key = self.datasets.key_of(&job.registration.contract);
         if let Some(budget) = self.datasets.budget_of(&key).filter(|_| job.registration.contract.mode.is_private()) {
             self.datasets.prepare(&budget, job.spending.kind(), self.segments(&key, Some((job, 1))));
         }
