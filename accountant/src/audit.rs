@@ -72,7 +72,9 @@ pub struct AuditPlan {
     sample_rate: f64,
     clip: f64,
     placement: Placement,
-    drawn: std::sync::Mutex<Option<std::sync::Arc<Canaries>>>,
+    /// The canaries while held, and the number of times they were let go: a draw that began
+    /// before a let-go is not kept (the job stopped running meanwhile).
+    drawn: std::sync::Mutex<(Option<std::sync::Arc<Canaries>>, u64)>,
 }
 
 impl AuditPlan {
@@ -86,25 +88,36 @@ impl AuditPlan {
         if self.placement == Placement::Reserved { self.count } else { 0 }
     }
 
-    /// The canaries, drawn now if they are not held.
+    /// The canaries, drawn now (outside the lock) if they are not held; kept for later calls
+    /// unless they were let go while drawing.
     pub fn canaries(&self) -> std::sync::Arc<Canaries> {
+        let epoch = {
+            let drawn = self.drawn.lock().expect("audit lock");
+            if let Some(canaries) = &drawn.0 {
+                return canaries.clone();
+            }
+            drawn.1
+        };
+        let (secret, count, dim) = (self.secret, self.count, self.dim);
+        let fresh = std::sync::Arc::new(Canaries::new(secret, count, dim, self.sample_rate, self.clip, self.placement));
         let mut drawn = self.drawn.lock().expect("audit lock");
-        drawn
-            .get_or_insert_with(|| {
-                let (secret, count, dim) = (self.secret, self.count, self.dim);
-                std::sync::Arc::new(Canaries::new(secret, count, dim, self.sample_rate, self.clip, self.placement))
-            })
-            .clone()
+        if drawn.1 == epoch && drawn.0.is_none() {
+            drawn.0 = Some(fresh.clone());
+        }
+        fresh
     }
 
-    /// Lets the canaries go (they are drawn again, identical, when next needed).
+    /// Lets the canaries go (they are drawn again, identical, when next needed); a draw under
+    /// way is not kept.
     pub fn clear(&self) {
-        self.drawn.lock().expect("audit lock").take();
+        let mut drawn = self.drawn.lock().expect("audit lock");
+        drawn.0 = None;
+        drawn.1 += 1;
     }
 
     /// Bytes the drawn canaries hold (0 when not drawn).
     pub fn held_bytes(&self) -> usize {
-        self.drawn.lock().expect("audit lock").as_ref().map_or(0, |c| c.held_bytes())
+        self.drawn.lock().expect("audit lock").0.as_ref().map_or(0, |c| c.held_bytes())
     }
 }
 

@@ -232,7 +232,7 @@ impl Accountant {
             AccountantError::invalid("init_from_job", format!("{source} is not registered with this accountant"))
         })?;
         let (c, s) = (&r.contract, &source.registration.contract);
-        if !s.mode.is_private() || s.dataset_id != c.dataset_id || s.unit != c.unit {
+        if !s.mode.is_private() || s.budget_id() != c.budget_id() || s.unit != c.unit {
             return Err(AccountantError::invalid(
                 "init_from_job",
                 format!(
@@ -650,10 +650,37 @@ impl Accountant {
         Ok(())
     }
 
+    /// A new budget names data, never one index of data the ledger knows by its data digest:
+    /// a budget on such an index would bind only that index's jobs, and one added under a
+    /// running job would move its spend. A budget set that way before budgets followed the
+    /// data may still be changed.
+    fn check_budget_names_data(&self, key: &BudgetKey) -> Result<(), AccountantError> {
+        if self.datasets.budget_of(key).is_some() {
+            return Ok(());
+        }
+        let jobs = self.jobs.read().expect("jobs lock");
+        let indexed = jobs
+            .values()
+            .map(|j| &j.registration.contract)
+            .find(|c| c.dataset_id == key.dataset_id && !c.data_id.is_empty() && c.data_id != c.dataset_id);
+        match indexed {
+            None => Ok(()),
+            Some(c) => Err(AccountantError::invalid(
+                "dataset_id",
+                format!(
+                    "{} is the digest of one index of the data {}: set the budget on the data's digest (`dpctl \
+                     dataset budget set DATASET` names it), so that every index and copy of it spends the budget",
+                    key.dataset_id, c.data_id
+                ),
+            )),
+        }
+    }
+
     /// Sets a budget (a privacy admin's call), then returns it with its spend.
     pub async fn set_budget(&self, key: &BudgetKey, setting: BudgetSetting) -> Result<DatasetView, AccountantError> {
         // While the ledger replays, a change would race the replayed versions.
         self.check_ready()?;
+        self.check_budget_names_data(key)?;
         self.datasets.set(&self.ledger, key, setting).await?;
         self.dataset(key).await
     }

@@ -107,8 +107,9 @@ impl Datasets {
                 "dataset",
                 format!(
                     "its data has two budgets: {} by the data's digest, and one by this index's digest {} (set \
-                     before budgets followed the data); a job would be held to one only, so none runs until a \
-                     privacy admin sets the index's budget to what remains and the data's to the whole",
+                     before budgets followed the data); a job would be held to one only, so none runs on this \
+                     index until a privacy admin lowers the data's budget by what the index's has spent and \
+                     the index's to nothing more (epsilon of what it spent)",
                     by_data.describe(),
                     key.dataset_id
                 ),

@@ -1017,3 +1017,38 @@ async fn stalled_part_streams_are_cut_off_by_the_idle_limit_and_a_newer_stream_s
     assert_eq!(open_now(server.scrape().await), 0, "nothing held after the cut");
     assert!(charged_steps(dir.path(), "stall").is_empty(), "nothing charged");
 }
+
+/// A job on one index of some data is registered; a budget on that index's digest is refused
+/// (budgets name data), one on the data's digest binds the job and a job on another index of
+/// the same data alike: their spends compose into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_names_the_data_and_binds_every_index_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = AccountantProcess::start(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    let data = format!("sha256:{}", "da".repeat(32));
+    let on_index = |id: &str, index: &str| {
+        let mut r = job(id, 0.05, 2.0, 1.0, 100.0, 4, 1, None);
+        (contract(&mut r).dataset_id, contract(&mut r).data_id) = (index.to_owned(), data.clone());
+        r
+    };
+    let (first, second) = (format!("sha256:{}", "01".repeat(32)), format!("sha256:{}", "02".repeat(32)));
+    client.raw().register_job(on_index("first", &first)).await.unwrap();
+    let set = |dataset_id: &str| SetDatasetBudgetRequest {
+        dataset_id: dataset_id.to_owned(),
+        epsilon: 50.0,
+        delta: 1e-5,
+        reason: "owner".into(),
+        ..Default::default()
+    };
+    let by_index = client.raw().set_dataset_budget(set(&first)).await.unwrap_err();
+    assert_eq!(by_index.code(), Code::InvalidArgument, "{by_index}");
+    assert!(by_index.message().contains(&format!("one index of the data {data}")), "{by_index}");
+    client.raw().set_dataset_budget(set(&data)).await.unwrap();
+    client.raw().register_job(on_index("second", &second)).await.unwrap();
+    let get = GetDatasetBudgetRequest { dataset_id: data.clone(), ..Default::default() };
+    let budget = client.raw().get_dataset_budget(get).await.unwrap().into_inner();
+    let mut jobs = budget.jobs.clone();
+    jobs.sort();
+    assert_eq!(jobs, ["first", "second"], "both indexes' jobs spend the data's budget: {budget:?}");
+}

@@ -46,8 +46,9 @@ impl Coordinator {
         {
             return self.get(&existing);
         }
-        if let Some(source) = &planned.init {
-            self.check_init_source(source).await?;
+        let mut planned = planned;
+        if let Some(source) = planned.init.clone() {
+            self.check_init_source(&source, &mut planned).await?;
         }
         let Planned { spec, plan, contract, counts, clients, init, pins_bytes } = planned;
         let mut job = Job {
@@ -98,7 +99,11 @@ impl Coordinator {
     /// weights were trained with DP); one that claims NOT PRIVATE weights was already held to
     /// `init_public` ([`crate::init::check`]). A ledger that cannot be read now refuses the
     /// submit as unavailable (retry), never lets it through.
-    async fn check_init_source(&self, source: &InitSource) -> Result<(), CoordinatorError> {
+    ///
+    /// Whether the source trained on this job's data is the ledger's word too (the contracts'
+    /// `budget_id`, so a copy or re-index counts as the same data): NOT PRIVATE weights of it
+    /// never start a DP job, and a DP source's spend always composes into the job's ε.
+    async fn check_init_source(&self, source: &InitSource, planned: &mut Planned) -> Result<(), CoordinatorError> {
         let request = dpcap_proto::v1::GetSpendRequest { job_id: source.job_id.clone() };
         let mut client = self.accountant.clone();
         let spend = match client.get_spend(request).await {
@@ -146,6 +151,25 @@ impl Coordinator {
                     contract.dataset_id
                 ),
             ));
+        }
+        let job = &mut planned.contract;
+        if !job.mode.is_private() || contract.budget_id() != job.budget_id() || contract.unit != job.unit {
+            return Ok(());
+        }
+        if !contract.mode.is_private() {
+            return Err(CoordinatorError::invalid(
+                "init_from",
+                format!(
+                    "job {} trained NOT PRIVATE weights on this job's own data ({}, by the ledger): they would void \
+                     its guarantee",
+                    source.job_id,
+                    job.budget_id()
+                ),
+            ));
+        }
+        if job.init_from_job.is_none() {
+            job.init_from_job = Some(source.job_id.clone());
+            planned.plan.contract = Some(contract_to_proto(job));
         }
         Ok(())
     }

@@ -83,11 +83,13 @@ pub fn split_clients(clients: &[&[u64]], layout: &Layout, ranks: usize) -> Vec<V
     ranks
 }
 
-/// Units of one rank's share: its examples, or for a user-level job its clients (what one
-/// rank's part is held to C times).
+/// Units of one rank's share: its examples, or for a user-level job the clients it holds
+/// examples of (what one rank's part is held to C times). A client's units are adjacent, so
+/// its clients are counted where the ordinal changes: never more than the clients given.
 pub fn share_units(units: &[ClientUnit], user_level: bool) -> u64 {
     if user_level {
-        units.iter().map(|u| u.client).max().map_or(0, |last| u64::from(last) + 1)
+        let changes = units.windows(2).filter(|pair| pair[0].client != pair[1].client).count();
+        if units.is_empty() { 0 } else { changes as u64 + 1 }
     } else {
         units.iter().map(|u| u.unit.indices.len() as u64).sum()
     }

@@ -148,3 +148,15 @@ fn audit_table() {
         }
     }
 }
+
+#[test]
+fn an_audit_plan_draws_its_canaries_when_needed_lets_them_go_and_draws_the_same_again() {
+    let plan = AuditPlan::new(secret(4), 1000, 5000, 0.1, 1.0, Placement::Reserved);
+    assert_eq!((plan.reserved(), plan.held_bytes()), (1000, 0), "nothing drawn at registration");
+    let first = plan.canaries();
+    assert!(plan.held_bytes() >= 1000 * 17, "held while running: {}", plan.held_bytes());
+    plan.clear();
+    assert_eq!(plan.held_bytes(), 0, "let go");
+    let again = plan.canaries();
+    assert_eq!((first.included(), first.sampled(3)), (again.included(), again.sampled(3)), "the same canaries");
+}

@@ -7,14 +7,11 @@ use super::Objective;
 use super::counters;
 use super::finite::{self, Reads};
 use super::norms;
-use super::rounding::{self, MatmulInputs};
+use super::rounding::{self, MatmulInputs, NORM_EPSILON};
 use super::tape::{LoweredWeights, Mode, Precision, Record, Tape};
 use crate::params::{ParamId, ParamSet};
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
-
-/// Stabiliser in c_i = min(1, C / (‖g_i‖ + 1e-6)).
-pub const NORM_EPSILON: f64 = 1e-6;
 
 /// The clip factor c = min(1, C / (‖g‖ + 1e-6)) of a gradient of L2 norm `norm` at clipping
 /// norm C, so that ‖c·g‖ ≤ C.

@@ -12,11 +12,10 @@ pub mod rounding;
 mod tape;
 
 pub use engine::{
-    ClipEngine, ClippedSum, GradSum, NORM_EPSILON, Telemetry, clip_factor, naive_clipped_sum, nonprivate_sum,
-    plain_grads,
+    ClipEngine, ClippedSum, GradSum, Telemetry, clip_factor, naive_clipped_sum, nonprivate_sum, plain_grads,
 };
 pub use finite::Reads;
-pub use rounding::MatmulInputs;
+pub use rounding::{MatmulInputs, NORM_EPSILON};
 pub use tape::{LoweredWeights, Mode, Precision, Record, Tape};
 
 use std::ops::Range;

@@ -32,6 +32,10 @@
 //! elementwise work per layer and clips harder only where cancellation makes n̂ untrustworthy
 //! (S ≫ n̂): by √(1 + κ) and e·R/N otherwise, 0.4 % at ViT-B's widest layer.
 
+/// Stabiliser in c_i = min(1, C / (‖g_i‖ + 1e-6)): the engine's clip factor and this
+/// module's bound share it.
+pub const NORM_EPSILON: f64 = 1e-6;
+
 /// How the backend's f32 matmuls treat their inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MatmulInputs {
@@ -101,7 +105,7 @@ pub fn sum_input_error(u: f64) -> f64 {
 /// rounded with unit `u`: ‖c_i·g_i + the sum's rounding‖ ≤ C (module docs). The ClipEngine
 /// computes the same on tensors.
 pub fn bounded_factor(norm_bound: f64, r: f64, clipping_norm: f64, u: f64) -> f64 {
-    let denominator = norm_bound + sum_input_error(u) * r + super::engine::NORM_EPSILON;
+    let denominator = norm_bound + sum_input_error(u) * r + NORM_EPSILON;
     (clipping_norm * (1.0 - FAST_MATH_MARGIN) / denominator).min(1.0)
 }
 

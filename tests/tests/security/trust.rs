@@ -75,6 +75,14 @@ async fn send_part(
     rank.submit_bytes(&assignment.job_id, key, &work.capability, data).await.map(drop)
 }
 
+/// The accountant's resident memory in bytes (/proc/PID/status VmRSS).
+fn accountant_rss(services: &Services) -> u64 {
+    let pid = services.accountant.pid().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().to_owned();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
 fn dim(job: &Job) -> u64 {
     job.plan.as_ref().unwrap().gradient_dim
 }
@@ -327,12 +335,7 @@ async fn twenty_queued_tiny_jobs_keep_the_accountants_memory_within_100_mb_of_id
     let dir = tempfile_dir("queued-memory");
     let dataset = synth_dataset(&dir, 120);
     let services = Services::start(&dir).await;
-    let rss = || {
-        let pid = services.accountant.pid().unwrap();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().to_owned();
-        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
-    };
+    let rss = || accountant_rss(&services);
     let idle = rss();
     for _ in 0..20 {
         submit(&services, dpcap_coordinator::SpecFile { model: "tiny".into(), ..one_worker(&dataset, 3) }).await;
@@ -350,24 +353,18 @@ async fn four_queued_audited_jobs_keep_the_accountants_memory_within_100_mb_of_i
     let dir = tempfile_dir("queued-audits");
     let dataset = synth_dataset(&dir, 120);
     let mut services = Services::start(&dir).await;
-    let rss = |services: &Services| {
-        let pid = services.accountant.pid().unwrap();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().to_owned();
-        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
-    };
-    let idle = rss(&services);
+    let idle = accountant_rss(&services);
     let audit = dpcap_coordinator::spec::AuditFile { canaries: 10_000_000, kind: None, coordinates: None };
     for _ in 0..4 {
         let spec = dpcap_coordinator::SpecFile { audit: Some(audit.clone()), ..one_worker(&dataset, 3) };
         submit(&services, spec).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let queued = rss(&services);
+    let queued = accountant_rss(&services);
     assert!(queued < idle + 100_000_000, "idle {idle} B, with 4 queued audited jobs {queued} B");
     services.restart_accountant(Duration::ZERO).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let replayed = rss(&services);
+    let replayed = accountant_rss(&services);
     assert!(replayed < idle + 100_000_000, "idle {idle} B, replayed with 4 queued audited jobs {replayed} B");
 }
 
