@@ -1,11 +1,12 @@
-//! Durable job state on an object store (a local directory by default): one sealed protobuf
+//! Durable job state on object stores (local directories by default): one sealed protobuf
 //! object per job (spec, plan with its contract, state, conditions, progress), and idempotency
-//! keys claimed with create-if-absent puts. The job's private part (sampler secret and shard
-//! layout) and the record key live in a *separate* secrets store that workers are never
-//! given: checkpoints and exports sit under the job store, which workers write to.
+//! keys claimed with create-if-absent puts. The records restore reads, the job's private part
+//! (sampler secret and shard layout), the idempotency keys and the record key live in a
+//! *separate* secrets store that workers are never given; the job store, which workers write
+//! to (checkpoints, exports), holds only a copy of each record for readers.
 //!
 //! **Records are sealed.** Whoever can write the job store (a worker, through its checkpoints)
-//! must not be able to change what a job samples or clips, nor create a job. Each record is
+//! must not be able to change what a job samples or clips, create a job or stop one. Each record is
 //! written with an HMAC-SHA256 tag under a key only the coordinator holds (`record.key` in the
 //! secrets store, created once), bound to the job's id and to the record's version; every read
 //! checks it. The secrets store keeps each job's last version (written after the record), so an
@@ -15,8 +16,10 @@
 //! is neither registered nor run, and it is suspended at the accountant (so that it reserves
 //! nothing). A record from before sealing (`job.binpb`) is refused alike.
 //!
-//! Layout: job store `jobs/{id}/job.sealed` (read only at that exact path); secrets store
-//! `record.key`, `idempotency/{hex(key)}`, `jobs/{id}/private.json`, `jobs/{id}/record.version`. One coordinator replica
+//! Layout: job store `jobs/{id}/job.sealed` (a copy for readers); secrets store `record.key`,
+//! `idempotency/{hex(key)}`, `jobs/{id}/job.sealed` (the copy restore reads),
+//! `jobs/{id}/private.json`, `jobs/{id}/record.version`. Records are read only at these exact
+//! paths. One coordinator replica
 //! writes both (Deployment, Recreate).
 
 use std::sync::Arc;
@@ -173,8 +176,14 @@ impl JobStore {
     /// record, which is accepted; an older one never is). Callers serialise writes of a job.
     pub async fn put_job(&self, job: &Job) -> Result<(), CoordinatorError> {
         let version = self.last_version(&job.job_id).await? + 1;
+        let sealed = PutPayload::from(self.key.seal(job, version));
+        // The coordinator's own copy first: restore reads it, so nothing written to the job
+        // store (which workers write) can stop a job.
+        self.secrets
+            .put(&under(&self.secrets_root, &format!("jobs/{}/job.sealed", job.job_id)), sealed.clone())
+            .await?;
         let path = self.path(&format!("jobs/{}/job.sealed", job.job_id));
-        self.store.put(&path, PutPayload::from(self.key.seal(job, version))).await?;
+        self.store.put(&path, sealed).await?;
         let version_path = under(&self.secrets_root, &format!("jobs/{}/record.version", job.job_id));
         self.secrets.put(&version_path, PutPayload::from(version.to_string().into_bytes())).await?;
         self.versions.lock().expect("versions lock").insert(job.job_id.clone(), version);
@@ -208,15 +217,21 @@ impl JobStore {
     /// Deletes a submission's record only: its secret stays, marking an orphan that a restore
     /// suspends at the accountant (see `load_all`).
     pub async fn delete_record(&self, job_id: &str) {
-        if let Err(e) = self.store.delete(&self.path(&format!("jobs/{job_id}/job.sealed"))).await {
-            tracing::warn!(job_id, error = %e, "could not delete a refused submission's record");
+        let own = under(&self.secrets_root, &format!("jobs/{job_id}/job.sealed"));
+        for (store, path) in [(&self.secrets, own), (&self.store, self.path(&format!("jobs/{job_id}/job.sealed")))] {
+            if let Err(e) = store.delete(&path).await
+                && !matches!(e, object_store::Error::NotFound { .. })
+            {
+                tracing::warn!(job_id, error = %e, "could not delete a refused submission's record");
+            }
         }
     }
 
-    /// The job's record, its seal checked (None when there is none).
+    /// The job's record, its seal checked (None when there is none): the coordinator's own
+    /// copy in the secrets store.
     pub async fn get_job(&self, job_id: &str) -> Result<Option<Job>, CoordinatorError> {
-        let path = self.path(&format!("jobs/{job_id}/job.sealed"));
-        let bytes = match self.store.get(&path).await {
+        let path = under(&self.secrets_root, &format!("jobs/{job_id}/job.sealed"));
+        let bytes = match self.secrets.get(&path).await {
             Ok(r) => r.bytes().await?,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -258,50 +273,38 @@ impl JobStore {
     }
 
     /// Every stored job whose seal verifies, with its private part, in no particular order,
-    /// and the ids of the records refused (see the module docs). Jobs without a private part
-    /// (a crash between the two writes of a submission) are skipped.
+    /// and the ids of the records refused (see the module docs). A job is restored from the
+    /// coordinator's own copy in the secrets store; the job store's copy is read only for a
+    /// job that has none (written before the copies), so nothing a worker writes there stops a
+    /// job. Jobs without a private part (a crash between the two writes of a submission) are
+    /// skipped.
     pub async fn load_all(&self) -> Result<(Vec<(Job, Private)>, Vec<String>), CoordinatorError> {
-        let listed: Vec<_> = self.store.list(Some(&self.path("jobs"))).try_collect().await?;
-        // A record is read only at its exact path, `jobs/{id}/{name}`: a file of that name
-        // anywhere deeper (under a job's checkpoints, which workers write) names no job, so it
-        // can neither run nor get a sound job fenced.
-        let jobs_prefix = format!("{}/", self.path("jobs"));
-        let id_of = |location: &str, name: &str| -> Option<String> {
-            let rest = location.strip_prefix(jobs_prefix.as_str())?;
-            match rest.split('/').collect::<Vec<_>>().as_slice() {
-                [id, file] if *file == name && !id.is_empty() => Some((*id).to_owned()),
-                _ => None,
-            }
-        };
-        // An id with a sealed record is judged by it alone: an unsealed job.binpb beside it
-        // (from before seals, or dropped there by a writer of the store) is ignored, so that it
-        // can neither run nor get a sound job fenced.
-        let sealed: std::collections::HashSet<String> =
-            listed.iter().filter_map(|m| id_of(m.location.as_ref(), "job.sealed")).collect();
+        let own = self.records(self.secrets.as_ref(), &self.secrets_root).await?;
+        let owned: std::collections::HashSet<&str> = own.iter().map(|(id, _)| id.as_str()).collect();
+        let shared: Vec<_> = self
+            .records(self.store.as_ref(), &self.root)
+            .await?
+            .into_iter()
+            .filter(|(id, _)| !owned.contains(id.as_str()))
+            .collect();
+        let candidates =
+            own.iter().map(|r| (self.secrets.as_ref(), r)).chain(shared.iter().map(|r| (self.store.as_ref(), r)));
         let (mut out, mut refused) = (Vec::new(), Vec::new());
-        for meta in &listed {
-            let location = meta.location.as_ref();
-            let job_id = match (id_of(location, "job.sealed"), id_of(location, "job.binpb")) {
-                (Some(id), _) => id,
-                (None, Some(id)) if !sealed.contains(&id) => id,
-                _ => continue,
-            };
-            let job_id = job_id.as_str();
-            let bytes = self.store.get(&meta.location).await?.bytes().await?;
-            let opened = self.key.open(job_id, &bytes);
+        for (store, (job_id, location)) in candidates {
+            let bytes = store.get(location).await?.bytes().await?;
             let last = self.last_version(job_id).await?;
-            let job = match opened {
+            let job = match self.key.open(job_id, &bytes) {
                 Ok((job, version)) if version >= last => {
                     self.versions.lock().expect("versions lock").insert(job_id.to_owned(), version);
                     job
                 }
                 Ok((_, version)) => {
-                    self.refuse(location, format!("version {version} is older than the last written, {last}"));
+                    self.refuse(location.as_ref(), format!("version {version} is older than the last written, {last}"));
                     refused.push(job_id.to_owned());
                     continue;
                 }
                 Err(why) => {
-                    self.refuse(location, why);
+                    self.refuse(location.as_ref(), why);
                     refused.push(job_id.to_owned());
                     continue;
                 }
@@ -311,6 +314,34 @@ impl JobStore {
         }
         refused.extend(self.orphans(&out, &refused).await?);
         Ok((out, refused))
+    }
+
+    /// The records under `root/jobs/` of `store`, by job id: read only at their exact path,
+    /// `jobs/{id}/job.sealed` (or an unsealed `job.binpb` from before seals, where no sealed
+    /// record of the id lies beside it). A file of that name anywhere deeper (under a job's
+    /// checkpoints, which workers write) names no job.
+    async fn records(&self, store: &dyn ObjectStore, root: &Path) -> Result<Vec<(String, Path)>, CoordinatorError> {
+        let listed: Vec<_> = store.list(Some(&under(root, "jobs"))).try_collect().await?;
+        let jobs_prefix = format!("{}/", under(root, "jobs"));
+        let id_of = |location: &str, name: &str| -> Option<String> {
+            let rest = location.strip_prefix(jobs_prefix.as_str())?;
+            match rest.split('/').collect::<Vec<_>>().as_slice() {
+                [id, file] if *file == name && !id.is_empty() => Some((*id).to_owned()),
+                _ => None,
+            }
+        };
+        let sealed: std::collections::HashSet<String> =
+            listed.iter().filter_map(|m| id_of(m.location.as_ref(), "job.sealed")).collect();
+        let records = listed.iter().filter_map(|meta| {
+            let location = meta.location.as_ref();
+            let id = match (id_of(location, "job.sealed"), id_of(location, "job.binpb")) {
+                (Some(id), _) => id,
+                (None, Some(id)) if !sealed.contains(&id) => id,
+                _ => return None,
+            };
+            Some((id, meta.location.clone()))
+        });
+        Ok(records.collect())
     }
 
     /// Ids the secrets store holds a private part of but whose record is gone (deleted after a

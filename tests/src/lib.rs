@@ -565,6 +565,12 @@ impl Services {
     pub fn record_path(&self, job_id: &str) -> PathBuf {
         self.store.join("jobs").join(job_id).join("job.sealed")
     }
+
+    /// Where the coordinator's own copy of `job_id`'s record lies (its secrets store beside a
+    /// local job store): what restore reads.
+    pub fn own_record_path(&self, job_id: &str) -> PathBuf {
+        PathBuf::from(format!("{}-secrets", self.store.display())).join("jobs").join(job_id).join("job.sealed")
+    }
 }
 
 /// The steps of a ledger directory's committed records, `STEP.json`, in order. A put the

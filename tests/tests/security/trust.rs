@@ -218,10 +218,12 @@ async fn a_step_reported_done_without_its_charge_never_completes_and_the_job_fai
     assert_eq!(services.charged_steps(&job.job_id), Vec::<u64>::new(), "nothing charged");
 }
 
-/// A queued job, its record rewritten as a worker could (sample rate 1, C = 100), then the
-/// coordinator restarted: the record's seal no longer verifies, so the job is never restored,
-/// registered or run. A record copied under a new id, with the secret a legacy store kept
-/// beside it, is refused alike.
+/// Two queued jobs, their records rewritten (sample rate 1, C = 100), then the coordinator
+/// restarted. `kept`'s rewrite is in the job store only, as a worker could make it: restore reads
+/// the coordinator's own copy, so the job runs as submitted. `job`'s is in the coordinator's own
+/// copy too (a writer of the secrets store): its seal no longer verifies, so it is never
+/// restored, registered or run. A record copied under a new id, with the secret a legacy store
+/// kept beside it, is refused alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_record_rewritten_or_copied_in_the_store_is_never_restored_registered_or_run() {
     use prost::Message;
@@ -229,17 +231,23 @@ async fn a_job_record_rewritten_or_copied_in_the_store_is_never_restored_registe
     let dataset = synth_dataset(&dir, 120);
     let mut services = Services::start(&dir).await;
     let job = submit(&services, one_worker(&dataset, 3)).await;
+    let kept = submit(&services, one_worker(&dataset, 2)).await;
     services.coordinator.kill();
 
-    let record = services.record_path(&job.job_id);
-    let sealed = std::fs::read(&record).unwrap();
     // The sealed format: 8 bytes of magic, a 32-byte tag, an 8-byte version, then the record.
-    let (header, payload) = sealed.split_at(48);
-    let mut rewritten = Job::decode(payload).unwrap();
-    let contract = rewritten.plan.as_mut().unwrap().contract.as_mut().unwrap();
-    let mechanism = contract.mechanism.as_mut().unwrap();
-    (mechanism.sample_rate, mechanism.clipping_norm) = (1.0, 100.0);
-    std::fs::write(&record, [header, &rewritten.encode_to_vec()].concat()).unwrap();
+    let rewrite = |record: &std::path::Path| {
+        let sealed = std::fs::read(record).unwrap();
+        let (header, payload) = sealed.split_at(48);
+        let mut rewritten = Job::decode(payload).unwrap();
+        let contract = rewritten.plan.as_mut().unwrap().contract.as_mut().unwrap();
+        let mechanism = contract.mechanism.as_mut().unwrap();
+        (mechanism.sample_rate, mechanism.clipping_norm) = (1.0, 100.0);
+        std::fs::write(record, [header, &rewritten.encode_to_vec()].concat()).unwrap();
+        rewritten
+    };
+    let mut rewritten = rewrite(&services.record_path(&job.job_id));
+    rewrite(&services.own_record_path(&job.job_id));
+    rewrite(&services.record_path(&kept.job_id));
     let copy = services.store.join("jobs/job-copy");
     std::fs::create_dir_all(&copy).unwrap();
     rewritten.job_id = "job-copy".into();
@@ -254,7 +262,9 @@ async fn a_job_record_rewritten_or_copied_in_the_store_is_never_restored_registe
     }
     let metrics = services.coordinator.scrape().await;
     assert!(metrics.contains("dpcap_coordinator_records_refused_total 2"), "{metrics}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let done = wait_until(&services, &kept.job_id, within(2), |j| j.state == JobState::Succeeded as i32).await;
+    let rate = |j: &Job| j.plan.as_ref().unwrap().contract.as_ref().unwrap().mechanism.unwrap().sample_rate;
+    assert_eq!(rate(&done), rate(&kept), "run as submitted, whatever the job store's copy says");
     assert_eq!(services.charged_steps(&job.job_id), Vec::<u64>::new(), "never run");
     let mut ledger =
         dpcap_proto::v1::accountant_service_client::AccountantServiceClient::connect(services.accountant.grpc.clone())
@@ -278,6 +288,7 @@ async fn a_junk_unsealed_record_fences_nothing_and_a_secret_without_its_record_i
     services.coordinator.kill();
     std::fs::write(services.record_path(&sound.job_id).with_file_name("job.binpb"), b"junk").unwrap();
     std::fs::remove_file(services.record_path(&orphan.job_id)).unwrap();
+    std::fs::remove_file(services.own_record_path(&orphan.job_id)).unwrap();
 
     services.restart_coordinator(Duration::ZERO).await;
     let _worker = Process::worker(&services.coordinator.grpc, "w0", &dir);
