@@ -249,13 +249,14 @@ impl Accountant {
             stored_rx,
         ));
         let pass = {
-            let canaries = job.audit.as_ref().map(|plan| plan.canaries());
+            // Drawn in the blocking pass if the ranks' attach has not drawn them yet.
+            let plan = job.audit.clone();
             let (release, sum) = (release.clone(), std::mem::take(&mut pending.sum));
             let (mut noise, blocks) = (noise, self.blocks.clone());
             tokio::task::spawn_blocking(move || {
                 // An audit's canaries are gradients like any example's: in the sum, under the noise.
-                if let Some(canaries) = canaries {
-                    canaries.inject(step, &mut noise.values, 1.0);
+                if let Some(plan) = plan {
+                    plan.canaries().inject(step, &mut noise.values, 1.0);
                 }
                 noise::apply_each(&sum, &noise.values, &blocks, |index, block| release.fill(index, block))
             })
