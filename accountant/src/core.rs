@@ -23,7 +23,7 @@ use crate::noise::{self, NoiseMode};
 use crate::privacy::Segment;
 use crate::records::{BudgetKey, DatasetBudget, JobRecord, Registration};
 use crate::release::Release;
-use crate::spending::Spending;
+use crate::spending::{Curves, Spending};
 
 /// What an accountant accepts beyond the safe defaults (both choices are explicit flags), and
 /// how much memory it may hold ahead.
@@ -92,6 +92,8 @@ pub struct Accountant {
     pub(crate) blocks: BlockPool,
     /// The ceiling on noise drawn ahead, shared by every job.
     pub(crate) ahead: Arc<AheadBudget>,
+    /// ε curves and step limits by mechanism, shared by the jobs that run one.
+    curves: Arc<Curves>,
 }
 
 impl Accountant {
@@ -108,6 +110,7 @@ impl Accountant {
             draining: watch::channel(false).0,
             blocks: BlockPool::new(noise::BLOCK_BYTES / 4),
             ahead: AheadBudget::new(policy.noise_ahead_bytes),
+            curves: Arc::default(),
         }
     }
 
@@ -142,13 +145,19 @@ impl Accountant {
             }
             // No noise is drawn ahead at replay (every open job at once would take 8·P bytes
             // each): the first step after a restart draws its own, and ahead resumes after it.
-            let job = build_job(record, self.policy, &self.ledger, &self.ahead).await?;
+            let job = self.build_job(record).await?;
             tracing::info!(job_id = %job.registration.job_id, charged = job.progress().charged,
                 discarded = job.progress().discarded, "replayed job from ledger");
             self.jobs.write().expect("jobs lock").insert(job.registration.job_id.clone(), Arc::new(job));
         }
+        // Every standing composed from the whole history before anything is served; where
+        // everything reserved fits, steps within their plans need no composition.
         for budget in self.datasets.all() {
-            self.dataset(&budget.key()).await?;
+            let view = self.compose_standing(&budget.key()).await?;
+            let committed = view.standing.spent + view.standing.reserved;
+            if !crate::datasets::exceeds(committed, budget.epsilon) {
+                self.datasets.reserve(&budget.key(), budget.version);
+            }
         }
         self.ready.store(true, Ordering::SeqCst);
         Ok(count)
@@ -211,8 +220,7 @@ impl Accountant {
             };
         }
         self.check_lineage(&registration)?;
-        let job =
-            Arc::new(build_job(JobRecord::new(registration.clone()), self.policy, &self.ledger, &self.ahead).await?);
+        let job = Arc::new(self.build_job(JobRecord::new(registration.clone())).await?);
         // One admission at a time per budget: two plans never both fit in the same ε.
         let key = self.datasets.key_of(&registration.contract);
         let _admission = self.datasets.admission_lock(&key).lock_owned().await;
@@ -221,7 +229,7 @@ impl Accountant {
         // A queued job holds no noise and no ε curve: both come once its ranks attach.
         let job = self.jobs.write().expect("jobs lock").entry(registration.job_id.clone()).or_insert(job).clone();
         tracing::info!(job_id = %registration.job_id, max_steps = job.spending.max_steps(), created, "registered job");
-        self.refresh_standing(&job).await;
+        self.refresh_standing(&job);
         Ok((job, created))
     }
 
@@ -259,30 +267,35 @@ impl Accountant {
             return Ok(());
         };
         let kind = job.spending.kind();
-        let spent = self.datasets.epsilon(&budget, kind, self.segments(&key, None)).await?;
         let mut with_plan = self.reserved_segments(&key, Some(&job.registration.job_id));
-        let committed = self.datasets.epsilon(&budget, kind, with_plan.clone()).await?;
         // A new job's plan; a resumed one's plan or what it charged, if more.
         let steps = contract.planned_steps.max(job.progress().charged);
         with_plan.push(Segment { sample_rate: mechanism.1, noise_multiplier: mechanism.2, steps });
-        let planned = self.datasets.epsilon(&budget, kind, with_plan).await?;
-        if planned > budget.epsilon {
-            metrics::record_budget_rejection("dataset_admission");
-            return Err(AccountantError::invalid(
-                "steps",
-                format!(
-                    "{steps} planned steps would bring {} to epsilon {planned:.4} of its budget {} at delta {:e}: \
-                     {spent:.4} is spent and {:.4} reserved by other jobs' plans, {:.4} is free; plan fewer steps \
-                     or a lower epsilon, wait for a running job to end, or ask its privacy admin",
-                    key.describe(),
-                    budget.epsilon,
-                    budget.delta,
-                    (committed - spent).max(0.0),
-                    (budget.epsilon - committed).max(0.0),
-                ),
-            ));
+        let planned = self.datasets.within(&budget, kind, with_plan).await?;
+        if planned.fits {
+            // Everything reserved now composes within the budget: steps within their plans
+            // need no composition until the budget or the reservations change.
+            self.datasets.reserve(&key, budget.version);
+            return Ok(());
         }
-        Ok(())
+        let spent = self.datasets.epsilon(&budget, kind, self.segments(&key, None)).await?;
+        let reserved = self.reserved_segments(&key, Some(&job.registration.job_id));
+        let committed = self.datasets.epsilon(&budget, kind, reserved).await?;
+        metrics::record_budget_rejection("dataset_admission");
+        Err(AccountantError::invalid(
+            "steps",
+            format!(
+                "{steps} planned steps would bring {} to epsilon {:.4} of its budget {} at delta {:e}: {spent:.4} is \
+                 spent and {:.4} reserved by other jobs' plans, {:.4} is free; plan fewer steps or a lower epsilon, \
+                 wait for a running job to end, or ask its privacy admin",
+                key.describe(),
+                planned.epsilon,
+                budget.epsilon,
+                budget.delta,
+                (committed - spent).max(0.0),
+                (budget.epsilon - committed).max(0.0),
+            ),
+        ))
     }
 
     /// Segments of every private job spending `key` as reserved: an open job's whole plan (or
@@ -409,7 +422,7 @@ impl Accountant {
         drop(state);
         self.record_fence(job).await?;
         if readmitted {
-            self.refresh_standing(job).await;
+            self.refresh_standing(job);
         }
         // Waiting fetches of a revoked generation see the change and end.
         job.progress.send_modify(|_| {});
@@ -617,18 +630,28 @@ impl Accountant {
         job.progress.send_modify(|p| p.phase = Phase::Closed);
         drop(state);
         tracing::info!(job_id = %job.registration.job_id, reason, "closed job");
-        self.refresh_standing(job).await;
+        self.refresh_standing(job);
         Ok(())
     }
 
-    /// A job admitted, ended or suspended changes what its budget has reserved: the standing
-    /// is composed again (with PLD, as GetDatasetBudget does) for the metrics; best effort.
-    async fn refresh_standing(&self, job: &Job) {
-        let key = self.datasets.key_of(&job.registration.contract);
-        if self.datasets.budget_of(&key).is_some()
-            && let Err(e) = self.dataset(&key).await
-        {
-            tracing::warn!(job_id = %job.registration.job_id, error = %e, "budget standing not recomputed");
+    /// A job admitted, charged, ended or suspended changes its budget's standing: it is
+    /// composed again by [`Accountant::keep_standings`], off the caller's path.
+    pub(crate) fn refresh_standing(&self, job: &Job) {
+        self.datasets.touch(&self.datasets.key_of(&job.registration.contract));
+    }
+
+    /// Composes each touched budget's standing again for the metrics, until the process ends:
+    /// one composition per budget however many charges touched it meanwhile.
+    pub async fn keep_standings(self: Arc<Self>) {
+        loop {
+            for key in self.datasets.touched().await {
+                if self.datasets.budget_of(&key).is_none() {
+                    continue;
+                }
+                if let Err(e) = self.compose_standing(&key).await {
+                    tracing::warn!(dataset_id = %key.dataset_id, unit = %key.unit, error = %e, "budget standing not composed");
+                }
+            }
         }
     }
 
@@ -646,7 +669,7 @@ impl Accountant {
         job.progress.send_modify(|_| {});
         self.record_fence(job).await?;
         tracing::info!(job_id = %job.registration.job_id, reason, generation, "suspended job: its generations revoked");
-        self.refresh_standing(job).await;
+        self.refresh_standing(job);
         Ok(())
     }
 
@@ -685,8 +708,16 @@ impl Accountant {
         self.dataset(key).await
     }
 
-    /// A budget and its spend, or NOT_FOUND.
+    /// A budget and its spend composed from every charge the ledger holds, or NOT_FOUND; while
+    /// the ledger replays, UNAVAILABLE (a standing from part of the history would show less
+    /// than was spent).
     pub async fn dataset(&self, key: &BudgetKey) -> Result<DatasetView, AccountantError> {
+        self.check_ready()?;
+        self.compose_standing(key).await
+    }
+
+    /// A budget's standing composed now, recorded for the metrics.
+    async fn compose_standing(&self, key: &BudgetKey) -> Result<DatasetView, AccountantError> {
         let budget = self.datasets.budget_of(key).ok_or_else(|| AccountantError::UnknownDataset {
             dataset_id: key.dataset_id.clone(),
             unit: key.unit.clone(),
@@ -703,8 +734,7 @@ impl Accountant {
             .map(|j| j.registration.job_id.clone())
             .collect();
         jobs.sort();
-        self.datasets.record_spent(key, epsilon_spent);
-        self.datasets.record_committed(key, committed);
+        self.datasets.record_standing(key, epsilon_spent, committed);
         let standing = crate::datasets::Standing::new(budget.epsilon, epsilon_spent, committed);
         Ok(DatasetView { budget, standing, jobs })
     }
@@ -753,12 +783,19 @@ fn validate_registration(r: &Registration) -> Result<(), AccountantError> {
     Ok(())
 }
 
-/// Builds a job's live state from its ledger record (a new job is a record with no charges).
+impl Accountant {
+    /// Builds a job's live state from its ledger record (a new job is a record with no charges).
+    async fn build_job(&self, record: JobRecord) -> Result<Job, AccountantError> {
+        build_job(record, self.policy, &self.ledger, &self.ahead, &self.curves).await
+    }
+}
+
 async fn build_job(
     record: JobRecord,
     policy: Policy,
     ledger: &Ledger,
     ahead: &Arc<AheadBudget>,
+    curves: &Arc<Curves>,
 ) -> Result<Job, AccountantError> {
     let r = record.registration;
     validate_registration(&r)?;
@@ -773,7 +810,7 @@ async fn build_job(
         None => NoiseMode::OsEntropy,
     };
     let charged = record.charged.len() as u64;
-    let (spending, epsilon_spent) = Spending::build(&r.contract, charged).await?;
+    let (spending, epsilon_spent) = Spending::build(&r.contract, charged, curves).await?;
     let next_step = record.charged.last().map_or(0, |s| s + 1);
     let discarded = record.discarded;
     let phase = if record.closed.is_some() {

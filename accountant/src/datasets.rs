@@ -9,7 +9,7 @@
 //! of its budgets that forbids it refuses such a job. Every private job composes into its
 //! budget's spend; a step that would pass it is refused.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -43,9 +43,53 @@ pub struct Datasets {
     spent: RwLock<HashMap<BudgetKey, f64>>,
     /// ε of what is spent plus every open job's remaining plan, as last composed.
     committed: RwLock<HashMap<BudgetKey, f64>>,
+    /// Budgets whose standing changed since it was last composed, and a wake-up for the task
+    /// that composes them again ([`crate::Accountant::keep_standings`]).
+    touched: Mutex<HashSet<BudgetKey>>,
+    touch: tokio::sync::Notify,
+    /// The budget version under which everything reserved on a budget (spent plus every open
+    /// job's whole plan) was last found to compose within it: see [`Datasets::reserve`].
+    reserved: Mutex<HashMap<BudgetKey, u64>>,
+    /// How each budget's checks were decided, for the metrics.
+    decided: Mutex<HashMap<BudgetKey, [u64; Decided::ALL.len()]>>,
     locks: Mutex<HashMap<BudgetKey, Arc<tokio::sync::Mutex<()>>>>,
     composed: Composed,
     allow_unbudgeted: bool,
+}
+
+/// What decided a budget check: the cost of a check follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decided {
+    /// A step within its job's reserved plan: no composition at all.
+    Reservation,
+    /// The RDP bound from each mechanism's kept one-step RDP: microseconds.
+    Bound,
+    /// The exact composition (PLD): near the budget's boundary only.
+    Composition,
+}
+
+impl Decided {
+    /// Every way, in the order of [`Decided::name`]'s labels.
+    pub const ALL: [Decided; 3] = [Decided::Reservation, Decided::Bound, Decided::Composition];
+
+    /// The metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Decided::Reservation => "reservation",
+            Decided::Bound => "bound",
+            Decided::Composition => "composition",
+        }
+    }
+}
+
+/// Whether a history fits its budget, and the upper bound of its ε that decided.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Within {
+    /// The history composes to at most the budget's ε (a NaN never does).
+    pub fits: bool,
+    /// ε at the budget's δ: the RDP bound where it decided (inside the budget), else the
+    /// exact composition.
+    pub epsilon: f64,
 }
 
 impl Datasets {
@@ -55,6 +99,10 @@ impl Datasets {
             budgets: RwLock::default(),
             spent: RwLock::default(),
             committed: RwLock::default(),
+            touched: Mutex::default(),
+            touch: tokio::sync::Notify::new(),
+            reserved: Mutex::default(),
+            decided: Mutex::default(),
             locks: Mutex::default(),
             composed: Composed::default(),
             allow_unbudgeted,
@@ -161,23 +209,87 @@ impl Datasets {
     }
 
     /// ε at the budget's δ of `segments` (every private job of its unit on the dataset), with
-    /// `kind` (remembered and computed ahead: see [`crate::composed`]).
+    /// `kind`, exactly (remembered: see [`crate::composed`]).
     pub async fn epsilon(
         &self,
         budget: &DatasetBudget,
         kind: AccountantKind,
         segments: Vec<Segment>,
     ) -> Result<f64, AccountantError> {
-        composed::epsilon(self.composing(budget, kind, segments)).await
+        composed::epsilon(self.composed.get(&budget.key().path_component(), kind, segments, budget.delta)).await
     }
 
-    /// Starts composing without waiting (the next step's check, while the step trains).
-    pub fn prepare(&self, budget: &DatasetBudget, kind: AccountantKind, segments: Vec<Segment>) {
-        drop(self.composing(budget, kind, segments));
+    /// Whether `segments` compose within the budget: the RDP bound decides when it is inside
+    /// (microseconds, whatever the history), the exact composition with `kind` only when the
+    /// bound is not. Both are upper bounds of the true ε, so neither can pass a history the
+    /// other would refuse wrongly.
+    pub async fn within(
+        &self,
+        budget: &DatasetBudget,
+        kind: AccountantKind,
+        segments: Vec<Segment>,
+    ) -> Result<Within, AccountantError> {
+        let bound = self.composed.bound(segments.clone(), budget.delta).await?;
+        if !exceeds(bound, budget.epsilon) || kind == AccountantKind::Rdp {
+            self.count(&budget.key(), Decided::Bound);
+            return Ok(Within { fits: !exceeds(bound, budget.epsilon), epsilon: bound });
+        }
+        let epsilon = self.epsilon(budget, kind, segments).await?;
+        self.count(&budget.key(), Decided::Composition);
+        Ok(Within { fits: !exceeds(epsilon, budget.epsilon), epsilon })
     }
 
-    fn composing(&self, budget: &DatasetBudget, kind: AccountantKind, segments: Vec<Segment>) -> composed::Composing {
-        self.composed.get(&budget.key().path_component(), kind, segments, budget.delta)
+    /// Counts a check of `key` decided by `how`.
+    fn count(&self, key: &BudgetKey, how: Decided) {
+        let mut decided = self.decided.lock().expect("decided lock");
+        decided.entry(key.clone()).or_default()[how as usize] += 1;
+    }
+
+    /// How many checks of `key` each way decided, in [`Decided::ALL`]'s order.
+    pub fn decided(&self, key: &BudgetKey) -> [u64; Decided::ALL.len()] {
+        self.decided.lock().expect("decided lock").get(key).copied().unwrap_or_default()
+    }
+
+    /// Records that everything reserved on `key` (spent plus every open job's whole plan)
+    /// composes within version `version` of its budget. Until the budget changes, a step of an
+    /// open job within its plan then needs no composition: its history is part of what was
+    /// reserved, and ε only grows with steps. Call it only under the budget's lock, with the
+    /// whole reservation composed.
+    pub fn reserve(&self, key: &BudgetKey, version: u64) {
+        self.reserved.lock().expect("reserved lock").insert(key.clone(), version);
+    }
+
+    /// Whether [`Datasets::reserve`] holds for `budget` as it is now; a yes is counted as a
+    /// check decided by the reservation.
+    pub fn check_reserved(&self, budget: &DatasetBudget) -> bool {
+        let reserved = self.reserved.lock().expect("reserved lock").get(&budget.key()) == Some(&budget.version);
+        if reserved {
+            self.count(&budget.key(), Decided::Reservation);
+        }
+        reserved
+    }
+
+    /// Forgets a reservation (a step beyond its job's plan spends what no admission reserved).
+    pub fn unreserve(&self, key: &BudgetKey) {
+        self.reserved.lock().expect("reserved lock").remove(key);
+    }
+
+    /// Marks a budget's standing as changed (a charge, an admission, a job's end): the standing
+    /// task composes it again, off every request's path.
+    pub fn touch(&self, key: &BudgetKey) {
+        self.touched.lock().expect("touched lock").insert(key.clone());
+        self.touch.notify_one();
+    }
+
+    /// The budgets touched since the last call, once some are.
+    pub async fn touched(&self) -> Vec<BudgetKey> {
+        loop {
+            let keys: Vec<BudgetKey> = self.touched.lock().expect("touched lock").drain().collect();
+            if !keys.is_empty() {
+                return keys;
+            }
+            self.touch.notified().await;
+        }
     }
 
     /// Sets a budget (a privacy admin's call): recorded in the audit log, then in force for
@@ -241,29 +353,25 @@ impl Datasets {
         Ok(budget)
     }
 
-    /// ε spent of a budget as of its latest charge (0 before any), for metrics.
-    pub fn spent(&self, key: &BudgetKey) -> f64 {
-        self.spent.read().expect("spent lock").get(key).copied().unwrap_or(0.0)
+    /// Records a budget's spend and what it has committed (spent plus open plans), as composed.
+    pub fn record_standing(&self, key: &BudgetKey, spent: f64, committed: f64) {
+        self.spent.write().expect("spent lock").insert(key.clone(), spent);
+        self.committed.write().expect("committed lock").insert(key.clone(), committed);
     }
 
-    /// Records a budget's spend after a charge or a recomputation.
-    pub fn record_spent(&self, key: &BudgetKey, epsilon: f64) {
-        self.spent.write().expect("spent lock").insert(key.clone(), epsilon);
-    }
-
-    /// Records what a budget has committed (spent plus open plans) after an admission or a
-    /// recomputation.
-    pub fn record_committed(&self, key: &BudgetKey, epsilon: f64) {
-        self.committed.write().expect("committed lock").insert(key.clone(), epsilon);
-    }
-
-    /// A budget's ε spent, reserved and free, as last composed (for metrics).
-    pub fn standing(&self, budget: &DatasetBudget) -> Standing {
+    /// A budget's ε spent, reserved and free, as last composed (for metrics): None before its
+    /// first composition, which the replay makes before the accountant serves.
+    pub fn standing(&self, budget: &DatasetBudget) -> Option<Standing> {
         let key = budget.key();
-        let spent = self.spent(&key);
+        let spent = *self.spent.read().expect("spent lock").get(&key)?;
         let committed = self.committed.read().expect("committed lock").get(&key).copied().unwrap_or(spent);
-        Standing::new(budget.epsilon, spent, committed)
+        Some(Standing::new(budget.epsilon, spent, committed))
     }
+}
+
+/// Whether `epsilon` passes `budget`; a NaN ε always does.
+pub fn exceeds(epsilon: f64, budget: f64) -> bool {
+    epsilon.is_nan() || epsilon > budget
 }
 
 /// A budget's ε at its δ: spent by every job on it, reserved by open jobs' remaining plans

@@ -84,9 +84,15 @@ fn label(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// A budget's labels: its dataset's digest, readable name and privacy unit.
+fn budget_labels(b: &crate::records::DatasetBudget) -> String {
+    format!("dataset=\"{}\",name=\"{}\",unit=\"{}\"", b.dataset_id, label(b.display_name()), b.unit)
+}
+
 /// Per-budget series by dataset digest, readable name and privacy unit: the budget, and its
-/// ε spent, reserved by open plans and free as last composed (at each charge, admission,
-/// job end and GetDatasetBudget).
+/// ε spent, reserved by open plans and free as last composed (from the whole ledger at replay,
+/// then after each charge, admission, job end and GetDatasetBudget, composed in the
+/// background: a scrape may lag the last charge by one composition).
 fn render_datasets(accountant: &Accountant, out: &mut String) {
     let mut budgets = accountant.datasets.all();
     budgets.sort_by_key(|b| b.key());
@@ -106,10 +112,22 @@ fn render_datasets(accountant: &Accountant, out: &mut String) {
     for (name, help, value) in series {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
         for b in &budgets {
-            let standing = accountant.datasets.standing(b);
-            let labels =
-                format!("dataset=\"{}\",name=\"{}\",unit=\"{}\"", b.dataset_id, label(b.display_name()), b.unit);
-            let _ = writeln!(out, "{name}{{{labels}}} {}", dpcap_serve::sample(value(b, &standing)));
+            // A budget not yet composed has no standing sample rather than a smaller one.
+            let Some(standing) = accountant.datasets.standing(b) else { continue };
+            let _ = writeln!(out, "{name}{{{}}} {}", budget_labels(b), dpcap_serve::sample(value(b, &standing)));
+        }
+    }
+    let name = "dpcap_dataset_budget_checks_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Budget checks (admissions and steps) by what decided them: a step within its job's reserved \
+         plan (reservation), the RDP bound (bound) or the exact composition near the boundary (composition).\n# TYPE \
+         {name} counter"
+    );
+    for b in &budgets {
+        let decided = accountant.datasets.decided(&b.key());
+        for (how, count) in crate::datasets::Decided::ALL.iter().zip(decided) {
+            let _ = writeln!(out, "{name}{{{},decided_by=\"{}\"}} {count}", budget_labels(b), how.name());
         }
     }
 }

@@ -292,6 +292,7 @@ impl Job {
     /// audit's canaries (both are drawn again when its ranks attach).
     pub fn let_go(&self) {
         self.ahead.clear();
+        self.spending.let_go();
         if let Some(plan) = &self.audit {
             plan.clear();
         }

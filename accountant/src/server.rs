@@ -81,6 +81,9 @@ pub async fn serve(
     let services = &[<AccountantServiceServer<AccountantGrpc> as tonic::server::NamedService>::NAME];
     let stopped = dpcap_serve::drain::on_shutdown(shutdown, health.clone(), services, move || draining.begin_drain());
     tokio::spawn(exposition::serve(metrics_listener, handle, accountant.clone(), stopped.wait()));
+    // Budgets' standings for the metrics, composed as charges touch them; ends with the server.
+    let standings = tokio::spawn(accountant.clone().keep_standings());
+    let _standings = scopeguard(move || standings.abort());
 
     let replay = {
         let (accountant, health) = (accountant.clone(), health.clone());
@@ -117,4 +120,17 @@ pub async fn serve(
             }
         }
     }
+}
+
+/// Runs `f` when dropped (on every return of [`serve`]).
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }

@@ -7,11 +7,14 @@
 //! step trains ([`Spending::prepare`]), so a low σ (large PLD grids: ~1 s per evaluation at
 //! σ = 0.065) never sits on the release path.
 //!
-//! The one-step work (a PLD's discretisation: megabytes) is kept only once a job asks for ε,
-//! i.e. once it runs: a queued job holds its step limit and nothing more.
+//! The one-step work (a PLD's discretisation: up to tens of megabytes) is kept only while a job
+//! runs: a queued job holds its step limit and nothing more, and an ended or suspended one lets
+//! it go ([`Spending::let_go`]). Jobs of one mechanism share it, and every job's step limit and
+//! replayed ε are remembered by mechanism ([`Curves`]), so a sweep of one setting computes them
+//! once and a restart does not compute them again per job.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, Weak};
 
 use tokio::task::JoinHandle;
 
@@ -24,24 +27,88 @@ const MEMO_KEPT: usize = 8;
 
 type Computing = JoinHandle<Result<f64, privacy::PrivacyError>>;
 
-/// A job's ε curve, built on first use from its mechanism.
+/// Values kept per mechanism before the memo starts over (each a few bytes).
+const VALUES_KEPT: usize = 1 << 16;
+
+/// A mechanism exactly: the accountant and the bit patterns of q, σ and δ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct MechanismKey {
+    kind: AccountantKind,
+    sample_rate: u64,
+    noise_multiplier: u64,
+    delta: u64,
+}
+
+/// What is remembered of a mechanism beyond its curve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Value {
+    /// The most steps within an ε target (its bits).
+    MaxSteps { target: u64 },
+    /// ε after this many steps.
+    EpsilonAfter { steps: u64 },
+}
+
+/// Every job's curves and values by mechanism (see the module docs): curves shared while some
+/// job holds them, values kept up to [`VALUES_KEPT`].
+#[derive(Debug, Default)]
+pub struct Curves {
+    shared: Mutex<HashMap<MechanismKey, Weak<EpsilonCurve>>>,
+    values: Mutex<HashMap<(MechanismKey, Value), f64>>,
+}
+
+impl Curves {
+    /// The mechanism's curve: the one a running job holds, else built now (blocking: call it
+    /// off the runtime).
+    fn curve(&self, key: MechanismKey) -> Result<Arc<EpsilonCurve>, privacy::PrivacyError> {
+        if let Some(curve) = self.shared.lock().expect("curves lock").get(&key).and_then(Weak::upgrade) {
+            return Ok(curve);
+        }
+        let (q, sigma, delta) =
+            (f64::from_bits(key.sample_rate), f64::from_bits(key.noise_multiplier), f64::from_bits(key.delta));
+        let curve = Arc::new(EpsilonCurve::new(key.kind, q, sigma, delta)?);
+        let mut shared = self.shared.lock().expect("curves lock");
+        shared.retain(|_, weak| weak.strong_count() > 0);
+        shared.insert(key, Arc::downgrade(&curve));
+        Ok(curve)
+    }
+
+    /// A remembered value, or `compute` it with the mechanism's curve (blocking) and remember it.
+    fn value(
+        &self,
+        key: MechanismKey,
+        value: Value,
+        compute: impl FnOnce(&EpsilonCurve) -> f64,
+    ) -> Result<f64, privacy::PrivacyError> {
+        if let Some(&kept) = self.values.lock().expect("values lock").get(&(key, value)) {
+            return Ok(kept);
+        }
+        let computed = compute(&*self.curve(key)?);
+        let mut values = self.values.lock().expect("values lock");
+        if values.len() >= VALUES_KEPT {
+            values.clear();
+        }
+        values.insert((key, value), computed);
+        Ok(computed)
+    }
+}
+
+/// A job's ε curve, held from its first use until the job lets it go.
 #[derive(Debug)]
 struct Curve {
-    kind: AccountantKind,
-    sample_rate: f64,
-    noise_multiplier: f64,
-    delta: f64,
-    built: OnceLock<EpsilonCurve>,
+    key: MechanismKey,
+    curves: Arc<Curves>,
+    held: Mutex<Option<Arc<EpsilonCurve>>>,
 }
 
 impl Curve {
-    /// The curve, built now if it was not (a blocking computation: call it off the runtime).
-    fn get(&self) -> Result<&EpsilonCurve, privacy::PrivacyError> {
-        if let Some(curve) = self.built.get() {
-            return Ok(curve);
+    /// The curve, got now if not held (a blocking computation: call it off the runtime).
+    fn get(&self) -> Result<Arc<EpsilonCurve>, privacy::PrivacyError> {
+        if let Some(curve) = self.held.lock().expect("curve lock").as_ref() {
+            return Ok(curve.clone());
         }
-        let curve = EpsilonCurve::new(self.kind, self.sample_rate, self.noise_multiplier, self.delta)?;
-        Ok(self.built.get_or_init(|| curve))
+        let curve = self.curves.curve(self.key)?;
+        *self.held.lock().expect("curve lock") = Some(curve.clone());
+        Ok(curve)
     }
 
     fn epsilon_after(&self, steps: u64) -> Result<f64, privacy::PrivacyError> {
@@ -61,21 +128,34 @@ pub struct Spending {
 }
 
 impl Spending {
-    /// The job's spending with `charged` steps already charged; and ε after them.
-    pub async fn build(contract: &PrivacyContract, charged: u64) -> Result<(Self, f64), AccountantError> {
+    /// The job's spending with `charged` steps already charged; and ε after them. The step
+    /// limit and that ε come from `curves` when a job of the same mechanism computed them.
+    pub async fn build(
+        contract: &PrivacyContract,
+        charged: u64,
+        curves: &Arc<Curves>,
+    ) -> Result<(Self, f64), AccountantError> {
         let mode = contract.mode;
         let (delta, target) = (contract.delta, contract.epsilon_target.unwrap_or(f64::INFINITY));
         let Some((kind, q, sigma)) = contract.epsilon_mechanism() else {
             let spending = Self::with(mode, None, privacy::calibrate::STEPS_LIMIT);
             return Ok((spending, if charged == 0 { 0.0 } else { f64::INFINITY }));
         };
+        privacy::Segment::new(q, sigma, charged)?;
+        privacy::check_delta(delta)?;
+        let key =
+            MechanismKey { kind, sample_rate: q.to_bits(), noise_multiplier: sigma.to_bits(), delta: delta.to_bits() };
+        let kept = curves.clone();
         let (max_steps, spent) = AccountantError::blocking(move || -> Result<_, privacy::PrivacyError> {
-            let curve = EpsilonCurve::new(kind, q, sigma, delta)?;
-            let max_steps = privacy::max_steps(&curve, target).unwrap_or(privacy::calibrate::STEPS_LIMIT);
-            Ok((max_steps, curve.epsilon_after(charged)))
+            let max_steps = kept.value(key, Value::MaxSteps { target: target.to_bits() }, |curve| {
+                privacy::max_steps(curve, target).unwrap_or(privacy::calibrate::STEPS_LIMIT) as f64
+            })?;
+            let spent =
+                kept.value(key, Value::EpsilonAfter { steps: charged }, |curve| curve.epsilon_after(charged))?;
+            Ok((max_steps as u64, spent))
         })
         .await??;
-        let curve = Curve { kind, sample_rate: q, noise_multiplier: sigma, delta, built: OnceLock::new() };
+        let curve = Curve { key, curves: curves.clone(), held: Mutex::new(None) };
         let spending = Self::with(mode, Some(Arc::new(curve)), max_steps);
         spending.memo.lock().expect("memo lock").insert(charged, spent);
         Ok((spending, spent))
@@ -92,7 +172,7 @@ impl Spending {
 
     /// The accountant the ε comes from (RDP for a simulation; PLD, unused, for a baseline).
     pub fn kind(&self) -> AccountantKind {
-        self.curve.as_ref().map_or(AccountantKind::Pld, |c| c.kind)
+        self.curve.as_ref().map_or(AccountantKind::Pld, |c| c.key.kind)
     }
 
     /// The most steps within the ε target.
@@ -102,7 +182,18 @@ impl Spending {
 
     /// Whether the one-step work is held (tests: a queued job holds none).
     pub fn curve_built(&self) -> bool {
-        self.curve.as_ref().is_some_and(|c| c.built.get().is_some())
+        self.curve.as_ref().is_some_and(|c| c.held.lock().expect("curve lock").is_some())
+    }
+
+    /// Lets the one-step work go (an ended, suspended or requeued job): it is got again if the
+    /// job runs again.
+    pub fn let_go(&self) {
+        if let Some(curve) = &self.curve {
+            *curve.held.lock().expect("curve lock") = None;
+        }
+        if let Some((_, computing)) = self.ahead.lock().expect("ahead lock").take() {
+            computing.abort();
+        }
     }
 
     /// Starts computing ε after `steps` in the background (replacing any other).
@@ -167,10 +258,10 @@ mod tests {
     #[tokio::test]
     async fn epsilon_computed_ahead_equals_epsilon_computed_on_demand() {
         let c = contract(Mode::Dp, 1.0, Some(8.0));
-        let (ahead, spent) = Spending::build(&c, 0).await.unwrap();
+        let (ahead, spent) = Spending::build(&c, 0, &Arc::default()).await.unwrap();
         assert_eq!(spent, 0.0);
         ahead.prepare(7);
-        let (now, _) = Spending::build(&c, 0).await.unwrap();
+        let (now, _) = Spending::build(&c, 0, &Arc::default()).await.unwrap();
         assert!(!now.curve_built(), "built on first use only");
         assert_eq!(ahead.epsilon_after(7).await.unwrap(), now.epsilon_after(7).await.unwrap());
         assert!(ahead.ahead.lock().unwrap().is_none(), "taken once");
@@ -180,13 +271,34 @@ mod tests {
     #[tokio::test]
     async fn a_simulation_reports_its_targets_epsilon_with_rdp_and_a_baseline_reports_none() {
         let target = Recipe { sample_rate: 0.1, noise_multiplier: 2.0 };
-        let (sim, _) = Spending::build(&contract(Mode::Simulation { target }, 0.02, Some(8.0)), 0).await.unwrap();
+        let (sim, _) =
+            Spending::build(&contract(Mode::Simulation { target }, 0.02, Some(8.0)), 0, &Arc::default()).await.unwrap();
         let rdp = EpsilonCurve::new(AccountantKind::Rdp, 0.1, 2.0, 1e-5).unwrap();
         assert_eq!(sim.kind(), AccountantKind::Rdp);
         assert_eq!(sim.epsilon_after(50).await.unwrap(), rdp.epsilon_after(50));
-        let (baseline, spent) = Spending::build(&contract(Mode::NotPrivate, 0.0, None), 3).await.unwrap();
+        let (baseline, spent) =
+            Spending::build(&contract(Mode::NotPrivate, 0.0, None), 3, &Arc::default()).await.unwrap();
         assert_eq!(spent, f64::INFINITY);
         assert_eq!(baseline.epsilon_after(4).await.unwrap(), f64::INFINITY);
         assert_eq!(baseline.max_steps(), privacy::calibrate::STEPS_LIMIT);
+    }
+
+    #[tokio::test]
+    async fn jobs_of_one_mechanism_share_its_curve_and_limit_and_a_job_that_lets_go_holds_none() {
+        let curves: Arc<Curves> = Arc::default();
+        let c = contract(Mode::Dp, 1.0, Some(8.0));
+        let (first, _) = Spending::build(&c, 0, &curves).await.unwrap();
+        let (second, spent) = Spending::build(&c, 40, &curves).await.unwrap();
+        assert_eq!(first.max_steps(), second.max_steps());
+        assert_eq!(spent, second.epsilon_after(40).await.unwrap(), "the replayed epsilon is the curve's");
+        first.epsilon_after(3).await.unwrap();
+        let (a, b) = (first.curve.as_ref().unwrap().get().unwrap(), second.curve.as_ref().unwrap().get().unwrap());
+        assert!(Arc::ptr_eq(&a, &b), "one curve for one mechanism");
+        drop((a, b));
+        first.let_go();
+        second.let_go();
+        assert!(!first.curve_built() && !second.curve_built());
+        assert!(curves.shared.lock().unwrap().values().all(|w| w.strong_count() == 0), "nothing holds it");
+        assert!(first.epsilon_after(4).await.unwrap() > 0.0, "got again when the job runs again");
     }
 }

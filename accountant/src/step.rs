@@ -4,6 +4,7 @@
 //! (durably, before any byte of the release exists), **noise** (drawn once, added once) and
 //! **publish** (streamed to the ranks while stored; the last chunk only once stored).
 
+use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
@@ -11,6 +12,7 @@ use tokio::sync::watch;
 use dpcap_proto::ErrorCode;
 
 use crate::core::Accountant;
+use crate::datasets::exceeds;
 use crate::error::AccountantError;
 use crate::job::CLIP_SLACK;
 use crate::job::{Job, Part, Pending, Phase, Progress, StepState};
@@ -36,7 +38,8 @@ pub struct PartOutcome {
 /// What the check phase decided: ε after the step, and the dataset budget's, if any.
 struct Checked {
     epsilon_after: f64,
-    dataset_after: Option<(BudgetKey, f64)>,
+    /// The budget the step spends, if any: its standing changes with the charge.
+    spends: Option<BudgetKey>,
 }
 
 impl Accountant {
@@ -172,16 +175,25 @@ impl Accountant {
         // Jobs without a guarantee were let onto the dataset by its owners and never spend it.
         let key = self.datasets.key_of(contract);
         let Some(budget) = self.datasets.budget_of(&key).filter(|_| contract.mode.is_private()) else {
-            return Ok(Checked { epsilon_after, dataset_after: None });
+            return Ok(Checked { epsilon_after, spends: None });
         };
-        let kind = job.spending.kind();
-        let after = self.datasets.epsilon(&budget, kind, self.segments(&key, Some((job, 1)))).await?;
-        if exceeds(after, budget.epsilon) {
-            let spent = self.datasets.epsilon(&budget, kind, self.segments(&key, None)).await?;
-            let refusal = Refusal { scope: key.describe(), spent, after, target: budget.epsilon };
+        // A step within an open job's plan is part of what its admission reserved: while that
+        // reservation holds (the budget unchanged, no step beyond a plan since), it fits.
+        let within_plan = progress.charged < contract.planned_steps;
+        let open = progress.phase == Phase::Open && !job.suspended.load(Ordering::SeqCst);
+        if within_plan && open && self.datasets.check_reserved(&budget) {
+            return Ok(Checked { epsilon_after, spends: Some(key) });
+        }
+        if !within_plan {
+            self.datasets.unreserve(&key);
+        }
+        let after = self.datasets.within(&budget, job.spending.kind(), self.segments(&key, Some((job, 1)))).await?;
+        if !after.fits {
+            let spent = self.datasets.epsilon(&budget, job.spending.kind(), self.segments(&key, None)).await?;
+            let refusal = Refusal { scope: key.describe(), spent, after: after.epsilon, target: budget.epsilon };
             return Err(self.refuse(job, step, refusal, budget.delta, "dataset_budget"));
         }
-        Ok(Checked { epsilon_after, dataset_after: Some((key, after)) })
+        Ok(Checked { epsilon_after, spends: Some(key) })
     }
 
     /// Durably records the charge of `step`. A step another accountant charged first is spent
@@ -203,10 +215,8 @@ impl Accountant {
             charged_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         };
         let charged = self.ledger.charge(&charge).await;
-        if let (Ok(()) | Err(AccountantError::ChargedElsewhere { .. }), Some((key, eps))) =
-            (&charged, &checked.dataset_after)
-        {
-            self.datasets.record_spent(key, *eps);
+        if let (Ok(()) | Err(AccountantError::ChargedElsewhere { .. }), Some(key)) = (&charged, &checked.spends) {
+            self.datasets.touch(key);
         }
         if let Err(e) = charged {
             if matches!(e, AccountantError::ChargedElsewhere { .. }) {
@@ -323,19 +333,10 @@ impl Accountant {
         if step + 1 < job.spending.max_steps() {
             job.ahead.prepare(step + 1);
             job.spending.prepare(charged + 1);
-            self.prepare_dataset(job);
         }
         let stored_s = noising.elapsed().as_secs_f64();
         tracing::info!(job_id = %r.job_id, step, epsilon_after = release.epsilon_after, noise_s, stored_s, "released step");
         Ok(())
-    }
-
-    /// Starts composing the dataset's ε for `job`'s next step while the step trains.
-    fn prepare_dataset(&self, job: &Job) {
-        let key = self.datasets.key_of(&job.registration.contract);
-        if let Some(budget) = self.datasets.budget_of(&key).filter(|_| job.registration.contract.mode.is_private()) {
-            self.datasets.prepare(&budget, job.spending.kind(), self.segments(&key, Some((job, 1))));
-        }
     }
 
     /// A charged step's release was lost before it was stored: the ledger must say so too, or
@@ -423,7 +424,6 @@ fn check_clipped(job: &Job, step: u64, pending: &Pending) -> Result<(), Accounta
 /// A part of `attempt` may still be taken: the job is not suspended and the attempt's
 /// generation not revoked (checked again under the step lock, after the capability's check).
 fn check_admitted(job: &Job, attempt: u64) -> Result<(), AccountantError> {
-    use std::sync::atomic::Ordering;
     let admitted = job.generation.load(Ordering::SeqCst);
     let reason = if job.suspended.load(Ordering::SeqCst) {
         "the job was suspended (cancelled or failed) while the part streamed".to_owned()
@@ -477,9 +477,4 @@ fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), Acco
         ));
     }
     Ok(())
-}
-
-/// Whether `epsilon` passes `target`; a NaN ε always does (refused, never charged).
-fn exceeds(epsilon: f64, target: f64) -> bool {
-    epsilon.is_nan() || epsilon > target
 }

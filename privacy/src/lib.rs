@@ -10,6 +10,7 @@
 pub mod audit;
 pub mod calibrate;
 pub mod contract;
+pub mod history;
 pub mod pld;
 pub mod rdp;
 pub mod recipes;
@@ -135,12 +136,15 @@ pub fn check_epsilon(epsilon: f64) -> Result<(), PrivacyError> {
 }
 
 /// ε at δ after composing `segments` in order. Never below the true ε: the PLD where its grid
-/// holds the losses (tight), else the RDP bound; see [`pld_epsilon`].
+/// holds the losses (tight), else the RDP bound; see [`pld_epsilon`]. Segments of one
+/// mechanism are composed as one ([`history::merged`]): the cost follows the mechanisms, not
+/// the segments.
 pub fn epsilon(kind: AccountantKind, segments: &[Segment], delta: f64) -> Result<f64, PrivacyError> {
     check_delta(delta)?;
     for s in segments {
         Segment::new(s.sample_rate, s.noise_multiplier, s.steps)?;
     }
+    let segments = &history::merged(segments);
     Ok(match kind {
         AccountantKind::Rdp => rdp_epsilon(segments, delta),
         AccountantKind::Pld => pld_epsilon(segments, delta),

@@ -113,6 +113,12 @@ impl RdpCurve {
         Ok(Self { orders, rdp })
     }
 
+    /// A curve of composed `rdp` at `orders` (one value each, orders > 1: the caller's own).
+    pub(crate) fn with_values(orders: Vec<f64>, rdp: Vec<f64>) -> Self {
+        debug_assert_eq!(orders.len(), rdp.len());
+        Self { orders, rdp }
+    }
+
     /// Adds `segment.steps` steps of the subsampled Gaussian to the curve.
     pub fn compose(&mut self, segment: &Segment) {
         let steps = segment.steps as f64;

@@ -2,6 +2,7 @@
 //! workspace links one test executable here instead of one per file. Run one file's tests
 //! with `cargo test -p CRATE --test suite FILE::`.
 
+mod accounting_history;
 mod accounting_properties;
 mod accounting_vectors;
 mod audit;

@@ -198,3 +198,13 @@ async fn a_fence_revokes_older_generations_a_suspension_all_of_them_and_a_resume
     let job = again.job("j").unwrap();
     assert!(again.admit_generation(&job, 2).await.is_err() && again.admit_generation(&job, 3).await.is_ok());
 }
+
+#[tokio::test]
+async fn a_budgets_standing_is_refused_while_the_ledger_replays_never_shown_from_part_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, root) = dpcap_serve::open_durable_store(&dir.path().to_string_lossy()).unwrap();
+    let replaying = Accountant::new(Ledger::new(store, root), Policy::default());
+    let key = BudgetKey { dataset_id: dataset(), unit: "example".into() };
+    let refused = replaying.dataset(&key).await.unwrap_err();
+    assert!(matches!(refused, AccountantError::Unavailable(_)), "{refused:?}");
+}
