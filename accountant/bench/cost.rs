@@ -255,16 +255,19 @@ async fn fetch_timed(client: &mut AccountantClient, step: u64) -> Result<(usize,
     Err(format!("the release of step {step} ended without its last chunk").into())
 }
 
-/// A running accountant: its client (acting as the one rank of the job), stop switch and task.
-struct Running {
-    client: AccountantClient,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+/// A running accountant: its client (acting as the one rank of the job, through `capability`),
+/// stop switch and task.
+pub(crate) struct Running {
+    pub(crate) client: AccountantClient,
+    pub(crate) capability: CapabilityCell,
+    pub(crate) stop: tokio::sync::oneshot::Sender<()>,
+    pub(crate) task: tokio::task::JoinHandle<Result<(), ServeError>>,
 }
 
-/// An accountant in this process over a ledger in `dir`, written by `writer`, and a client with
-/// the unsigned capability of rank 0 (as a coordinator without keys would issue it).
-async fn start(dir: &Path, writer: Writer) -> Result<Running, BenchError> {
+/// An accountant in this process over a ledger in `dir`, written by `writer`, under `policy`,
+/// and a client with the unsigned capability of rank 0 (as a coordinator without keys would
+/// issue it).
+pub(crate) async fn start(dir: &Path, writer: Writer, policy: Policy) -> Result<Running, BenchError> {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = grpc.local_addr()?;
@@ -277,7 +280,6 @@ async fn start(dir: &Path, writer: Writer) -> Result<Running, BenchError> {
         }
     };
     let secured = ServerSecurity::default().server(addr)?;
-    let policy = Policy { allow_unbudgeted_datasets: true, ..Default::default() };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let shutdown = async move {
@@ -286,11 +288,11 @@ async fn start(dir: &Path, writer: Writer) -> Result<Running, BenchError> {
         let setup = Setup { ledger, policy, capabilities: Capabilities::new(None) };
         server::serve(dpcap_serve::Listeners { grpc, metrics }, secured, setup, shutdown).await
     });
-    let credentials = CallCredentials::default()
-        .with_capability(CapabilityCell::new(Capabilities::new(None).issue(&rank_capability())));
+    let capability = CapabilityCell::new(Capabilities::new(None).issue(&rank_capability()));
+    let credentials = CallCredentials::default().with_capability(capability.clone());
     let client =
         AccountantClient::lazy(tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?, credentials);
-    Ok(Running { client, stop, task })
+    Ok(Running { client, capability, stop, task })
 }
 
 /// The measured job's one rank (unsigned: the bench's accountant holds no key).
@@ -335,7 +337,7 @@ async fn register(client: &AccountantClient, opts: &CostOptions) -> Result<(), B
     Ok(())
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
 }
@@ -358,7 +360,8 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
     let noise_rate = sample as f64 / started.elapsed().as_secs_f64();
     let noise_wait = Duration::from_secs_f64(dim as f64 / noise_rate * 1.2 + 0.5);
 
-    let Running { client, stop, task } = start(dir, opts.writer).await?;
+    let policy = Policy { allow_unbudgeted_datasets: true, ..Default::default() };
+    let Running { client, stop, task, .. } = start(dir, opts.writer, policy).await?;
     register(&client, opts).await?;
     let part = floats::into_bytes((0..dim).map(|i| (i % 1013) as f32 * 1e-4).collect());
     let (mut times, mut firsts, mut stores, mut cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());

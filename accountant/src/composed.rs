@@ -49,6 +49,10 @@ impl Composed {
     /// ε at `delta` of `segments` by RDP: never below the true ε nor below [`Composed::get`]'s
     /// value, and cheap (it runs on a blocking thread only for its first sight of a mechanism).
     pub async fn bound(&self, segments: Vec<Segment>, delta: f64) -> Result<f64, AccountantError> {
+        privacy::check_delta(delta)?;
+        for s in &segments {
+            Segment::new(s.sample_rate, s.noise_multiplier, s.steps)?;
+        }
         let rdp = self.rdp.clone();
         AccountantError::blocking(move || rdp.epsilon(&segments, delta)).await
     }

@@ -14,14 +14,14 @@ use crate::ahead::{AheadBudget, NoiseAhead};
 use crate::audit::{AuditOutcome, AuditPlan, Placement};
 use crate::blocks::BlockPool;
 use crate::composed::{self, Composed};
-use crate::datasets::{BudgetSetting, Datasets};
+use crate::datasets::{BudgetSetting, Datasets, Of};
 use crate::error::AccountantError;
 use crate::job::{Job, MAX_PARTS, Phase, Progress, StepState};
 use crate::ledger::Ledger;
 use crate::metrics;
 use crate::noise::{self, NoiseMode};
 use crate::privacy::Segment;
-use crate::records::{BudgetKey, DatasetBudget, JobRecord, Registration};
+use crate::records::{BudgetKey, ClosedSpend, DatasetBudget, JobRecord, Registration};
 use crate::release::Release;
 use crate::spending::{Curves, Spending};
 
@@ -124,7 +124,8 @@ impl Accountant {
     /// trimmed is discarded (its noise is gone; it is never released) and recorded so.
     pub async fn replay(&self) -> Result<usize, AccountantError> {
         for budget in self.ledger.budgets().await? {
-            self.datasets.load(budget);
+            let path = format!("datasets/{}", budget.key().path_component());
+            self.datasets.load(budget).map_err(|e| AccountantError::CorruptLedger { path, reason: e.to_string() })?;
         }
         let records = self.ledger.replay().await?;
         let count = records.len();
@@ -153,10 +154,11 @@ impl Accountant {
         // Every standing composed from the whole history before anything is served; where
         // everything reserved fits, steps within their plans need no composition.
         for budget in self.datasets.all() {
-            let view = self.compose_standing(&budget.key()).await?;
-            let committed = view.standing.spent + view.standing.reserved;
-            if !crate::datasets::exceeds(committed, budget.epsilon) {
-                self.datasets.reserve(&budget.key(), budget.version);
+            let key = budget.key();
+            self.compose_standing(&key).await?;
+            let reserved = self.reserved_segments(&key, None);
+            if self.datasets.within(&budget, crate::privacy::AccountantKind::Pld, reserved).await?.fits {
+                self.datasets.reserve(&key, budget.version);
             }
         }
         self.ready.store(true, Ordering::SeqCst);
@@ -180,6 +182,15 @@ impl Accountant {
             .get(job_id)
             .cloned()
             .ok_or_else(|| AccountantError::UnknownJob { job_id: job_id.to_owned() })
+    }
+
+    /// Bytes of releases held in memory by every job, closed ones included (for metrics: a
+    /// closed job holds none).
+    pub fn held_release_bytes(&self) -> usize {
+        let jobs = self.jobs.read().expect("jobs lock");
+        jobs.values()
+            .map(|j| j.releases.lock().expect("releases lock").values().map(|r| r.held_bytes()).sum::<usize>())
+            .sum()
     }
 
     /// Every job that is not closed, for metrics.
@@ -278,9 +289,9 @@ impl Accountant {
             self.datasets.reserve(&key, budget.version);
             return Ok(());
         }
-        let spent = self.datasets.epsilon(&budget, kind, self.segments(&key, None)).await?;
+        let spent = self.datasets.epsilon(&budget, kind, Of::Spent, self.segments(&key, None)).await?;
         let reserved = self.reserved_segments(&key, Some(&job.registration.job_id));
-        let committed = self.datasets.epsilon(&budget, kind, reserved).await?;
+        let committed = self.datasets.epsilon(&budget, kind, Of::Committed, reserved).await?;
         metrics::record_budget_rejection("dataset_admission");
         Err(AccountantError::invalid(
             "steps",
@@ -621,7 +632,13 @@ impl Accountant {
 
     /// Ends a job: parts are refused from now on and its per-job metrics disappear.
     pub async fn close(&self, job: &Job, reason: &str) -> Result<(), AccountantError> {
-        self.ledger.close(&job.registration.job_id, reason).await?;
+        let progress = job.progress();
+        let spend = ClosedSpend {
+            charged: progress.charged,
+            epsilon_spent: progress.epsilon_spent,
+            max_steps: job.spending.max_steps(),
+        };
+        self.ledger.close(&job.registration.job_id, reason, spend).await?;
         // Under the step lock, so that no part can release a step between the ledger's close
         // and the closed phase.
         let mut state = job.state.lock().await;
@@ -723,8 +740,8 @@ impl Accountant {
             unit: key.unit.clone(),
         })?;
         let pld = crate::privacy::AccountantKind::Pld;
-        let epsilon_spent = self.datasets.epsilon(&budget, pld, self.segments(key, None)).await?;
-        let committed = self.datasets.epsilon(&budget, pld, self.reserved_segments(key, None)).await?;
+        let epsilon_spent = self.datasets.epsilon(&budget, pld, Of::Spent, self.segments(key, None)).await?;
+        let committed = self.datasets.epsilon(&budget, pld, Of::Committed, self.reserved_segments(key, None)).await?;
         let mut jobs: Vec<String> = self
             .jobs
             .read()
@@ -810,7 +827,7 @@ async fn build_job(
         None => NoiseMode::OsEntropy,
     };
     let charged = record.charged.len() as u64;
-    let (spending, epsilon_spent) = Spending::build(&r.contract, charged, curves).await?;
+    let (spending, epsilon_spent) = Spending::build(&r.contract, charged, record.closed_spend, curves).await?;
     let next_step = record.charged.last().map_or(0, |s| s + 1);
     let discarded = record.discarded;
     let phase = if record.closed.is_some() {

@@ -53,8 +53,23 @@ pub struct Datasets {
     /// How each budget's checks were decided, for the metrics.
     decided: Mutex<HashMap<BudgetKey, [u64; Decided::ALL.len()]>>,
     locks: Mutex<HashMap<BudgetKey, Arc<tokio::sync::Mutex<()>>>>,
-    composed: Composed,
+    /// Compositions for checks, and apart (their own permits and memory) for standings.
+    checks: Composed,
+    standings: Composed,
     allow_unbudgeted: bool,
+}
+
+/// Which history a composition is of: a check's (spent plus what it checks), or a standing's
+/// spent or committed (spent plus every open plan). Each is remembered apart, so that the one
+/// never evicts the other, and standings compose apart from checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Of {
+    /// A check's history.
+    Check,
+    /// Everything charged.
+    Spent,
+    /// Everything charged plus every open job's remaining plan.
+    Committed,
 }
 
 /// What decided a budget check: the cost of a check follows it.
@@ -104,19 +119,24 @@ impl Datasets {
             reserved: Mutex::default(),
             decided: Mutex::default(),
             locks: Mutex::default(),
-            composed: Composed::default(),
+            checks: Composed::default(),
+            standings: Composed::default(),
             allow_unbudgeted,
         }
     }
 
     /// Takes a budget read back from the ledger, unless a newer version is already in force
-    /// (a privacy admin's change made while the ledger was being replayed).
-    pub fn load(&self, budget: DatasetBudget) {
+    /// (a privacy admin's change made while the ledger was being replayed). One whose ε or δ
+    /// is out of range is refused: a δ of 1 or more would pass every check.
+    pub fn load(&self, budget: DatasetBudget) -> Result<(), AccountantError> {
+        privacy::check_epsilon(budget.epsilon)?;
+        privacy::check_delta(budget.delta)?;
         let mut budgets = self.budgets.write().expect("budgets lock");
         let key = budget.key();
         if budgets.get(&key).is_none_or(|b| b.version < budget.version) {
             budgets.insert(key, budget);
         }
+        Ok(())
     }
 
     /// The budget of `key`, if a privacy admin set one.
@@ -196,27 +216,30 @@ impl Datasets {
         budgets.keys().find(|k| k.dataset_id == key.dataset_id && k.unit != key.unit).map(|k| k.unit.clone())
     }
 
-    /// The lock that serialises the releases of every job spending `key` (their checks compose).
-    pub fn lock(&self, key: &BudgetKey) -> Option<Arc<tokio::sync::Mutex<()>>> {
-        self.budget_of(key)?;
-        Some(self.admission_lock(key))
-    }
-
-    /// The same lock, whether or not the budget exists yet: admissions take it, so that a
-    /// budget set while a job is admitted cannot let the job's plan pass unchecked.
+    /// The lock that serialises the admissions and the releases of every job spending `key`
+    /// (their checks compose), whether or not the budget exists yet: a budget set while a job
+    /// is admitted or a step checked cannot let either pass unchecked.
     pub fn admission_lock(&self, key: &BudgetKey) -> Arc<tokio::sync::Mutex<()>> {
         self.locks.lock().expect("dataset locks").entry(key.clone()).or_default().clone()
     }
 
     /// ε at the budget's δ of `segments` (every private job of its unit on the dataset), with
-    /// `kind`, exactly (remembered: see [`crate::composed`]).
+    /// `kind`, exactly; remembered by what `of` names (see [`crate::composed`]).
     pub async fn epsilon(
         &self,
         budget: &DatasetBudget,
         kind: AccountantKind,
+        of: Of,
         segments: Vec<Segment>,
     ) -> Result<f64, AccountantError> {
-        composed::epsilon(self.composed.get(&budget.key().path_component(), kind, segments, budget.delta)).await
+        privacy::check_delta(budget.delta)?;
+        let (composed, slot) = match of {
+            Of::Check => (&self.checks, "check"),
+            Of::Spent => (&self.standings, "spent"),
+            Of::Committed => (&self.standings, "committed"),
+        };
+        let id = format!("{}/{slot}", budget.key().path_component());
+        composed::epsilon(composed.get(&id, kind, segments, budget.delta)).await
     }
 
     /// Whether `segments` compose within the budget: the RDP bound decides when it is inside
@@ -229,12 +252,12 @@ impl Datasets {
         kind: AccountantKind,
         segments: Vec<Segment>,
     ) -> Result<Within, AccountantError> {
-        let bound = self.composed.bound(segments.clone(), budget.delta).await?;
+        let bound = self.checks.bound(segments.clone(), budget.delta).await?;
         if !exceeds(bound, budget.epsilon) || kind == AccountantKind::Rdp {
             self.count(&budget.key(), Decided::Bound);
             return Ok(Within { fits: !exceeds(bound, budget.epsilon), epsilon: bound });
         }
-        let epsilon = self.epsilon(budget, kind, segments).await?;
+        let epsilon = self.epsilon(budget, kind, Of::Check, segments).await?;
         self.count(&budget.key(), Decided::Composition);
         Ok(Within { fits: !exceeds(epsilon, budget.epsilon), epsilon })
     }
@@ -436,16 +459,16 @@ mod tests {
         let data = format!("sha256:{}", "ef".repeat(32));
         let job = PrivacyContract { data_id: data.clone(), ..contract(PrivacyUnit::Example, Mode::Dp) };
         assert_eq!(datasets.key_of(&job).dataset_id, data, "keyed by the data");
-        datasets.load(DatasetBudget { dataset_id: data.clone(), ..budget("example", 1) });
+        datasets.load(DatasetBudget { dataset_id: data.clone(), ..budget("example", 1) }).unwrap();
         assert!(datasets.check(&job, true).is_ok());
         let copy = PrivacyContract { dataset_id: format!("sha256:{}", "01".repeat(32)), ..job.clone() };
         assert_eq!(datasets.key_of(&copy), datasets.key_of(&job), "another index of the same data: the same budget");
 
         let legacy = Datasets::new(false);
-        legacy.load(budget("example", 1)); // keyed by the index digest, as budgets were before
+        legacy.load(budget("example", 1)).unwrap(); // keyed by the index digest, as budgets were before
         assert_eq!(legacy.key_of(&job).dataset_id, job.dataset_id, "the index's budget from before stays its own");
         assert!(legacy.check(&job, true).is_ok());
-        legacy.load(DatasetBudget { dataset_id: data, ..budget("example", 1) });
+        legacy.load(DatasetBudget { dataset_id: data, ..budget("example", 1) }).unwrap();
         let refused = legacy.check(&job, true).unwrap_err().to_string();
         assert!(refused.starts_with("invalid dataset:") && refused.contains("two budgets"), "{refused}");
     }
@@ -465,14 +488,14 @@ mod tests {
         let datasets = Datasets::new(true);
         let user = PrivacyUnit::User { users_digest: format!("sha256:{}", "cd".repeat(32)) };
         assert!(datasets.check(&contract(user.clone(), Mode::Dp), true).is_ok(), "no budget at all: allowed");
-        datasets.load(budget("example", 1));
+        datasets.load(budget("example", 1)).unwrap();
         assert!(datasets.check(&contract(PrivacyUnit::Example, Mode::Dp), true).is_ok());
         let refused = datasets.check(&contract(user.clone(), Mode::Dp), true).unwrap_err().to_string();
         assert!(refused.contains("budgeted at the example level") && refused.contains("user-level job"), "{refused}");
         let baseline = datasets.check(&contract(PrivacyUnit::Example, Mode::NotPrivate), true).unwrap_err();
         assert!(baseline.to_string().contains("not allowed NOT PRIVATE"), "{baseline}");
         // A ledger from before one unit per dataset, with both: every job is refused.
-        datasets.load(budget("user", 1));
+        datasets.load(budget("user", 1)).unwrap();
         assert!(datasets.check(&contract(user, Mode::Dp), true).is_err());
         assert!(datasets.check(&contract(PrivacyUnit::Example, Mode::Dp), true).is_err());
     }
@@ -480,8 +503,8 @@ mod tests {
     #[test]
     fn a_replayed_budget_never_replaces_a_newer_one() {
         let datasets = Datasets::new(false);
-        datasets.load(budget("example", 3));
-        datasets.load(budget("example", 2));
+        datasets.load(budget("example", 3)).unwrap();
+        datasets.load(budget("example", 2)).unwrap();
         assert_eq!(datasets.budget_of(&budget("example", 0).key()).unwrap().version, 3);
     }
 }

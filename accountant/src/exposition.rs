@@ -68,11 +68,16 @@ pub fn render(handle: &PrometheusHandle, accountant: &Accountant) -> String {
 /// and closed jobs hold none of these.
 fn render_held(accountant: &Accountant, jobs: &[Arc<crate::job::Job>], out: &mut String) {
     let name = "dpcap_accountant_held_bytes";
-    let _ = writeln!(out, "# HELP {name} Bytes held for running jobs, by kind: noise drawn ahead, audit canaries.");
+    let _ = writeln!(
+        out,
+        "# HELP {name} Bytes held for running jobs, by kind: noise drawn ahead, audit canaries, releases kept for late \
+         fetches."
+    );
     let _ = writeln!(out, "# TYPE {name} gauge");
     let canaries: usize = jobs.iter().filter_map(|j| j.audit.as_ref()).map(|a| a.held_bytes()).sum();
     let _ = writeln!(out, "{name}{{kind=\"noise_ahead\"}} {}", accountant.ahead.held());
     let _ = writeln!(out, "{name}{{kind=\"audit_canaries\"}} {canaries}");
+    let _ = writeln!(out, "{name}{{kind=\"releases\"}} {}", accountant.held_release_bytes());
     let name = "dpcap_accountant_part_streams_open";
     let _ = writeln!(out, "# HELP {name} Part streams open now (at most one per part; each holds up to 4*P bytes).");
     let _ = writeln!(out, "# TYPE {name} gauge");

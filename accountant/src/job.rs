@@ -288,11 +288,15 @@ impl std::fmt::Debug for PartAssembler {
 }
 
 impl Job {
-    /// Lets go of what only a running job needs: the next step's noise, drawn ahead, and the
-    /// audit's canaries (both are drawn again when its ranks attach).
+    /// Lets go of what only a running job needs: the next step's noise, drawn ahead, the audit's
+    /// canaries (both drawn again when its ranks attach), its ε curve, and the releases kept in
+    /// memory (each a whole block of 4 MiB or more; a suspended job's are read back from the
+    /// ledger if its ranks ask again, a closed job's are never served). Called under the step
+    /// lock, so no release is being stored.
     pub fn let_go(&self) {
         self.ahead.clear();
         self.spending.let_go();
+        self.releases.lock().expect("releases lock").clear();
         if let Some(plan) = &self.audit {
             plan.clear();
         }

@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::error::AccountantError;
-use crate::records::{BudgetKey, Charge, DatasetBudget, JobRecord, Registration};
+use crate::records::{BudgetKey, Charge, ClosedSpend, DatasetBudget, JobRecord, Registration};
 use crate::release::Release;
 use crate::synced::SyncedFile;
 use futures::stream::FuturesUnordered;
@@ -291,9 +291,12 @@ impl Ledger {
     }
 
     /// Records that a job ended (idempotent; the first reason is kept).
-    pub async fn close(&self, job_id: &str, reason: &str) -> Result<(), AccountantError> {
+    pub async fn close(&self, job_id: &str, reason: &str, spend: ClosedSpend) -> Result<(), AccountantError> {
         let path = self.job_path(job_id, "closed.json");
-        let body = serde_json::to_vec(&serde_json::json!({ "reason": reason })).expect("json serialises");
+        // JSON has no infinity: a baseline's ε (+∞) is recorded as nothing, computed at replay.
+        let spend = spend.epsilon_spent.is_finite().then_some(spend);
+        let body =
+            serde_json::to_vec(&serde_json::json!({ "reason": reason, "spend": spend })).expect("json serialises");
         match self.create(&path, body).await {
             Ok(()) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
             Err(e) => Err(e.into()),
@@ -412,11 +415,13 @@ impl Ledger {
             }
             let registration: Registration = self.read_json(&self.job_path(&job_id, "registration.json")).await?;
             self.remove_stale_staging(&job_id).await;
-            let closed = if f.closed {
+            let (closed, closed_spend) = if f.closed {
                 let v: serde_json::Value = self.read_json(&self.job_path(&job_id, "closed.json")).await?;
-                Some(v["reason"].as_str().unwrap_or_default().to_owned())
+                // A record of the spend that does not parse is ignored: the replay computes it.
+                let spend = serde_json::from_value::<ClosedSpend>(v["spend"].clone()).ok();
+                (Some(v["reason"].as_str().unwrap_or_default().to_owned()), spend)
             } else {
-                None
+                (None, None)
             };
             let trimmed_before = if f.trimmed {
                 let v: serde_json::Value = self.read_json(&self.job_path(&job_id, "trimmed.json")).await?;
@@ -440,6 +445,7 @@ impl Ledger {
                 discarded: f.discarded,
                 trimmed_before,
                 closed,
+                closed_spend,
                 generation,
                 suspended,
             });

@@ -30,7 +30,10 @@ mod step;
 mod sum;
 mod synced;
 
-// Benchmark code: compiled only for `dpctl bench scale` and `cargo bench --features bench`.
+// Benchmark code: compiled only for `dpctl bench scale|budget` and `cargo bench --features bench`.
+#[cfg(feature = "bench")]
+#[path = "../bench/budget.rs"]
+pub mod budget;
 #[cfg(feature = "bench")]
 #[path = "../bench/cost.rs"]
 pub mod cost;

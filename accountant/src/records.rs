@@ -164,10 +164,25 @@ pub struct JobRecord {
     pub trimmed_before: u64,
     /// The reason given when the job was closed, if it was.
     pub closed: Option<String>,
+    /// What the close recorded of the job's spend, when it did (ledgers from before do not).
+    pub closed_spend: Option<ClosedSpend>,
     /// The lowest group generation still admitted.
     pub generation: u64,
     /// Whether the coordinator suspended the job (cancelled, failed).
     pub suspended: bool,
+}
+
+/// A job's spend as recorded at its close, so that a replay need not compute it again: its ε
+/// and step limit, valid for exactly `charged` charges (a step charged while the close was
+/// being recorded makes the record stale, and the replay computes it instead).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ClosedSpend {
+    /// Charged steps when recorded.
+    pub charged: u64,
+    /// ε at the job's δ after them.
+    pub epsilon_spent: f64,
+    /// The most steps within the job's ε target.
+    pub max_steps: u64,
 }
 
 impl JobRecord {
@@ -180,6 +195,7 @@ impl JobRecord {
             discarded: BTreeSet::new(),
             trimmed_before: 0,
             closed: None,
+            closed_spend: None,
             generation: 0,
             suspended: false,
         }

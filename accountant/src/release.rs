@@ -71,6 +71,12 @@ impl Release {
         release
     }
 
+    /// Bytes of memory the release pins, at most: a whole block of the pool per block of
+    /// values, however few values the last (or only) block holds.
+    pub fn held_bytes(&self) -> usize {
+        self.blocks.len() * self.block_bytes
+    }
+
     /// Bytes a rank receives (4·P).
     pub fn len(&self) -> usize {
         self.len

@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use crate::error::AccountantError;
 use crate::privacy::contract::{Mode, PrivacyContract};
 use crate::privacy::{self, AccountantKind, EpsilonCurve};
+use crate::records::ClosedSpend;
 
 /// ε values kept per job (one per step, from the oldest still asked for).
 const MEMO_KEPT: usize = 8;
@@ -129,10 +130,12 @@ pub struct Spending {
 
 impl Spending {
     /// The job's spending with `charged` steps already charged; and ε after them. The step
-    /// limit and that ε come from `curves` when a job of the same mechanism computed them.
+    /// limit and that ε come from what its close `recorded` when that covers every charge, else
+    /// from `curves` when a job of the same mechanism computed them, else are computed now.
     pub async fn build(
         contract: &PrivacyContract,
         charged: u64,
+        recorded: Option<ClosedSpend>,
         curves: &Arc<Curves>,
     ) -> Result<(Self, f64), AccountantError> {
         let mode = contract.mode;
@@ -146,7 +149,26 @@ impl Spending {
         let key =
             MechanismKey { kind, sample_rate: q.to_bits(), noise_multiplier: sigma.to_bits(), delta: delta.to_bits() };
         let kept = curves.clone();
-        let (max_steps, spent) = AccountantError::blocking(move || -> Result<_, privacy::PrivacyError> {
+        let recorded = recorded.filter(|r| r.charged == charged).map(|r| (r.max_steps, r.epsilon_spent));
+        let (max_steps, spent) = match recorded {
+            Some(recorded) => recorded,
+            None => Self::compute(key, target, charged, kept).await?,
+        };
+        let curve = Curve { key, curves: curves.clone(), held: Mutex::new(None) };
+        let spending = Self::with(mode, Some(Arc::new(curve)), max_steps);
+        spending.memo.lock().expect("memo lock").insert(charged, spent);
+        Ok((spending, spent))
+    }
+
+    /// The step limit at `target` and ε after `charged` steps of the mechanism, from `kept`
+    /// or computed (off the runtime).
+    async fn compute(
+        key: MechanismKey,
+        target: f64,
+        charged: u64,
+        kept: Arc<Curves>,
+    ) -> Result<(u64, f64), AccountantError> {
+        Ok(AccountantError::blocking(move || -> Result<_, privacy::PrivacyError> {
             let max_steps = kept.value(key, Value::MaxSteps { target: target.to_bits() }, |curve| {
                 privacy::max_steps(curve, target).unwrap_or(privacy::calibrate::STEPS_LIMIT) as f64
             })?;
@@ -154,11 +176,7 @@ impl Spending {
                 kept.value(key, Value::EpsilonAfter { steps: charged }, |curve| curve.epsilon_after(charged))?;
             Ok((max_steps as u64, spent))
         })
-        .await??;
-        let curve = Curve { key, curves: curves.clone(), held: Mutex::new(None) };
-        let spending = Self::with(mode, Some(Arc::new(curve)), max_steps);
-        spending.memo.lock().expect("memo lock").insert(charged, spent);
-        Ok((spending, spent))
+        .await??)
     }
 
     fn with(mode: Mode, curve: Option<Arc<Curve>>, max_steps: u64) -> Self {
@@ -258,10 +276,10 @@ mod tests {
     #[tokio::test]
     async fn epsilon_computed_ahead_equals_epsilon_computed_on_demand() {
         let c = contract(Mode::Dp, 1.0, Some(8.0));
-        let (ahead, spent) = Spending::build(&c, 0, &Arc::default()).await.unwrap();
+        let (ahead, spent) = Spending::build(&c, 0, None, &Arc::default()).await.unwrap();
         assert_eq!(spent, 0.0);
         ahead.prepare(7);
-        let (now, _) = Spending::build(&c, 0, &Arc::default()).await.unwrap();
+        let (now, _) = Spending::build(&c, 0, None, &Arc::default()).await.unwrap();
         assert!(!now.curve_built(), "built on first use only");
         assert_eq!(ahead.epsilon_after(7).await.unwrap(), now.epsilon_after(7).await.unwrap());
         assert!(ahead.ahead.lock().unwrap().is_none(), "taken once");
@@ -272,12 +290,14 @@ mod tests {
     async fn a_simulation_reports_its_targets_epsilon_with_rdp_and_a_baseline_reports_none() {
         let target = Recipe { sample_rate: 0.1, noise_multiplier: 2.0 };
         let (sim, _) =
-            Spending::build(&contract(Mode::Simulation { target }, 0.02, Some(8.0)), 0, &Arc::default()).await.unwrap();
+            Spending::build(&contract(Mode::Simulation { target }, 0.02, Some(8.0)), 0, None, &Arc::default())
+                .await
+                .unwrap();
         let rdp = EpsilonCurve::new(AccountantKind::Rdp, 0.1, 2.0, 1e-5).unwrap();
         assert_eq!(sim.kind(), AccountantKind::Rdp);
         assert_eq!(sim.epsilon_after(50).await.unwrap(), rdp.epsilon_after(50));
         let (baseline, spent) =
-            Spending::build(&contract(Mode::NotPrivate, 0.0, None), 3, &Arc::default()).await.unwrap();
+            Spending::build(&contract(Mode::NotPrivate, 0.0, None), 3, None, &Arc::default()).await.unwrap();
         assert_eq!(spent, f64::INFINITY);
         assert_eq!(baseline.epsilon_after(4).await.unwrap(), f64::INFINITY);
         assert_eq!(baseline.max_steps(), privacy::calibrate::STEPS_LIMIT);
@@ -287,8 +307,8 @@ mod tests {
     async fn jobs_of_one_mechanism_share_its_curve_and_limit_and_a_job_that_lets_go_holds_none() {
         let curves: Arc<Curves> = Arc::default();
         let c = contract(Mode::Dp, 1.0, Some(8.0));
-        let (first, _) = Spending::build(&c, 0, &curves).await.unwrap();
-        let (second, spent) = Spending::build(&c, 40, &curves).await.unwrap();
+        let (first, _) = Spending::build(&c, 0, None, &curves).await.unwrap();
+        let (second, spent) = Spending::build(&c, 40, None, &curves).await.unwrap();
         assert_eq!(first.max_steps(), second.max_steps());
         assert_eq!(spent, second.epsilon_after(40).await.unwrap(), "the replayed epsilon is the curve's");
         first.epsilon_after(3).await.unwrap();

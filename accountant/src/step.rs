@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use dpcap_proto::ErrorCode;
 
 use crate::core::Accountant;
-use crate::datasets::exceeds;
+use crate::datasets::{Of, exceeds};
 use crate::error::AccountantError;
 use crate::job::CLIP_SLACK;
 use crate::job::{Job, Part, Pending, Phase, Progress, StepState};
@@ -127,11 +127,10 @@ impl Accountant {
     /// Check, charge, noise, publish. Called with the job's lock held and every part in.
     async fn release(&self, job: &Job, state: &mut StepState) -> Result<(), AccountantError> {
         let step = state.pending.as_ref().expect("release needs a pending step").step;
+        // The budget's lock whether or not a budget exists yet: one set while this step is
+        // checked must not let an admission reserve beside a charge it cannot see.
         let key = self.datasets.key_of(&job.registration.contract);
-        let _dataset_guard = match self.datasets.lock(&key) {
-            Some(lock) => Some(lock.lock_owned().await),
-            None => None,
-        };
+        let _dataset_guard = self.datasets.admission_lock(&key).lock_owned().await;
         let checked = match self.check(job, step, state).await {
             Ok(checked) => checked,
             Err(refused) => {
@@ -171,29 +170,43 @@ impl Accountant {
             let refusal = Refusal { scope: "job".into(), spent: progress.epsilon_spent, after: epsilon_after, target };
             return Err(self.refuse(job, step, refusal, contract.delta, "job_target"));
         }
+        let spends = self.check_dataset(job, step, &progress).await?;
+        Ok(Checked { epsilon_after, spends })
+    }
+
+    /// The job's next step stays within its dataset's budget; returns the budget it spends,
+    /// if any. Call it under the budget's lock ([`crate::datasets::Datasets::admission_lock`]).
+    pub(crate) async fn check_dataset(
+        &self,
+        job: &Job,
+        step: u64,
+        progress: &Progress,
+    ) -> Result<Option<BudgetKey>, AccountantError> {
+        let contract = &job.registration.contract;
         self.datasets.check(contract, false)?;
         // Jobs without a guarantee were let onto the dataset by its owners and never spend it.
         let key = self.datasets.key_of(contract);
         let Some(budget) = self.datasets.budget_of(&key).filter(|_| contract.mode.is_private()) else {
-            return Ok(Checked { epsilon_after, spends: None });
+            return Ok(None);
         };
         // A step within an open job's plan is part of what its admission reserved: while that
         // reservation holds (the budget unchanged, no step beyond a plan since), it fits.
         let within_plan = progress.charged < contract.planned_steps;
         let open = progress.phase == Phase::Open && !job.suspended.load(Ordering::SeqCst);
         if within_plan && open && self.datasets.check_reserved(&budget) {
-            return Ok(Checked { epsilon_after, spends: Some(key) });
+            return Ok(Some(key));
         }
         if !within_plan {
             self.datasets.unreserve(&key);
         }
-        let after = self.datasets.within(&budget, job.spending.kind(), self.segments(&key, Some((job, 1)))).await?;
+        let kind = job.spending.kind();
+        let after = self.datasets.within(&budget, kind, self.segments(&key, Some((job, 1)))).await?;
         if !after.fits {
-            let spent = self.datasets.epsilon(&budget, job.spending.kind(), self.segments(&key, None)).await?;
+            let spent = self.datasets.epsilon(&budget, kind, Of::Spent, self.segments(&key, None)).await?;
             let refusal = Refusal { scope: key.describe(), spent, after: after.epsilon, target: budget.epsilon };
             return Err(self.refuse(job, step, refusal, budget.delta, "dataset_budget"));
         }
-        Ok(Checked { epsilon_after, spends: Some(key) })
+        Ok(Some(key))
     }
 
     /// Durably records the charge of `step`. A step another accountant charged first is spent

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{AccountantProcess, contract, job};
-use dpcap_proto::v1::{DatasetBudget, GetDatasetBudgetRequest, SetDatasetBudgetRequest};
+use dpcap_proto::v1::{CloseJobRequest, DatasetBudget, GetDatasetBudgetRequest, SetDatasetBudgetRequest};
 
 fn part(seed: u32, dim: usize) -> Vec<f32> {
     (0..dim).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 2000.0 - 0.25).collect()
@@ -19,6 +19,12 @@ fn checks(metrics: &str, decided_by: &str) -> u64 {
             l.starts_with("dpcap_dataset_budget_checks_total{") && l.contains(&format!("decided_by=\"{decided_by}\""))
         })
         .unwrap_or_else(|| panic!("no {decided_by} checks in\n{metrics}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Bytes of releases held in memory, from a scrape.
+fn held_releases(metrics: &str) -> u64 {
+    let line = metrics.lines().find(|l| l.starts_with("dpcap_accountant_held_bytes{kind=\"releases\"}")).expect("held");
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
@@ -53,6 +59,13 @@ async fn a_sweep_is_admitted_by_the_bound_its_steps_by_their_reservation_and_a_r
     assert_eq!(checks(&metrics, "bound"), 30, "every admission by the bound");
     assert_eq!(checks(&metrics, "reservation"), 6, "every step within its plan by the reservation");
     assert_eq!(checks(&metrics, "composition"), 0, "nothing near the boundary");
+    // Running jobs keep their last releases in memory for late fetches; closed ones keep none.
+    assert!(held_releases(&metrics) > 0, "{metrics}");
+    for i in 0..3 {
+        let close = CloseJobRequest { job_id: format!("sweep-{i}"), reason: "succeeded".into(), ..Default::default() };
+        client.raw().close_job(close).await.unwrap();
+    }
+    assert_eq!(held_releases(&server.scrape().await), 0, "closed jobs hold no release");
 
     let show = |mut client: common::Client| {
         let dataset = dataset.clone();
@@ -76,7 +89,7 @@ async fn a_sweep_is_admitted_by_the_bound_its_steps_by_their_reservation_and_a_r
         after.epsilon_spent
     );
     assert!(metrics.contains(&spent), "{spent} in\n{metrics}");
-    // The replay found every plan within the budget: steps within them are reserved again.
+    // The replay found every open plan within the budget: steps within them are reserved again.
     client.submit_part("sweep-3", 0, 0, &part(3, 4)).await.unwrap();
     assert_eq!(checks(&server.scrape().await, "reservation"), 1);
     // A budget lowered (still above what is spent) no longer vouches for the plans: each step
@@ -85,5 +98,6 @@ async fn a_sweep_is_admitted_by_the_bound_its_steps_by_their_reservation_and_a_r
     client.submit_part("sweep-3", 1, 0, &part(3, 4)).await.unwrap();
     let metrics = server.scrape().await;
     assert_eq!(checks(&metrics, "reservation"), 1);
-    assert_eq!(checks(&metrics, "bound") + checks(&metrics, "composition"), 1, "{metrics}");
+    // The replay's own check of everything reserved, and this step's.
+    assert_eq!(checks(&metrics, "bound") + checks(&metrics, "composition"), 2, "{metrics}");
 }

@@ -19,6 +19,8 @@ pub enum BenchCommand {
     Images(crate::bench_images::ImagesBench),
     /// One paper-scale step without GPU compute: index, layout, sample, split, release.
     Scale(crate::bench_scale::ScaleBench),
+    /// A sweep on one budgeted dataset: admission, step and budget-check cost, replay and memory.
+    Budget(crate::bench_budget::BudgetBench),
     /// Time PLD and RDP epsilon for the DP-Cap recipe (median of --runs).
     Privacy {
         /// Timed runs per accountant (after one warm-up).
@@ -49,6 +51,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Clip(opts) => crate::bench_clip::run(opts)?,
         BenchCommand::Share(opts) => crate::bench_share::run(opts)?,
         BenchCommand::Scale(opts) => crate::bench_scale::run(opts)?,
+        BenchCommand::Budget(opts) => crate::bench_budget::run(opts)?,
         BenchCommand::Images(opts) => crate::bench_images::run(opts)?,
         BenchCommand::Privacy { runs, json } => {
             let segment = DP_CAP.segment();

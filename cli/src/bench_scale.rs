@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use dpcap_accountant::budget::rss_bytes;
 use dpcap_accountant::cost::{self, Breakdown, CostOptions, ReleaseCost, Writer};
 use dpcap_coordinator::work::example_units;
 use dpcap_coordinator::{JobSecret, PoissonSampler, split_work, step_work};
@@ -56,12 +57,6 @@ pub struct ScaleBench {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-}
-
-/// Resident set size now (not the peak), from /proc.
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).map_or(0, |pages| pages * 4096)
 }
 
 /// A shard table as img2dataset writes the tar: `.jpg` (5–60 kB), `.json` (300–900 B) and

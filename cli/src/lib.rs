@@ -16,6 +16,7 @@ macro_rules! outln {
 
 mod audit;
 mod bench;
+mod bench_budget;
 mod bench_clip;
 mod bench_images;
 mod bench_scale;

@@ -23,6 +23,13 @@ const AUDIT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
 /// call (register, spend, close, trim) that answers in milliseconds.
 const ACCOUNTANT_ATTEMPT: Duration = Duration::from_secs(10);
 
+/// The bound on one registration attempt: a registration is the one call whose work grows
+/// with what it checks (its dataset's history and plans: milliseconds by the RDP bound, seconds
+/// for an exact composition near the budget's boundary at a low σ). An attempt cut short would
+/// leave a registration the accountant may have written, which the submission then suspends; a
+/// down accountant answers UNAVAILABLE at once, so waiting longer costs nothing there.
+const REGISTER_ATTEMPT: Duration = Duration::from_secs(120);
+
 /// An accountant's refusal, with its code kept (a bad contract is the submitter's to fix, a
 /// missing budget its privacy admin's), or UNAVAILABLE when it could not be reached.
 fn refusal(status: tonic::Status) -> CoordinatorError {
@@ -86,7 +93,8 @@ impl Coordinator {
             gradient_dim: plan.gradient_dim,
             insecure_noise_seed: None,
         };
-        retry(self.accountant_retry(), "register_job", || {
+        let policy = RetryPolicy { attempt: Some(REGISTER_ATTEMPT), ..self.accountant_retry() };
+        retry(policy, "register_job", || {
             let (mut client, request) = (self.accountant.clone(), request.clone());
             async move { client.register_job(request).await }
         })

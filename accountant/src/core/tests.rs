@@ -208,3 +208,67 @@ async fn a_budgets_standing_is_refused_while_the_ledger_replays_never_shown_from
     let refused = replaying.dataset(&key).await.unwrap_err();
     assert!(matches!(refused, AccountantError::Unavailable(_)), "{refused:?}");
 }
+
+#[tokio::test]
+async fn a_ledger_budget_whose_delta_is_out_of_range_stops_the_replay_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let accountant = accountant(dir.path(), false).await;
+    let key = BudgetKey { dataset_id: dataset(), unit: "example".into() };
+    let setting = BudgetSetting {
+        epsilon: 2.0,
+        delta: 1e-5,
+        reason: "test".into(),
+        allow_not_private: false,
+        name: String::new(),
+    };
+    accountant.set_budget(&key, setting).await.unwrap();
+    // A δ of 1 or more would pass every check: a ledger that holds one is refused, not served.
+    let mut rewritten = 0;
+    let mut dirs = vec![dir.path().join("datasets")];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(d).unwrap().map(Result::unwrap) {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "json") {
+                let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+                value["delta"] = serde_json::json!(1.5);
+                std::fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
+                rewritten += 1;
+            }
+        }
+    }
+    assert!(rewritten > 0, "the budget is in the ledger");
+    let again = super::Accountant::new(accountant.ledger.clone(), Policy::default());
+    let refused = again.replay().await.unwrap_err();
+    assert!(
+        matches!(&refused, AccountantError::CorruptLedger { path, .. } if path.starts_with("datasets/")),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("delta"), "{refused}");
+}
+
+#[tokio::test]
+async fn a_closed_jobs_spend_is_replayed_as_its_close_recorded_it_unless_a_charge_came_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let accountant = accountant(dir.path(), true).await;
+    for id in ["recorded", "stale"] {
+        let (job, _) = accountant.register(planned(id, 1.0, 200)).await.unwrap();
+        accountant.close(&job, "succeeded").await.unwrap();
+    }
+    let max_steps = accountant.job("recorded").unwrap().spending.max_steps();
+    // Rewrite both records: the replay reads what they say only where it covers every charge.
+    let closed = |id: &str| dir.path().join(format!("jobs/{id}/closed.json"));
+    let record = |charged: u64| {
+        serde_json::json!({"reason": "succeeded",
+        "spend": {"charged": charged, "epsilon_spent": 0.125, "max_steps": 7}})
+    };
+    std::fs::write(closed("recorded"), serde_json::to_vec(&record(0)).unwrap()).unwrap();
+    std::fs::write(closed("stale"), serde_json::to_vec(&record(5)).unwrap()).unwrap();
+    let again = super::Accountant::new(accountant.ledger.clone(), Policy::default());
+    again.replay().await.unwrap();
+    let recorded = again.job("recorded").unwrap();
+    assert_eq!((recorded.progress().epsilon_spent, recorded.spending.max_steps()), (0.125, 7), "as recorded");
+    let stale = again.job("stale").unwrap();
+    assert_eq!((stale.progress().epsilon_spent, stale.spending.max_steps()), (0.0, max_steps), "computed again");
+}
