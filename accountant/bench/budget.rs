@@ -138,6 +138,7 @@ pub async fn measure(opts: &SweepOptions, dir: &Path) -> Result<SweepCost, Bench
         delta: opts.delta,
         reason: "bench budget".into(),
         name: "sweep".into(),
+        population: (1.0 / opts.delta).round() as u64,
         ..Default::default()
     };
     // The accountant answers UNAVAILABLE until it has replayed its (empty) ledger.

@@ -96,6 +96,9 @@ pub struct Accountant {
     curves: Arc<Curves>,
 }
 
+/// The least time between two compositions of a budget's standing for the metrics.
+pub const STANDING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Accountant {
     /// An accountant over `ledger`; it serves nothing until [`Accountant::replay`] has run.
     pub fn new(ledger: Ledger, policy: Policy) -> Self {
@@ -314,11 +317,8 @@ impl Accountant {
     /// suspended one's charged steps only.
     /// `except` leaves one job out (the one being admitted).
     pub(crate) fn reserved_segments(&self, key: &BudgetKey, except: Option<&str>) -> Vec<Segment> {
-        self.jobs
-            .read()
-            .expect("jobs lock")
-            .values()
-            .filter(|j| spends(&self.datasets, &j.registration, key) && j.registration.contract.mode.is_private())
+        self.private_jobs(key)
+            .iter()
             .filter(|j| except != Some(j.registration.job_id.as_str()))
             .map(|j| {
                 let charged = j.progress().charged;
@@ -441,16 +441,18 @@ impl Accountant {
         Ok(())
     }
 
+    /// Every private job spending budget `key`.
+    fn private_jobs(&self, key: &BudgetKey) -> Vec<Arc<Job>> {
+        let jobs = self.jobs.read().expect("jobs lock");
+        let private =
+            |j: &&Arc<Job>| spends(&self.datasets, &j.registration, key) && j.registration.contract.mode.is_private();
+        jobs.values().filter(private).cloned().collect()
+    }
+
     /// Segments of every private job spending `key` (with `extra` steps more of one of them).
     pub(crate) fn segments(&self, key: &BudgetKey, extra: Option<(&Job, u64)>) -> Vec<Segment> {
-        let mut segments: Vec<Segment> = self
-            .jobs
-            .read()
-            .expect("jobs lock")
-            .values()
-            .filter(|j| spends(&self.datasets, &j.registration, key) && j.registration.contract.mode.is_private())
-            .map(|j| segment(j, j.progress().charged))
-            .collect();
+        let mut segments: Vec<Segment> =
+            self.private_jobs(key).iter().map(|j| segment(j, j.progress().charged)).collect();
         if let Some((job, steps)) = extra {
             segments.push(segment(job, steps));
         }
@@ -658,7 +660,8 @@ impl Accountant {
     }
 
     /// Composes each touched budget's standing again for the metrics, until the process ends:
-    /// one composition per budget however many charges touched it meanwhile.
+    /// at most once per [`STANDING_INTERVAL`] per budget, however many charges touched it
+    /// meanwhile (a sweep charges many steps a second; scrapes come every few seconds).
     pub async fn keep_standings(self: Arc<Self>) {
         loop {
             for key in self.datasets.touched().await {
@@ -669,6 +672,7 @@ impl Accountant {
                     tracing::warn!(dataset_id = %key.dataset_id, unit = %key.unit, error = %e, "budget standing not composed");
                 }
             }
+            tokio::time::sleep(STANDING_INTERVAL).await;
         }
     }
 
@@ -721,8 +725,62 @@ impl Accountant {
         // While the ledger replays, a change would race the replayed versions.
         self.check_ready()?;
         self.check_budget_names_data(key)?;
+        if !setting.force {
+            self.check_change(key, &setting).await?;
+        }
         self.datasets.set(&self.ledger, key, setting).await?;
         self.dataset(key).await
+    }
+
+    /// A change of a budget that jobs already spend needs `force` when it changes δ (every
+    /// charge's ε reads anew: raising δ shows less spent) or puts ε below what is spent and
+    /// planned (the jobs whose plans are not done would end BUDGET_EXHAUSTED): refused, naming
+    /// the figures and each such job. Lowering is always safe for privacy; this guards against
+    /// a typo that silently ends work or makes the spend look smaller.
+    async fn check_change(&self, key: &BudgetKey, setting: &BudgetSetting) -> Result<(), AccountantError> {
+        let Some(current) = self.datasets.budget_of(key) else { return Ok(()) };
+        let refuse = |reason: String| AccountantError::BudgetChange { dataset: key.describe(), reason };
+        let pld = crate::privacy::AccountantKind::Pld;
+        if setting.delta != current.delta {
+            let spent = self.datasets.epsilon(&current, pld, Of::Spent, self.segments(key, None)).await?;
+            let at_new = DatasetBudget { delta: setting.delta, ..current.clone() };
+            crate::privacy::check_delta(setting.delta)?;
+            let reread = self.datasets.epsilon(&at_new, pld, Of::Spent, self.segments(key, None)).await?;
+            return Err(refuse(format!(
+                "delta {:e} → {:e} changes what every charge reads as (epsilon spent {spent:.4} at {:e}, {reread:.4} \
+                 at {:e}); pass force (dpctl: --force) to change it",
+                current.delta, setting.delta, current.delta, setting.delta
+            )));
+        }
+        let committed = self.datasets.epsilon(&current, pld, Of::Committed, self.reserved_segments(key, None)).await?;
+        if setting.epsilon >= committed {
+            return Ok(());
+        }
+        let mut ending: Vec<String> = self
+            .private_jobs(key)
+            .iter()
+            .filter(|j| j.progress().phase == Phase::Open && !j.suspended.load(Ordering::SeqCst))
+            .filter(|j| j.progress().charged < j.registration.contract.planned_steps)
+            .map(|j| {
+                format!(
+                    "{} ({} of {} steps)",
+                    j.registration.job_id,
+                    j.progress().charged,
+                    j.registration.contract.planned_steps
+                )
+            })
+            .collect();
+        ending.sort();
+        if ending.is_empty() {
+            return Ok(()); // no job's plan is cut short: only future admissions see less
+        }
+        Err(refuse(format!(
+            "epsilon {} is below the {committed:.4} that is spent and planned; {} would end BUDGET_EXHAUSTED before \
+             their plans: {}; pass force (dpctl: --force) to lower it anyway",
+            setting.epsilon,
+            ending.len(),
+            ending.join(", ")
+        )))
     }
 
     /// A budget and its spend composed from every charge the ledger holds, or NOT_FOUND; while

@@ -33,6 +33,10 @@ pub struct BudgetSetting {
     pub allow_not_private: bool,
     /// A readable name for dashboards; empty keeps the current one.
     pub name: String,
+    /// N of the budget's unit (examples, or users for a user-level budget): δ ≤ 1/N.
+    pub population: u64,
+    /// Lower ε below the open jobs' plans, or change δ ([`crate::Accountant::set_budget`]).
+    pub force: bool,
 }
 
 /// Every budget, what has been spent of each, and one lock per budget that serialises the
@@ -326,6 +330,7 @@ impl Datasets {
         check_dataset_id(&key.dataset_id)?;
         privacy::check_epsilon(setting.epsilon)?;
         privacy::check_delta(setting.delta)?;
+        check_population(key, setting.delta, setting.population)?;
         if let Some(other) = self.other_unit(key) {
             return Err(AccountantError::invalid(
                 "unit",
@@ -368,6 +373,7 @@ impl Datasets {
             reason: setting.reason,
             allow_not_private: setting.allow_not_private,
             name,
+            population: setting.population,
             set_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         };
         ledger.put_budget(&budget).await?;
@@ -390,6 +396,33 @@ impl Datasets {
         let committed = self.committed.read().expect("committed lock").get(&key).copied().unwrap_or(spent);
         Some(Standing::new(budget.epsilon, spent, committed))
     }
+}
+
+/// A budget states N of its unit, and its δ is at most 1/N: a mechanism may publish someone's
+/// data outright with probability δ, so a δ above 1/N allows one that publishes somebody's.
+fn check_population(key: &BudgetKey, delta: f64, population: u64) -> Result<(), AccountantError> {
+    let unit = &key.unit;
+    if population == 0 {
+        return Err(AccountantError::invalid(
+            "population",
+            format!(
+                "0 must be the dataset's number of {unit}s N, so that delta is held to at most 1/N; `dpctl dataset \
+                 budget set` reads it from the index"
+            ),
+        ));
+    }
+    let largest = 1.0 / population as f64;
+    if delta > largest {
+        return Err(AccountantError::invalid(
+            "delta",
+            format!(
+                "{delta:e} is above 1/N = {largest:e} for N = {population} {unit}s: a mechanism may publish someone's \
+                 data outright with probability delta; the largest delta allowed is {largest:e} (1/N, or less: \
+                 1/(N log N) is common)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `epsilon` passes `budget`; a NaN ε always does.
@@ -450,6 +483,7 @@ mod tests {
             set_at_unix_ms: 0,
             allow_not_private: false,
             name: String::new(),
+            population: 100_000,
         }
     }
 

@@ -207,6 +207,15 @@ pub enum AccountantError {
     /// A capability is missing, forged, expired, or for another job, rank or generation.
     #[error(transparent)]
     Capability(#[from] dpcap_serve::capability::CapabilityError),
+    /// A budget change that would end running jobs early, or change what every charge reads as,
+    /// asked for without `force`.
+    #[error("budget of {dataset} not changed: {reason}")]
+    BudgetChange {
+        /// The budget's dataset and unit, described.
+        dataset: String,
+        /// What the change would do, and how to make it anyway.
+        reason: String,
+    },
     /// A bug: a task panicked or was cancelled.
     #[error("internal error: {0}")]
     Internal(String),
@@ -226,7 +235,7 @@ impl ServiceError for AccountantError {
             StepRefused { code, .. } => *code,
             BudgetExhausted { .. } => ErrorCode::BudgetExhausted,
             JobClosed { .. } => ErrorCode::JobClosed,
-            Fenced { .. } => ErrorCode::FailedPrecondition,
+            Fenced { .. } | BudgetChange { .. } => ErrorCode::FailedPrecondition,
             Unclipped { .. } | UnclippedPart { .. } => ErrorCode::Unclipped,
             PartStream { limit: "part_idle", .. } => ErrorCode::Unavailable,
             PartStream { .. } => ErrorCode::Aborted,

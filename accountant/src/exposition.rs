@@ -97,7 +97,7 @@ fn budget_labels(b: &crate::records::DatasetBudget) -> String {
 /// Per-budget series by dataset digest, readable name and privacy unit: the budget, and its
 /// ε spent, reserved by open plans and free as last composed (from the whole ledger at replay,
 /// then after each charge, admission, job end and GetDatasetBudget, composed in the
-/// background: a scrape may lag the last charge by one composition).
+/// background at most once a second: a scrape may lag the last charge by about a second).
 fn render_datasets(accountant: &Accountant, out: &mut String) {
     let mut budgets = accountant.datasets.all();
     budgets.sort_by_key(|b| b.key());

@@ -258,6 +258,10 @@ pub struct DatasetBudget {
     /// `dpctl dataset budget set`); empty for budgets from before names: the digest stands in.
     #[serde(default)]
     pub name: String,
+    /// N of the budget's unit (examples, or users) as its admin stated it: δ is at most 1/N.
+    /// 0 for budgets set before it was stated.
+    #[serde(default)]
+    pub population: u64,
 }
 
 impl DatasetBudget {

@@ -415,6 +415,8 @@ impl AccountantService for AccountantGrpc {
             reason: r.reason,
             allow_not_private: r.allow_not_private,
             name: r.name,
+            population: r.population,
+            force: r.force,
         };
         let accountant = self.accountant.clone();
         // Audit entry and current value are written together, whatever the client does.
@@ -459,6 +461,7 @@ fn dataset_to_proto(view: DatasetView) -> pb::DatasetBudget {
         jobs: view.jobs,
         version: view.budget.version,
         allow_not_private: view.budget.allow_not_private,
+        population: view.budget.population,
     }
 }
 

@@ -40,6 +40,8 @@ async fn a_sweep_is_admitted_by_the_bound_its_steps_by_their_reservation_and_a_r
         delta: 1e-5,
         reason: "a sweep".into(),
         name: "sweep".into(),
+        population: 100_000,
+        force: true,
         ..Default::default()
     };
     client.raw().set_dataset_budget(set(20.0)).await.unwrap();

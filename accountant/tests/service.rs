@@ -453,6 +453,8 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
             delta: 1e-5,
             reason: String::new(),
             allow_not_private: false,
+            population: 100_000,
+            force: true,
             ..Default::default()
         })
         .await
@@ -465,6 +467,8 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
         delta: 1e-5,
         reason: reason.into(),
         allow_not_private: false,
+        population: 100_000,
+        force: true,
         ..Default::default()
     };
     let named = SetDatasetBudgetRequest { name: "laion-233m".into(), ..set(2.0, "owner's lifetime budget") };
@@ -488,7 +492,22 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     let reserved = format!("dpcap_dataset_epsilon_reserved{labels} {}", standing.epsilon_reserved);
     assert!(metrics.contains(&reserved), "{reserved} in\n{metrics}");
     assert!(metrics.contains(&format!("dpcap_dataset_epsilon_free{labels} {}", standing.epsilon_free)), "{metrics}");
-    // The owner lowers the budget to 1: the per-step check holds the running jobs to it.
+    // A delta above 1/N, or no N, is refused naming it; so is lowering the budget under the
+    // open jobs' plans without force, naming each job it would end early.
+    let loose = client.raw().set_dataset_budget(SetDatasetBudgetRequest { delta: 0.5, ..set(2.0, "typo") }).await;
+    let loose = loose.unwrap_err();
+    assert!(loose.message().starts_with("invalid delta: 5e-1 is above 1/N = 1e-5 for N = 100000 examples"), "{loose}");
+    let unstated = client.raw().set_dataset_budget(SetDatasetBudgetRequest { population: 0, ..set(2.0, "") }).await;
+    assert!(unstated.unwrap_err().message().starts_with("invalid population: 0 must be"));
+    let unforced = SetDatasetBudgetRequest { force: false, ..set(1.0, "lowered") };
+    let unforced = client.raw().set_dataset_budget(unforced).await.unwrap_err();
+    assert_eq!(unforced.code(), Code::FailedPrecondition, "{unforced}");
+    assert!(unforced.message().contains("2 would end BUDGET_EXHAUSTED"), "{unforced}");
+    assert!(unforced.message().contains("first (0 of") && unforced.message().contains("second (0 of"), "{unforced}");
+    let redelta = SetDatasetBudgetRequest { delta: 1e-6, force: false, ..set(2.0, "") };
+    let redelta = client.raw().set_dataset_budget(redelta).await.unwrap_err();
+    assert!(redelta.message().contains("changes what every charge reads as"), "{redelta}");
+    // The owner lowers the budget to 1 (forced): the per-step check holds the running jobs to it.
     let budget = client.raw().set_dataset_budget(set(1.0, "owner's lifetime budget")).await.unwrap().into_inner();
     assert_eq!((budget.epsilon_budget, budget.version), (1.0, 2));
     // Alternate the two jobs until the dataset budget refuses one of them.
@@ -574,6 +593,8 @@ async fn not_private_jobs_need_the_owners_consent_never_spend_the_budget_and_say
         delta: 1e-5,
         reason: "synthetic data".into(),
         allow_not_private,
+        population: 100_000,
+        force: true,
         ..Default::default()
     };
     let baseline = |id: &str| {
@@ -886,6 +907,8 @@ async fn a_datasets_budget_is_of_one_unit_and_jobs_or_budgets_of_the_other_unit_
         reason: "owners".into(),
         unit: unit as i32,
         allow_not_private,
+        population: 100_000,
+        force: true,
         ..Default::default()
     };
     client.raw().set_dataset_budget(budget(PrivacyUnit::User, true)).await.unwrap();
@@ -1039,6 +1062,8 @@ async fn a_budget_names_the_data_and_binds_every_index_of_it() {
         epsilon: 50.0,
         delta: 1e-5,
         reason: "owner".into(),
+        population: 100_000,
+        force: true,
         ..Default::default()
     };
     let by_index = client.raw().set_dataset_budget(set(&first)).await.unwrap_err();

@@ -27,11 +27,20 @@ pub enum BudgetCommand {
         /// The dataset: its index digest ("sha256:…"), or its directory or URL.
         dataset: String,
         /// Lifetime epsilon at --delta, over every job on the dataset.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         epsilon: f64,
-        /// The delta of the lifetime budget.
-        #[arg(long)]
+        /// The delta of the lifetime budget: at most 1/N (N: the dataset's examples, or users
+        /// for --unit user).
+        #[arg(long, allow_negative_numbers = true)]
         delta: f64,
+        /// N of the budget's unit (examples, or users for --unit user). Read from the index
+        /// when DATASET is a directory or URL; needed when it is a digest.
+        #[arg(long)]
+        population: Option<u64>,
+        /// Lower epsilon below what open jobs have planned (they end BUDGET_EXHAUSTED before
+        /// their plans), or change delta (every charge's epsilon reads anew). Refused without it.
+        #[arg(long)]
+        force: bool,
         /// Why, for the audit log.
         #[arg(long, default_value = "")]
         reason: String,
@@ -80,24 +89,66 @@ impl Unit {
     }
 }
 
-/// The digest a budget of `dataset` is keyed by: given as is, or the data's digest from its
-/// index (its shards' content digests: every index and copy of the same shards names the same
-/// budget), or, for an index that pins no shard bytes, the index's own digest.
+/// What the index of `dataset` says of it: the digest its budget is keyed by (the data's, from
+/// its shards' content digests: every index and copy of the same shards names the same budget;
+/// for an index that pins no shard bytes, the index's own), and its examples and users.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Indexed {
+    /// The budget's digest.
+    pub budget_id: String,
+    /// Examples N.
+    pub examples: u64,
+    /// Distinct users, when the index has a users table.
+    pub users: Option<u64>,
+}
+
+/// The digest a budget of `dataset` is keyed by: given as is, or read from its index.
 pub async fn budget_id(dataset: &str) -> Result<String> {
     if dataset.starts_with("sha256:") {
         return Ok(dataset.to_owned());
     }
+    Ok(indexed(dataset).await?.budget_id)
+}
+
+/// Reads `dataset`'s index (a directory or URL).
+pub async fn indexed(dataset: &str) -> Result<Indexed> {
     let (store, root) = dpcap_serve::open_existing_store(dataset)?;
     let manifest = dpcap_dataset::index::MANIFEST_PATH;
     let path = Path::from(format!("{root}/{manifest}").trim_start_matches('/'));
-    let bytes = store
-        .get(&path)
-        .await
-        .with_context(|| format!("reading {dataset}/{manifest} (run `dpctl dataset index` first)"))?
-        .bytes()
-        .await?;
+    let bytes = match store.get(&path).await {
+        Ok(found) => found.bytes().await?,
+        Err(object_store::Error::NotFound { .. }) => {
+            anyhow::bail!("{dataset}/{manifest} does not exist: run `dpctl dataset index {dataset}` first")
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {dataset}/{manifest} (credentials? permissions?)")),
+    };
     let parsed = dpcap_dataset::index::Manifest::parse(&bytes).with_context(|| format!("{dataset}/{manifest}"))?;
-    Ok(parsed.data_digest().unwrap_or_else(|| dpcap_dataset::index::Manifest::digest(&bytes)))
+    Ok(Indexed {
+        budget_id: parsed.data_digest().unwrap_or_else(|| dpcap_dataset::index::Manifest::digest(&bytes)),
+        examples: parsed.examples,
+        users: parsed.users.as_ref().map(|u| u.users),
+    })
+}
+
+/// N of `unit` for a budget of `dataset`: `given`, else from its index.
+async fn population(dataset: &str, unit: Unit, given: Option<u64>) -> Result<u64> {
+    if let Some(n) = given {
+        return Ok(n);
+    }
+    if dataset.starts_with("sha256:") {
+        anyhow::bail!(
+            "--population: a budget named by its digest needs N of its unit (the dataset's examples, or users for --unit user), so that delta is held to at most 1/N; or name the dataset by its directory or URL"
+        );
+    }
+    let index = indexed(dataset).await?;
+    match unit {
+        Unit::Example => Ok(index.examples),
+        Unit::User => index.users.ok_or_else(|| {
+            anyhow::anyhow!(
+                "--unit user: {dataset}'s index has no users table (index it with users), or give --population"
+            )
+        }),
+    }
 }
 
 fn print(budget: &DatasetBudget) {
@@ -107,7 +158,7 @@ fn print(budget: &DatasetBudget) {
                "epsilon_budget": budget.epsilon_budget, "delta": budget.delta,
                "name": budget.name, "epsilon_spent": budget.epsilon_spent, "epsilon_reserved": budget.epsilon_reserved,
                "epsilon_free": budget.epsilon_free, "jobs": budget.jobs, "version": budget.version,
-               "allow_not_private": budget.allow_not_private})
+               "allow_not_private": budget.allow_not_private, "population": budget.population})
     );
 }
 
@@ -122,14 +173,27 @@ pub async fn run(command: BudgetCommand, server: &Server) -> Result<()> {
     let endpoint = server.tls.endpoint(&accountant).with_context(|| format!("invalid --accountant {accountant}"))?;
     let mut client = AccountantClient::lazy(endpoint, CallCredentials::token(server.token.clone()));
     let budget = match command {
-        BudgetCommand::Set { epsilon, delta, reason, allow_not_private, unit, name, .. } => {
+        BudgetCommand::Set {
+            epsilon, delta, reason, allow_not_private, unit, name, population: given, force, ..
+        } => {
+            let population = population(&dataset, unit, given).await?;
             let unit = unit.to_proto();
             // DATASET as given (never a digest, which the metrics show anyway), less any
             // credential its URL carries: the name becomes a metric label.
             let shown =
                 || if dataset.starts_with("sha256:") { String::new() } else { dpcap_serve::store::shown(&dataset) };
             let name = name.unwrap_or_else(shown);
-            let request = SetDatasetBudgetRequest { dataset_id, epsilon, delta, reason, allow_not_private, unit, name };
+            let request = SetDatasetBudgetRequest {
+                dataset_id,
+                epsilon,
+                delta,
+                reason,
+                allow_not_private,
+                unit,
+                name,
+                population,
+                force,
+            };
             client.raw().set_dataset_budget(request).await
         }
         BudgetCommand::Show { unit, .. } => {

@@ -120,3 +120,23 @@ fn a_config_context_supplies_the_cluster_flags_and_a_flag_given_wins() {
     let help = dpctl_with_config(&config, &["get", "--help"]);
     assert!(!String::from_utf8_lossy(&help.stdout).contains("0123456789abcdef"), "the token never shows in help");
 }
+
+#[test]
+fn a_budget_named_by_its_digest_needs_its_population_and_a_negative_epsilon_reaches_the_check() {
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let out = Command::new(env!("CARGO_BIN_EXE_dpctl"))
+        .args(["dataset", "budget", "set", &digest, "--epsilon", "8", "--delta", "1e-6"])
+        .args(["--accountant", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--population: a budget named by its digest"), "{stderr}");
+    // A negative number is a value to check, not a flag clap cannot parse.
+    let out = Command::new(env!("CARGO_BIN_EXE_dpctl"))
+        .args(["dataset", "budget", "set", &digest, "--epsilon", "-3", "--delta", "1e-6", "--population", "10"])
+        .args(["--accountant", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("unexpected argument"), "{stderr}");
+}

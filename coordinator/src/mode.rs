@@ -4,6 +4,9 @@
 //! the noise per example σ·C/B of the target. The last two carry no guarantee: [`label`] is
 //! what every surface shows for them.
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+
 use dpcap_privacy::contract::{Mode, PrivacyContract, Recipe};
 use dpcap_privacy::{self as privacy, AccountantKind};
 use dpcap_proto::v1::{JobSpec, Plan};
@@ -115,8 +118,10 @@ pub fn resolve(
     }
     let Some(simulate) = &spec.simulate else {
         let (sigma, calibrated) = sigma_for(spec.noise_multiplier, spec.epsilon, (kind, q, steps, delta))?;
-        let planned = privacy::EpsilonCurve::new(kind, q, sigma, delta).map_err(invalid("noise_multiplier"))?;
-        let epsilon_planned = planned.epsilon_after(steps);
+        let epsilon_planned = kept([0, kind as u64, q.to_bits(), steps, sigma.to_bits(), delta.to_bits()], || {
+            Ok(privacy::EpsilonCurve::new(kind, q, sigma, delta)?.epsilon_after(steps))
+        })
+        .map_err(invalid("noise_multiplier"))?;
         return Ok(Resolved {
             mode: Mode::Dp,
             noise_multiplier: sigma,
@@ -155,6 +160,29 @@ pub fn resolve(
     })
 }
 
+/// Values kept before the memo starts over.
+const KEPT: usize = 4096;
+
+/// A calibration's σ or a plan's ε remembered by its exact inputs (`key`: what it is, then the
+/// bit patterns of every input): a sweep submits one setting many times, and a PLD calibration
+/// is a search over many compositions (about 1 s at a low σ).
+fn kept(
+    key: [u64; 6],
+    compute: impl FnOnce() -> Result<f64, privacy::PrivacyError>,
+) -> Result<f64, privacy::PrivacyError> {
+    static VALUES: LazyLock<Mutex<HashMap<[u64; 6], f64>>> = LazyLock::new(Mutex::default);
+    if let Some(&value) = VALUES.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(value);
+    }
+    let value = compute()?;
+    let mut values = VALUES.lock().unwrap_or_else(|p| p.into_inner());
+    if values.len() >= KEPT {
+        values.clear();
+    }
+    values.insert(key, value);
+    Ok(value)
+}
+
 /// σ fixed, or calibrated for `epsilon` at (q, steps, δ).
 fn sigma_for(
     fixed: Option<f64>,
@@ -163,9 +191,35 @@ fn sigma_for(
 ) -> Result<(f64, bool), CoordinatorError> {
     match (fixed, epsilon) {
         (Some(sigma), _) => Ok((sigma, false)),
-        (None, Some(eps)) => privacy::noise_multiplier(kind, q, steps, eps, delta)
-            .map(|sigma| (sigma, true))
-            .map_err(|e| CoordinatorError::invalid("epsilon", e.to_string())),
+        (None, Some(eps)) => kept([1, kind as u64, q.to_bits(), steps, eps.to_bits(), delta.to_bits()], || {
+            privacy::noise_multiplier(kind, q, steps, eps, delta)
+        })
+        .map(|sigma| (sigma, true))
+        .map_err(|e| CoordinatorError::invalid("epsilon", e.to_string())),
         (None, None) => Err(CoordinatorError::invalid("epsilon", "give a target epsilon or a noise_multiplier")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_calibration_is_computed_once_per_exact_inputs_and_a_failure_is_not_kept() {
+        let key = [9, 9, 0.25f64.to_bits(), 3, 2.0f64.to_bits(), 1e-5f64.to_bits()];
+        let mut computed = 0;
+        for _ in 0..3 {
+            let value = kept(key, || {
+                computed += 1;
+                Ok(0.5)
+            });
+            assert_eq!(value, Ok(0.5));
+        }
+        assert_eq!(computed, 1, "remembered");
+        let other = [9, 9, 0.25f64.to_bits(), 4, 2.0f64.to_bits(), 1e-5f64.to_bits()];
+        let failed =
+            kept(other, || Err(privacy::PrivacyError::Invalid { field: "steps", value: "4".into(), reason: "test" }));
+        assert!(failed.is_err());
+        assert_eq!(kept(other, || Ok(0.75)), Ok(0.75), "a failure is computed again");
     }
 }

@@ -257,6 +257,8 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     allow_not_private: g.pick(&[false, true]),
                     unit: g.u32() as i32,
                     name: g.string(),
+                    population: g.pick(&[0, 1, 20_000, u64::MAX]),
+                    force: g.pick(&[false, true]),
                 };
                 within(&what, accountant.set_dataset_budget(request)).await
             }

@@ -38,6 +38,19 @@ fn planned(job_id: &str, sigma: f64, steps: u64) -> Registration {
     }
 }
 
+/// A budget of `epsilon` at δ = 1e-5 on a dataset of 100,000 examples.
+fn setting(epsilon: f64) -> BudgetSetting {
+    BudgetSetting {
+        epsilon,
+        delta: 1e-5,
+        reason: "test".into(),
+        allow_not_private: false,
+        name: String::new(),
+        population: 100_000,
+        force: false,
+    }
+}
+
 async fn accountant(dir: &std::path::Path, allow_unbudgeted_datasets: bool) -> Accountant {
     let (store, root) = dpcap_serve::open_durable_store(&dir.to_string_lossy()).unwrap();
     let policy = Policy { allow_unbudgeted_datasets, ..Default::default() };
@@ -84,14 +97,7 @@ async fn a_plan_the_datasets_remaining_budget_cannot_cover_is_refused_at_registr
     let dir = tempfile::tempdir().unwrap();
     let accountant = accountant(dir.path(), false).await;
     let key = BudgetKey { dataset_id: dataset(), unit: "example".into() };
-    let setting = BudgetSetting {
-        epsilon: 2.0,
-        delta: 1e-5,
-        reason: "test".into(),
-        allow_not_private: false,
-        name: String::new(),
-    };
-    accountant.set_budget(&key, setting).await.unwrap();
+    accountant.set_budget(&key, setting(2.0)).await.unwrap();
     // σ = 1, q = 0.01 by RDP: about ε 1.2 after 200 steps, 3.7 after 2,000.
     assert!(accountant.register(planned("fits", 1.0, 200)).await.is_ok());
     let refused = accountant.register(planned("too-long", 1.0, 2_000)).await.unwrap_err();
@@ -146,14 +152,7 @@ async fn a_dataset_budget_is_never_promised_twice_and_a_suspended_jobs_reservati
     let key = BudgetKey { dataset_id: dataset(), unit: "example".into() };
     // A budget between the ε of 400 and of 600 planned steps: two plans of 200 fit, a third not.
     let budget = (rdp(400) + rdp(600)) / 2.0;
-    let setting = BudgetSetting {
-        epsilon: budget,
-        delta: 1e-5,
-        reason: "test".into(),
-        allow_not_private: false,
-        name: String::new(),
-    };
-    accountant.set_budget(&key, setting).await.unwrap();
+    accountant.set_budget(&key, setting(budget)).await.unwrap();
     let (first, _) = accountant.register(planned("first", 1.0, 200)).await.unwrap();
     accountant.register(planned("second", 1.0, 200)).await.unwrap();
     let refused = accountant.register(planned("third", 1.0, 200)).await.unwrap_err().to_string();
@@ -214,14 +213,7 @@ async fn a_ledger_budget_whose_delta_is_out_of_range_stops_the_replay_naming_it(
     let dir = tempfile::tempdir().unwrap();
     let accountant = accountant(dir.path(), false).await;
     let key = BudgetKey { dataset_id: dataset(), unit: "example".into() };
-    let setting = BudgetSetting {
-        epsilon: 2.0,
-        delta: 1e-5,
-        reason: "test".into(),
-        allow_not_private: false,
-        name: String::new(),
-    };
-    accountant.set_budget(&key, setting).await.unwrap();
+    accountant.set_budget(&key, setting(2.0)).await.unwrap();
     // A δ of 1 or more would pass every check: a ledger that holds one is refused, not served.
     let mut rewritten = 0;
     let mut dirs = vec![dir.path().join("datasets")];

@@ -166,6 +166,8 @@ async fn warm_start(
         allow_not_private: true,
         unit: dpcap_proto::v1::PrivacyUnit::Example as i32,
         name: "demo".into(),
+        population: args.examples,
+        force: false,
     };
     set_dataset_budget(accountant, budget).await?;
     train::run(server, accountant, train::warm_start_spec(args, &procedural, steps)).await
@@ -268,11 +270,14 @@ async fn train_and_report(
 async fn set_budget(args: &DemoArgs, train_dir: &Path, accountant: &str) -> Result<()> {
     let dataset_id = crate::budget::budget_id(&train_dir.to_string_lossy()).await?;
     let fedemb = args.objective.is_user_level();
+    // The privacy unit's count: users for fedemb, examples otherwise.
+    let population = if fedemb { args.users } else { args.examples };
     let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
         dataset_id,
         epsilon: args.epsilon,
-        // The privacy unit's count: users for fedemb, examples otherwise.
-        delta: 1.0 / if fedemb { args.users } else { args.examples } as f64,
+        delta: 1.0 / population as f64,
+        population,
+        force: false,
         reason: "dpctl demo: synthetic data; one DP job and its non-private baseline".into(),
         allow_not_private: !args.no_baseline,
         // fedemb protects users: its budget is a user-level one.
