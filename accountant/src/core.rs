@@ -542,11 +542,14 @@ impl Accountant {
             if progress.next_step > step {
                 // A closed job serves no release any more (revocation is at once); a step it
                 // discarded still says so.
-                let released = self.released(job, step).await;
-                if progress.phase == Phase::Closed && released.is_ok() {
+                if progress.phase == Phase::Closed {
+                    // Without reading the release back: a closed job holds none in memory.
+                    if job.state.lock().await.discarded.contains(&step) {
+                        return Err(discarded(id, step));
+                    }
                     return Err(AccountantError::JobClosed { job_id: id.clone() });
                 }
-                return released;
+                return self.released(job, step).await;
             }
             match progress.phase {
                 Phase::BudgetExhausted => {
@@ -587,12 +590,7 @@ impl Accountant {
             return Ok(release.clone());
         }
         if state.discarded.contains(&step) {
-            return Err(AccountantError::refused(
-                &r.job_id,
-                step,
-                ErrorCode::ReleaseDiscarded,
-                "step was charged but its release was lost (discarded); it is never released",
-            ));
+            return Err(discarded(&r.job_id, step));
         }
         if step < state.trimmed_before || !state.stored.contains(&step) {
             return Err(AccountantError::refused(
@@ -611,7 +609,11 @@ impl Accountant {
         // A PLD evaluation can take tens of milliseconds: off the async threads, like every other.
         let epsilon_after = job.spending.epsilon_after(step + 1).await?;
         let release = Arc::new(Release::from_store(step, data, epsilon_after, noise::BLOCK_BYTES));
-        job.keep_release(release.clone());
+        // Kept only for a job that runs: one closed or suspended meanwhile (under this lock) let
+        // go of its releases and keeps none.
+        if job.progress().phase == Phase::Open && !job.suspended.load(Ordering::SeqCst) {
+            job.keep_release(release.clone());
+        }
         Ok(release)
     }
 
@@ -725,6 +727,10 @@ impl Accountant {
         // While the ledger replays, a change would race the replayed versions.
         self.check_ready()?;
         self.check_budget_names_data(key)?;
+        // The setting's own validity first: a bad value is INVALID_ARGUMENT whatever it changes.
+        crate::privacy::check_epsilon(setting.epsilon)?;
+        crate::privacy::check_delta(setting.delta)?;
+        crate::datasets::check_population(key, setting.delta, setting.population)?;
         if !setting.force {
             self.check_change(key, &setting).await?;
         }
@@ -739,6 +745,11 @@ impl Accountant {
     /// a typo that silently ends work or makes the spend look smaller.
     async fn check_change(&self, key: &BudgetKey, setting: &BudgetSetting) -> Result<(), AccountantError> {
         let Some(current) = self.datasets.budget_of(key) else { return Ok(()) };
+        let jobs = self.private_jobs(key);
+        let lowered = setting.epsilon < current.epsilon;
+        if jobs.is_empty() || (setting.delta == current.delta && !lowered) {
+            return Ok(()); // nothing spent reads anew and no plan is cut short
+        }
         let refuse = |reason: String| AccountantError::BudgetChange { dataset: key.describe(), reason };
         let pld = crate::privacy::AccountantKind::Pld;
         if setting.delta != current.delta {
@@ -752,12 +763,14 @@ impl Accountant {
                 current.delta, setting.delta, current.delta, setting.delta
             )));
         }
-        let committed = self.datasets.epsilon(&current, pld, Of::Committed, self.reserved_segments(key, None)).await?;
+        // As the checks will: RDP jobs are held to the RDP bound, which is at least the PLD.
+        let rdp = jobs.iter().any(|j| j.spending.kind() == crate::privacy::AccountantKind::Rdp);
+        let kind = if rdp { crate::privacy::AccountantKind::Rdp } else { pld };
+        let committed = self.datasets.epsilon(&current, kind, Of::Committed, self.reserved_segments(key, None)).await?;
         if setting.epsilon >= committed {
             return Ok(());
         }
-        let mut ending: Vec<String> = self
-            .private_jobs(key)
+        let mut ending: Vec<String> = jobs
             .iter()
             .filter(|j| j.progress().phase == Phase::Open && !j.suspended.load(Ordering::SeqCst))
             .filter(|j| j.progress().charged < j.registration.contract.planned_steps)
@@ -775,7 +788,7 @@ impl Accountant {
             return Ok(()); // no job's plan is cut short: only future admissions see less
         }
         Err(refuse(format!(
-            "epsilon {} is below the {committed:.4} that is spent and planned; {} would end BUDGET_EXHAUSTED before \
+            "epsilon {} is below the {committed:.4} that is spent and planned; {} may end BUDGET_EXHAUSTED before \
              their plans: {}; pass force (dpctl: --force) to lower it anyway",
             setting.epsilon,
             ending.len(),
@@ -813,6 +826,16 @@ impl Accountant {
         let standing = crate::datasets::Standing::new(budget.epsilon, epsilon_spent, committed);
         Ok(DatasetView { budget, standing, jobs })
     }
+}
+
+/// The refusal of a step whose release was lost.
+fn discarded(job_id: &str, step: u64) -> AccountantError {
+    AccountantError::refused(
+        job_id,
+        step,
+        ErrorCode::ReleaseDiscarded,
+        "step was charged but its release was lost (discarded); it is never released",
+    )
 }
 
 /// Whether a job spends budget `key`: its own, or, for a job registered before privacy units

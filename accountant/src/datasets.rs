@@ -400,7 +400,7 @@ impl Datasets {
 
 /// A budget states N of its unit, and its δ is at most 1/N: a mechanism may publish someone's
 /// data outright with probability δ, so a δ above 1/N allows one that publishes somebody's.
-fn check_population(key: &BudgetKey, delta: f64, population: u64) -> Result<(), AccountantError> {
+pub(crate) fn check_population(key: &BudgetKey, delta: f64, population: u64) -> Result<(), AccountantError> {
     let unit = &key.unit;
     if population == 0 {
         return Err(AccountantError::invalid(

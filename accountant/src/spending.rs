@@ -149,7 +149,9 @@ impl Spending {
         let key =
             MechanismKey { kind, sample_rate: q.to_bits(), noise_multiplier: sigma.to_bits(), delta: delta.to_bits() };
         let kept = curves.clone();
-        let recorded = recorded.filter(|r| r.charged == charged).map(|r| (r.max_steps, r.epsilon_spent));
+        // Only a record that covers every charge and holds sane values stands in for the math.
+        let sane = |r: &ClosedSpend| r.charged == charged && r.epsilon_spent >= 0.0 && r.max_steps >= charged;
+        let recorded = recorded.filter(sane).map(|r| (r.max_steps, r.epsilon_spent));
         let (max_steps, spent) = match recorded {
             Some(recorded) => recorded,
             None => Self::compute(key, target, charged, kept).await?,

@@ -502,7 +502,7 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     let unforced = SetDatasetBudgetRequest { force: false, ..set(1.0, "lowered") };
     let unforced = client.raw().set_dataset_budget(unforced).await.unwrap_err();
     assert_eq!(unforced.code(), Code::FailedPrecondition, "{unforced}");
-    assert!(unforced.message().contains("2 would end BUDGET_EXHAUSTED"), "{unforced}");
+    assert!(unforced.message().contains("2 may end BUDGET_EXHAUSTED"), "{unforced}");
     assert!(unforced.message().contains("first (0 of") && unforced.message().contains("second (0 of"), "{unforced}");
     let redelta = SetDatasetBudgetRequest { delta: 1e-6, force: false, ..set(2.0, "") };
     let redelta = client.raw().set_dataset_budget(redelta).await.unwrap_err();
