@@ -296,20 +296,16 @@ impl Accountant {
         let reserved = self.reserved_segments(&key, Some(&job.registration.job_id));
         let committed = self.datasets.epsilon(&budget, kind, Of::Committed, reserved).await?;
         metrics::record_budget_rejection("dataset_admission");
-        Err(AccountantError::invalid(
-            "steps",
-            format!(
-                "{steps} planned steps would bring {} to epsilon {:.4} of its budget {} at delta {:e}: {spent:.4} is \
-                 spent and {:.4} reserved by other jobs' plans, {:.4} is free; plan fewer steps or a lower epsilon, \
-                 wait for a running job to end, or ask its privacy admin",
-                key.describe(),
-                planned.epsilon,
-                budget.epsilon,
-                budget.delta,
-                (committed - spent).max(0.0),
-                (budget.epsilon - committed).max(0.0),
-            ),
-        ))
+        Err(AccountantError::PlanRefused {
+            budget: budget.describe(),
+            steps,
+            planned: planned.epsilon,
+            epsilon_budget: budget.epsilon,
+            delta: budget.delta,
+            spent,
+            reserved: (committed - spent).max(0.0),
+            free: (budget.epsilon - committed).max(0.0),
+        })
     }
 
     /// Segments of every private job spending `key` as reserved: an open job's whole plan (or

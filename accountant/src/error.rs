@@ -207,6 +207,30 @@ pub enum AccountantError {
     /// A capability is missing, forged, expired, or for another job, rank or generation.
     #[error(transparent)]
     Capability(#[from] dpcap_serve::capability::CapabilityError),
+    /// A job's plan (a new one, or a resumed one's remaining steps) that its dataset's budget
+    /// cannot cover beside what is spent and reserved: BUDGET_EXHAUSTED, never a bad argument,
+    /// so that automation tells "the budget is spent" from "fix the spec".
+    #[error(
+        "{steps} planned steps would bring {budget} to epsilon {planned:.4} of its budget {epsilon_budget} at delta {delta:e}: {spent:.4} is spent and {reserved:.4} reserved by other jobs' plans, {free:.4} is free; plan fewer steps or a lower epsilon, wait for a running job to end, or ask its privacy admin"
+    )]
+    PlanRefused {
+        /// The budget: its name, then its digest and unit.
+        budget: String,
+        /// Steps the plan asked for.
+        steps: u64,
+        /// ε (at the budget's δ) of spent, every other plan and this one.
+        planned: f64,
+        /// The budget's ε.
+        epsilon_budget: f64,
+        /// The budget's δ.
+        delta: f64,
+        /// ε spent.
+        spent: f64,
+        /// ε reserved by other open plans beyond what is spent.
+        reserved: f64,
+        /// ε free for new plans.
+        free: f64,
+    },
     /// A budget change that would end running jobs early, or change what every charge reads as,
     /// asked for without `force`.
     #[error("budget of {dataset} not changed: {reason}")]
@@ -233,7 +257,7 @@ impl ServiceError for AccountantError {
             UnknownDataset { .. } => ErrorCode::NotFound,
             RegistrationConflict { .. } => ErrorCode::AlreadyExists,
             StepRefused { code, .. } => *code,
-            BudgetExhausted { .. } => ErrorCode::BudgetExhausted,
+            BudgetExhausted { .. } | PlanRefused { .. } => ErrorCode::BudgetExhausted,
             JobClosed { .. } => ErrorCode::JobClosed,
             Fenced { .. } | BudgetChange { .. } => ErrorCode::FailedPrecondition,
             Unclipped { .. } | UnclippedPart { .. } => ErrorCode::Unclipped,

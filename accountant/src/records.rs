@@ -265,6 +265,15 @@ pub struct DatasetBudget {
 }
 
 impl DatasetBudget {
+    /// The budget as messages name it: its name first, then its digest and unit.
+    pub fn describe(&self) -> String {
+        if self.name.is_empty() {
+            self.key().describe()
+        } else {
+            format!("dataset {} ({}, {}-level)", self.name, self.dataset_id, self.unit)
+        }
+    }
+
     /// The name dashboards show: the budget's own, else its digest.
     pub fn display_name(&self) -> &str {
         if self.name.is_empty() { &self.dataset_id } else { &self.name }

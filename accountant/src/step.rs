@@ -203,7 +203,7 @@ impl Accountant {
         let after = self.datasets.within(&budget, kind, self.segments(&key, Some((job, 1)))).await?;
         if !after.fits {
             let spent = self.datasets.epsilon(&budget, kind, Of::Spent, self.segments(&key, None)).await?;
-            let refusal = Refusal { scope: key.describe(), spent, after: after.epsilon, target: budget.epsilon };
+            let refusal = Refusal { scope: budget.describe(), spent, after: after.epsilon, target: budget.epsilon };
             return Err(self.refuse(job, step, refusal, budget.delta, "dataset_budget"));
         }
         Ok(Some(key))

@@ -480,7 +480,10 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     client.raw().register_job(on_dataset("first", at_two / 2)).await.unwrap();
     client.raw().register_job(on_dataset("second", at_two / 2)).await.unwrap();
     let promised = client.raw().register_job(on_dataset("third", 2)).await.unwrap_err();
-    assert_eq!(promised.code(), Code::InvalidArgument, "{promised}");
+    // A full budget, not a bad spec: FAILED_PRECONDITION, typed BUDGET_EXHAUSTED, named first.
+    assert_eq!(promised.code(), Code::FailedPrecondition, "{promised}");
+    assert_eq!(ErrorCode::of(&promised), Some(ErrorCode::BudgetExhausted), "{promised}");
+    assert!(promised.message().contains(&format!("dataset laion-233m ({dataset}, example-level)")), "{promised}");
     assert!(promised.message().contains("reserved by other jobs' plans"), "{promised}");
     let get = GetDatasetBudgetRequest { dataset_id: dataset.clone(), ..Default::default() };
     let standing = client.raw().get_dataset_budget(get.clone()).await.unwrap().into_inner();
@@ -528,7 +531,8 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     }
     let refused = refused.expect("the dataset budget must run out long before the job targets");
     assert_eq!(ErrorCode::of(&refused), Some(ErrorCode::BudgetExhausted), "{refused}");
-    assert!(refused.message().contains(&format!("dataset {dataset} (example-level) target 1")), "{refused}");
+    let named = format!("dataset laion-233m ({dataset}, example-level) target 1");
+    assert!(refused.message().contains(&named), "the budget by its name, then its digest: {refused}");
     let one_job = max_steps(&EpsilonCurve::new(AccountantKind::Pld, 0.05, 2.0, 1e-5).unwrap(), 1.0).unwrap();
     assert!(steps[0] + steps[1] <= one_job + 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
     assert!(steps[0] + steps[1] >= one_job - 1, "jobs together ran {steps:?}, one job alone may run {one_job}");

@@ -41,10 +41,13 @@ impl Server {
     }
 }
 
-/// Exit codes of `dpctl wait` and `dpctl watch` by outcome.
-pub fn exit_code(state: i32) -> i32 {
-    match JobState::try_from(state) {
+/// Exit codes of `dpctl wait` and `dpctl watch` by outcome: every budget end is 5, a job
+/// FAILED because its budget could not cover its resumed plan included.
+pub fn exit_code(job: &Job) -> i32 {
+    let finished = job.conditions.iter().rev().find(|c| c.r#type == "Finished");
+    match JobState::try_from(job.state) {
         Ok(JobState::Succeeded) => 0,
+        Ok(JobState::Failed) if finished.is_some_and(|c| c.reason == dpcap_coordinator::state::BUDGET_REFUSED) => 5,
         Ok(JobState::Failed) => 3,
         Ok(JobState::Cancelled) => 4,
         Ok(JobState::BudgetExhausted) => 5,
@@ -349,5 +352,25 @@ pub async fn wait(server: &Server, job_id: &str, bar: bool) -> Result<i32> {
     if !dpcap_coordinator::state::is_terminal(job.state) {
         bail!("the watch stream of {job_id} ended while it is {}", state_name(job.state));
     }
-    Ok(exit_code(job.state))
+    Ok(exit_code(&job))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dpcap_proto::v1::Condition;
+
+    fn finished(state: JobState, reason: &str) -> Job {
+        let condition = Condition { r#type: "Finished".into(), reason: reason.into(), ..Default::default() };
+        Job { state: state as i32, conditions: vec![condition], ..Default::default() }
+    }
+
+    #[test]
+    fn every_budget_end_exits_5_and_other_failures_3() {
+        assert_eq!(exit_code(&finished(JobState::BudgetExhausted, "BudgetExhausted")), 5);
+        assert_eq!(exit_code(&finished(JobState::Failed, dpcap_coordinator::state::BUDGET_REFUSED)), 5);
+        assert_eq!(exit_code(&finished(JobState::Failed, "Refused")), 3);
+        assert_eq!(exit_code(&finished(JobState::Succeeded, "Succeeded")), 0);
+        assert_eq!(exit_code(&finished(JobState::Cancelled, "Cancelled")), 4);
+    }
 }

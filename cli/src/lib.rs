@@ -79,7 +79,8 @@ enum Command {
     Cancel { job_id: String },
     /// Resume a FAILED or CANCELLED job from its checkpoint at the ledger's next step.
     Resume { job_id: String },
-    /// Wait for a job to end: exit 0 succeeded, 3 failed, 4 cancelled, 5 budget exhausted.
+    /// Wait for a job to end: exit 0 succeeded, 3 failed, 4 cancelled, 5 budget exhausted (or
+    /// refused at resume by its budget).
     Wait { job_id: String },
     /// Run the whole product locally: dataset, embedded cluster, a DP-Cap job, a report.
     Demo(demo::DemoArgs),

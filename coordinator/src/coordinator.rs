@@ -13,7 +13,9 @@ use dpcap_serve::{Capabilities, Capability, StepGrant};
 use crate::dataset;
 use crate::error::CoordinatorError;
 use crate::sampler::{JobSecret, PoissonSampler};
-use crate::state::{AUDIT_REASONS, Effects, JobEntry, Report, State, WorkerEntry, condition, is_terminal};
+use crate::state::{
+    AUDIT_REASONS, BUDGET_REFUSED, Effects, JobEntry, Report, State, WorkerEntry, condition, is_terminal,
+};
 use crate::store::{JobStore, Private, hex, random_bytes};
 
 /// How the coordinator is set up.
@@ -541,7 +543,10 @@ impl Coordinator {
                     if current != Some(generation) {
                         return Ok(());
                     }
-                    state.finish(job_id, JobState::Failed, "Refused", format!("the accountant refused the job: {e}"))
+                    // FAILED either way (a raised budget lets it resume), but a budget's refusal
+                    // says so in its reason: `dpctl wait` tells it apart (exit 5).
+                    let reason = if e.is_budget() { BUDGET_REFUSED } else { "Refused" };
+                    state.finish(job_id, JobState::Failed, reason, format!("the accountant refused the job: {e}"))
                 };
                 return self.apply(effects).await;
             }

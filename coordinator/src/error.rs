@@ -106,6 +106,11 @@ impl CoordinatorError {
             _ => false,
         }
     }
+
+    /// Whether the accountant refused for a budget: the plan does not fit what is left.
+    pub fn is_budget(&self) -> bool {
+        matches!(self, Self::Refused { code: ErrorCode::BudgetExhausted, .. })
+    }
 }
 
 impl ServiceError for CoordinatorError {

@@ -101,6 +101,11 @@ pub struct Group {
     pub shares: Vec<u64>,
 }
 
+/// The reason of a job FAILED because its dataset's budget could not cover its remaining plan
+/// (at a resume): a budget end, which `dpctl wait` reports as one (exit 5); still resumable
+/// once its privacy admin raises the budget.
+pub const BUDGET_REFUSED: &str = "BudgetRefused";
+
 /// The reasons of an audit's condition: passed, violated, or not scored.
 pub(crate) const AUDIT_PASSED: &str = "AuditPassed";
 pub(crate) const AUDIT_VIOLATION: &str = "AuditViolation";

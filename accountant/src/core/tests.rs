@@ -6,6 +6,7 @@ use super::*;
 use crate::datasets::BudgetSetting;
 use crate::privacy::AccountantKind;
 use crate::privacy::contract::{Audit, Mechanism, Mode, PrivacyContract, PrivacyUnit};
+use dpcap_proto::ServiceError;
 
 fn dataset() -> String {
     format!("sha256:{}", "ab".repeat(32))
@@ -102,7 +103,12 @@ async fn a_plan_the_datasets_remaining_budget_cannot_cover_is_refused_at_registr
     assert!(accountant.register(planned("fits", 1.0, 200)).await.is_ok());
     let refused = accountant.register(planned("too-long", 1.0, 2_000)).await.unwrap_err();
     let message = refused.to_string();
-    assert!(matches!(refused, AccountantError::InvalidArgument { field: "steps", .. }), "{refused:?}");
+    assert!(matches!(refused, AccountantError::PlanRefused { steps: 2_000, .. }), "{refused:?}");
+    assert_eq!(
+        refused.error_code(),
+        dpcap_proto::ErrorCode::BudgetExhausted,
+        "the budget is spent, not the spec wrong"
+    );
     assert!(message.contains("example-level") && message.contains("budget 2"), "{message}");
     assert!(accountant.job("too-long").is_err(), "nothing registered");
 }
