@@ -403,13 +403,17 @@ async fn an_operators_mistakes_are_refused_at_submit_by_name_and_changed_shards_
     assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
     let cases = [
         ("privacy", SpecFile { not_private: Some(true), epsilon: None, ..small.clone() }),
-        ("steps", SpecFile { epsilon: None, noise_multiplier: Some(0.5), steps: Some(400), ..small.clone() }),
         ("tokenizer", SpecFile { tokenizer: Some(dir.join("nowhere.json").to_string_lossy().into()), ..small.clone() }),
     ];
     for (field, bad) in cases {
         let e = refused(&services, bad).await;
         assert!(e.message().starts_with(&format!("invalid {field}:")), "{field}: {e}");
     }
+    // A plan its budget cannot cover is a spent budget, not a bad spec: typed BUDGET_EXHAUSTED.
+    let over = SpecFile { epsilon: None, noise_multiplier: Some(0.5), steps: Some(400), ..small.clone() };
+    let over = refused(&services, over).await;
+    assert_eq!(dpcap_proto::ErrorCode::of(&over), Some(dpcap_proto::ErrorCode::BudgetExhausted), "{over}");
+    assert!(over.message().starts_with("400 planned steps would bring dataset"), "{over}");
     assert!(
         services
             .jobs()
