@@ -21,7 +21,7 @@ use dpcap_proto::v1::{
 use dpcap_serve::{Capabilities, Capability, StepGrant};
 
 use crate::core::Accountant;
-use crate::cost::{BenchError, Running, Writer, median, start};
+use crate::cost::{BenchError, Running, Writer, median, rss_bytes, start};
 use crate::privacy::{self, Segment};
 use crate::records::{BudgetKey, Registration};
 use crate::{Policy, server};
@@ -84,12 +84,6 @@ pub struct SweepCost {
     pub check_composition_s: f64,
     /// ε spent of the budget after the sweep (PLD, at its δ).
     pub epsilon_spent: f64,
-}
-
-/// Resident set size now (not the peak), from /proc.
-pub fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).map_or(0, |pages| pages * 4096)
 }
 
 /// Job `i`'s σ.

@@ -33,6 +33,12 @@ use crate::{Policy, server};
 /// A failed measurement.
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Resident set size now (not the peak), from /proc.
+pub fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).map_or(0, |pages| pages * 4096)
+}
+
 /// CPU seconds this process has used (user + system, every thread), from /proc: what a
 /// release costs the machine, beside how long it takes. Ticks are 10 ms.
 pub fn cpu_seconds() -> f64 {

@@ -17,8 +17,8 @@ use futures::future::{BoxFuture, Shared};
 use tokio::sync::Semaphore;
 
 use crate::error::AccountantError;
-use crate::privacy::history::{RdpSteps, merged};
 use crate::privacy::{self, AccountantKind, Segment};
+use crate::privacy::{RdpSteps, merged};
 
 pub(crate) type Composing = Shared<BoxFuture<'static, Result<f64, String>>>;
 

@@ -281,9 +281,10 @@ impl Accountant {
             return Ok(());
         };
         let kind = job.spending.kind();
-        let mut with_plan = self.reserved_segments(&key, Some(&job.registration.job_id));
+        let reserved = self.reserved_segments(&key, Some(&job.registration.job_id));
         // A new job's plan; a resumed one's plan or what it charged, if more.
         let steps = contract.planned_steps.max(job.progress().charged);
+        let mut with_plan = reserved.clone();
         with_plan.push(Segment { sample_rate: mechanism.1, noise_multiplier: mechanism.2, steps });
         let planned = self.datasets.within(&budget, kind, with_plan).await?;
         if planned.fits {
@@ -293,7 +294,6 @@ impl Accountant {
             return Ok(());
         }
         let spent = self.datasets.epsilon(&budget, kind, Of::Spent, self.segments(&key, None)).await?;
-        let reserved = self.reserved_segments(&key, Some(&job.registration.job_id));
         let committed = self.datasets.epsilon(&budget, kind, Of::Committed, reserved).await?;
         metrics::record_budget_rejection("dataset_admission");
         Err(AccountantError::PlanRefused {
@@ -751,7 +751,6 @@ impl Accountant {
         if setting.delta != current.delta {
             let spent = self.datasets.epsilon(&current, pld, Of::Spent, self.segments(key, None)).await?;
             let at_new = DatasetBudget { delta: setting.delta, ..current.clone() };
-            crate::privacy::check_delta(setting.delta)?;
             let reread = self.datasets.epsilon(&at_new, pld, Of::Spent, self.segments(key, None)).await?;
             return Err(refuse(format!(
                 "delta {:e} → {:e} changes what every charge reads as (epsilon spent {spent:.4} at {:e}, {reread:.4} \

@@ -9,8 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use dpcap_accountant::budget::rss_bytes;
-use dpcap_accountant::cost::{self, Breakdown, CostOptions, ReleaseCost, Writer};
+use dpcap_accountant::cost::{self, Breakdown, CostOptions, ReleaseCost, Writer, rss_bytes};
 use dpcap_coordinator::work::example_units;
 use dpcap_coordinator::{JobSecret, PoissonSampler, split_work, step_work};
 use dpcap_dataset::index::ImageKind;

@@ -10,7 +10,7 @@
 pub mod audit;
 pub mod calibrate;
 pub mod contract;
-pub mod history;
+mod history;
 pub mod pld;
 pub mod rdp;
 pub mod recipes;
@@ -21,6 +21,7 @@ use std::str::FromStr;
 
 pub use calibrate::{max_steps, noise_multiplier};
 pub use contract::{ContractError, Mechanism, Mode, ModeKind, PrivacyContract, PrivacyUnit};
+pub use history::{RdpSteps, merged};
 
 /// Which accountant turns a mechanism's history into (ε, δ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, serde::Serialize, serde::Deserialize)]
@@ -137,7 +138,7 @@ pub fn check_epsilon(epsilon: f64) -> Result<(), PrivacyError> {
 
 /// ε at δ after composing `segments` in order. Never below the true ε: the PLD where its grid
 /// holds the losses (tight), else the RDP bound; see [`pld_epsilon`]. Segments of one
-/// mechanism are composed as one ([`history::merged`]): the cost follows the mechanisms, not
+/// mechanism are composed as one ([`merged`]): the cost follows the mechanisms, not
 /// the segments.
 pub fn epsilon(kind: AccountantKind, segments: &[Segment], delta: f64) -> Result<f64, PrivacyError> {
     check_delta(delta)?;

@@ -1,11 +1,10 @@
 //! Histories of many jobs on one dataset (what a budget composes) against Google's
 //! dp-accounting composing the same segments one by one: tests/data/history_vectors.json, made
 //! by `reference/history_vectors.py`. Our PLD merges segments of one mechanism first
-//! ([`dpcap_privacy::history::merged`]); the kept RDP bound decides checks clearly inside a
+//! ([`dpcap_privacy::merged`]); the kept RDP bound decides checks clearly inside a
 //! budget, so it must never be below the tight value either.
 
-use dpcap_privacy::history::RdpSteps;
-use dpcap_privacy::{AccountantKind, Segment, epsilon};
+use dpcap_privacy::{AccountantKind, RdpSteps, Segment, epsilon};
 use serde_json::Value;
 
 fn histories() -> Vec<(String, Vec<Segment>, f64, f64, f64)> {
