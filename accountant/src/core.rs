@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::{Mutex, watch};
 
 use dpcap_proto::ErrorCode;
+use dpcap_proto::v1::BudgetExhausted;
 
 use crate::ahead::{AheadBudget, NoiseAhead};
 use crate::audit::{AuditOutcome, AuditPlan, Placement};
@@ -296,16 +297,18 @@ impl Accountant {
         let spent = self.datasets.epsilon(&budget, kind, Of::Spent, self.segments(&key, None)).await?;
         let committed = self.datasets.epsilon(&budget, kind, Of::Committed, reserved).await?;
         metrics::record_budget_rejection("dataset_admission");
-        Err(AccountantError::PlanRefused {
-            budget: budget.describe(),
-            steps,
-            planned: planned.epsilon,
+        Err(AccountantError::PlanRefused(Box::new(BudgetExhausted {
+            dataset_name: budget.name.clone(),
+            dataset_id: budget.dataset_id.clone(),
+            unit: budget.unit.clone(),
             epsilon_budget: budget.epsilon,
             delta: budget.delta,
             spent,
             reserved: (committed - spent).max(0.0),
             free: (budget.epsilon - committed).max(0.0),
-        })
+            asked: planned.epsilon,
+            steps,
+        })))
     }
 
     /// Segments of every private job spending `key` as reserved: an open job's whole plan (or

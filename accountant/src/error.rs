@@ -1,5 +1,6 @@
 //! Every way an accountant request can fail, each mapped to one [`ErrorCode`].
 
+use dpcap_proto::v1::BudgetExhausted;
 use dpcap_proto::{ErrorCode, ServiceError};
 
 use crate::privacy::PrivacyError;
@@ -211,26 +212,10 @@ pub enum AccountantError {
     /// cannot cover beside what is spent and reserved: BUDGET_EXHAUSTED, never a bad argument,
     /// so that automation tells "the budget is spent" from "fix the spec".
     #[error(
-        "{steps} planned steps would bring {budget} to epsilon {planned:.4} of its budget {epsilon_budget} at delta {delta:e}: {spent:.4} is spent and {reserved:.4} reserved by other jobs' plans, {free:.4} is free; plan fewer steps or a lower epsilon, wait for a running job to end, or ask its privacy admin"
+        "{} planned steps would bring {} to epsilon {:.4} of its budget {} at delta {:e}: {:.4} is spent and {:.4} reserved by other jobs' plans, {:.4} is free; plan fewer steps or a lower epsilon, wait for a running job to end, or ask its privacy admin",
+        .0.steps, named(.0), .0.asked, .0.epsilon_budget, .0.delta, .0.spent, .0.reserved, .0.free
     )]
-    PlanRefused {
-        /// The budget: its name, then its digest and unit.
-        budget: String,
-        /// Steps the plan asked for.
-        steps: u64,
-        /// ε (at the budget's δ) of spent, every other plan and this one.
-        planned: f64,
-        /// The budget's ε.
-        epsilon_budget: f64,
-        /// The budget's δ.
-        delta: f64,
-        /// ε spent.
-        spent: f64,
-        /// ε reserved by other open plans beyond what is spent.
-        reserved: f64,
-        /// ε free for new plans.
-        free: f64,
-    },
+    PlanRefused(Box<BudgetExhausted>),
     /// A budget change that would end running jobs early, or change what every charge reads as,
     /// asked for without `force`.
     #[error("budget of {dataset} not changed: {reason}")]
@@ -257,7 +242,7 @@ impl ServiceError for AccountantError {
             UnknownDataset { .. } => ErrorCode::NotFound,
             RegistrationConflict { .. } => ErrorCode::AlreadyExists,
             StepRefused { code, .. } => *code,
-            BudgetExhausted { .. } | PlanRefused { .. } => ErrorCode::BudgetExhausted,
+            BudgetExhausted { .. } | PlanRefused(_) => ErrorCode::BudgetExhausted,
             JobClosed { .. } => ErrorCode::JobClosed,
             Fenced { .. } | BudgetChange { .. } => ErrorCode::FailedPrecondition,
             Unclipped { .. } | UnclippedPart { .. } => ErrorCode::Unclipped,
@@ -270,6 +255,18 @@ impl ServiceError for AccountantError {
             Storage(_) | CorruptLedger { .. } | Internal(_) => ErrorCode::Internal,
         }
     }
+
+    fn budget_exhausted(&self) -> Option<BudgetExhausted> {
+        match self {
+            AccountantError::PlanRefused(figures) => Some(figures.as_ref().clone()),
+            _ => None,
+        }
+    }
+}
+
+/// A refused budget as messages name it: its name first, then its digest and unit.
+fn named(figures: &BudgetExhausted) -> String {
+    crate::records::described(&figures.dataset_name, &figures.dataset_id, &figures.unit)
 }
 
 impl From<crate::privacy::ContractError> for AccountantError {

@@ -213,7 +213,17 @@ pub fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::exit(2);
+            std::process::exit(error_exit_code(&e));
         }
     }
+}
+
+/// 5 for a refusal by a budget (a submit or resume the budget cannot cover), as `dpctl wait`
+/// exits for a budget's end; 2 for every other error.
+fn error_exit_code(error: &anyhow::Error) -> i32 {
+    let budget = error
+        .chain()
+        .filter_map(|e| e.downcast_ref::<dpcap_proto::client::ClientError>())
+        .any(|e| e.code == Some(dpcap_proto::ErrorCode::BudgetExhausted));
+    if budget { 5 } else { 2 }
 }

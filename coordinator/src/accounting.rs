@@ -35,7 +35,8 @@ const REGISTER_ATTEMPT: Duration = Duration::from_secs(120);
 fn refusal(status: tonic::Status) -> CoordinatorError {
     match ErrorCode::of(&status) {
         Some(code) if !dpcap_proto::is_transient(&status) => {
-            CoordinatorError::Refused { code, message: status.message().to_owned() }
+            let budget = dpcap_proto::budget_exhausted(&status).map(Box::new);
+            CoordinatorError::Refused { code, message: status.message().to_owned(), budget }
         }
         _ => CoordinatorError::Accountant(status.message().to_owned()),
     }

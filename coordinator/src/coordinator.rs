@@ -335,31 +335,30 @@ impl Coordinator {
 
     /// Queues a FAILED or CANCELLED job again. It continues from its latest checkpoint at the
     /// ledger's next step, so no step number is reused and ε keeps counting from the ledger.
-    /// Its spec is checked again like a new one's.
+    /// Its spec is checked again like a new one's, and its remaining plan is admitted by the
+    /// accountant before the answer (its next generation opens there): a resume its dataset's
+    /// budget cannot cover is refused now, with the budget's figures, never said yes to and
+    /// failed later.
     pub async fn resume(&self, job_id: &str) -> Result<Job, CoordinatorError> {
-        let missing = {
+        let (job, missing) = {
             let state = self.lock();
             let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
+            resumable(entry)?;
             revalidate(&entry.job)?;
-            entry.clients.is_none().then(|| entry.job.clone())
+            (entry.job.clone(), entry.clients.is_none())
         };
-        if let Some(job) = missing
+        if missing
             && let Some(clients) = restore_clients(&job).await?
             && let Some(entry) = self.lock().jobs.get_mut(job_id)
         {
             entry.clients = Some(clients);
         }
+        let next = job.progress.as_ref().map_or(0, |p| p.generation) + 1;
+        self.fence(&job, next, true).await?;
         let effects = {
             let mut state = self.lock();
             let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
-            let resumable = matches!(JobState::try_from(entry.job.state), Ok(JobState::Failed | JobState::Cancelled));
-            if !resumable {
-                return Err(CoordinatorError::Precondition {
-                    job_id: job_id.into(),
-                    state: JobState::try_from(entry.job.state).map(|s| s.as_str_name()).unwrap_or("UNKNOWN").into(),
-                    reason: "only a FAILED or CANCELLED job can be resumed".into(),
-                });
-            }
+            resumable(entry)?;
             state.resume(job_id)
         };
         self.apply(effects).await?;
@@ -661,6 +660,18 @@ impl Coordinator {
     /// Text for `/metrics`.
     pub fn render_metrics(&self) -> String {
         crate::metrics::render(&self.lock(), self.store.refused())
+    }
+}
+
+/// Refuses to resume a job that is not FAILED or CANCELLED.
+fn resumable(entry: &JobEntry) -> Result<(), CoordinatorError> {
+    match JobState::try_from(entry.job.state) {
+        Ok(JobState::Failed | JobState::Cancelled) => Ok(()),
+        state => Err(CoordinatorError::Precondition {
+            job_id: entry.job.job_id.clone(),
+            state: state.map(|s| s.as_str_name()).unwrap_or("UNKNOWN").into(),
+            reason: "only a FAILED or CANCELLED job can be resumed".into(),
+        }),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The coordinator's errors, each mapped to one [`ErrorCode`].
 
+use dpcap_proto::v1::BudgetExhausted;
 use dpcap_proto::{ErrorCode, ServiceError};
 
 /// Why a coordinator request failed.
@@ -66,6 +67,8 @@ pub enum CoordinatorError {
         code: ErrorCode,
         /// Its message.
         message: String,
+        /// A dataset budget's refusal in figures, passed on to the caller as it came.
+        budget: Option<Box<BudgetExhausted>>,
     },
     /// The accountant holds no contract for a job the coordinator knows: it was never
     /// registered (a job is registered only at submit), or the ledger was lost.
@@ -128,6 +131,13 @@ impl ServiceError for CoordinatorError {
             Self::Accountant(_) | Self::Draining => ErrorCode::Unavailable,
             Self::Store(_) => ErrorCode::Internal,
             Self::RecordKeyLost { .. } => ErrorCode::FailedPrecondition,
+        }
+    }
+
+    fn budget_exhausted(&self) -> Option<BudgetExhausted> {
+        match self {
+            Self::Refused { budget, .. } => budget.as_deref().cloned(),
+            _ => None,
         }
     }
 }

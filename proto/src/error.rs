@@ -7,7 +7,7 @@
 use prost::Message;
 use tonic::{Code, Status};
 
-use crate::v1::ErrorDetail;
+use crate::v1::{BudgetExhausted, ErrorDetail};
 
 macro_rules! error_codes {
     ($($(#[$doc:meta])* $name:ident = $wire:literal => $grpc:ident,)*) => {
@@ -105,16 +105,31 @@ impl ErrorCode {
     /// The dpcap error code a status carries in its details; None for a status that did not
     /// come from a dpcap service (a transport error, a proxy, an interceptor).
     pub fn of(status: &Status) -> Option<Self> {
-        let rich = RpcStatus::decode(status.details()).ok()?;
-        let any = rich.details.iter().find(|a| a.type_url == DETAIL_TYPE_URL)?;
-        Self::from_name(&ErrorDetail::decode(any.value.as_slice()).ok()?.code)
+        Self::from_name(&detail(status)?.code)
     }
+}
+
+/// The dpcap detail a status carries; None for a status that did not come from a dpcap service.
+fn detail(status: &Status) -> Option<ErrorDetail> {
+    let rich = RpcStatus::decode(status.details()).ok()?;
+    let any = rich.details.iter().find(|a| a.type_url == DETAIL_TYPE_URL)?;
+    ErrorDetail::decode(any.value.as_slice()).ok()
+}
+
+/// The figures of a dataset budget's refusal a status carries, when it is one.
+pub fn budget_exhausted(status: &Status) -> Option<BudgetExhausted> {
+    detail(status)?.budget_exhausted
 }
 
 /// Implemented by every service's error type so that handlers convert errors uniformly.
 pub trait ServiceError: std::error::Error {
     /// The error kind, which decides the gRPC status code.
     fn error_code(&self) -> ErrorCode;
+
+    /// A dataset budget's refusal in figures, for the errors that are one.
+    fn budget_exhausted(&self) -> Option<BudgetExhausted> {
+        None
+    }
 }
 
 /// Converts a service error into a `tonic::Status` carrying its lowercase message and its
@@ -122,7 +137,8 @@ pub trait ServiceError: std::error::Error {
 pub fn to_status<E: ServiceError>(error: E) -> Status {
     let code = error.error_code();
     let message = error.to_string();
-    let detail = ErrorDetail { code: code.as_str().to_owned() }.encode_to_vec();
+    let detail =
+        ErrorDetail { code: code.as_str().to_owned(), budget_exhausted: error.budget_exhausted() }.encode_to_vec();
     let rich = RpcStatus {
         code: code.grpc_code() as i32,
         message: message.clone(),
@@ -154,6 +170,29 @@ mod tests {
             Status::with_details(status.code(), "entirely different words", status.details().to_vec().into());
         assert_eq!(ErrorCode::of(&reworded), Some(ErrorCode::BudgetExhausted));
         assert_eq!(ErrorCode::of(&Status::failed_precondition("budget exhausted")), None, "text is never trusted");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("plan refused")]
+    struct Refused;
+
+    impl ServiceError for Refused {
+        fn error_code(&self) -> ErrorCode {
+            ErrorCode::BudgetExhausted
+        }
+
+        fn budget_exhausted(&self) -> Option<BudgetExhausted> {
+            Some(BudgetExhausted { dataset_name: "train".into(), spent: 5.09, free: 0.5, ..Default::default() })
+        }
+    }
+
+    #[test]
+    fn a_budget_refusal_carries_its_figures_beside_its_code() {
+        let status = to_status(Refused);
+        assert_eq!(ErrorCode::of(&status), Some(ErrorCode::BudgetExhausted));
+        let figures = budget_exhausted(&status).expect("figures");
+        assert_eq!((figures.dataset_name.as_str(), figures.spent, figures.free), ("train", 5.09, 0.5));
+        assert_eq!(budget_exhausted(&to_status(Spent)), None, "only a budget's refusal has figures");
     }
 
     #[test]

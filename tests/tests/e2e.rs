@@ -414,6 +414,9 @@ async fn an_operators_mistakes_are_refused_at_submit_by_name_and_changed_shards_
     let over = refused(&services, over).await;
     assert_eq!(dpcap_proto::ErrorCode::of(&over), Some(dpcap_proto::ErrorCode::BudgetExhausted), "{over}");
     assert!(over.message().starts_with("400 planned steps would bring dataset"), "{over}");
+    let figures = dpcap_proto::budget_exhausted(&over).expect("the refusal's figures travel with it");
+    assert_eq!((figures.steps, figures.epsilon_budget, figures.delta), (400, 2.0, 1.0 / 240.0), "{figures:?}");
+    assert!(figures.asked > 2.0 && figures.dataset_id.starts_with("sha256:"), "{figures:?}");
     assert!(
         services
             .jobs()
@@ -458,4 +461,18 @@ async fn an_operators_mistakes_are_refused_at_submit_by_name_and_changed_shards_
     assert_eq!(job.state, JobState::Failed as i32, "{job:#?}");
     let failed = job.conditions.iter().map(|c| c.message.as_str()).collect::<Vec<_>>().join("\n");
     assert!(failed.contains("shard-00001.tar") && failed.contains("digest"), "{failed}");
+
+    // The budget forced below what is spent: resuming the cancelled job is refused at once,
+    // with the budget's figures, never answered RUNNING and failed later; dpctl exits 5 for it,
+    // as `dpctl wait` does for a budget's end.
+    let accountant = ["--accountant", services.accountant.grpc.as_str()];
+    let base = ["dataset", "budget", "set", dataset.to_str().unwrap(), "--epsilon", "0.2", "--delta", &delta];
+    let lowered = dpctl(&[&base[..], &accountant[..], &["--force"]].concat());
+    assert!(lowered.status.success(), "{}", String::from_utf8_lossy(&lowered.stderr));
+    let resumed = dpctl(&["--coordinator", &services.coordinator.grpc, "resume", &waiting.job_id]);
+    let said = String::from_utf8_lossy(&resumed.stderr);
+    assert_eq!(resumed.status.code(), Some(5), "{said}");
+    assert!(said.contains("BUDGET_EXHAUSTED") && said.contains("of its budget 0.2"), "{said}");
+    let still = get(&services, &waiting.job_id).await;
+    assert_eq!(still.state, JobState::Cancelled as i32, "nothing was queued: {still:#?}");
 }

@@ -103,7 +103,9 @@ async fn a_plan_the_datasets_remaining_budget_cannot_cover_is_refused_at_registr
     assert!(accountant.register(planned("fits", 1.0, 200)).await.is_ok());
     let refused = accountant.register(planned("too-long", 1.0, 2_000)).await.unwrap_err();
     let message = refused.to_string();
-    assert!(matches!(refused, AccountantError::PlanRefused { steps: 2_000, .. }), "{refused:?}");
+    let figures = refused.budget_exhausted().expect("a budget refusal has figures");
+    assert_eq!((figures.steps, figures.epsilon_budget, figures.unit.as_str()), (2_000, 2.0, "example"), "{figures:?}");
+    assert!(figures.asked > 2.0 && figures.spent == 0.0 && figures.free <= 2.0, "{figures:?}");
     assert_eq!(
         refused.error_code(),
         dpcap_proto::ErrorCode::BudgetExhausted,
