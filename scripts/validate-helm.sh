@@ -48,12 +48,12 @@ TLS=(--set tls.existingSecret=dpcap-tls)
 "$HELM" template dpcap "$CHART" -f "$CHART/ci/gpu-values.yaml" "${TLS[@]}" > "$OUT/gpu.yaml"
 "$HELM" template dpcap "$CHART" --set tls.insecure=true > "$OUT/insecure.yaml"
 grep -q '"--insecure"' "$OUT/insecure.yaml" || { echo "insecure render lacks --insecure"; exit 1; }
-grep -q 'https://dpcap-dpcap-accountant:7070' "$OUT/default.yaml" || { echo "TLS render must use https"; exit 1; }
+grep -q 'https://dpcap-accountant:7070' "$OUT/default.yaml" || { echo "TLS render must use https"; exit 1; }
 grep -q 'DPCAP_ACCOUNTANT_TOKEN' "$OUT/default.yaml" || { echo "the coordinator needs its accountant token"; exit 1; }
 [ "$(grep -c 'DPCAP_CAPABILITY_KEY_FILE' "$OUT/default.yaml")" = 2 ] || { echo "coordinator and accountant (only) need the capability key"; exit 1; }
 grep -q 'capability.keys:' "$OUT/default.yaml" || { echo "the capability key Secret is missing"; exit 1; }
 [ "$(grep -c 'kind: NetworkPolicy' "$OUT/default.yaml")" = 3 ] || { echo "NetworkPolicies missing"; exit 1; }
-grep -q 'name: dpcap-dpcap-secrets' "$OUT/default.yaml" || { echo "job secrets need the coordinator's own volume"; exit 1; }
+grep -q 'name: dpcap-secrets' "$OUT/default.yaml" || { echo "job secrets need the coordinator's own volume"; exit 1; }
 # The secrets bucket's credentials reach the secrets store only (prefixed), never the job store's names.
 "$HELM" template dpcap "$CHART" "${TLS[@]}" --set secretsStore.url=s3://secrets/dpcap \
   --set 'secretsStore.env[0].name=AWS_ACCESS_KEY_ID' --set 'secretsStore.env[0].value=k' > "$OUT/secrets-bucket.yaml"
@@ -112,15 +112,25 @@ notes() {
   "$HELM" template dpcap "$copy/dpcap" "$@" --show-only templates/notes.yaml
   rm -rf "$copy"
 }
-notes "${TLS[@]}" > "$OUT/install.txt"
-for want in 'https://127.0.0.1:7071' '--tls-domain dpcap-dpcap-coordinator' 'DPCAP_TLS_CA' 'dataset budget set'; do
+# A release named after the chart is not doubled (dpcap-coordinator); another name is prefixed.
+"$HELM" template ml "$CHART" "${TLS[@]}" | grep -q 'name: ml-dpcap-coordinator$' || { echo "release ml must name ml-dpcap-coordinator"; exit 1; }
+! grep -q 'dpcap-dpcap' "$OUT/default.yaml" || { echo "release dpcap doubled its name"; exit 1; }
+# The accountant takes the operator token for its read RPCs (GetSpend, GetDatasetBudget).
+python3 - "$OUT/default.yaml" <<'PY' || { echo "the accountant must be given the operator token"; exit 1; }
+import sys
+docs = open(sys.argv[1]).read().split("\n---")
+accountant = [d for d in docs if "kind: StatefulSet" in d and "name: dpcap-accountant" in d]
+sys.exit(0 if accountant and "DPCAP_OPERATOR_TOKEN" in accountant[0] else 1)
+PY
+notes "${TLS[@]}" --namespace ml > "$OUT/install.txt"
+for want in 'https://127.0.0.1:7071' '--tls-domain dpcap-coordinator' 'DPCAP_TLS_CA' 'dataset budget set'; do
   grep -q -- "$want" "$OUT/install.txt" || { echo "NOTES lack $want"; exit 1; }
 done
 ! grep -q -- '-plaintext' "$OUT/install.txt" || { echo "NOTES tell a TLS install to use plaintext"; exit 1; }
 notes --set tls.insecure=true | grep -q 'http://127.0.0.1:7071' || { echo "insecure NOTES must use http"; exit 1; }
 # ...and they work: run against a TLS cluster of the test build's binaries (the README's test
 # command, which CI runs first, builds them), with a certificate for the chart's names.
-scripts/notes-check.sh "$OUT/install.txt" "${CARGO_TARGET_DIR:-$PWD/target}/debug"
+scripts/notes-check.sh "$OUT/install.txt" "${CARGO_TARGET_DIR:-$PWD/target}/debug" ml
 
 # values.schema.json must reject wrong types.
 for bad in "workers.replicas=two" "workers.device=tpu" "workers.precision=fp8" "workers.collectiveTimeoutSeconds=0" \

@@ -292,7 +292,7 @@ pub(crate) async fn start(dir: &Path, writer: Writer, policy: Policy) -> Result<
             let _ = stopped.await;
         };
         let setup = Setup { ledger, policy, capabilities: Capabilities::new(None) };
-        server::serve(dpcap_serve::Listeners { grpc, metrics }, secured, setup, shutdown).await
+        server::serve(dpcap_serve::Listeners { grpc, metrics, tls: false }, secured, setup, shutdown).await
     });
     let capability = CapabilityCell::new(Capabilities::new(None).issue(&rank_capability()));
     let credentials = CallCredentials::default().with_capability(capability.clone());

@@ -69,6 +69,9 @@ pub struct DatasetView {
     pub standing: crate::datasets::Standing,
     /// Jobs of its unit registered on the dataset.
     pub jobs: Vec<String>,
+    /// What a forced change does (jobs that may end early, the spend read at a new δ), as
+    /// sentences; empty for any other answer.
+    pub consequences: Vec<String>,
 }
 
 /// Longest chain of `init_from_job` links followed when composing a job's lineage.
@@ -530,13 +533,11 @@ impl Accountant {
             // A fetch of a generation revoked (or a job suspended) while it waited ends now.
             let admitted = job.generation.load(Ordering::SeqCst);
             if job.suspended.load(Ordering::SeqCst) || generation < admitted {
-                return Err(dpcap_serve::capability::CapabilityError::OutOfScope {
+                return Err(AccountantError::Revoked {
                     job_id: id.clone(),
-                    rank: 0,
                     generation,
                     reason: format!("revoked while waiting (generation {admitted} is the oldest admitted)"),
-                }
-                .into());
+                });
             }
             if progress.next_step > step {
                 // A closed job serves no release any more (revocation is at once); a step it
@@ -730,68 +731,69 @@ impl Accountant {
         crate::privacy::check_epsilon(setting.epsilon)?;
         crate::privacy::check_delta(setting.delta)?;
         crate::datasets::check_population(key, setting.delta, setting.population)?;
-        if !setting.force {
-            self.check_change(key, &setting).await?;
+        let consequences = self.change_consequences(key, &setting).await?;
+        if !consequences.is_empty() && !setting.force {
+            let reason = format!("{}; pass force (dpctl: --force) to change it anyway", consequences.join("; "));
+            return Err(AccountantError::BudgetChange { dataset: key.describe(), reason });
         }
         self.datasets.set(&self.ledger, key, setting).await?;
-        self.dataset(key).await
+        Ok(DatasetView { consequences, ..self.dataset(key).await? })
     }
 
-    /// A change of a budget that jobs already spend needs `force` when it changes δ (every
-    /// charge's ε reads anew: raising δ shows less spent) or puts ε below what is spent and
-    /// planned (the jobs whose plans are not done would end BUDGET_EXHAUSTED): refused, naming
-    /// the figures and each such job. Lowering is always safe for privacy; this guards against
-    /// a typo that silently ends work or makes the spend look smaller.
-    async fn check_change(&self, key: &BudgetKey, setting: &BudgetSetting) -> Result<(), AccountantError> {
-        let Some(current) = self.datasets.budget_of(key) else { return Ok(()) };
+    /// What a change of a budget that jobs already spend does, which needs `force`: a new δ
+    /// (every charge's ε reads anew: raising δ shows less spent), or ε below what is spent and
+    /// planned (the jobs whose plans are not done would end BUDGET_EXHAUSTED), each named with
+    /// its figures. Empty when the change cuts no plan short and reads nothing anew. Lowering is
+    /// always safe for privacy; this guards against a typo that silently ends work or makes the
+    /// spend look smaller.
+    async fn change_consequences(
+        &self,
+        key: &BudgetKey,
+        setting: &BudgetSetting,
+    ) -> Result<Vec<String>, AccountantError> {
+        let Some(current) = self.datasets.budget_of(key) else { return Ok(Vec::new()) };
         let jobs = self.private_jobs(key);
         let lowered = setting.epsilon < current.epsilon;
         if jobs.is_empty() || (setting.delta == current.delta && !lowered) {
-            return Ok(()); // nothing spent reads anew and no plan is cut short
+            return Ok(Vec::new()); // nothing spent reads anew and no plan is cut short
         }
-        let refuse = |reason: String| AccountantError::BudgetChange { dataset: key.describe(), reason };
+        let mut consequences = Vec::new();
         let pld = crate::privacy::AccountantKind::Pld;
         if setting.delta != current.delta {
             let spent = self.datasets.epsilon(&current, pld, Of::Spent, self.segments(key, None)).await?;
             let at_new = DatasetBudget { delta: setting.delta, ..current.clone() };
             let reread = self.datasets.epsilon(&at_new, pld, Of::Spent, self.segments(key, None)).await?;
-            return Err(refuse(format!(
-                "delta {:e} → {:e} changes what every charge reads as (epsilon spent {spent:.4} at {:e}, {reread:.4} \
-                 at {:e}); pass force (dpctl: --force) to change it",
+            consequences.push(format!(
+                "delta {:e} → {:e} changes what every charge reads as: epsilon spent {spent:.4} at {:e} reads \
+                 {reread:.4} at {:e}",
                 current.delta, setting.delta, current.delta, setting.delta
-            )));
+            ));
         }
         // As the checks will: RDP jobs are held to the RDP bound, which is at least the PLD.
         let rdp = jobs.iter().any(|j| j.spending.kind() == crate::privacy::AccountantKind::Rdp);
         let kind = if rdp { crate::privacy::AccountantKind::Rdp } else { pld };
-        let committed = self.datasets.epsilon(&current, kind, Of::Committed, self.reserved_segments(key, None)).await?;
-        if setting.epsilon >= committed {
-            return Ok(());
-        }
+        let at_new = DatasetBudget { delta: setting.delta, ..current.clone() };
+        let committed = self.datasets.epsilon(&at_new, kind, Of::Committed, self.reserved_segments(key, None)).await?;
         let mut ending: Vec<String> = jobs
             .iter()
             .filter(|j| j.progress().phase == Phase::Open && !j.suspended.load(Ordering::SeqCst))
             .filter(|j| j.progress().charged < j.registration.contract.planned_steps)
             .map(|j| {
-                format!(
-                    "{} ({} of {} steps)",
-                    j.registration.job_id,
-                    j.progress().charged,
-                    j.registration.contract.planned_steps
-                )
+                let (charged, planned) = (j.progress().charged, j.registration.contract.planned_steps);
+                format!("{} ({charged} of {planned} steps)", j.registration.job_id)
             })
             .collect();
         ending.sort();
-        if ending.is_empty() {
-            return Ok(()); // no job's plan is cut short: only future admissions see less
+        if setting.epsilon < committed && !ending.is_empty() {
+            consequences.push(format!(
+                "epsilon {} is below the {committed:.4} that is spent and planned; {} may end BUDGET_EXHAUSTED \
+                 before their plans: {}",
+                setting.epsilon,
+                ending.len(),
+                ending.join(", ")
+            ));
         }
-        Err(refuse(format!(
-            "epsilon {} is below the {committed:.4} that is spent and planned; {} may end BUDGET_EXHAUSTED before \
-             their plans: {}; pass force (dpctl: --force) to lower it anyway",
-            setting.epsilon,
-            ending.len(),
-            ending.join(", ")
-        )))
+        Ok(consequences)
     }
 
     /// A budget and its spend composed from every charge the ledger holds, or NOT_FOUND; while
@@ -822,7 +824,7 @@ impl Accountant {
         jobs.sort();
         self.datasets.record_standing(key, epsilon_spent, committed);
         let standing = crate::datasets::Standing::new(budget.epsilon, epsilon_spent, committed);
-        Ok(DatasetView { budget, standing, jobs })
+        Ok(DatasetView { budget, standing, jobs, consequences: Vec::new() })
     }
 }
 

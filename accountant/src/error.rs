@@ -225,6 +225,18 @@ pub enum AccountantError {
         /// What the change would do, and how to make it anyway.
         reason: String,
     },
+    /// A call of a generation the job no longer admits: its group was re-formed, or the job was
+    /// suspended (cancelled or failed at the coordinator). STALE_GENERATION: the rank drops its
+    /// session, which is the normal end of a cancel, not a failure.
+    #[error("job {job_id}: generation {generation} is no longer admitted: {reason}")]
+    Revoked {
+        /// The job.
+        job_id: String,
+        /// The generation the call spoke for.
+        generation: u64,
+        /// Why: re-formed (and which generation is admitted), or suspended.
+        reason: String,
+    },
     /// A bug: a task panicked or was cancelled.
     #[error("internal error: {0}")]
     Internal(String),
@@ -245,6 +257,7 @@ impl ServiceError for AccountantError {
             BudgetExhausted { .. } | PlanRefused(_) => ErrorCode::BudgetExhausted,
             JobClosed { .. } => ErrorCode::JobClosed,
             Fenced { .. } | BudgetChange { .. } => ErrorCode::FailedPrecondition,
+            Revoked { .. } => ErrorCode::StaleGeneration,
             Unclipped { .. } | UnclippedPart { .. } => ErrorCode::Unclipped,
             PartStream { limit: "part_idle", .. } => ErrorCode::Unavailable,
             PartStream { .. } => ErrorCode::Aborted,

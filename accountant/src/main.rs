@@ -75,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
         part_idle: std::time::Duration::from_secs(args.part_idle_seconds.max(1)),
     };
     let setup = dpcap_accountant::Setup { ledger, policy, capabilities };
-    dpcap_accountant::serve(dpcap_serve::Listeners { grpc, metrics }, server, setup, shutdown_signal()).await?;
+    let listeners = dpcap_serve::Listeners { grpc, metrics, tls: args.security.tls_on() };
+    dpcap_accountant::serve(listeners, server, setup, shutdown_signal()).await?;
     Ok(())
 }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use dpcap_proto::v1::accountant_service_server::AccountantServiceServer;
 use dpcap_serve::Listeners;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
 use crate::core::{Accountant, Policy};
@@ -61,7 +60,7 @@ pub fn open_ledger(location: &str) -> Result<Ledger, ServeError> {
 /// up so that health can report NOT_SERVING meanwhile. `server` carries TLS and the auth layer
 /// ([`dpcap_serve::ServerSecurity::server`]).
 pub async fn serve(
-    Listeners { grpc, metrics: metrics_listener }: Listeners,
+    Listeners { grpc, metrics: metrics_listener, tls }: Listeners,
     server: dpcap_serve::SecuredServer,
     setup: Setup,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -103,7 +102,7 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped.wait());
+        .serve_with_incoming_shutdown(dpcap_serve::plaintext::incoming(grpc, tls), stopped.wait());
     tokio::pin!(server);
     tokio::pin!(replay);
     let mut replay_done = false;

@@ -74,7 +74,8 @@ impl AccountantGrpc {
             ));
         }
         if let Err(reason) = self.accountant.admit_generation(job, capability.generation).await {
-            return Err(out_of_scope(reason).into());
+            let (job_id, generation) = (capability.job_id.clone(), capability.generation);
+            return Err(AccountantError::Revoked { job_id, generation, reason });
         }
         Ok(capability)
     }
@@ -462,6 +463,7 @@ fn dataset_to_proto(view: DatasetView) -> pb::DatasetBudget {
         version: view.budget.version,
         allow_not_private: view.budget.allow_not_private,
         population: view.budget.population,
+        consequences: view.consequences,
     }
 }
 

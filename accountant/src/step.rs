@@ -445,8 +445,7 @@ fn check_admitted(job: &Job, attempt: u64) -> Result<(), AccountantError> {
     } else {
         return Ok(());
     };
-    let job_id = job.registration.job_id.clone();
-    Err(dpcap_serve::capability::CapabilityError::OutOfScope { job_id, rank: 0, generation: attempt, reason }.into())
+    Err(AccountantError::Revoked { job_id: job.registration.job_id.clone(), generation: attempt, reason })
 }
 
 fn check_step_open(job: &Job, progress: &Progress, step: u64) -> Result<(), AccountantError> {

@@ -513,6 +513,10 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
     // The owner lowers the budget to 1 (forced): the per-step check holds the running jobs to it.
     let budget = client.raw().set_dataset_budget(set(1.0, "owner's lifetime budget")).await.unwrap().into_inner();
     assert_eq!((budget.epsilon_budget, budget.version), (1.0, 2));
+    // ...and its answer says what the forced change does, in the words the refusal used.
+    assert_eq!(budget.consequences.len(), 1, "{budget:?}");
+    assert!(budget.consequences[0].contains("2 may end BUDGET_EXHAUSTED before their plans: first"), "{budget:?}");
+    assert!(unforced.message().ends_with("pass force (dpctl: --force) to change it anyway"), "{unforced}");
     // Alternate the two jobs until the dataset budget refuses one of them.
     let (mut steps, mut refused) = ([0u64; 2], None);
     'outer: for _ in 0..500 {
@@ -674,7 +678,7 @@ async fn a_newer_attempt_replaces_pending_parts_and_an_older_one_is_refused() {
     assert_eq!(new0.parts_received, 1, "older parts dropped: {new0:?}");
     // A rank of the re-formed generation 1 holds a capability the newer one superseded.
     let stale = client.submit_attempt("regroup", key(0, 1, 1), &part(9, dim)).await.unwrap_err();
-    assert_eq!(stale.code(), Code::PermissionDenied, "{stale:?}");
+    assert_eq!(ErrorCode::of(&stale), Some(ErrorCode::StaleGeneration), "{stale:?}");
     assert!(stale.message().contains("re-formed"), "{stale:?}");
     assert!(client.submit_attempt("regroup", key(0, 1, 2), &part(2, dim)).await.unwrap().released);
     let spend = client.raw().get_spend(GetSpendRequest { job_id: "regroup".into() }).await.unwrap().into_inner();
@@ -873,7 +877,7 @@ async fn a_capability_scopes_a_rank_to_its_job_part_and_generation_and_nothing_e
     assert!(coordinator.submit_attempt("job-a", key(0, 0, 2), &values).await.unwrap().released);
     let old = coordinator.capability("job-a", 0, Some(1));
     let stale = coordinator.with(Some(old)).fetch_release("job-a", 0).await.unwrap_err();
-    assert_eq!(stale.code(), Code::PermissionDenied, "{stale}");
+    assert_eq!(ErrorCode::of(&stale), Some(ErrorCode::StaleGeneration), "{stale}");
     assert!(stale.message().contains("re-formed"), "{stale}");
     assert_eq!(coordinator.fetch_release("job-a", 0).await.unwrap().0.len(), 8);
     assert_eq!(charged_steps(&ledger, "job-a"), vec![0]);
@@ -961,7 +965,7 @@ async fn parts_of_two_groups_are_never_summed_and_a_restart_remembers_the_newest
     let client = server.client().await;
     let older = client.capability("twins", 0, Some(2));
     let refused = client.with(Some(older)).fetch_release("twins", 0).await.unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "generation 2 < 3, remembered: {refused}");
+    assert_eq!(ErrorCode::of(&refused), Some(ErrorCode::StaleGeneration), "generation 2 < 3, remembered: {refused}");
 }
 
 /// C = 1, a step of 10 units split 5 and 5 over two ranks: a part of norm 6 fits the step's

@@ -115,19 +115,44 @@ pub async fn indexed(dataset: &str) -> Result<Indexed> {
     let (store, root) = dpcap_serve::open_existing_store(dataset)?;
     let manifest = dpcap_dataset::index::MANIFEST_PATH;
     let path = Path::from(format!("{root}/{manifest}").trim_start_matches('/'));
-    let bytes = match store.get(&path).await {
-        Ok(found) => found.bytes().await?,
-        Err(object_store::Error::NotFound { .. }) => {
-            anyhow::bail!("{dataset}/{manifest} does not exist: run `dpctl dataset index {dataset}` first")
-        }
-        Err(e) => return Err(e).with_context(|| format!("reading {dataset}/{manifest} (credentials? permissions?)")),
-    };
+    let read = async { store.get(&path).await?.bytes().await };
+    let bytes = read.await.map_err(|e| unreadable_index(dataset, manifest, e))?;
     let parsed = dpcap_dataset::index::Manifest::parse(&bytes).with_context(|| format!("{dataset}/{manifest}"))?;
     Ok(Indexed {
         budget_id: parsed.data_digest().unwrap_or_else(|| dpcap_dataset::index::Manifest::digest(&bytes)),
         examples: parsed.examples,
         users: parsed.users.as_ref().map(|u| u.users),
     })
+}
+
+/// The name a budget of `dataset` gets when none is given; it becomes a metric label, so one
+/// dataset has one name however it was typed: a local path made absolute and normalised, a URL
+/// without its trailing slash and any credential it carries; none for a digest (the metrics
+/// show the digest anyway).
+fn default_name(dataset: &str) -> String {
+    if dataset.starts_with("sha256:") {
+        return String::new();
+    }
+    let local = !dataset.contains("://");
+    let named = match std::env::current_dir() {
+        Ok(here) if local => crate::jobs::normalized(&here.join(dataset)).to_string_lossy().into_owned(),
+        _ => dataset.trim_end_matches('/').to_owned(),
+    };
+    dpcap_serve::store::shown(&named)
+}
+
+/// Why `dataset`'s index could not be read, and what to do: a missing index is indexed; any
+/// other failure (a 403, credentials that could not be found or fetched) is this machine's
+/// access to the store, whose words are kept.
+fn unreadable_index(dataset: &str, manifest: &str, error: object_store::Error) -> anyhow::Error {
+    match error {
+        object_store::Error::NotFound { .. } => anyhow::anyhow!(
+            "{dataset}/{manifest} was not found ({error}): if the dataset is not indexed, run `dpctl dataset index {dataset}`; if it is, check the URL and that this machine may read it"
+        ),
+        _ => anyhow::anyhow!(
+            "could not read {dataset}/{manifest}: {error}: this machine needs read access to the dataset's store (credentials from the AWS_*, GOOGLE_* or AZURE_* variables object_store reads, or an instance role that allows it)"
+        ),
+    }
 }
 
 /// N of `unit` for a budget of `dataset`: `given`, else from its index.
@@ -158,8 +183,12 @@ fn print(budget: &DatasetBudget) {
                "epsilon_budget": budget.epsilon_budget, "delta": budget.delta,
                "name": budget.name, "epsilon_spent": budget.epsilon_spent, "epsilon_reserved": budget.epsilon_reserved,
                "epsilon_free": budget.epsilon_free, "jobs": budget.jobs, "version": budget.version,
-               "allow_not_private": budget.allow_not_private, "population": budget.population})
+               "allow_not_private": budget.allow_not_private, "population": budget.population,
+               "consequences": budget.consequences})
     );
+    for consequence in &budget.consequences {
+        eprintln!("note: forced: {consequence}");
+    }
 }
 
 /// Runs one `dpctl dataset budget` command.
@@ -178,11 +207,7 @@ pub async fn run(command: BudgetCommand, server: &Server) -> Result<()> {
         } => {
             let population = population(&dataset, unit, given).await?;
             let unit = unit.to_proto();
-            // DATASET as given (never a digest, which the metrics show anyway), less any
-            // credential its URL carries: the name becomes a metric label.
-            let shown =
-                || if dataset.starts_with("sha256:") { String::new() } else { dpcap_serve::store::shown(&dataset) };
-            let name = name.unwrap_or_else(shown);
+            let name = name.unwrap_or_else(|| default_name(&dataset));
             let request = SetDatasetBudgetRequest {
                 dataset_id,
                 epsilon,
@@ -203,4 +228,41 @@ pub async fn run(command: BudgetCommand, server: &Server) -> Result<()> {
     };
     print(&budget.map_err(status)?.into_inner());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source() -> Box<dyn std::error::Error + Send + Sync> {
+        "HTTP status client error (403 Forbidden) for url (http://169.254.169.254/latest/api/token)".into()
+    }
+
+    #[test]
+    fn a_refused_index_read_blames_access_with_the_stores_words_not_the_index() {
+        let denied = object_store::Error::Generic { store: "S3", source: source() };
+        let said = unreadable_index("s3://b/d", "index/manifest.json", denied).to_string();
+        assert!(said.contains("403 Forbidden") && said.contains("read access"), "{said}");
+        assert!(!said.contains("dataset index"), "{said}");
+        let forbidden = object_store::Error::PermissionDenied { path: "d/index".into(), source: source() };
+        assert!(unreadable_index("s3://b/d", "index", forbidden).to_string().contains("read access"));
+    }
+
+    #[test]
+    fn a_dataset_has_one_default_name_however_its_path_was_typed() {
+        let here = std::env::current_dir().unwrap();
+        let absolute = here.join("data/train").to_string_lossy().into_owned();
+        for typed in ["./data/train", "data/train/", "deploy/jobs/../../data/train", absolute.as_str()] {
+            assert_eq!(default_name(typed), absolute, "{typed}");
+        }
+        assert_eq!(default_name("s3://bucket/shards/"), "s3://bucket/shards");
+        assert_eq!(default_name(&format!("sha256:{}", "ab".repeat(32))), "");
+    }
+
+    #[test]
+    fn a_missing_index_says_to_index_it_and_keeps_what_was_not_found() {
+        let missing = object_store::Error::NotFound { path: "d/index/manifest.json".into(), source: source() };
+        let said = unreadable_index("./d", "index/manifest.json", missing).to_string();
+        assert!(said.contains("dpctl dataset index ./d") && said.contains("d/index/manifest.json"), "{said}");
+    }
 }

@@ -170,6 +170,12 @@ pub fn run(command: ConfigCommand) -> Result<()> {
             outln!("current context: {name}");
         }
         ConfigCommand::GetContexts => {
+            if config.contexts.is_empty() {
+                let file = path().map_or_else(|| "(no HOME)".into(), |p| p.display().to_string());
+                eprintln!(
+                    "no contexts in {file}: create one with `dpctl config set-context NAME coordinator=URL accountant=URL`"
+                );
+            }
             for (name, context) in &config.contexts {
                 let mark = if config.current_context.as_deref() == Some(name) { "*" } else { " " };
                 let coordinator = context.coordinator.as_deref().unwrap_or("-");

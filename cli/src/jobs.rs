@@ -239,7 +239,7 @@ pub fn resolve_paths(mut spec: SpecFile, base: &Path) -> Result<SpecFile> {
                 resolved.display()
             );
         }
-        *location = resolved.to_string_lossy().into_owned();
+        *location = normalized(&resolved).to_string_lossy().into_owned();
         Ok(())
     };
     resolve("dataset", &mut spec.dataset)?;
@@ -250,6 +250,24 @@ pub fn resolve_paths(mut spec: SpecFile, base: &Path) -> Result<SpecFile> {
         resolve("init_from", init)?;
     }
     Ok(spec)
+}
+
+/// `path` with its `.` and `..` components folded away (lexically: a symlink is kept as named,
+/// so that every machine mounting the same path reads the same thing), so that one dataset is
+/// named one way in specs, conditions and metrics however it was typed.
+pub fn normalized(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir if matches!(out.components().next_back(), Some(Component::Normal(_))) => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// A gRPC status as an operator-facing error: the typed client error (its code, message and

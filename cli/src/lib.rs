@@ -95,7 +95,7 @@ enum Command {
     /// Offline privacy accounting: epsilon, noise multiplier or steps for a DP-SGD run.
     #[command(subcommand)]
     Privacy(privacy::PrivacyCommand),
-    /// Datasets: synthetic shards and indexes.
+    /// Datasets: synthetic shards, indexes, and each dataset's lifetime privacy budget (set, show).
     #[command(subcommand)]
     Dataset(dataset::DatasetCommand),
     /// Model configurations.
@@ -149,7 +149,8 @@ const OFFLINE: [&str; 9] =
 /// and, when a dpctl config context is in use, its values as their defaults.
 fn command(context: Option<&context::Context>, args: &[String]) -> clap::Command {
     let mut command = Cli::command();
-    if let Some(context) = context {
+    // An offline command reaches no cluster: the context (and its token file) is not read.
+    if let Some(context) = context.filter(|_| !offline(args)) {
         command = context::apply(command, context, args);
     }
     command.build(); // propagates the global flags to every subcommand
@@ -165,6 +166,29 @@ fn command(context: Option<&context::Context>, args: &[String]) -> clap::Command
         };
     }
     command
+}
+
+/// The global flags that take a value as the next word.
+const VALUE_FLAGS: [&str; 7] =
+    ["--coordinator", "--token", "--context", "--tls-ca", "--tls-domain", "--tls-client-cert", "--tls-client-key"];
+
+/// Whether `args` (the whole command line) run one of the [`OFFLINE`] commands.
+fn offline(args: &[String]) -> bool {
+    let mut words = Vec::new();
+    let mut rest = args.iter().skip(1);
+    while let Some(arg) = rest.next() {
+        if VALUE_FLAGS.contains(&arg.as_str()) {
+            rest.next();
+        } else if !arg.starts_with('-') {
+            words.push(arg.as_str());
+            if words.len() == 2 {
+                break;
+            }
+        }
+    }
+    let one = words.first().copied().unwrap_or_default();
+    let two = words.join(" ");
+    OFFLINE.iter().any(|path| *path == one || *path == two)
 }
 
 /// `hide` applied to `command` and every command under it.
@@ -227,3 +251,6 @@ fn error_exit_code(error: &anyhow::Error) -> i32 {
         .any(|e| e.code == Some(dpcap_proto::ErrorCode::BudgetExhausted));
     if budget { 5 } else { 2 }
 }
+
+#[cfg(test)]
+mod tests;

@@ -74,18 +74,33 @@ mod report {
         assert_eq!(keys["probe_accuracy_dp"], 0.7);
         assert_eq!(keys["zero_shot_random"], 0.1);
         assert!(keys["layout_nonprivate"].is_null());
-        assert_eq!(keys.len(), 3 * 8 + 1);
+        assert_eq!(keys["below_random_dp"], serde_json::json!([]), "0.7 is above 0.1 everywhere");
+        assert_eq!(keys.len(), 3 * 8 + 1 + 2, "and below_random_ for dp and nonprivate");
+    }
+
+    #[test]
+    fn a_dp_score_below_the_random_init_encoder_is_marked_in_the_table_and_the_keys() {
+        let random = report(0.42, true);
+        let dp = SuiteReport { few_shot_5: 0.388, few_shot_10: 0.390, ..report(0.6, true) };
+        assert_eq!(below(&dp, &random), ["few_shot_5", "few_shot_10"]);
+        let t = table(&dp, Some(&random));
+        let marked: Vec<&str> = t.lines().filter(|l| l.contains("below the random-init encoder")).collect();
+        assert_eq!(marked.len(), 2, "{t}");
+        assert!(marked[0].starts_with("5-shot probe") && marked[0].contains("0.420"), "{t}");
+        assert!(t.lines().next().unwrap().ends_with("random"), "the random column is headed: {t}");
+        let keys = named_keys(&[("dp", &dp), ("random", &random)]);
+        assert_eq!(keys["below_random_dp"], serde_json::json!(["few_shot_5", "few_shot_10"]));
     }
 
     #[test]
     fn the_table_names_every_metric() {
-        let t = table(&report(0.25, true));
+        let t = table(&report(0.25, true), None);
         for label in
             ["zero-shot", "ARO relation", "ARO attribution", "layout", "linear probe", "10-shot", "caption slots"]
         {
             assert!(t.contains(label), "{label} in\n{t}");
         }
-        assert!(table(&report(0.25, false)).contains("n/a"));
+        assert!(table(&report(0.25, false), None).contains("n/a"));
     }
 }
 

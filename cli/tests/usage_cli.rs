@@ -140,3 +140,32 @@ fn a_budget_named_by_its_digest_needs_its_population_and_a_negative_epsilon_reac
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("unexpected argument"), "{stderr}");
 }
+
+/// A context whose token file is gone warns only where the token would be used: never on an
+/// offline command or on `dpctl config`, which must still work to fix it. With no config file,
+/// `get-contexts` says where it looked and how to make one.
+#[test]
+fn a_missing_token_file_warns_only_the_commands_that_would_send_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("dpcap/config.yaml");
+    let none = dpctl_with_config(&config, &["config", "get-contexts"]);
+    let said = String::from_utf8_lossy(&none.stderr);
+    assert!(none.status.success() && said.contains("no contexts in") && said.contains("set-context"), "{said}");
+    let gone = dir.path().join("gone");
+    let settings = ["coordinator=http://127.0.0.1:9", &format!("token-file={}", gone.display())];
+    let set = dpctl_with_config(&config, &[&["config", "set-context", "lab"][..], &settings].concat());
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    let offline = [
+        &["privacy", "epsilon", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "10", "--delta", "1e-5"]
+            [..],
+        &["config", "use-context", "lab"][..],
+        &["--context", "lab", "config", "get-contexts"][..],
+    ];
+    for args in offline {
+        let out = dpctl_with_config(&config, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && !stderr.contains("warning"), "{args:?}: {stderr}");
+    }
+    let online = dpctl_with_config(&config, &["get", "job-x"]);
+    assert!(String::from_utf8_lossy(&online.stderr).contains("warning: reading token-file"), "{online:?}");
+}

@@ -92,6 +92,7 @@ async fn main() -> Result<()> {
         }),
         new_record_key: args.new_record_key,
     };
-    serve(dpcap_serve::Listeners { grpc, metrics }, server, config, shutdown_signal()).await?;
+    let tls = args.security.tls_on();
+    serve(dpcap_serve::Listeners { grpc, metrics, tls }, server, config, shutdown_signal()).await?;
     Ok(())
 }

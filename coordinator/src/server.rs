@@ -9,7 +9,6 @@ use std::time::Duration;
 use dpcap_proto::v1::job_service_server::JobServiceServer;
 use dpcap_proto::v1::worker_service_server::WorkerServiceServer;
 use dpcap_serve::{Listeners, SecuredServer, open_store};
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::coordinator::{Config, Coordinator};
 use crate::error::CoordinatorError;
@@ -25,7 +24,7 @@ pub const SECRETS_ENV_PREFIX: &str = "DPCAP_SECRETS_STORE_";
 /// ([`dpcap_serve::ServerSecurity::server`]): JobService needs operator or viewer tokens,
 /// WorkerService worker tokens.
 pub async fn serve(
-    Listeners { grpc, metrics: metrics_listener }: Listeners,
+    Listeners { grpc, metrics: metrics_listener, tls }: Listeners,
     server: SecuredServer,
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -70,7 +69,7 @@ pub async fn serve(
         .add_service(reflection_v1alpha)
         .add_service(jobs)
         .add_service(workers)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped.wait())
+        .serve_with_incoming_shutdown(dpcap_serve::plaintext::incoming(grpc, tls), stopped.wait())
         .await
         .map_err(|e| CoordinatorError::Store(format!("grpc server failed: {e}")))
 }

@@ -12,6 +12,7 @@ pub mod capability;
 pub mod drain;
 pub mod exposure;
 pub mod metrics_http;
+pub mod plaintext;
 pub mod process;
 pub mod security;
 pub mod store;

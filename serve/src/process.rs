@@ -26,6 +26,9 @@ pub struct Listeners {
     pub grpc: tokio::net::TcpListener,
     /// Prometheus's `/metrics`.
     pub metrics: tokio::net::TcpListener,
+    /// Whether `grpc` speaks TLS ([`crate::ServerSecurity::tls_on`]): a client that speaks
+    /// plaintext to it is then logged ([`crate::plaintext`]).
+    pub tls: bool,
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -115,6 +115,12 @@ pub type SecuredServer = Server<Stack<AuthLayer, Identity>>;
 pub use dpcap_proto::client::MAX_FRAME_BYTES;
 
 impl ServerSecurity {
+    /// Whether the server speaks TLS (a certificate is given; its files are checked by
+    /// [`Self::server`]).
+    pub fn tls_on(&self) -> bool {
+        self.tls.tls_cert.is_some()
+    }
+
     /// Loads the flags, applies the exposure rule for `addr`, and returns the server builder.
     pub fn server(&self, addr: SocketAddr) -> Result<SecuredServer, SecurityError> {
         let tls = self.tls.config()?;

@@ -222,6 +222,12 @@ async fn cancel_and_budget_exhaustion_end_jobs_in_their_own_states() {
     let settled = services.charged_steps(&job.job_id).len();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(services.charged_steps(&job.job_id).len(), settled, "a cancelled job charges no more steps");
+    // A cancel and a spent budget are outcomes, not worker failures: nothing logs ERROR.
+    for worker in ["w0", "w1"] {
+        let log = std::fs::read_to_string(dir.join(format!("{worker}.log"))).unwrap();
+        let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
+        assert!(errors.is_empty(), "{worker} logged errors: {errors:#?}");
+    }
 }
 
 async fn spend_phase(services: &Services, job_id: &str) -> i32 {

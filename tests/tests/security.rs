@@ -197,7 +197,7 @@ async fn tls_and_mtls_admit_only_clients_the_server_can_verify() {
         .arg(&tokens_file)
         .arg("--capability-key-file")
         .arg(dpcap_e2e::capability_keys(&dir))
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("accountant.log")).unwrap())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -248,6 +248,13 @@ async fn tls_and_mtls_admit_only_clients_the_server_can_verify() {
     assert!(health_over(&untrusting, &url).await.is_err(), "a client that cannot verify the server fails");
     let plaintext = format!("http://127.0.0.1:{port}");
     assert!(health_over(&ClientTlsArgs::default(), &plaintext).await.is_err(), "no plaintext on a TLS port");
+    // ...and the server says why, which the plaintext client itself cannot tell (grpcurl
+    // -plaintext only times out).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(dir.join("accountant.log")).unwrap_or_default().contains("spoke plaintext") {
+        assert!(Instant::now() < deadline, "the accountant logged nothing about a plaintext client");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // The usual mistakes end at once (a certificate is not transient), naming what to pass.
     for (endpoint, hint) in [(&url, "pass --tls-ca"), (&plaintext, "use an https:// endpoint and --tls-ca")] {

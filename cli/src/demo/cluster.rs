@@ -53,8 +53,13 @@ impl Cluster {
         let server = ServerSecurity::default().server(a_grpc.local_addr()?)?;
         let setup = Setup { ledger, policy: Default::default(), capabilities: capabilities.clone() };
         tasks.push(tokio::spawn(async move {
-            if let Err(e) =
-                dpcap_accountant::serve(Listeners { grpc: a_grpc, metrics: a_metrics }, server, setup, shutdown).await
+            if let Err(e) = dpcap_accountant::serve(
+                Listeners { grpc: a_grpc, metrics: a_metrics, tls: false },
+                server,
+                setup,
+                shutdown,
+            )
+            .await
             {
                 tracing::error!(error = %e, "accountant failed");
             }
@@ -76,7 +81,7 @@ impl Cluster {
         let server = ServerSecurity::default().server(c_grpc.local_addr()?)?;
         tasks.push(tokio::spawn(async move {
             if let Err(e) = dpcap_coordinator::server::serve(
-                Listeners { grpc: c_grpc, metrics: c_metrics },
+                Listeners { grpc: c_grpc, metrics: c_metrics, tls: false },
                 server,
                 config,
                 shutdown,

@@ -249,9 +249,11 @@ async fn train_and_report(
     }
     std::fs::write(dir.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
     outln!("{}", serde_json::to_string_pretty(&report)?);
+    let random = reports.iter().find(|(name, _)| *name == "random").map(|(_, r)| r);
     for (name, r) in &reports {
         let label = if *name == "nonprivate" { " (NOT PRIVATE)" } else { "" };
-        eprintln!("{name} model{label}:\n{}", crate::eval::report::table(r));
+        let floor = random.filter(|_| *name != "random");
+        eprintln!("{name} model{label}:\n{}", crate::eval::report::table(r, floor));
     }
     let (c, spend) = (crate::jobs::contract_of(&dp_job.job)?, &dp_job.spend);
     eprintln!(

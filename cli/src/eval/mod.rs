@@ -110,7 +110,7 @@ pub async fn run(args: EvalArgs) -> Result<()> {
             manifest.model,
             manifest.objective
         );
-        outln!("{}", report::table(&report));
+        outln!("{}", report::table(&report, None));
     }
     Ok(())
 }

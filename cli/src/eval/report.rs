@@ -30,11 +30,24 @@ fn cell(v: Option<f64>) -> String {
 }
 
 /// The report as an aligned table with chance levels, slot accuracies and sample captions.
-pub fn table(r: &SuiteReport) -> String {
+/// With `random` (the same suite on a randomly initialised model: the floor a trained encoder
+/// must beat, which on these scenes is far above chance), its values are a column beside, and a
+/// row below it is marked.
+pub fn table(r: &SuiteReport, random: Option<&SuiteReport>) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{:<28} {:>7} {:>7}", "metric", "value", "chance");
-    for (_, label, value, chance) in rows(r) {
-        let _ = writeln!(out, "{label:<28} {:>7} {chance:>7.3}", cell(value));
+    let floors: Vec<Option<f64>> = match random {
+        Some(random) => rows(random).into_iter().map(|(_, _, value, _)| value).collect(),
+        None => vec![None; rows(r).len()],
+    };
+    let _ = write!(out, "{:<28} {:>7} {:>7}", "metric", "value", "chance");
+    let _ = writeln!(out, "{}", if random.is_some() { format!(" {:>7}", "random") } else { String::new() });
+    for ((_, label, value, chance), floor) in rows(r).into_iter().zip(floors) {
+        let _ = write!(out, "{label:<28} {:>7} {chance:>7.3}", cell(value));
+        if random.is_some() {
+            let _ = write!(out, " {:>7}", cell(floor));
+        }
+        let below = matches!((value, floor), (Some(v), Some(f)) if v < f);
+        let _ = writeln!(out, "{}", if below { "  < below the random-init encoder" } else { "" });
     }
     match &r.caption_slot_accuracy {
         Some(s) => {
@@ -68,14 +81,29 @@ pub fn table(r: &SuiteReport) -> String {
     out
 }
 
+/// The report keys of `r`'s metrics that score below `random`'s (a randomly initialised model).
+pub fn below(r: &SuiteReport, random: &SuiteReport) -> Vec<&'static str> {
+    let floors = rows(random);
+    rows(r)
+        .into_iter()
+        .zip(floors)
+        .filter(|((_, _, value, _), (_, _, floor, _))| matches!((value, floor), (Some(v), Some(f)) if v < f))
+        .map(|((key, ..), _)| key)
+        .collect()
+}
+
 /// Flat keys for each named report: `{metric}_{name}` for every metric, and
 /// `caption_slot_accuracy` as an object keyed by name.
 pub fn named_keys(reports: &[(&str, &SuiteReport)]) -> Map<String, Value> {
     let mut keys = Map::new();
     let mut slots = Map::new();
+    let random = reports.iter().find(|(name, _)| *name == "random").map(|(_, r)| *r);
     for (name, report) in reports {
         for (key, _, value, _) in rows(report) {
             keys.insert(format!("{key}_{name}"), json!(value));
+        }
+        if let Some(random) = random.filter(|_| *name != "random") {
+            keys.insert(format!("below_random_{name}"), json!(below(report, random)));
         }
         slots.insert((*name).to_owned(), json!(report.caption_slot_accuracy));
     }

@@ -1,5 +1,11 @@
+{{/* The release's name, with the chart's appended only when the release does not already
+name it: release "dpcap" gives dpcap-coordinator, release "ml" gives ml-dpcap-coordinator. */}}
 {{- define "dpcap.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
 {{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "dpcap.labels" -}}

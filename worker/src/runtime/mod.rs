@@ -85,6 +85,9 @@ impl From<tonic::Status> for RuntimeError {
     fn from(s: tonic::Status) -> Self {
         match dpcap_proto::ErrorCode::of(&s) {
             Some(dpcap_proto::ErrorCode::BudgetExhausted) => Self::BudgetExhausted(s.message().to_owned()),
+            // The accountant no longer admits this rank's generation: the job was cancelled or
+            // its group re-formed, and the session ends as the coordinator will say.
+            Some(dpcap_proto::ErrorCode::StaleGeneration) => Self::Superseded,
             Some(code) => Self::Protocol(format!("{}: {}{}", code.as_str(), s.message(), hint(&s))),
             None => Self::Protocol(format!("{:?}: {}{}", s.code(), s.message(), hint(&s))),
         }

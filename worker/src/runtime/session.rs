@@ -263,7 +263,13 @@ impl<AB: AutodiffBackend> Session<AB> {
                 Ok(StepDone::Discarded) => report.outcome = StepOutcome::Discarded as i32,
                 Err(e @ (RuntimeError::LeaseLost | RuntimeError::Superseded)) => return Err(e),
                 Err(e) => {
-                    tracing::error!(job_id = %report.job_id, step, rank = self.assignment.rank, error = %e, "step failed");
+                    let rank = self.assignment.rank;
+                    if matches!(e, RuntimeError::BudgetExhausted(_)) {
+                        // The budget's end is the job's outcome, not this rank's fault.
+                        tracing::warn!(job_id = %report.job_id, step, rank, error = %e, "step refused by the budget");
+                    } else {
+                        tracing::error!(job_id = %report.job_id, step, rank, error = %e, "step failed");
+                    }
                     report.outcome = match e {
                         RuntimeError::BudgetExhausted(_) => StepOutcome::BudgetExhausted,
                         RuntimeError::Collective(_) => StepOutcome::PeerLost,
