@@ -277,9 +277,18 @@ impl ServiceError for AccountantError {
     }
 }
 
+/// A budget as messages name it: its name first (when it has one), then its digest and unit.
+pub(crate) fn described(name: &str, dataset_id: &str, unit: &str) -> String {
+    if name.is_empty() {
+        format!("dataset {dataset_id} ({unit}-level)")
+    } else {
+        format!("dataset {name} ({dataset_id}, {unit}-level)")
+    }
+}
+
 /// A refused budget as messages name it: its name first, then its digest and unit.
 fn named(figures: &BudgetExhausted) -> String {
-    crate::records::described(&figures.dataset_name, &figures.dataset_id, &figures.unit)
+    described(&figures.dataset_name, &figures.dataset_id, &figures.unit)
 }
 
 impl From<crate::privacy::ContractError> for AccountantError {

@@ -228,7 +228,7 @@ impl BudgetKey {
 
     /// `dataset (unit)`, as errors and logs name a budget.
     pub fn describe(&self) -> String {
-        described("", &self.dataset_id, &self.unit)
+        crate::error::described("", &self.dataset_id, &self.unit)
     }
 }
 
@@ -267,21 +267,12 @@ pub struct DatasetBudget {
 impl DatasetBudget {
     /// The budget as messages name it: its name first, then its digest and unit.
     pub fn describe(&self) -> String {
-        described(&self.name, &self.dataset_id, &self.unit)
+        crate::error::described(&self.name, &self.dataset_id, &self.unit)
     }
 
     /// The name dashboards show: the budget's own, else its digest.
     pub fn display_name(&self) -> &str {
         if self.name.is_empty() { &self.dataset_id } else { &self.name }
-    }
-}
-
-/// A budget as messages name it: its name first (when it has one), then its digest and unit.
-pub fn described(name: &str, dataset_id: &str, unit: &str) -> String {
-    if name.is_empty() {
-        format!("dataset {dataset_id} ({unit}-level)")
-    } else {
-        format!("dataset {name} ({dataset_id}, {unit}-level)")
     }
 }
 

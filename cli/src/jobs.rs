@@ -261,9 +261,13 @@ pub fn normalized(path: &Path) -> PathBuf {
     for component in path.components() {
         match component {
             Component::CurDir => {}
-            Component::ParentDir if matches!(out.components().next_back(), Some(Component::Normal(_))) => {
-                out.pop();
-            }
+            Component::ParentDir => match out.components().next_back() {
+                Some(Component::Normal(_)) => {
+                    out.pop();
+                }
+                Some(Component::RootDir | Component::Prefix(_)) => {} // nothing is above the root
+                _ => out.push(".."),
+            },
             other => out.push(other),
         }
     }
@@ -390,5 +394,19 @@ mod tests {
         assert_eq!(exit_code(&finished(JobState::Failed, "Refused")), 3);
         assert_eq!(exit_code(&finished(JobState::Succeeded, "Succeeded")), 0);
         assert_eq!(exit_code(&finished(JobState::Cancelled, "Cancelled")), 4);
+    }
+
+    #[test]
+    fn a_specs_relative_path_is_resolved_without_dot_dot_so_one_dataset_has_one_name() {
+        assert_eq!(normalized(Path::new("/r/deploy/jobs/../../data/./train")), Path::new("/r/data/train"));
+        assert_eq!(normalized(Path::new("/../a")), Path::new("/a"), "nothing above the root");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("data/train")).unwrap();
+        std::fs::create_dir_all(dir.path().join("deploy/jobs")).unwrap();
+        let spec = SpecFile::parse("dataset: ../../data/train\nmodel: micro\nepsilon: 8\n").unwrap();
+        let base = std::fs::canonicalize(dir.path().join("deploy/jobs")).unwrap();
+        let resolved = resolve_paths(spec, &base).unwrap();
+        let expected = std::fs::canonicalize(dir.path().join("data/train")).unwrap();
+        assert_eq!(resolved.dataset, expected.to_string_lossy());
     }
 }

@@ -241,7 +241,7 @@ fn describe(job: &mut Job, contract: &PrivacyContract, init: Option<&InitSource>
         }
     }
     if let Some(notice) = crate::mode::notice(&plan, contract) {
-        // First, and in every listing: the job's releases carry no guarantee.
+        // In every listing: the job's releases carry no guarantee.
         condition(job, "Privacy", "NotPrivate", notice);
     }
     let Some(target) = contract.epsilon_target else { return };
