@@ -253,4 +253,6 @@ fn error_exit_code(error: &anyhow::Error) -> i32 {
 }
 
 #[cfg(test)]
+mod structure;
+#[cfg(test)]
 mod tests;
