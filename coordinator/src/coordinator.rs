@@ -688,7 +688,7 @@ fn revalidate(job: &Job) -> Result<(), CoordinatorError> {
 /// A user-level job's clients, read again from its pinned dataset; None for other jobs.
 async fn restore_clients(job: &Job) -> Result<Option<Arc<Vec<Vec<u64>>>>, CoordinatorError> {
     let (Some(spec), Some(plan)) = (&job.spec, &job.plan) else { return Ok(None) };
-    let Some(k) = crate::spec::users_per_client(spec) else { return Ok(None) };
+    let Some(k) = crate::spec::users_per_client(&crate::spec::check_fields(spec)?) else { return Ok(None) };
     let dataset_id = dpcap_proto::plan::contract(plan)?.dataset_id;
     let clients = dataset::read_clients(&spec.dataset, &dataset_id, k).await?.clients;
     if clients.len() as u64 != plan.clients {

@@ -6,8 +6,9 @@
 //! refusal names its field.
 
 use dpcap_privacy::AccountantKind;
+use dpcap_proto::contract::fedemb_from_proto;
 use dpcap_proto::v1::{self, JobSpec, Plan, TelemetryMode};
-use dpcap_registry::Family;
+use dpcap_registry::{Family, FedEmb};
 use serde::{Deserialize, Serialize};
 
 use crate::error::CoordinatorError;
@@ -231,6 +232,9 @@ pub struct Checked {
     pub kind: AccountantKind,
     /// Its objective, likewise.
     pub family: Family,
+    /// A user-level objective's DP-FedEmb settings, every default filled in (the wire's one
+    /// conversion); None for the others.
+    pub fedemb: Option<FedEmb>,
 }
 
 /// Checks every field that does not need the dataset; the first problem is returned.
@@ -259,7 +263,8 @@ pub fn check_fields(spec: &JobSpec) -> Result<Checked, CoordinatorError> {
     positive("epochs", spec.epochs)?;
     crate::mode::check(spec)?;
     check_audit(spec)?;
-    check_fedemb(spec)?;
+    check_fedemb(spec, family)?;
+    let fedemb = family.is_user_level().then(|| fedemb_from_proto(spec.fedemb.as_ref())).transpose()?;
     if let Some(d) = spec.delta
         && !(d > 0.0 && d < 1.0)
     {
@@ -302,7 +307,7 @@ pub fn check_fields(spec: &JobSpec) -> Result<Checked, CoordinatorError> {
             ),
         ));
     }
-    Ok(Checked { spec: spec.clone(), kind, family })
+    Ok(Checked { spec: spec.clone(), kind, family, fedemb })
 }
 
 /// The privacy terms a spec resolves into: they become the job's contract, never the plan's.
@@ -375,7 +380,9 @@ pub fn plan(checked: &Checked, population: Population) -> Result<(Plan, Terms), 
     }
     let plan = Plan {
         examples,
-        learning_rate: spec.learning_rate.unwrap_or(default_learning_rate(spec)),
+        // AdamW's 1e-3, or a user-level job's server optimizer's own (FedAvg's SGD applies
+        // the average client delta as it is, at 1).
+        learning_rate: spec.learning_rate.unwrap_or(checked.fedemb.map_or(1e-3, |f| f.server_learning_rate())),
         warmup_steps,
         micro_batch: spec.micro_batch.unwrap_or(64),
         workers: spec.workers.unwrap_or(1),
@@ -390,30 +397,15 @@ pub fn plan(checked: &Checked, population: Population) -> Result<(Plan, Terms), 
     Ok((plan, Terms { sample_rate, steps, delta, kind: checked.kind, clipping_norm, resolved }))
 }
 
-/// The peak learning rate when the spec gives none: AdamW's 1e-3, or 1 for fedemb's server
-/// SGD (FedAvg applies the average client delta as it is).
-fn default_learning_rate(spec: &JobSpec) -> f64 {
-    match users_per_client(spec) {
-        Some(_) if !server_adam(spec) => 1.0,
-        _ => 1e-3,
-    }
-}
-
-/// True when a fedemb job's server optimizer is Adam.
-pub fn server_adam(spec: &JobSpec) -> bool {
-    spec.fedemb.as_ref().is_some_and(|f| f.server_optimizer == "adam")
-}
-
 /// Users per client of a user-level (fedemb) job; None for example-level objectives.
-pub fn users_per_client(spec: &JobSpec) -> Option<u32> {
-    let user_level = dpcap_proto::contract::family_from_proto(spec.objective).is_ok_and(Family::is_user_level);
-    user_level.then(|| spec.fedemb.as_ref().map_or(1, |f| f.users_per_client.max(1)))
+pub fn users_per_client(checked: &Checked) -> Option<u32> {
+    checked.fedemb.map(|f| f.users_per_client)
 }
 
 /// fedemb settings belong to a fedemb job and must be in range; a simulation of a user-level
 /// recipe is not offered.
-fn check_fedemb(spec: &JobSpec) -> Result<(), CoordinatorError> {
-    let fedemb = dpcap_proto::contract::family_from_proto(spec.objective).is_ok_and(Family::is_user_level);
+fn check_fedemb(spec: &JobSpec, family: Family) -> Result<(), CoordinatorError> {
+    let fedemb = family.is_user_level();
     if fedemb && spec.simulate.is_some() {
         return Err(CoordinatorError::invalid("simulate", "a TAN simulation of a user-level recipe is not offered"));
     }
@@ -423,12 +415,6 @@ fn check_fedemb(spec: &JobSpec) -> Result<(), CoordinatorError> {
     }
     positive("fedemb.local_learning_rate", f.local_learning_rate)?;
     positive("fedemb.head_scale", f.head_scale)?;
-    if !matches!(f.server_optimizer.as_str(), "" | "sgd" | "adam") {
-        return Err(CoordinatorError::invalid(
-            "fedemb.server_optimizer",
-            format!("{:?} is not sgd or adam", f.server_optimizer),
-        ));
-    }
     if let Some(m) = f.server_momentum
         && !(0.0..1.0).contains(&m)
     {

@@ -185,7 +185,7 @@ async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
     let tokenizer = registration::pin_tokenizer(&checked).await?;
     let examples = layout.layout.examples();
     // User-level objectives sample and account clients, not examples.
-    let users = match crate::spec::users_per_client(&spec) {
+    let users = match crate::spec::users_per_client(&checked) {
         Some(k) => Some(dataset::read_clients(&spec.dataset, &layout.digest, k).await?),
         None => None,
     };

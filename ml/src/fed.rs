@@ -31,8 +31,9 @@ pub struct LocalConfig {
 }
 
 impl Default for LocalConfig {
+    /// DP-FedEmb's local defaults ([`dpcap_registry::FedEmb::DEFAULT`]).
     fn default() -> Self {
-        Self { steps: 0, epochs: 1, learning_rate: 0.05, batch: 8 }
+        crate::trainer::FedEmbTraining::default().local
     }
 }
 

@@ -14,7 +14,7 @@ use crate::optim::{AdamW, AdamWConfig, Rule, Schedule};
 use crate::params::ParamSet;
 use dpcap_dataset::Example;
 use dpcap_dataset::tokenizer::CaptionTokenizer;
-use dpcap_registry::Family;
+use dpcap_registry::{Family, FedEmb, ServerOptimizer};
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
 
@@ -31,13 +31,28 @@ pub struct FedEmbTraining {
 }
 
 impl Default for FedEmbTraining {
-    /// DP-FedEmb's defaults: one local epoch, s = 10, server SGD with momentum 0.9.
+    /// DP-FedEmb's defaults ([`FedEmb::DEFAULT`]).
     fn default() -> Self {
-        Self {
-            local: LocalConfig::default(),
-            head_scale: 10.0,
-            server: AdamWConfig { rule: Rule::Momentum, beta1: 0.9, weight_decay: 0.0, ..AdamWConfig::default() },
-        }
+        FedEmb::DEFAULT.into()
+    }
+}
+
+impl From<FedEmb> for FedEmbTraining {
+    /// The settings as the trainer applies them: the server's optimizer as AdamW's rules.
+    fn from(f: FedEmb) -> Self {
+        let server = match f.server {
+            ServerOptimizer::Sgd { momentum } => {
+                AdamWConfig { rule: Rule::Momentum, beta1: momentum, weight_decay: 0.0, ..AdamWConfig::default() }
+            }
+            ServerOptimizer::Adam => AdamWConfig { weight_decay: 0.0, ..AdamWConfig::default() },
+        };
+        let local = LocalConfig {
+            steps: f.local_steps,
+            epochs: f.local_epochs,
+            learning_rate: f.local_learning_rate,
+            batch: f.local_batch as usize,
+        };
+        Self { local, head_scale: f.head_scale, server }
     }
 }
 
@@ -112,8 +127,12 @@ impl Model {
 
     /// Whether a part is made of clients' clipped deltas ([`Trainer::accumulate_client`])
     /// rather than examples' clipped gradients ([`Trainer::accumulate`]).
+    /// Exhaustive: a new model answers it.
     pub fn trains_clients(&self) -> bool {
-        matches!(self, Model::Embed(..))
+        match self {
+            Model::Embed(..) => true,
+            Model::Caption(..) | Model::Mae(_) => false,
+        }
     }
 }
 

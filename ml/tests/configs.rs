@@ -1,9 +1,12 @@
 //! The named captioner configurations and their parameter counts.
 
 use burn::tensor::backend::AutodiffBackend;
+use dpcap_dataset::synth;
+use dpcap_dataset::tokenizer::CaptionTokenizer;
 use dpcap_ml::CpuBackend;
-use dpcap_ml::model::{Captioner, CaptionerConfig, Embedder, EmbedderConfig, Mae, MaeConfig};
+use dpcap_ml::model::{Captioner, CaptionerConfig};
 use dpcap_ml::params::ParamSet;
+use dpcap_ml::trainer::{FedEmbTraining, Model};
 use dpcap_registry::{Family, NAMES, parameter_count};
 
 type Inner = <CpuBackend as AutodiffBackend>::InnerBackend;
@@ -12,20 +15,14 @@ fn count(name: &str) -> usize {
     built(Family::Captioner, name)
 }
 
-/// The parameters of the burn model `name` of `family`, as built (shapes only).
+/// The parameters of the burn model `name` of `family`, as the trainer builds it (shapes only),
+/// through its one dispatch on the objective: a new objective needs no arm here.
 fn built(family: Family, name: &str) -> usize {
     let mut ps = ParamSet::<Inner>::specs_only(&Default::default());
-    match family {
-        Family::Captioner => {
-            Captioner::new(&mut ps, CaptionerConfig::named(name).unwrap());
-        }
-        Family::Mae => {
-            Mae::new(&mut ps, MaeConfig::named(name).unwrap());
-        }
-        Family::Embedder => {
-            Embedder::new(&mut ps, EmbedderConfig::named(name).unwrap());
-        }
-    }
+    let tokenizer = family
+        .has_captions()
+        .then(|| CaptionTokenizer::train((0..200).map(|i| synth::generate(2, i, 32).caption), 256).expect("tokenizer"));
+    Model::new(family, name, tokenizer, &FedEmbTraining::default(), &mut ps).expect("built");
     ps.numel()
 }
 
@@ -33,7 +30,7 @@ fn built(family: Family, name: &str) -> usize {
 fn the_registrys_parameter_count_is_every_built_models_own() {
     // The coordinator registers P from the registry before any worker builds the model; a
     // rank whose model had another P would be refused at attach.
-    for family in [Family::Captioner, Family::Mae, Family::Embedder] {
+    for family in Family::ALL {
         for name in NAMES {
             assert_eq!(parameter_count(family, name), Some(built(family, name) as u64), "{family:?} {name}");
         }

@@ -4,7 +4,7 @@
 
 use dpcap_privacy::AccountantKind;
 use dpcap_privacy::contract::{Audit, ContractError, Mechanism, Mode, Placement, PrivacyContract, PrivacyUnit, Recipe};
-use dpcap_registry::Family;
+use dpcap_registry::{Family, FedEmb, ServerOptimizer};
 
 use crate::v1;
 
@@ -38,6 +38,32 @@ pub fn family_from_proto(value: i32) -> Result<Family, ContractError> {
         Ok(v1::Objective::Fedemb) => Ok(Family::Embedder),
         Err(_) => Err(invalid("objective", format!("unknown objective {value}"))),
     }
+}
+
+/// DP-FedEmb's settings from the wire, each unset field its default ([`FedEmb::DEFAULT`]); a
+/// server optimizer other than "sgd" or "adam" ("" is sgd) is refused, never defaulted.
+pub fn fedemb_from_proto(wire: Option<&v1::FedEmb>) -> Result<FedEmb, ContractError> {
+    let d = FedEmb::DEFAULT;
+    let Some(f) = wire else { return Ok(d) };
+    let momentum = match d.server {
+        ServerOptimizer::Sgd { momentum } => f.server_momentum.unwrap_or(momentum),
+        ServerOptimizer::Adam => f.server_momentum.unwrap_or(0.0),
+    };
+    let server = match f.server_optimizer.as_str() {
+        "" | "sgd" => ServerOptimizer::Sgd { momentum },
+        "adam" => ServerOptimizer::Adam,
+        other => return Err(invalid("fedemb.server_optimizer", format!("{other:?} is not sgd or adam"))),
+    };
+    let or = |value: u32, default: u32| if value == 0 { default } else { value };
+    Ok(FedEmb {
+        local_steps: f.local_steps,
+        local_epochs: or(f.local_epochs, d.local_epochs),
+        local_learning_rate: f.local_learning_rate.unwrap_or(d.local_learning_rate),
+        local_batch: or(f.local_batch, d.local_batch),
+        users_per_client: or(f.users_per_client, d.users_per_client),
+        head_scale: f.head_scale.unwrap_or(d.head_scale),
+        server,
+    })
 }
 
 /// The wire form of an objective.
@@ -193,6 +219,20 @@ mod tests {
         }
         assert_eq!(family_from_proto(0), Ok(Family::Captioner), "unspecified is the default");
         assert_eq!(family_from_proto(99).unwrap_err().field, "objective");
+    }
+
+    #[test]
+    fn fedemb_settings_take_their_defaults_once_and_refuse_an_unknown_optimizer() {
+        assert_eq!(fedemb_from_proto(None), Ok(FedEmb::DEFAULT));
+        let unset = v1::FedEmb::default();
+        assert_eq!(fedemb_from_proto(Some(&unset)), Ok(FedEmb::DEFAULT), "0 and unset are the defaults");
+        let adam = v1::FedEmb { server_optimizer: "adam".into(), local_batch: 4, ..Default::default() };
+        let adam = fedemb_from_proto(Some(&adam)).unwrap();
+        assert_eq!((adam.server, adam.local_batch, adam.server_learning_rate()), (ServerOptimizer::Adam, 4, 1e-3));
+        let sgd = v1::FedEmb { server_momentum: Some(0.5), ..Default::default() };
+        assert_eq!(fedemb_from_proto(Some(&sgd)).unwrap().server, ServerOptimizer::Sgd { momentum: 0.5 });
+        let typo = v1::FedEmb { server_optimizer: "adamw".into(), ..Default::default() };
+        assert_eq!(fedemb_from_proto(Some(&typo)).unwrap_err().field, "fedemb.server_optimizer");
     }
 
     #[test]

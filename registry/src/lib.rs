@@ -9,9 +9,11 @@
 //! same type the workers write. This crate must never depend on burn or on any service: it is
 //! plain data and arithmetic.
 
+mod fedemb;
 mod manifest;
 mod objective;
 
+pub use fedemb::{FedEmb, ServerOptimizer};
 pub use manifest::Manifest;
 // Every item of `objective` is public surface: the objectives, their configurations and P.
 pub use objective::*;
@@ -43,7 +45,7 @@ mod tests {
 
     #[test]
     fn every_name_resolves_in_every_family_and_unknown_names_do_not() {
-        for family in [Family::Captioner, Family::Mae, Family::Embedder] {
+        for family in Family::ALL {
             for name in NAMES {
                 assert!(parameter_count(family, name).is_some_and(|p| p > 0), "{family:?} {name}");
             }

@@ -34,13 +34,21 @@ impl Family {
     }
 
     /// Whether the objective protects users (DP-FedEmb samples and clips clients of users).
+    /// Exhaustive: a new objective answers it.
     pub fn is_user_level(self) -> bool {
-        self == Family::Embedder
+        match self {
+            Family::Embedder => true,
+            Family::Captioner | Family::Mae => false,
+        }
     }
 
-    /// Whether the objective trains on captions (and so needs a tokenizer).
+    /// Whether the objective trains on captions (and so needs a tokenizer). Exhaustive: a new
+    /// objective answers it.
     pub fn has_captions(self) -> bool {
-        self == Family::Captioner
+        match self {
+            Family::Captioner => true,
+            Family::Mae | Family::Embedder => false,
+        }
     }
 }
 

@@ -129,7 +129,7 @@ pub fn fresh(args: &DemoArgs, tokenizer: &CaptionTokenizer) -> Result<Trainer<Cp
         model_name: "micro",
         objective: args.objective,
         fedemb: Default::default(),
-        tokenizer: Some(tokenizer.clone()),
+        tokenizer: args.objective.has_captions().then(|| tokenizer.clone()),
         seed: 0,
         engine,
         expected_batch_size: 1.0,

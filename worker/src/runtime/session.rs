@@ -25,8 +25,6 @@ use dpcap_dataset::stream::{DEFAULT_PREFETCH, ExampleStream};
 use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
 use dpcap_ml::checkpoint::{load_optimizer, load_weights, save_optimizer, save_weights};
 use dpcap_ml::clip::{ClipEngine, Telemetry};
-use dpcap_ml::fed::LocalConfig;
-use dpcap_ml::optim::AdamWConfig;
 use dpcap_ml::optim::Schedule;
 use dpcap_ml::trainer::{FedEmbTraining, ReplicaConfig, Trainer};
 use dpcap_registry::Family;
@@ -178,11 +176,12 @@ impl<AB: AutodiffBackend> Session<AB> {
             matmul_inputs: dpcap_ml::clip::MatmulInputs::for_device(&config.device),
             reads: dpcap_ml::clip::Reads::for_device(&config.device),
         };
+        let fedemb = fedemb_training(&spec)?;
         let mut trainer = tokio::task::block_in_place(|| {
             let replica = ReplicaConfig {
                 model_name: &spec.model,
                 objective,
-                fedemb: fedemb_training(&spec),
+                fedemb,
                 tokenizer,
                 seed: spec.seed,
                 engine,
@@ -558,19 +557,9 @@ fn family(spec: &JobSpec) -> Result<Family, RuntimeError> {
 }
 
 /// DP-FedEmb's training as the spec sets it, with its defaults filled in (read only by an
-/// objective that trains clients).
-pub fn fedemb_training(spec: &JobSpec) -> FedEmbTraining {
-    let f = spec.fedemb.clone().unwrap_or_default();
-    let defaults = FedEmbTraining::default();
-    let local = LocalConfig {
-        steps: f.local_steps,
-        epochs: if f.local_epochs == 0 { defaults.local.epochs } else { f.local_epochs },
-        learning_rate: f.local_learning_rate.unwrap_or(defaults.local.learning_rate),
-        batch: if f.local_batch == 0 { defaults.local.batch } else { f.local_batch as usize },
-    };
-    let server = match f.server_optimizer.as_str() {
-        "adam" => AdamWConfig { weight_decay: 0.0, ..AdamWConfig::default() },
-        _ => AdamWConfig { beta1: f.server_momentum.unwrap_or(defaults.server.beta1), ..defaults.server },
-    };
-    FedEmbTraining { local, head_scale: f.head_scale.unwrap_or(defaults.head_scale), server }
+/// objective that trains clients); an unknown server optimizer is refused.
+pub fn fedemb_training(spec: &JobSpec) -> Result<FedEmbTraining, RuntimeError> {
+    let settings = dpcap_proto::contract::fedemb_from_proto(spec.fedemb.as_ref())
+        .map_err(|e| RuntimeError::Spec { field: e.field, reason: e.reason })?;
+    Ok(settings.into())
 }
