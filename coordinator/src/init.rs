@@ -4,10 +4,10 @@
 //! submitter states they saw public or synthetic data only (`init_public`): trained on private
 //! data, they would void the new job's guarantee, so that choice is explicit and recorded.
 
-use dpcap_proto::v1::JobSpec;
 use object_store::ObjectStoreExt;
 
 use crate::error::CoordinatorError;
+use crate::spec::Checked;
 
 /// The checkpoint a job starts from: its manifest, read with the one type workers write it with.
 pub type InitSource = dpcap_registry::Manifest;
@@ -18,7 +18,8 @@ fn invalid(reason: String) -> CoordinatorError {
 
 /// The spec's init source for a job on the dataset with index digest `dataset`, read and
 /// checked; None without `init_from`.
-pub async fn check(spec: &JobSpec, dataset: &str) -> Result<Option<InitSource>, CoordinatorError> {
+pub async fn check(checked: &Checked, dataset: &str) -> Result<Option<InitSource>, CoordinatorError> {
+    let spec = &checked.spec;
     if spec.init_from.is_empty() {
         if spec.init_public {
             return Err(CoordinatorError::invalid("init_public", "is only meaningful with init_from"));
@@ -44,7 +45,7 @@ pub async fn check(spec: &JobSpec, dataset: &str) -> Result<Option<InitSource>, 
     if source.model != spec.model {
         return Err(invalid(format!("{location} is a {} model, this job trains {}", source.model, spec.model)));
     }
-    let job_is_private = crate::mode::requested_is_private(spec);
+    let job_is_private = checked.mode.is_private();
     if job_is_private && !source.is_private() && !dataset.is_empty() && source.dataset == dataset {
         return Err(invalid(format!(
             "{location} holds NOT PRIVATE weights trained on this job's own dataset (job {}): they would void its guarantee",

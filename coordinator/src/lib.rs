@@ -13,6 +13,7 @@ pub mod error;
 pub mod init;
 pub mod metrics;
 pub mod mode;
+pub mod plan;
 pub mod registration;
 pub mod rendezvous;
 pub mod sampler;

@@ -4,12 +4,12 @@
 //! gradient dimension P, from the model registry (no burn, no worker); and, for captioning,
 //! the tokenizer pinned by the digest of its bytes.
 
-use dpcap_privacy::contract::{Audit, Mechanism, Placement, PrivacyContract, PrivacyUnit};
-use dpcap_proto::v1::JobSpec;
+use dpcap_privacy::contract::{Mechanism, PrivacyContract, PrivacyUnit};
 
 use crate::error::CoordinatorError;
 use crate::init::InitSource;
-use crate::spec::{Checked, Terms};
+use crate::plan::Terms;
+use crate::spec::Checked;
 
 /// P for the spec's model and objective.
 pub fn gradient_dim(checked: &Checked) -> Result<u64, CoordinatorError> {
@@ -40,7 +40,7 @@ pub struct Provenance<'a> {
 /// guarantee, which the plan never copies. A job that starts from the weights of a DP job on
 /// the same dataset and unit names it, so that their ε compose in its status.
 pub fn contract(
-    spec: &JobSpec,
+    checked: &Checked,
     terms: &Terms,
     provenance: Provenance<'_>,
 ) -> Result<PrivacyContract, CoordinatorError> {
@@ -48,13 +48,6 @@ pub fn contract(
     let unit = match provenance.users_digest {
         Some(users_digest) => PrivacyUnit::User { users_digest },
         None => PrivacyUnit::Example,
-    };
-    let audit = match &spec.audit {
-        None => None,
-        Some(a) => {
-            let placement = if a.coordinates.is_empty() { Placement::Reserved } else { a.coordinates.parse()? };
-            Some(Audit { canaries: a.canaries, placement })
-        }
     };
     let init_from_job = provenance
         .init
@@ -74,7 +67,7 @@ pub fn contract(
         unit,
         dataset_id: provenance.dataset_id,
         data_id: provenance.data_id,
-        audit,
+        audit: checked.audit,
         init_from_job,
         planned_steps: terms.steps,
     };

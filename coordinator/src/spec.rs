@@ -1,13 +1,13 @@
 //! Job specs: the YAML/JSON file an operator writes (the same fields as the `JobSpec` message),
-//! and planning in one pass of typed stages: a spec, a [`Checked`] spec (its fields checked,
-//! its enums typed), then a [`Plan`] with the privacy [`Terms`] it resolves over N units (q,
-//! steps, δ defaulting to 1/N, σ calibrated from ε through the accountant's math), which
-//! `registration` turns into the contract. No stage calls back into an earlier one. Every
-//! refusal names its field.
+//! and the first stage of planning: a [`Checked`] spec, every field checked and every choice
+//! typed (objective, accountant, privacy mode, audit, rate, length, DP-FedEmb settings), so that
+//! the later stages (`plan`: q, steps, δ, σ and ε; `registration`: the contract) read types,
+//! never the wire's fields again. Every refusal names its field.
 
 use dpcap_privacy::AccountantKind;
+use dpcap_privacy::contract::{Audit, Placement};
 use dpcap_proto::contract::fedemb_from_proto;
-use dpcap_proto::v1::{self, JobSpec, Plan, TelemetryMode};
+use dpcap_proto::v1::{self, JobSpec, TelemetryMode};
 use dpcap_registry::{Family, FedEmb};
 use serde::{Deserialize, Serialize};
 
@@ -235,6 +235,65 @@ pub struct Checked {
     /// A user-level objective's DP-FedEmb settings, every default filled in (the wire's one
     /// conversion); None for the others.
     pub fedemb: Option<FedEmb>,
+    /// The privacy mode asked for, its fields checked against each other.
+    pub mode: ModeRequest,
+    /// The one-run audit asked for, its placement parsed.
+    pub audit: Option<Audit>,
+    /// How q is given.
+    pub rate: Rate,
+    /// How long the job runs.
+    pub length: Length,
+}
+
+/// The privacy mode a spec asks for, before it is resolved over the dataset (`plan`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ModeRequest {
+    /// DP: σ fixed, or calibrated for ε (at least one is given; both: σ fixed, ε enforced).
+    Dp {
+        /// Target ε at δ.
+        epsilon: Option<f64>,
+        /// Fixed σ (noise multiplier).
+        noise_multiplier: Option<f64>,
+    },
+    /// A non-private baseline: σ = 0, no ε.
+    NotPrivate,
+    /// A TAN simulation of a target batch, at its σ or at one calibrated for ε.
+    Simulate {
+        /// The target recipe's expected batch B.
+        batch_size: u64,
+        /// The target's σ.
+        noise_multiplier: Option<f64>,
+        /// The target's ε at δ (calibrates σ when it is not given).
+        epsilon: Option<f64>,
+    },
+}
+
+impl ModeRequest {
+    /// Whether the job asks for a guarantee (neither a baseline nor a simulation).
+    pub fn is_private(&self) -> bool {
+        match self {
+            ModeRequest::Dp { .. } => true,
+            ModeRequest::NotPrivate | ModeRequest::Simulate { .. } => false,
+        }
+    }
+}
+
+/// How a spec gives the Poisson rate q.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rate {
+    /// q itself, in (0, 1].
+    SampleRate(f64),
+    /// The expected batch L = qN (at least 1).
+    BatchSize(u64),
+}
+
+/// How long a spec runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Length {
+    /// Steps (at least 1).
+    Steps(u64),
+    /// Epochs (> 0): ⌈epochs / q⌉ steps.
+    Epochs(f64),
 }
 
 /// Checks every field that does not need the dataset; the first problem is returned.
@@ -261,16 +320,16 @@ pub fn check_fields(spec: &JobSpec) -> Result<Checked, CoordinatorError> {
     positive("clipping_norm", spec.clipping_norm)?;
     positive("learning_rate", spec.learning_rate)?;
     positive("epochs", spec.epochs)?;
-    crate::mode::check(spec)?;
-    check_audit(spec)?;
-    check_fedemb(spec, family)?;
+    let mode = mode_request(spec)?;
+    let audit = audit(spec, &mode)?;
+    check_fedemb(spec, family, &mode)?;
     let fedemb = family.is_user_level().then(|| fedemb_from_proto(spec.fedemb.as_ref())).transpose()?;
     if let Some(d) = spec.delta
         && !(d > 0.0 && d < 1.0)
     {
         return Err(CoordinatorError::invalid("delta", format!("{d} must be in (0, 1)")));
     }
-    match (spec.sample_rate, spec.batch_size) {
+    let rate = match (spec.sample_rate, spec.batch_size) {
         (Some(_), Some(_)) => {
             return Err(CoordinatorError::invalid("sample_rate", "give sample_rate or batch_size, not both"));
         }
@@ -279,14 +338,16 @@ pub fn check_fields(spec: &JobSpec) -> Result<Checked, CoordinatorError> {
             return Err(CoordinatorError::invalid("sample_rate", format!("{q} must be in (0, 1]")));
         }
         (None, Some(0)) => return Err(CoordinatorError::invalid("batch_size", "0 must be at least 1")),
-        _ => {}
-    }
-    match (spec.steps, spec.epochs) {
+        (Some(q), None) => Rate::SampleRate(q),
+        (None, Some(b)) => Rate::BatchSize(b),
+    };
+    let length = match (spec.steps, spec.epochs) {
         (Some(_), Some(_)) => return Err(CoordinatorError::invalid("steps", "give steps or epochs, not both")),
         (None, None) => return Err(CoordinatorError::invalid("steps", "give steps or epochs")),
         (Some(0), None) => return Err(CoordinatorError::invalid("steps", "0 must be at least 1")),
-        _ => {}
-    }
+        (Some(s), None) => Length::Steps(s),
+        (None, Some(e)) => Length::Epochs(e),
+    };
     if let Some(m) = spec.micro_batch
         && !(1..=MAX_MICRO_BATCH).contains(&m)
     {
@@ -307,94 +368,7 @@ pub fn check_fields(spec: &JobSpec) -> Result<Checked, CoordinatorError> {
             ),
         ));
     }
-    Ok(Checked { spec: spec.clone(), kind, family, fedemb })
-}
-
-/// The privacy terms a spec resolves into: they become the job's contract, never the plan's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Terms {
-    /// Poisson rate q.
-    pub sample_rate: f64,
-    /// Planned steps.
-    pub steps: u64,
-    /// δ at which ε is stated.
-    pub delta: f64,
-    /// The accountant.
-    pub kind: AccountantKind,
-    /// Per-unit L2 clipping norm C.
-    pub clipping_norm: f64,
-    /// The mode, σ and ε.
-    pub resolved: crate::mode::Resolved,
-}
-
-/// What a plan is resolved over: the accounting N (examples, or a user-level job's clients)
-/// and δ's default (1/N, or 1/N_users for a user-level job).
-#[derive(Debug, Clone, Copy)]
-pub struct Population {
-    /// N.
-    pub units: u64,
-    /// δ when the spec gives none.
-    pub default_delta: f64,
-}
-
-impl Population {
-    /// N units, δ defaulting to 1/N.
-    pub fn of(units: u64) -> Self {
-        Self { units, default_delta: 1.0 / units.max(1) as f64 }
-    }
-}
-
-/// Resolves a checked spec over its population into the plan the operator sees before
-/// training and the privacy terms of its contract: calibration runs here (σ for the target ε at
-/// δ over all steps).
-pub fn plan(checked: &Checked, population: Population) -> Result<(Plan, Terms), CoordinatorError> {
-    let (spec, examples) = (&checked.spec, population.units);
-    if examples == 0 {
-        return Err(CoordinatorError::invalid("dataset", "the dataset index has 0 examples"));
-    }
-    let n = examples as f64;
-    let sample_rate = match (spec.sample_rate, spec.batch_size) {
-        (Some(q), _) => q,
-        (_, Some(b)) if b > examples => {
-            return Err(CoordinatorError::invalid(
-                "batch_size",
-                format!("{b} exceeds the dataset's {examples} examples"),
-            ));
-        }
-        (_, Some(b)) => b as f64 / n,
-        _ => unreachable!("check_fields requires one"),
-    };
-    let steps = match (spec.steps, spec.epochs) {
-        (Some(s), _) => s,
-        (_, Some(e)) => (e / sample_rate).ceil().max(1.0) as u64,
-        _ => unreachable!("check_fields requires one"),
-    };
-    let delta = spec.delta.unwrap_or(population.default_delta);
-    if delta >= 1.0 {
-        return Err(CoordinatorError::invalid("delta", format!("default 1/N = {delta} is not < 1; set delta")));
-    }
-    let resolved = crate::mode::resolve(spec, checked.kind, (sample_rate, steps, delta), examples)?;
-    let warmup_steps = spec.warmup_steps.unwrap_or(steps / 20);
-    if warmup_steps > steps {
-        return Err(CoordinatorError::invalid("warmup_steps", format!("{warmup_steps} exceeds the {steps} steps")));
-    }
-    let plan = Plan {
-        examples,
-        // AdamW's 1e-3, or a user-level job's server optimizer's own (FedAvg's SGD applies
-        // the average client delta as it is, at 1).
-        learning_rate: spec.learning_rate.unwrap_or(checked.fedemb.map_or(1e-3, |f| f.server_learning_rate())),
-        warmup_steps,
-        micro_batch: spec.micro_batch.unwrap_or(64),
-        workers: spec.workers.unwrap_or(1),
-        checkpoint_interval: spec.checkpoint_interval.unwrap_or(50),
-        calibrated: resolved.calibrated,
-        epsilon_planned: resolved.epsilon_planned,
-        // Set by the caller: the user table's counts, the init source it checked, the
-        // registry's P, the pinned tokenizer and the contract.
-        ..Plan::default()
-    };
-    let clipping_norm = spec.clipping_norm.unwrap_or(1.0);
-    Ok((plan, Terms { sample_rate, steps, delta, kind: checked.kind, clipping_norm, resolved }))
+    Ok(Checked { spec: spec.clone(), kind, family, fedemb, mode, audit, rate, length })
 }
 
 /// Users per client of a user-level (fedemb) job; None for example-level objectives.
@@ -404,9 +378,9 @@ pub fn users_per_client(checked: &Checked) -> Option<u32> {
 
 /// fedemb settings belong to a fedemb job and must be in range; a simulation of a user-level
 /// recipe is not offered.
-fn check_fedemb(spec: &JobSpec, family: Family) -> Result<(), CoordinatorError> {
+fn check_fedemb(spec: &JobSpec, family: Family, mode: &ModeRequest) -> Result<(), CoordinatorError> {
     let fedemb = family.is_user_level();
-    if fedemb && spec.simulate.is_some() {
+    if fedemb && matches!(mode, ModeRequest::Simulate { .. }) {
         return Err(CoordinatorError::invalid("simulate", "a TAN simulation of a user-level recipe is not offered"));
     }
     let Some(f) = &spec.fedemb else { return Ok(()) };
@@ -458,25 +432,60 @@ pub const MAX_AUDIT_CANARIES: u32 = 10_000_000;
 
 /// An audit needs a DP job (the others claim nothing to audit), a known kind, and a count the
 /// accountant accepts (it checks the model's parameter count itself).
-fn check_audit(spec: &JobSpec) -> Result<(), CoordinatorError> {
-    let Some(audit) = &spec.audit else { return Ok(()) };
+fn audit(spec: &JobSpec, mode: &ModeRequest) -> Result<Option<Audit>, CoordinatorError> {
+    let Some(audit) = &spec.audit else { return Ok(None) };
     if !matches!(audit.kind.as_str(), "" | "gradient") {
         return Err(CoordinatorError::invalid("audit.kind", format!("{:?} is not gradient", audit.kind)));
     }
-    if !matches!(audit.coordinates.as_str(), "" | "reserved" | "model") {
-        return Err(CoordinatorError::invalid(
-            "audit.coordinates",
-            format!("{:?} is not reserved or model", audit.coordinates),
-        ));
-    }
+    let placement = if audit.coordinates.is_empty() { Placement::Reserved } else { audit.coordinates.parse()? };
     if audit.canaries == 0 || audit.canaries > MAX_AUDIT_CANARIES {
         return Err(CoordinatorError::invalid(
             "audit.canaries",
             format!("{} must be in [1, {MAX_AUDIT_CANARIES}]", audit.canaries),
         ));
     }
-    if !crate::mode::requested_is_private(spec) {
+    if !mode.is_private() {
         return Err(CoordinatorError::invalid("audit", "a NOT PRIVATE job claims no guarantee to audit"));
     }
-    Ok(())
+    Ok(Some(Audit { canaries: audit.canaries, placement }))
+}
+
+/// The privacy mode the spec asks for, its fields checked against each other (before the
+/// dataset is read).
+fn mode_request(spec: &JobSpec) -> Result<ModeRequest, CoordinatorError> {
+    fn invalid(field: &'static str, reason: impl Into<String>) -> CoordinatorError {
+        CoordinatorError::invalid(field, reason)
+    }
+    if spec.not_private {
+        if spec.epsilon.is_some() || spec.noise_multiplier.is_some() || spec.simulate.is_some() {
+            return Err(invalid("not_private", "a non-private job has no epsilon, noise_multiplier or simulate"));
+        }
+        return Ok(ModeRequest::NotPrivate);
+    }
+    if let Some(simulate) = &spec.simulate {
+        if spec.noise_multiplier.is_some() {
+            return Err(invalid(
+                "noise_multiplier",
+                "a simulation derives sigma' from simulate; set simulate.noise_multiplier",
+            ));
+        }
+        if simulate.batch_size == 0 {
+            return Err(invalid("simulate.batch_size", "0 must be at least 1"));
+        }
+        match simulate.noise_multiplier {
+            Some(s) if !(s > 0.0 && s.is_finite()) => {
+                return Err(invalid("simulate.noise_multiplier", format!("{s} must be a finite number > 0")));
+            }
+            None if spec.epsilon.is_none() => {
+                return Err(invalid("simulate.noise_multiplier", "give it, or a target epsilon to calibrate it"));
+            }
+            _ => {}
+        }
+        let (batch_size, noise_multiplier) = (simulate.batch_size, simulate.noise_multiplier);
+        return Ok(ModeRequest::Simulate { batch_size, noise_multiplier, epsilon: spec.epsilon });
+    }
+    if spec.epsilon.is_none() && spec.noise_multiplier.is_none() {
+        return Err(invalid("epsilon", "give a target epsilon, a fixed noise_multiplier, or both"));
+    }
+    Ok(ModeRequest::Dp { epsilon: spec.epsilon, noise_multiplier: spec.noise_multiplier })
 }

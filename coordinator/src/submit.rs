@@ -14,8 +14,8 @@ use crate::coordinator::Coordinator;
 use crate::dataset;
 use crate::error::CoordinatorError;
 use crate::init::InitSource;
+use crate::plan::Population;
 use crate::registration::{self, Provenance};
-use crate::spec::Population;
 use crate::state::{condition, now_ms};
 use crate::store::random_bytes;
 use crate::store::{Private, hex};
@@ -179,33 +179,35 @@ impl Coordinator {
 /// checked spec, plan and terms, contract); no side effects.
 async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
     let checked = crate::spec::check_fields(&spec)?;
-    let gradient_dim = registration::gradient_dim(&checked)?;
     let layout = dataset::read_layout(&spec.dataset).await?;
-    let init = crate::init::check(&spec, &layout.digest).await?;
-    let tokenizer = registration::pin_tokenizer(&checked).await?;
-    let examples = layout.layout.examples();
     // User-level objectives sample and account clients, not examples.
     let users = match crate::spec::users_per_client(&checked) {
         Some(k) => Some(dataset::read_clients(&spec.dataset, &layout.digest, k).await?),
         None => None,
     };
+    let init = crate::init::check(&checked, &layout.digest).await?;
+    let examples = layout.layout.examples();
     let population = match &users {
         // δ defaults to 1/N_users, the privacy unit's count (never the larger 1/N_clients of
         // virtual clients).
         Some(u) => Population { units: u.clients.len() as u64, default_delta: 1.0 / u.users.max(1) as f64 },
         None => Population::of(examples),
     };
-    let (mut plan, terms) = tokio::task::spawn_blocking(move || crate::spec::plan(&checked, population))
-        .await
-        .map_err(|e| CoordinatorError::Store(e.to_string()))??;
+    let (checked, planned) = tokio::task::spawn_blocking(move || {
+        let planned = crate::plan::plan(&checked, population);
+        (checked, planned)
+    })
+    .await
+    .map_err(|e| CoordinatorError::Store(e.to_string()))?;
+    let (mut plan, terms) = planned?;
     if let Some(users) = &users {
         (plan.examples, plan.clients, plan.users) = (examples, users.clients.len() as u64, users.users);
     }
-    plan.gradient_dim = gradient_dim;
+    plan.gradient_dim = registration::gradient_dim(&checked)?;
     if let Some(source) = &init {
         (plan.init_step, plan.init_privacy) = (source.step, source.privacy.name().to_owned());
     }
-    if let Some((location, digest)) = tokenizer {
+    if let Some((location, digest)) = registration::pin_tokenizer(&checked).await? {
         (plan.tokenizer, plan.tokenizer_digest) = (location, digest);
     }
     let provenance = Provenance {
@@ -214,7 +216,7 @@ async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
         users_digest: users.as_ref().map(|u| u.users_digest.clone()),
         init: init.as_ref(),
     };
-    let contract = registration::contract(&spec, &terms, provenance)?;
+    let contract = registration::contract(&checked, &terms, provenance)?;
     plan.contract = Some(contract_to_proto(&contract));
     let clients = users.map(|u| Arc::new(u.clients));
     Ok(Planned { spec, plan, contract, counts: layout.counts, clients, init, pins_bytes: layout.pins_bytes })

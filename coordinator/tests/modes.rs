@@ -2,8 +2,9 @@
 //! (σ' = σ·B'/B, the target recipe's ε), each refused when its fields contradict it.
 
 use dpcap_coordinator::SpecFile;
+use dpcap_coordinator::plan::{Population, plan};
 use dpcap_coordinator::registration::{Provenance, contract};
-use dpcap_coordinator::spec::{Population, SimulateFile, check_fields, plan};
+use dpcap_coordinator::spec::{SimulateFile, check_fields};
 use dpcap_privacy::contract::{Mode, PrivacyContract, Recipe};
 use dpcap_proto::v1::Plan;
 
@@ -22,7 +23,7 @@ fn planned(spec: SpecFile) -> Result<(Plan, PrivacyContract), String> {
     let spec = spec.into_proto().map_err(|e| e.to_string())?;
     let checked = check_fields(&spec).map_err(|e| e.to_string())?;
     let (plan, terms) = plan(&checked, Population::of(10_000)).map_err(|e| e.to_string())?;
-    let contract = contract(&spec, &terms, Provenance::default()).map_err(|e| e.to_string())?;
+    let contract = contract(&checked, &terms, Provenance::default()).map_err(|e| e.to_string())?;
     Ok((plan, contract))
 }
 
@@ -100,7 +101,7 @@ async fn a_dp_job_starts_from_not_private_weights_only_when_told_they_saw_public
             init_public: Some(init_public),
             ..base()
         };
-        file.into_proto().unwrap()
+        check_fields(&file.into_proto().unwrap()).unwrap()
     };
     let baseline = checkpoint(&dir.path().join("baseline"), "micro", "not_private");
     let err = check(&spec(baseline.clone(), false, false), OTHER).await.unwrap_err().to_string();
@@ -123,7 +124,8 @@ async fn a_dp_job_starts_from_not_private_weights_only_when_told_they_saw_public
     let err = check(&spec(nowhere, false, false), OTHER).await.unwrap_err().to_string();
     assert!(err.starts_with("invalid init_from:"), "{err}");
     assert!(!dir.path().join("nowhere").exists(), "naming a path never creates it");
-    let lone = SpecFile { epsilon: Some(8.0), init_public: Some(true), ..base() }.into_proto().unwrap();
+    let lone = check_fields(&SpecFile { epsilon: Some(8.0), init_public: Some(true), ..base() }.into_proto().unwrap())
+        .unwrap();
     assert!(check(&lone, OTHER).await.unwrap_err().to_string().starts_with("invalid init_public:"));
 }
 
@@ -149,4 +151,16 @@ fn audits_are_refused_naming_the_field_when_their_kind_placement_count_or_mode_i
         let err = planned(spec).unwrap_err();
         assert!(err.starts_with(&format!("invalid {field}:")), "{field}: {err}");
     }
+}
+
+/// A sweep submits one setting many times: its calibration is kept by exact inputs, so every
+/// plan of it has the same σ, bit for bit.
+#[test]
+fn repeated_plans_of_one_setting_calibrate_the_same_sigma() {
+    let dp = SpecFile { epsilon: Some(3.0), ..base() };
+    let (first, a) = planned(dp.clone()).unwrap();
+    let (second, b) = planned(dp).unwrap();
+    assert!(first.calibrated && second.calibrated);
+    assert_eq!(a.mechanism.noise_multiplier.to_bits(), b.mechanism.noise_multiplier.to_bits());
+    assert_eq!(first.epsilon_planned.to_bits(), second.epsilon_planned.to_bits());
 }

@@ -378,8 +378,8 @@ fn the_plan_calibrates_sigma_for_the_target_and_defaults_delta_to_one_over_n() {
         ..Default::default()
     };
     let checked = dpcap_coordinator::spec::check_fields(&spec.into_proto().unwrap()).unwrap();
-    let population = dpcap_coordinator::spec::Population::of(20_000);
-    let (plan, terms) = dpcap_coordinator::spec::plan(&checked, population).unwrap();
+    let population = dpcap_coordinator::plan::Population::of(20_000);
+    let (plan, terms) = dpcap_coordinator::plan::plan(&checked, population).unwrap();
     assert_eq!(terms.steps, 60, "epochs / q");
     assert!((terms.sample_rate - 0.05).abs() < 1e-12 && (terms.sample_rate * 20_000.0 - 1000.0).abs() < 1e-9);
     assert!((terms.delta - 1.0 / 20_000.0).abs() < 1e-15);

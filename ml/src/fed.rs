@@ -11,6 +11,7 @@
 
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
+use dpcap_registry::FedEmb;
 
 use crate::clip::{ClippedSum, GradSum, Objective, plain_grads};
 use crate::params::ParamSet;
@@ -31,9 +32,20 @@ pub struct LocalConfig {
 }
 
 impl Default for LocalConfig {
-    /// DP-FedEmb's local defaults ([`dpcap_registry::FedEmb::DEFAULT`]).
+    /// DP-FedEmb's local defaults ([`FedEmb::DEFAULT`]).
     fn default() -> Self {
-        crate::trainer::FedEmbTraining::default().local
+        Self::from(&FedEmb::DEFAULT)
+    }
+}
+
+impl From<&FedEmb> for LocalConfig {
+    fn from(f: &FedEmb) -> Self {
+        Self {
+            steps: f.local_steps,
+            epochs: f.local_epochs,
+            learning_rate: f.local_learning_rate,
+            batch: f.local_batch as usize,
+        }
     }
 }
 

@@ -46,13 +46,7 @@ impl From<FedEmb> for FedEmbTraining {
             }
             ServerOptimizer::Adam => AdamWConfig { weight_decay: 0.0, ..AdamWConfig::default() },
         };
-        let local = LocalConfig {
-            steps: f.local_steps,
-            epochs: f.local_epochs,
-            learning_rate: f.local_learning_rate,
-            batch: f.local_batch as usize,
-        };
-        Self { local, head_scale: f.head_scale, server }
+        Self { local: LocalConfig::from(&f), head_scale: f.head_scale, server }
     }
 }
 
