@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use dpcap_coordinator::{SpecFile, mode};
+use dpcap_coordinator::SpecFile;
 use dpcap_privacy::contract::PrivacyContract;
 use dpcap_proto::client::{ClientError, JobsClient};
 use dpcap_proto::v1::{Job, JobState, Reduction};
@@ -157,7 +157,7 @@ fn print_job(job: &Job, as_json: bool) {
     let view = View::of(job);
     let p = job.progress.clone().unwrap_or_default();
     outln!("job {}  {}", job.job_id, state_name(job.state));
-    if let Some(notice) = view.contract.as_ref().and_then(|c| mode::notice(&view.plan, c)) {
+    if let Some(notice) = view.contract.as_ref().and_then(|c| dpcap_proto::plan::notice(&view.plan, c)) {
         outln!("  {notice}");
     }
     if let Some(c) = &view.contract {

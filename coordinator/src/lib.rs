@@ -12,7 +12,6 @@ pub mod dataset;
 pub mod error;
 pub mod init;
 pub mod metrics;
-pub mod mode;
 pub mod plan;
 pub mod registration;
 pub mod rendezvous;

@@ -242,7 +242,7 @@ fn describe(job: &mut Job, contract: &PrivacyContract, init: Option<&InitSource>
             condition(job, "Privacy", "ComposedWithInit", note);
         }
     }
-    if let Some(notice) = crate::mode::notice(&plan, contract) {
+    if let Some(notice) = dpcap_proto::plan::notice(&plan, contract) {
         // In every listing: the job's releases carry no guarantee.
         condition(job, "Privacy", "NotPrivate", notice);
     }

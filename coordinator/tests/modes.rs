@@ -33,7 +33,7 @@ fn a_non_private_job_adds_no_noise_and_has_no_epsilon() {
     assert_eq!(c.mode, Mode::NotPrivate);
     assert_eq!(c.mechanism.noise_multiplier, 0.0);
     assert_eq!((plan.epsilon_planned, c.epsilon_target), (f64::INFINITY, None));
-    assert!(dpcap_coordinator::mode::notice(&plan, &c).unwrap().starts_with("NOT PRIVATE"));
+    assert!(dpcap_proto::plan::notice(&plan, &c).unwrap().starts_with("NOT PRIVATE"));
     let err = planned(SpecFile { not_private: Some(true), epsilon: Some(8.0), ..base() }).unwrap_err();
     assert!(err.starts_with("invalid not_private:"), "{err}");
 }
@@ -46,7 +46,7 @@ fn a_simulation_scales_sigma_by_the_batch_ratio_and_reports_the_targets_epsilon(
     assert!((c.mechanism.noise_multiplier - 3.0 * 100.0 / 2_000.0).abs() < 1e-12, "{c:?}");
     let target = dpcap_privacy::EpsilonCurve::new(dpcap_privacy::AccountantKind::Rdp, 0.2, 3.0, 1e-4).unwrap();
     assert_eq!(plan.epsilon_planned, target.epsilon_after(50), "the target's epsilon, by RDP");
-    assert!(dpcap_coordinator::mode::notice(&plan, &c).unwrap().contains("NOT PRIVATE"));
+    assert!(dpcap_proto::plan::notice(&plan, &c).unwrap().contains("NOT PRIVATE"));
 
     // Without the target's sigma, it is calibrated for the job's epsilon at the target's q.
     let simulate = Some(SimulateFile { batch_size: 2_000, noise_multiplier: None });

@@ -79,6 +79,16 @@ impl Mode {
         self.kind().name()
     }
 
+    /// The mode where people read it: "" for DP, else "NOT PRIVATE (...)", the one wording
+    /// every surface shows for a job without a guarantee.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Mode::NotPrivate => "NOT PRIVATE (non-private baseline, sigma = 0)",
+            Mode::Simulation { .. } => "NOT PRIVATE (TAN simulation)",
+            Mode::Dp => "",
+        }
+    }
+
     /// Whether releases carry the job's DP guarantee (and spend dataset budgets).
     pub fn is_private(&self) -> bool {
         self.kind().is_private()

@@ -25,6 +25,28 @@ pub fn expected_batch_size(plan: &Plan, contract: &PrivacyContract) -> f64 {
     contract.mechanism.sample_rate * units(plan) as f64
 }
 
+/// The condition message of a plan without a guarantee (None for DP): its mode's label, and
+/// for a simulation the recipe it stands for, whose ε it reports.
+pub fn notice(plan: &Plan, contract: &PrivacyContract) -> Option<String> {
+    let mode = contract.mode;
+    if mode.is_private() {
+        return None;
+    }
+    Some(match mode.simulated() {
+        Some(target) => format!(
+            "{}: target batch {:.0} at sigma {:.4} simulated at batch {:.1} with sigma' = {:.6}; \
+             epsilon {:.4} is the target recipe's (RDP), not this job's",
+            mode.label(),
+            target.sample_rate * units(plan) as f64,
+            target.noise_multiplier,
+            expected_batch_size(plan, contract),
+            contract.mechanism.noise_multiplier,
+            plan.epsilon_planned
+        ),
+        None => format!("{}: sigma = 0, no epsilon", mode.label()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

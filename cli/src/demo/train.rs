@@ -82,7 +82,7 @@ pub async fn run(server: &Server, accountant: &str, spec: SpecFile) -> Result<Fi
     let job = client.submit(spec.into_proto()?, String::new()).await?;
     let plan = job.plan.clone().unwrap_or_default();
     let c = jobs::contract_of(&job)?;
-    match dpcap_coordinator::mode::notice(&plan, &c) {
+    match dpcap_proto::plan::notice(&plan, &c) {
         Some(notice) => eprintln!("job {}: {notice}; {} steps", job.job_id, c.planned_steps),
         None => eprintln!(
             "job {}: N = {}{}, q = {:.4}, L = {:.0}, sigma = {:.4} (calibrated for epsilon {} at delta {:.2e}), {} steps",
