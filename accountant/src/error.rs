@@ -16,6 +16,12 @@ pub enum AccountantError {
         /// What is wrong with it, with the value.
         reason: String,
     },
+    /// A contract field out of range, or fields that contradict each other (names the field).
+    #[error(transparent)]
+    Contract(#[from] crate::privacy::ContractError),
+    /// A part's bytes are not P finite f32 values.
+    #[error(transparent)]
+    Floats(#[from] dpcap_proto::floats::FloatsError),
     /// The job id is not registered.
     #[error("job {job_id} is not registered")]
     UnknownJob {
@@ -246,7 +252,7 @@ impl ServiceError for AccountantError {
     fn error_code(&self) -> ErrorCode {
         use AccountantError::*;
         match self {
-            InvalidArgument { .. } => ErrorCode::InvalidArgument,
+            InvalidArgument { .. } | Contract(_) | Floats(_) => ErrorCode::InvalidArgument,
             Privacy(PrivacyError::Invalid { .. }) => ErrorCode::InvalidArgument,
             Privacy(PrivacyError::Unreachable { .. }) => ErrorCode::FailedPrecondition,
             UnknownJob { .. } => ErrorCode::JobNotRegistered,
@@ -289,12 +295,6 @@ pub(crate) fn described(name: &str, dataset_id: &str, unit: &str) -> String {
 /// A refused budget as messages name it: its name first, then its digest and unit.
 fn named(figures: &BudgetExhausted) -> String {
     described(&figures.dataset_name, &figures.dataset_id, &figures.unit)
-}
-
-impl From<crate::privacy::ContractError> for AccountantError {
-    fn from(e: crate::privacy::ContractError) -> Self {
-        AccountantError::InvalidArgument { field: e.field, reason: e.reason }
-    }
 }
 
 impl AccountantError {

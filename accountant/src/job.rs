@@ -371,7 +371,7 @@ impl PartAssembler {
         if offset != received as u64 {
             return Err(AccountantError::invalid("offset", format!("chunk offset {offset}, expected {received}")));
         }
-        let count = floats::count(&data).map_err(|e| AccountantError::invalid("data", e.to_string()))?;
+        let count = floats::count(&data)?;
         if received + count > self.dim {
             return Err(AccountantError::invalid(
                 "data",
@@ -380,9 +380,7 @@ impl PartAssembler {
         }
         let (values, hasher, squares) = (&mut self.values, &mut self.hasher, &mut self.squares);
         self.filler.fill(&data, |block| {
-            *squares += floats::check_finite(&block, values.len() as u64)
-                .map_err(|e| AccountantError::invalid("data", e.to_string()))?
-                .squares;
+            *squares += floats::check_finite(&block, values.len() as u64)?.squares;
             hasher.update(&block);
             values.push(block);
             Ok::<(), AccountantError>(())

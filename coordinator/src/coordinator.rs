@@ -80,7 +80,7 @@ impl Coordinator {
         let endpoint = config
             .accountant_tls
             .endpoint(&config.accountant_endpoint)
-            .map_err(|e| CoordinatorError::invalid("accountant", e.to_string()))?;
+            .map_err(|source| CoordinatorError::Endpoint { field: "accountant", source })?;
         let credentials = CallCredentials::token(config.accountant_token.clone());
         let accountant = AccountantClient::lazy(endpoint, credentials).into_raw();
         let mut state = State::default();

@@ -26,15 +26,22 @@ pub struct DatasetLayout {
     pub data_id: Option<String>,
 }
 
+/// A dataset location that cannot be opened.
+fn location(source: dpcap_serve::StoreError) -> CoordinatorError {
+    CoordinatorError::Location { field: "dataset", source }
+}
+
 /// Reads and validates the manifest under the dataset URL.
 pub async fn read_layout(dataset: &str) -> Result<DatasetLayout, CoordinatorError> {
-    let invalid = |reason: String| CoordinatorError::invalid("dataset", reason);
-    let (store, root) = open_existing_store(dataset).map_err(|e| invalid(e.to_string()))?;
+    let (store, root) = open_existing_store(dataset).map_err(location)?;
     let path = Path::from(format!("{root}/{MANIFEST_PATH}").trim_start_matches('/'));
-    let bytes = async { store.get(&path).await?.bytes().await }
-        .await
-        .map_err(|e| invalid(format!("cannot read {MANIFEST_PATH} in {dataset:?} (run `dpctl dataset index`): {e}")))?;
-    let manifest = Manifest::parse(&bytes).map_err(|e| invalid(format!("{MANIFEST_PATH} in {dataset:?}: {e}")))?;
+    let bytes = async { store.get(&path).await?.bytes().await }.await.map_err(|source| CoordinatorError::Read {
+        field: "dataset",
+        what: format!("{MANIFEST_PATH} in {dataset:?} (run `dpctl dataset index`)"),
+        source,
+    })?;
+    let manifest = Manifest::parse(&bytes)
+        .map_err(|source| CoordinatorError::Index { what: format!("{MANIFEST_PATH} in {dataset:?}"), source })?;
     let counts: Vec<u64> = manifest.shards.iter().map(|s| s.examples).collect();
     let pins_bytes = manifest.shards.iter().all(|s| s.pins_bytes());
     Ok(DatasetLayout {
@@ -61,26 +68,29 @@ pub struct Users {
 /// whose digest must be `digest`, the one the job pinned) grouped `per_client` users a client.
 pub async fn read_clients(dataset: &str, digest: &str, per_client: u32) -> Result<Users, CoordinatorError> {
     let invalid = |reason: String| CoordinatorError::invalid("dataset", reason);
-    let (store, root) = open_existing_store(dataset).map_err(|e| invalid(e.to_string()))?;
+    let (store, root) = open_existing_store(dataset).map_err(location)?;
     let read = |rel: &'static str| {
         let (store, path) = (store.clone(), Path::from(format!("{root}/{rel}").trim_start_matches('/')));
         async move { store.get(&path).await?.bytes().await }
     };
-    let manifest_bytes = read(MANIFEST_PATH).await.map_err(|e| invalid(format!("cannot read {MANIFEST_PATH}: {e}")))?;
+    let unread =
+        |what: &'static str| move |source| CoordinatorError::Read { field: "dataset", what: what.to_owned(), source };
+    let manifest_bytes = read(MANIFEST_PATH).await.map_err(unread(MANIFEST_PATH))?;
     if Manifest::digest(&manifest_bytes) != digest {
         return Err(invalid(format!("the index of {dataset:?} is no longer the one the job pinned ({digest})")));
     }
-    let manifest = Manifest::parse(&manifest_bytes).map_err(|e| invalid(format!("{MANIFEST_PATH}: {e}")))?;
+    let manifest = Manifest::parse(&manifest_bytes)
+        .map_err(|source| CoordinatorError::Index { what: MANIFEST_PATH.to_owned(), source })?;
     let Some(users_digest) = manifest.users.as_ref().map(|u| u.table_sha256.clone()) else {
         return Err(CoordinatorError::invalid(
             "objective",
             format!("fedemb needs users: no example of {dataset:?} names a `user` in its KEY.json"),
         ));
     };
-    let users = read(USERS_PATH).await.map_err(|e| invalid(format!("cannot read {USERS_PATH}: {e}")))?;
+    let users = read(USERS_PATH).await.map_err(unread(USERS_PATH))?;
     let table = tokio::task::spawn_blocking(move || manifest.check_users(&users))
         .await
         .map_err(|e| CoordinatorError::Store(e.to_string()))?
-        .map_err(|e| invalid(format!("{USERS_PATH}: {e}")))?;
+        .map_err(|source| CoordinatorError::Index { what: USERS_PATH.to_owned(), source })?;
     Ok(Users { users: table.users() as u64, clients: table.clients(per_client), users_digest })
 }

@@ -14,6 +14,54 @@ pub enum CoordinatorError {
         /// Why, with the offending value.
         reason: String,
     },
+    /// A contract or spec field the wire's conversions refused (names the field).
+    #[error(transparent)]
+    Contract(#[from] dpcap_privacy::ContractError),
+    /// An objective name that is not one of the registry's.
+    #[error(transparent)]
+    Objective(#[from] dpcap_registry::UnknownObjective),
+    /// The privacy math refused a field's value (an ε no σ reaches, an unknown accountant).
+    #[error("invalid {field}: {source}")]
+    Privacy {
+        /// The spec field.
+        field: &'static str,
+        /// The math's refusal.
+        source: dpcap_privacy::PrivacyError,
+    },
+    /// A location a field names could not be opened as a store.
+    #[error("invalid {field}: {source}")]
+    Location {
+        /// The spec or flag field.
+        field: &'static str,
+        /// Why.
+        source: dpcap_serve::StoreError,
+    },
+    /// An endpoint a field names, or its TLS setup, was refused.
+    #[error("invalid {field}: {source}")]
+    Endpoint {
+        /// The flag.
+        field: &'static str,
+        /// Why.
+        source: dpcap_serve::TlsError,
+    },
+    /// An object a field names could not be read from its store.
+    #[error("invalid {field}: cannot read {what}: {source}")]
+    Read {
+        /// The spec field.
+        field: &'static str,
+        /// Which object, and what to do when it is missing.
+        what: String,
+        /// The store's error.
+        source: object_store::Error,
+    },
+    /// A dataset's index does not follow the format.
+    #[error("invalid dataset: {what}: {source}")]
+    Index {
+        /// Which part of the index.
+        what: String,
+        /// Why.
+        source: dpcap_dataset::index::IndexError,
+    },
     /// The secrets store has no record key while jobs are held: a new key would refuse every
     /// record, so the coordinator does not start.
     #[error(
@@ -105,6 +153,8 @@ impl CoordinatorError {
     pub fn is_permanent(&self) -> bool {
         match self {
             Self::NotRegistered(_) | Self::ContractMismatch { .. } | Self::Invalid { .. } => true,
+            Self::Contract(_) | Self::Objective(_) | Self::Privacy { .. } | Self::Index { .. } => true,
+            Self::Location { .. } | Self::Endpoint { .. } | Self::Read { .. } => true,
             Self::Refused { code, .. } => !matches!(code, ErrorCode::Unavailable | ErrorCode::Internal),
             _ => false,
         }
@@ -119,7 +169,12 @@ impl CoordinatorError {
 impl ServiceError for CoordinatorError {
     fn error_code(&self) -> ErrorCode {
         match self {
-            Self::Invalid { .. } => ErrorCode::InvalidArgument,
+            Self::Invalid { .. } | Self::Contract(_) | Self::Objective(_) | Self::Privacy { .. } => {
+                ErrorCode::InvalidArgument
+            }
+            Self::Location { .. } | Self::Endpoint { .. } | Self::Read { .. } | Self::Index { .. } => {
+                ErrorCode::InvalidArgument
+            }
             Self::JobNotFound(_) => ErrorCode::NotFound,
             Self::WorkerNotFound(_) => ErrorCode::WorkerNotRegistered,
             Self::Precondition { .. } | Self::NotRegistered(_) | Self::ContractMismatch { .. } => {

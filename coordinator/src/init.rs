@@ -27,19 +27,21 @@ pub async fn check(checked: &Checked, dataset: &str) -> Result<Option<InitSource
         return Ok(None);
     }
     let location = spec.init_from.as_str();
-    let (store, root) =
-        dpcap_serve::open_existing_store(location).map_err(|e| invalid(format!("{location}: {}", e.reason)))?;
+    let (store, root) = dpcap_serve::open_existing_store(location)
+        .map_err(|source| CoordinatorError::Location { field: "init_from", source })?;
     let read = |rest: String| {
         let (store, path) =
             (store.clone(), object_store::path::Path::from(format!("{root}/{rest}").trim_start_matches('/')));
         async move { store.get(&path).await?.bytes().await }
     };
-    let latest = read("latest".into()).await.map_err(|e| invalid(format!("{location} holds no checkpoint ({e})")))?;
+    let unread = |what: String| move |source| CoordinatorError::Read { field: "init_from", what, source };
+    let latest = read("latest".into()).await.map_err(unread(format!("{location}/latest (it holds no checkpoint)")))?;
     let step: u64 = String::from_utf8_lossy(&latest)
         .trim()
         .parse()
         .map_err(|_| invalid(format!("{location}/latest is not a step number")))?;
-    let manifest = read(format!("{step}/manifest.json")).await.map_err(|e| invalid(format!("{location}: {e}")))?;
+    let manifest =
+        read(format!("{step}/manifest.json")).await.map_err(unread(format!("{location}/{step}/manifest.json")))?;
     let source: InitSource =
         serde_json::from_slice(&manifest).map_err(|e| invalid(format!("{location}/{step}/manifest.json: {e}")))?;
     if source.model != spec.model {

@@ -122,7 +122,8 @@ fn resolve(
     (q, steps, delta): (f64, u64, f64),
     examples: u64,
 ) -> Result<Resolved, CoordinatorError> {
-    let invalid = |field: &'static str| move |e: privacy::PrivacyError| CoordinatorError::invalid(field, e.to_string());
+    let invalid =
+        |field: &'static str| move |source: privacy::PrivacyError| CoordinatorError::Privacy { field, source };
     let (batch_size, noise_multiplier, epsilon) = match *mode {
         ModeRequest::NotPrivate => {
             return Ok(Resolved {
@@ -213,7 +214,7 @@ fn sigma_for(
             privacy::noise_multiplier(kind, q, steps, eps, delta)
         })
         .map(|sigma| (sigma, true))
-        .map_err(|e| CoordinatorError::invalid("epsilon", e.to_string())),
+        .map_err(|source| CoordinatorError::Privacy { field: "epsilon", source }),
         (None, None) => Err(CoordinatorError::invalid("epsilon", "give a target epsilon or a noise_multiplier")),
     }
 }

@@ -102,9 +102,3 @@ pub async fn pin_tokenizer(checked: &Checked) -> Result<Option<(String, String)>
     })?;
     Ok(Some((location, dpcap_proto::digest::sha256(&bytes))))
 }
-
-impl From<dpcap_privacy::ContractError> for CoordinatorError {
-    fn from(e: dpcap_privacy::ContractError) -> Self {
-        CoordinatorError::Invalid { field: e.field, reason: e.reason }
-    }
-}

@@ -29,10 +29,11 @@ pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CoordinatorError> {
-    let jobs_store = open_store(&config.store_url).map_err(|e| CoordinatorError::invalid("store", e.to_string()))?;
+    let jobs_store =
+        open_store(&config.store_url).map_err(|source| CoordinatorError::Location { field: "store", source })?;
     let secrets_url = secrets_location(&config)?;
     let secrets_store = dpcap_serve::store::open_store_prefixed(&secrets_url, SECRETS_ENV_PREFIX)
-        .map_err(|e| CoordinatorError::invalid("secrets_store", e.to_string()))?;
+        .map_err(|source| CoordinatorError::Location { field: "secrets_store", source })?;
     let lease = config.lease;
     let accountant_endpoint = config.accountant_endpoint.clone();
     let job_store = JobStore::open(jobs_store, secrets_store, config.new_record_key).await?;

@@ -141,7 +141,7 @@ impl SpecFile {
     pub fn into_proto(self) -> Result<JobSpec, CoordinatorError> {
         let objective = match self.objective.as_deref() {
             None => Family::default(),
-            Some(name) => name.parse::<Family>().map_err(|e| CoordinatorError::invalid("objective", e.to_string()))?,
+            Some(name) => name.parse::<Family>()?,
         };
         let objective = dpcap_proto::contract::family_to_proto(objective);
         let telemetry = match self.telemetry.as_deref().unwrap_or("full") {
@@ -152,7 +152,8 @@ impl SpecFile {
         let accountant = match self.accountant.as_deref() {
             None => v1::AccountantKind::Pld,
             Some(name) => dpcap_proto::contract::kind_to_proto(
-                name.parse::<AccountantKind>().map_err(|e| CoordinatorError::invalid("accountant", e.to_string()))?,
+                name.parse::<AccountantKind>()
+                    .map_err(|source| CoordinatorError::Privacy { field: "accountant", source })?,
             ),
         };
         let augment = match self.augment.as_deref().unwrap_or("random_resized_crop") {

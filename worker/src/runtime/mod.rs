@@ -24,6 +24,19 @@ pub enum RuntimeError {
     /// The job's data, as the dataset crate reported it.
     #[error(transparent)]
     Data(#[from] dpcap_dataset::JobDataError),
+    /// A contract, or a spec field the wire's conversions check, out of range or contradicting
+    /// itself (names the field).
+    #[error(transparent)]
+    Contract(#[from] dpcap_privacy::ContractError),
+    /// An endpoint (the coordinator's, or the accountant's it announced) or its TLS setup was
+    /// refused; `field` names where it came from.
+    #[error("invalid {field}: {source}")]
+    Endpoint {
+        /// "coordinator" (the flag) or "accountant_endpoint" (the coordinator's answer).
+        field: &'static str,
+        /// The TLS layer's refusal.
+        source: dpcap_serve::TlsError,
+    },
     /// The replica (model, clipping, update), as the ML crate reported it.
     #[error(transparent)]
     Ml(#[from] dpcap_ml::MlError),

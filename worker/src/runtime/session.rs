@@ -101,10 +101,8 @@ async fn restore<AB: AutodiffBackend>(
     if spec.init_from.is_empty() {
         return Ok(Restored::default());
     }
-    let pinned = plan
-        .init_privacy
-        .parse()
-        .map_err(|e: dpcap_privacy::ContractError| RuntimeError::Spec { field: "init_privacy", reason: e.reason })?;
+    let pinned: dpcap_privacy::contract::ModeKind =
+        plan.init_privacy.parse().map_err(|e| dpcap_privacy::ContractError { field: "init_privacy", ..e })?;
     let model = (spec.model.as_str(), family(&spec)?);
     let source =
         dpcap_ml::init::load_init(&mut trainer.params, &spec.init_from, model, (plan.init_step, pinned)).await?;
@@ -152,7 +150,7 @@ impl<AB: AutodiffBackend> Session<AB> {
         let plan = assignment.plan.clone().ok_or_else(|| RuntimeError::Protocol("assignment without a plan".into()))?;
         // q, C, the dataset and the steps are the contract's (the plan keeps no copy); this
         // rank checks it against the accountant's before its first part ([`Self::attach`]).
-        let contract = dpcap_proto::plan::contract(&plan).map_err(|e| RuntimeError::Protocol(e.to_string()))?;
+        let contract = dpcap_proto::plan::contract(&plan)?;
         let dataset = Dataset::open(&spec.dataset).await?;
         dataset.check_pinned(&contract.dataset_id, plan.examples)?;
         let objective = family(&spec)?;
@@ -303,12 +301,11 @@ impl<AB: AutodiffBackend> Session<AB> {
         .await?
         .into_inner();
         let plan = self.assignment.plan.as_ref().ok_or_else(|| RuntimeError::Protocol("no plan".into()))?;
-        let assigned = dpcap_proto::plan::contract(plan).map_err(|e| RuntimeError::Protocol(e.to_string()))?;
+        let assigned = dpcap_proto::plan::contract(plan)?;
         let ledger = spend
             .contract
             .map(dpcap_proto::contract::contract_from_proto)
-            .transpose()
-            .map_err(|e| RuntimeError::Protocol(e.to_string()))?
+            .transpose()?
             .ok_or_else(|| RuntimeError::Protocol("the accountant's attach named no contract".into()))?;
         if assigned != ledger {
             let differences = assigned.differences(&ledger, ("in the assignment", "in the ledger")).join("; ");
@@ -552,14 +549,11 @@ pub fn reported_error(error: &RuntimeError, strict: bool) -> String {
 
 /// The spec's objective (the wire's one conversion: an unknown value is refused).
 fn family(spec: &JobSpec) -> Result<Family, RuntimeError> {
-    dpcap_proto::contract::family_from_proto(spec.objective)
-        .map_err(|e| RuntimeError::Spec { field: "objective", reason: e.reason })
+    Ok(dpcap_proto::contract::family_from_proto(spec.objective)?)
 }
 
 /// DP-FedEmb's training as the spec sets it, with its defaults filled in (read only by an
 /// objective that trains clients); an unknown server optimizer is refused.
 pub fn fedemb_training(spec: &JobSpec) -> Result<FedEmbTraining, RuntimeError> {
-    let settings = dpcap_proto::contract::fedemb_from_proto(spec.fedemb.as_ref())
-        .map_err(|e| RuntimeError::Spec { field: e.field, reason: e.reason })?;
-    Ok(settings.into())
+    Ok(dpcap_proto::contract::fedemb_from_proto(spec.fedemb.as_ref())?.into())
 }

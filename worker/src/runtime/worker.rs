@@ -40,7 +40,7 @@ fn connect(config: &WorkerConfig, key: Option<String>) -> Result<CoordinatorClie
     let endpoint = config
         .tls
         .endpoint(&config.coordinator)
-        .map_err(|e| RuntimeError::Spec { field: "coordinator", reason: e.to_string() })?;
+        .map_err(|source| RuntimeError::Endpoint { field: "coordinator", source })?;
     let credentials = CallCredentials::token(config.cluster_token.clone());
     let credentials = match key {
         Some(key) => credentials.with_worker_key(key),
@@ -104,7 +104,7 @@ async fn serve<AB: AutodiffBackend>(
         let endpoint = config
             .tls
             .endpoint(&response.accountant_endpoint)
-            .map_err(|e| RuntimeError::Spec { field: "accountant_endpoint", reason: e.to_string() })?;
+            .map_err(|source| RuntimeError::Endpoint { field: "accountant_endpoint", source })?;
         let capability = CapabilityCell::default();
         let credentials = CallCredentials::token(config.cluster_token.clone()).with_capability(capability.clone());
         let accountant = AccountantClient::lazy(endpoint, credentials);
