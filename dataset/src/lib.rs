@@ -101,6 +101,14 @@ pub enum JobDataError {
         /// Why.
         reason: String,
     },
+    /// A location the spec names (the dataset, a tokenizer) could not be opened or read.
+    #[error("invalid {field}: {source}")]
+    Location {
+        /// The spec field.
+        field: &'static str,
+        /// Why.
+        source: dpcap_serve::StoreError,
+    },
     /// Reading the dataset or tokenizer failed (the message may name an example).
     #[error("data: {0}")]
     Data(String),

@@ -73,7 +73,8 @@ pub struct Dataset {
 impl Dataset {
     /// Opens `url` and reads its manifest.
     pub async fn open(url: &str) -> Result<Self, JobDataError> {
-        let (store, root) = dpcap_serve::open_existing_store(url).map_err(|e| JobDataError::Data(e.to_string()))?;
+        let (store, root) = dpcap_serve::open_existing_store(url)
+            .map_err(|source| JobDataError::Location { field: "dataset", source })?;
         let reader = ShardReader::open(store, root)
             .await
             .map_err(|e| {
@@ -119,7 +120,8 @@ impl Dataset {
             (store, crate::indexer::join(&root, "tokenizer.json"), "tokenizer.json")
         } else {
             let (dir, file) = location.rsplit_once('/').unwrap_or((".", location));
-            let (store, root) = dpcap_serve::open_existing_store(dir).map_err(|e| spec(e.to_string()))?;
+            let (store, root) = dpcap_serve::open_existing_store(dir)
+                .map_err(|source| JobDataError::Location { field: "tokenizer", source })?;
             (store, crate::indexer::join(&root, file), file)
         };
         let bytes = async { store.get(&path).await?.bytes().await }.await.map_err(|e| {
@@ -144,7 +146,9 @@ impl Dataset {
     /// coordinator read them at submit), so a tokenizer replaced since is refused by name.
     pub async fn pinned_tokenizer(location: &str, digest: &str) -> Result<CaptionTokenizer, JobDataError> {
         let spec = |reason: String| JobDataError::Spec { field: "tokenizer", reason };
-        let bytes = dpcap_serve::store::read_object(location).await.map_err(|e| spec(e.to_string()))?;
+        let bytes = dpcap_serve::store::read_object(location)
+            .await
+            .map_err(|source| JobDataError::Location { field: "tokenizer", source })?;
         let found = dpcap_proto::digest::sha256(&bytes);
         if found != digest {
             return Err(spec(format!(

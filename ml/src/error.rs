@@ -24,6 +24,14 @@ pub enum MlError {
     /// An example the model cannot take (its caption, its identity label); names the example.
     #[error("data: {0}")]
     Example(String),
+    /// An example's caption the tokenizer refuses; names the example.
+    #[error("data: example {key}: {source}")]
+    Caption {
+        /// The example.
+        key: String,
+        /// The tokenizer's refusal.
+        source: dpcap_dataset::tokenizer::TokenizerError,
+    },
     /// Writing or reading a checkpoint failed.
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
@@ -50,7 +58,7 @@ impl MlError {
     pub fn names_examples(&self) -> bool {
         match self {
             MlError::Data(e) => e.names_examples(),
-            MlError::Example(_) => true,
+            MlError::Example(_) | MlError::Caption { .. } => true,
             _ => false,
         }
     }

@@ -230,7 +230,7 @@ impl<AB: AutodiffBackend> Trainer<AB> {
                 for e in examples {
                     let ids = tokenizer
                         .encode(&e.caption, seq)
-                        .map_err(|err| MlError::Example(format!("example {}: {err}", e.key)))?;
+                        .map_err(|source| MlError::Caption { key: e.key.clone(), source })?;
                     tokens.extend(ids);
                 }
                 let tokens = Tensor::<AB, 2, Int>::from_data(TensorData::new(tokens, [examples.len(), seq]), &device);

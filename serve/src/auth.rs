@@ -67,6 +67,16 @@ pub enum AuthError {
         /// Why (never the token itself).
         reason: String,
     },
+    /// A token file's line names a role the protocol does not define.
+    #[error("invalid auth tokens file {path}: line {line}: {source}")]
+    TokenFileRole {
+        /// The file.
+        path: String,
+        /// The line, from 1.
+        line: usize,
+        /// The role named.
+        source: UnknownRole,
+    },
 }
 
 impl ServiceError for AuthError {
@@ -149,7 +159,11 @@ impl Credentials {
             let (role, token) = line
                 .split_once(char::is_whitespace)
                 .ok_or_else(|| file_error(format!("line {}: expected `ROLE TOKEN`", n + 1)))?;
-            let role: Role = role.parse().map_err(|e: UnknownRole| file_error(format!("line {}: {e}", n + 1)))?;
+            let role: Role = role.parse().map_err(|source: UnknownRole| AuthError::TokenFileRole {
+                path: path.display().to_string(),
+                line: n + 1,
+                source,
+            })?;
             let added = match token.trim().strip_prefix("cert:") {
                 Some(fingerprint) => self.add_cert(role, fingerprint),
                 None => self.add(role, token),

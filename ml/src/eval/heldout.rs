@@ -91,7 +91,7 @@ pub fn prepare(examples: &[SynthExample], pipeline: &Pipeline) -> Result<Vec<Exa
         .map(|e| {
             let pixels = pipeline
                 .transform(&e.image, &Crop::Eval)
-                .map_err(|err| EvalError::Image(format!("{}: {err}", e.key)))?;
+                .map_err(|source| EvalError::Image { key: e.key.clone(), source })?;
             Ok(Example { key: e.key.clone(), pixels, caption: e.caption.clone(), label: Some(e.label) })
         })
         .collect()

@@ -46,8 +46,13 @@ pub enum EvalError {
     #[error("evaluation tensor: {0}")]
     Tensor(String),
     /// The held-out images could not be put through the image pipeline.
-    #[error("held-out image: {0}")]
-    Image(String),
+    #[error("held-out image {key}: {source}")]
+    Image {
+        /// The image's key.
+        key: String,
+        /// The pipeline's refusal.
+        source: dpcap_dataset::pipeline::PipelineError,
+    },
 }
 
 /// Checks that every example holds [3, side, side] pixels: [`images_tensor`] only asserts it
