@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use dpcap_accountant::cost::{self, Breakdown, CostOptions, ReleaseCost, Writer, rss_bytes};
-use dpcap_coordinator::work::example_units;
+use dpcap_coordinator::example_units;
 use dpcap_coordinator::{JobSecret, PoissonSampler, split_work, step_work};
 use dpcap_dataset::index::ImageKind;
 use dpcap_dataset::index::{Layout, MANIFEST_VERSION, Manifest, ShardRecord, ShardTable, Skipped, Span, TableEntry};

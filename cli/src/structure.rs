@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Crates whose modules are private behind `lib.rs` (feature-gated bench modules aside).
-const PRIVATE_MODULES: [&str; 2] = ["accountant", "registry"];
+const PRIVATE_MODULES: [&str; 3] = ["accountant", "coordinator", "registry"];
 
 /// A crate's files by module path (`[]` is the root).
 fn modules(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {

@@ -6,26 +6,35 @@
 //! rate q influence which examples a step samples (privacy invariant 3), and it never touches
 //! gradients: parts and releases flow between the workers and the accountant only.
 
-pub mod accounting;
-pub mod coordinator;
-pub mod dataset;
-pub mod error;
-pub mod init;
-pub mod metrics;
-pub mod plan;
-pub mod registration;
-pub mod rendezvous;
-pub mod sampler;
-pub mod server;
-pub mod service;
-pub mod spec;
-pub mod state;
-pub mod store;
-pub mod submit;
-pub mod work;
+mod accounting;
+mod coordinator;
+mod dataset;
+mod error;
+mod init;
+mod metrics;
+mod plan;
+mod registration;
+mod rendezvous;
+mod sampler;
+mod server;
+mod service;
+mod spec;
+mod state;
+mod store;
+mod submit;
+mod work;
 
 pub use coordinator::{Config, Coordinator};
 pub use error::CoordinatorError;
-pub use sampler::{JobSecret, PoissonSampler};
-pub use spec::SpecFile;
-pub use work::{ClientUnit, WorkUnit, share_units, split_clients, split_work, step_work};
+pub use init::{InitSource, check as check_init};
+pub use metrics::DEPRECATED as DEPRECATED_SERIES;
+pub use plan::{Population, Resolved, Terms, plan};
+pub use registration::{Provenance, contract};
+pub use rendezvous::{NCCL_ID_BYTES, exchange};
+pub use sampler::{JobSecret, PoissonSampler, SamplerError};
+pub use server::serve;
+pub use spec::{AuditFile, Checked, FedEmbFile, ModeRequest, SimulateFile, SpecFile, check_fields};
+// The scheduler's pure state, which the suite drives without a server (`tests/scheduler.rs`).
+pub use state::{BUDGET_REFUSED, Closing, JobEntry, REPLACEMENT_GRACE, Report, State, WorkerEntry, is_terminal};
+pub use store::JobStore;
+pub use work::{ClientUnit, WorkUnit, example_units, share_units, split_clients, split_work, step_work};

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use dpcap_coordinator::coordinator::Config;
-use dpcap_coordinator::server::serve;
+use dpcap_coordinator::Config;
+use dpcap_coordinator::serve;
 use dpcap_serve::process::{init_tracing, shutdown_signal, write_addr_file};
 use dpcap_serve::{CapabilityArgs, ClientTlsArgs, ServerSecurity};
 use tokio::net::TcpListener;

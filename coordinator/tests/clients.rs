@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::{job, submit, worker};
-use dpcap_coordinator::state::State;
+use dpcap_coordinator::State;
 use dpcap_coordinator::{ClientUnit, JobSecret, PoissonSampler, share_units, split_clients};
 use dpcap_dataset::index::{Layout, UserTable};
 

@@ -2,9 +2,9 @@
 //! (σ' = σ·B'/B, the target recipe's ε), each refused when its fields contradict it.
 
 use dpcap_coordinator::SpecFile;
-use dpcap_coordinator::plan::{Population, plan};
-use dpcap_coordinator::registration::{Provenance, contract};
-use dpcap_coordinator::spec::{SimulateFile, check_fields};
+use dpcap_coordinator::{Population, plan};
+use dpcap_coordinator::{Provenance, contract};
+use dpcap_coordinator::{SimulateFile, check_fields};
 use dpcap_privacy::contract::{Mode, PrivacyContract, Recipe};
 use dpcap_proto::v1::Plan;
 
@@ -91,7 +91,7 @@ fn checkpoint(dir: &std::path::Path, model: &str, privacy: &str) -> String {
 
 #[tokio::test]
 async fn a_dp_job_starts_from_not_private_weights_only_when_told_they_saw_public_data() {
-    use dpcap_coordinator::init::check;
+    use dpcap_coordinator::check_init as check;
     let dir = tempfile::tempdir().unwrap();
     let spec = |init_from: String, init_public: bool, not_private: bool| {
         let file = SpecFile {
@@ -131,7 +131,7 @@ async fn a_dp_job_starts_from_not_private_weights_only_when_told_they_saw_public
 
 #[test]
 fn audits_are_refused_naming_the_field_when_their_kind_placement_count_or_mode_is_wrong() {
-    use dpcap_coordinator::spec::AuditFile;
+    use dpcap_coordinator::AuditFile;
     let audit = |canaries, kind: Option<&str>, coordinates: Option<&str>| {
         Some(AuditFile { canaries, kind: kind.map(Into::into), coordinates: coordinates.map(Into::into) })
     };

@@ -5,8 +5,8 @@ use super::common;
 
 use common::{done, job, submit, worker, worker_on};
 use dpcap_coordinator::CoordinatorError;
-use dpcap_coordinator::rendezvous::{NCCL_ID_BYTES, exchange};
-use dpcap_coordinator::state::{Report, State};
+use dpcap_coordinator::{NCCL_ID_BYTES, exchange};
+use dpcap_coordinator::{Report, State};
 use dpcap_proto::v1::{JobState, Reduction, StepOutcome};
 
 fn members(state: &State, id: &str) -> Vec<String> {

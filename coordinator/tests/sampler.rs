@@ -1,7 +1,7 @@
 //! The PoissonSampler draws each example independently with probability q, reproducibly per
 //! (secret, step), whatever the number of workers; work units cover the sample exactly.
 
-use dpcap_coordinator::sampler::SamplerError;
+use dpcap_coordinator::SamplerError;
 use dpcap_coordinator::{JobSecret, PoissonSampler, split_work};
 use dpcap_dataset::index::Layout;
 
@@ -102,7 +102,7 @@ fn the_papers_step_for_a_single_rank_fits_in_one_message() {
         let unit = units.iter().find(|u| u.shard == shard).expect("the shard has a unit");
         assert!(unit.indices.contains(&local), "example {i} ({global})");
     }
-    let message = dpcap_coordinator::step_work(3, dpcap_coordinator::work::example_units(units), false);
+    let message = dpcap_coordinator::step_work(3, dpcap_coordinator::example_units(units), false);
     let bytes = message.encoded_len();
     assert!(bytes < dpcap_proto::MAX_WORK_MESSAGE_BYTES, "{bytes} bytes");
     assert!(bytes < 3 << 20, "about 2 bytes per example: {bytes} bytes for {}", batch.len());

@@ -6,8 +6,8 @@ use super::common;
 use std::time::{Duration, Instant};
 
 use common::{done, job, running, submit, worker};
-use dpcap_coordinator::state::{REPLACEMENT_GRACE, Report, State};
 use dpcap_coordinator::{JobSecret, PoissonSampler};
+use dpcap_coordinator::{REPLACEMENT_GRACE, Report, State};
 use dpcap_dataset::index::Layout;
 use dpcap_proto::v1::{JobState, StepOutcome};
 
@@ -233,7 +233,7 @@ fn only_rank_zeros_checkpoint_lets_releases_be_trimmed_and_a_completed_step_read
 
 #[test]
 fn a_failed_or_cancelled_job_is_suspended_at_the_accountant_at_its_generation_and_an_ended_one_closed() {
-    use dpcap_coordinator::state::Closing;
+    use dpcap_coordinator::Closing;
     let mut state = State::default();
     submit(&mut state, job("a", 1, 5));
     submit(&mut state, job("b", 1, 5));
@@ -377,9 +377,9 @@ fn the_plan_calibrates_sigma_for_the_target_and_defaults_delta_to_one_over_n() {
         epochs: Some(3.0),
         ..Default::default()
     };
-    let checked = dpcap_coordinator::spec::check_fields(&spec.into_proto().unwrap()).unwrap();
-    let population = dpcap_coordinator::plan::Population::of(20_000);
-    let (plan, terms) = dpcap_coordinator::plan::plan(&checked, population).unwrap();
+    let checked = dpcap_coordinator::check_fields(&spec.into_proto().unwrap()).unwrap();
+    let population = dpcap_coordinator::Population::of(20_000);
+    let (plan, terms) = dpcap_coordinator::plan(&checked, population).unwrap();
     assert_eq!(terms.steps, 60, "epochs / q");
     assert!((terms.sample_rate - 0.05).abs() < 1e-12 && (terms.sample_rate * 20_000.0 - 1000.0).abs() < 1e-9);
     assert!((terms.delta - 1.0 / 20_000.0).abs() < 1e-15);
@@ -396,7 +396,7 @@ fn every_example_job_spec_in_deploy_parses_and_passes_field_checks() {
         let spec = dpcap_coordinator::SpecFile::parse(&text)
             .and_then(|s| s.into_proto())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        dpcap_coordinator::spec::check_fields(&spec).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        dpcap_coordinator::check_fields(&spec).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         seen += 1;
     }
     assert!(seen >= 4, "demo, DP-Cap base, ViP MAE and TAN simulation specs");

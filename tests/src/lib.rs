@@ -553,11 +553,11 @@ impl Services {
     /// The coordinator's job store with its own record key (from its secrets store beside the
     /// job store): what only the coordinator can do, for a test that plays a coordinator killed
     /// between two writes.
-    pub async fn job_store(&self) -> dpcap_coordinator::store::JobStore {
+    pub async fn job_store(&self) -> dpcap_coordinator::JobStore {
         let jobs = dpcap_serve::open_store(&self.store.to_string_lossy()).expect("job store");
         let secrets = format!("{}-secrets", self.store.to_string_lossy());
         let secrets = dpcap_serve::open_store(&secrets).expect("secrets store");
-        dpcap_coordinator::store::JobStore::open(jobs, secrets, false).await.expect("record key")
+        dpcap_coordinator::JobStore::open(jobs, secrets, false).await.expect("record key")
     }
 
     /// Where `job_id`'s sealed record lies in a local job store: what a worker, which writes

@@ -171,7 +171,7 @@ async fn sigterm_re_forms_a_workers_group_at_once_and_drains_a_coordinator_with_
     assert!(drained.is_some(), "the coordinator exits within the drain timeout with a watch connected");
     services.restart_coordinator(Duration::ZERO).await;
     let restored = get(&services, &job.job_id).await;
-    assert!(!dpcap_coordinator::state::is_terminal(restored.state), "{restored:#?}");
+    assert!(!dpcap_coordinator::is_terminal(restored.state), "{restored:#?}");
 }
 
 /// `scripts/gpu-check.sh run-job` as the GPU machine runs it, over this build's binaries.
@@ -360,7 +360,7 @@ async fn a_transition_whose_caller_goes_away_is_still_carried_out_and_wakes_its_
     let ended = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
             let job = watch.message().await.expect("the watch answers").expect("the watch ends with the job's end");
-            if dpcap_coordinator::state::is_terminal(job.state) {
+            if dpcap_coordinator::is_terminal(job.state) {
                 return job;
             }
         }
@@ -382,7 +382,7 @@ async fn an_audited_job_that_ended_without_its_audit_recorded_is_audited_when_th
     let dataset = synth_dataset(&dir, 100);
     let mut services = Services::start(&dir).await;
     let mut worker = Process::worker(&services.coordinator.grpc, "w0", &dir);
-    let audit = dpcap_coordinator::spec::AuditFile { canaries: 100, kind: Some("gradient".into()), coordinates: None };
+    let audit = dpcap_coordinator::AuditFile { canaries: 100, kind: Some("gradient".into()), coordinates: None };
     let job =
         submit(&services, dpcap_coordinator::SpecFile { audit: Some(audit), workers: Some(1), ..spec(&dataset, 2) })
             .await;

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use dpcap_coordinator::FedEmbFile;
 use dpcap_coordinator::SpecFile;
-use dpcap_coordinator::spec::FedEmbFile;
 use dpcap_e2e::jobs::{ended, spend, submit, tempfile_dir, wait_until};
 use dpcap_e2e::{Process, Services, identities_dataset, synth_dataset};
 use dpcap_proto::v1::{JobState, SubmitJobRequest};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dpcap_accountant::Setup;
-use dpcap_coordinator::coordinator::Config;
+use dpcap_coordinator::Config;
 use dpcap_serve::{Capabilities, KeyRing, Listeners, ServerSecurity};
 use dpcap_worker::WorkerConfig;
 use tokio::net::TcpListener;
@@ -80,7 +80,7 @@ impl Cluster {
         let shutdown = stopped(&stop);
         let server = ServerSecurity::default().server(c_grpc.local_addr()?)?;
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = dpcap_coordinator::server::serve(
+            if let Err(e) = dpcap_coordinator::serve(
                 Listeners { grpc: c_grpc, metrics: c_metrics, tls: false },
                 server,
                 config,

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use dpcap_coordinator::FedEmbFile;
 use dpcap_coordinator::SpecFile;
-use dpcap_coordinator::spec::FedEmbFile;
 use dpcap_dataset::identities::{self, IdentityLayout};
 use dpcap_dataset::pipeline::Pipeline;
 use dpcap_ml::CpuBackend;

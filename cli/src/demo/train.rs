@@ -41,7 +41,7 @@ pub fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool, init: Option<&
         // A caption names both shapes of a scene: a random crop that cut one away would make
         // the caption false. LAION-scale jobs keep the default random_resized_crop.
         augment: Some("center_crop".into()),
-        audit: (!not_private && args.audit > 0).then(|| dpcap_coordinator::spec::AuditFile {
+        audit: (!not_private && args.audit > 0).then(|| dpcap_coordinator::AuditFile {
             canaries: args.audit,
             kind: None,
             coordinates: Some(args.audit_coordinates.clone()),

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use dpcap_coordinator::state::{JobEntry, Report, State, WorkerEntry};
+use dpcap_coordinator::{JobEntry, Report, State, WorkerEntry};
 use dpcap_coordinator::{JobSecret, PoissonSampler};
 use dpcap_dataset::index::Layout;
 use dpcap_privacy::AccountantKind;

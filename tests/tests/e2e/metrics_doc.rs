@@ -98,7 +98,7 @@ async fn metrics_md_lists_exactly_what_both_services_serve_and_the_dashboard_que
     assert!(unserved.is_empty(), "in docs/metrics.md but not served: {unserved:?}");
     let deprecated: BTreeSet<&str> = dpcap_accountant::DEPRECATED_SERIES
         .iter()
-        .chain(dpcap_coordinator::metrics::DEPRECATED.iter())
+        .chain(dpcap_coordinator::DEPRECATED_SERIES.iter())
         .map(|(old, _)| *old)
         .collect();
     let dashboard = queried(&std::fs::read_to_string(repo.join("deploy/grafana/dpcap-privacy.json")).unwrap());

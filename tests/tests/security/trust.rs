@@ -367,7 +367,7 @@ async fn four_queued_audited_jobs_keep_the_accountants_memory_within_100_mb_of_i
     let dataset = synth_dataset(&dir, 120);
     let mut services = Services::start(&dir).await;
     let idle = accountant_rss(&services);
-    let audit = dpcap_coordinator::spec::AuditFile { canaries: 10_000_000, kind: None, coordinates: None };
+    let audit = dpcap_coordinator::AuditFile { canaries: 10_000_000, kind: None, coordinates: None };
     for _ in 0..4 {
         let spec = dpcap_coordinator::SpecFile { audit: Some(audit.clone()), ..one_worker(&dataset, 3) };
         submit(&services, spec).await;
