@@ -76,6 +76,10 @@ pub enum RuntimeError {
     /// A collective among the ranks failed or timed out (NCCL path): the group must re-form.
     #[error("collective: {0}")]
     Collective(#[from] crate::collective::CollectiveError),
+    /// A call failed: its typed code, message, whether a retry may help, and what to change
+    /// when it is a misconfiguration.
+    #[error("rpc: {0}")]
+    Rpc(#[source] dpcap_proto::client::ClientError),
     /// The coordinator re-formed this job's group (or ended the job) while the session ran.
     #[error("group re-formed")]
     Superseded,
@@ -101,15 +105,9 @@ impl From<tonic::Status> for RuntimeError {
             // The accountant no longer admits this rank's generation: the job was cancelled or
             // its group re-formed, and the session ends as the coordinator will say.
             Some(dpcap_proto::ErrorCode::StaleGeneration) => Self::Superseded,
-            Some(code) => Self::Protocol(format!("{}: {}{}", code.as_str(), s.message(), hint(&s))),
-            None => Self::Protocol(format!("{:?}: {}{}", s.code(), s.message(), hint(&s))),
+            _ => Self::Rpc(s.into()),
         }
     }
-}
-
-/// What to do about a misconfiguration (or a likely one), as a suffix of an error message ("" for other errors).
-fn hint(s: &tonic::Status) -> String {
-    dpcap_proto::hint(s).map(|h| format!(" ({h})")).unwrap_or_default()
 }
 
 /// WORKER_NOT_REGISTERED from the coordinator means this worker's lease is gone;
