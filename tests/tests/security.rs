@@ -246,6 +246,8 @@ async fn tls_and_mtls_admit_only_clients_the_server_can_verify() {
     let untrusting =
         ClientTlsArgs { tls_client_cert: Some(client_cert), tls_client_key: Some(client_key), ..Default::default() };
     assert!(health_over(&untrusting, &url).await.is_err(), "a client that cannot verify the server fails");
+    let before = std::fs::read_to_string(dir.join("accountant.log")).unwrap_or_default();
+    assert!(!before.contains("spoke plaintext"), "TLS clients, trusted or not, are never taken for plaintext ones");
     let plaintext = format!("http://127.0.0.1:{port}");
     assert!(health_over(&ClientTlsArgs::default(), &plaintext).await.is_err(), "no plaintext on a TLS port");
     // ...and the server says why, which the plaintext client itself cannot tell (grpcurl

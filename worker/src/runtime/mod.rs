@@ -80,6 +80,10 @@ pub enum RuntimeError {
     /// when it is a misconfiguration.
     #[error("rpc: {0}")]
     Rpc(#[source] dpcap_proto::client::ClientError),
+    /// The accountant no longer admits this rank's generation (the job was cancelled or failed,
+    /// or its group re-formed): the normal end of a cancel, reported, never logged as an error.
+    #[error("the accountant no longer admits this generation: {0}")]
+    Revoked(#[source] dpcap_proto::client::ClientError),
     /// The coordinator re-formed this job's group (or ended the job) while the session ran.
     #[error("group re-formed")]
     Superseded,
@@ -103,8 +107,9 @@ impl From<tonic::Status> for RuntimeError {
         match dpcap_proto::ErrorCode::of(&s) {
             Some(dpcap_proto::ErrorCode::BudgetExhausted) => Self::BudgetExhausted(s.message().to_owned()),
             // The accountant no longer admits this rank's generation: the job was cancelled or
-            // its group re-formed, and the session ends as the coordinator will say.
-            Some(dpcap_proto::ErrorCode::StaleGeneration) => Self::Superseded,
+            // failed, or its group re-formed. Reported like any failure (the coordinator turns
+            // away a report of a generation it replaced), so a job is never left waiting on it.
+            Some(dpcap_proto::ErrorCode::StaleGeneration) => Self::Revoked(s.into()),
             _ => Self::Rpc(s.into()),
         }
     }

@@ -264,6 +264,8 @@ impl<AB: AutodiffBackend> Session<AB> {
                     if matches!(e, RuntimeError::BudgetExhausted(_)) {
                         // The budget's end is the job's outcome, not this rank's fault.
                         tracing::warn!(job_id = %report.job_id, step, rank, error = %e, "step refused by the budget");
+                    } else if matches!(e, RuntimeError::Revoked(_)) {
+                        tracing::info!(job_id = %report.job_id, step, rank, error = %e, "step revoked; reporting it");
                     } else {
                         tracing::error!(job_id = %report.job_id, step, rank, error = %e, "step failed");
                     }

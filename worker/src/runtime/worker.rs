@@ -140,9 +140,13 @@ async fn serve<AB: AutodiffBackend>(
                 Err(RuntimeError::Superseded) => {
                     tracing::info!(worker_id, job_id, rank, generation, "group re-formed; session dropped");
                 }
+                Err(e @ RuntimeError::Revoked(_)) => {
+                    tracing::info!(worker_id, job_id, rank, error = %e, "generation revoked; reporting it");
+                    fail_job(&mut coordinator.clone(), &worker_id, (&job_id, generation), &e).await;
+                }
                 Err(e) => {
                     tracing::error!(worker_id, job_id, rank, error = %e, "session failed");
-                    fail_job(&mut coordinator.clone(), &worker_id, &job_id, &e).await;
+                    fail_job(&mut coordinator.clone(), &worker_id, (&job_id, generation), &e).await;
                 }
             }
             // Wait for the lease task's next word before taking the same assignment again.
@@ -234,8 +238,14 @@ async fn superseded(mut lease: watch::Receiver<Lease>, job_id: &str, generation:
 /// refuses) fails its job with the reason: the report names the group's current step, or step
 /// 0 when the group has none yet (the coordinator takes a failure for any step). Each call is
 /// retried while the coordinator is unreachable; a report that still cannot be delivered makes
-/// the worker leave, so that the group re-forms instead of waiting on it.
-async fn fail_job(coordinator: &mut CoordinatorClient, worker_id: &str, job_id: &str, error: &RuntimeError) {
+/// the worker leave, so that the group re-forms instead of waiting on it. A failure of a
+/// generation the coordinator has replaced is not reported.
+async fn fail_job(
+    coordinator: &mut CoordinatorClient,
+    worker_id: &str,
+    (job_id, generation): (&str, u64),
+    error: &RuntimeError,
+) {
     let policy = RetryPolicy::default();
     let beat = HeartbeatRequest { worker_id: worker_id.into() };
     let assignment = retry(policy, "heartbeat", || {
@@ -245,7 +255,8 @@ async fn fail_job(coordinator: &mut CoordinatorClient, worker_id: &str, job_id: 
     .await
     .map(|r| r.into_inner().assignment);
     let Ok(Some(assignment)) = assignment else { return };
-    if assignment.job_id != job_id {
+    // Only for the generation that failed: a newer group of the same job is not this failure's.
+    if assignment.job_id != job_id || assignment.generation != generation {
         return;
     }
     let request = dpcap_proto::v1::GetStepRequest {
