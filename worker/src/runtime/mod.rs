@@ -79,11 +79,11 @@ pub enum RuntimeError {
     /// A call failed: its typed code, message, whether a retry may help, and what to change
     /// when it is a misconfiguration.
     #[error("rpc: {0}")]
-    Rpc(#[source] dpcap_proto::client::ClientError),
+    Rpc(#[source] Box<dpcap_proto::client::ClientError>),
     /// The accountant no longer admits this rank's generation (the job was cancelled or failed,
     /// or its group re-formed): the normal end of a cancel, reported, never logged as an error.
     #[error("the accountant no longer admits this generation: {0}")]
-    Revoked(#[source] dpcap_proto::client::ClientError),
+    Revoked(#[source] Box<dpcap_proto::client::ClientError>),
     /// The coordinator re-formed this job's group (or ended the job) while the session ran.
     #[error("group re-formed")]
     Superseded,
@@ -109,8 +109,8 @@ impl From<tonic::Status> for RuntimeError {
             // The accountant no longer admits this rank's generation: the job was cancelled or
             // failed, or its group re-formed. Reported like any failure (the coordinator turns
             // away a report of a generation it replaced), so a job is never left waiting on it.
-            Some(dpcap_proto::ErrorCode::StaleGeneration) => Self::Revoked(s.into()),
-            _ => Self::Rpc(s.into()),
+            Some(dpcap_proto::ErrorCode::StaleGeneration) => Self::Revoked(Box::new(s.into())),
+            _ => Self::Rpc(Box::new(s.into())),
         }
     }
 }
