@@ -114,7 +114,7 @@ fn arrows(modules: &BTreeMap<Vec<String>, PathBuf>) -> BTreeMap<Vec<String>, BTr
         // A module's children named by path (`engine::ClipEngine` in `clip/mod.rs`).
         for child in modules.keys().filter(|k| k.len() == module.len() + 1 && k.starts_with(module)) {
             let name = child.last().unwrap();
-            if named_after(&text, &format!("{name}::")).iter().any(|_| true) {
+            if !named_after(&text, &format!("{name}::")).is_empty() {
                 named.push(child.clone());
             }
         }

@@ -90,17 +90,22 @@ impl Coordinator {
             if state.jobs.contains_key(&job.job_id) {
                 continue;
             }
-            if !is_terminal(job.state)
-                && let Err(e) = revalidate(&job)
-            {
-                // A stored job is checked like a new spec: one a newer coordinator refuses
-                // never runs; the operator sees why.
-                condition(&mut job, "Failed", "InvalidSpec", format!("refused on restore: {e}"));
-                job.state = JobState::Failed as i32;
-            }
-            let restored = match is_terminal(job.state) {
-                true => Ok(None),
-                false => restore_clients(&job).await,
+            let checked = match is_terminal(job.state) {
+                true => None,
+                false => match revalidate(&job) {
+                    Ok(checked) => Some(checked),
+                    Err(e) => {
+                        // A stored job is checked like a new spec: one a newer coordinator
+                        // refuses never runs; the operator sees why.
+                        condition(&mut job, "Failed", "InvalidSpec", format!("refused on restore: {e}"));
+                        job.state = JobState::Failed as i32;
+                        None
+                    }
+                },
+            };
+            let restored = match &checked {
+                Some(checked) => restore_clients(&job, checked).await,
+                None => Ok(None),
             };
             let clients = match restored {
                 Ok(clients) => clients,
@@ -340,15 +345,14 @@ impl Coordinator {
     /// budget cannot cover is refused now, with the budget's figures, never said yes to and
     /// failed later.
     pub async fn resume(&self, job_id: &str) -> Result<Job, CoordinatorError> {
-        let (job, missing) = {
+        let (job, checked, missing) = {
             let state = self.lock();
             let entry = state.jobs.get(job_id).ok_or_else(|| CoordinatorError::JobNotFound(job_id.into()))?;
             resumable(entry)?;
-            revalidate(&entry.job)?;
-            (entry.job.clone(), entry.clients.is_none())
+            (entry.job.clone(), revalidate(&entry.job)?, entry.clients.is_none())
         };
         if missing
-            && let Some(clients) = restore_clients(&job).await?
+            && let Some(clients) = restore_clients(&job, &checked).await?
             && let Some(entry) = self.lock().jobs.get_mut(job_id)
         {
             entry.clients = Some(clients);
@@ -675,20 +679,24 @@ fn resumable(entry: &JobEntry) -> Result<(), CoordinatorError> {
     }
 }
 
-/// A stored job checked like a new one: its spec's fields and, where it has one, its contract.
-fn revalidate(job: &Job) -> Result<(), CoordinatorError> {
+/// A stored job checked like a new one: its spec's fields (returned, typed) and, where it has
+/// one, its contract.
+fn revalidate(job: &Job) -> Result<crate::spec::Checked, CoordinatorError> {
     let spec = job.spec.as_ref().ok_or_else(|| CoordinatorError::invalid("spec", "missing"))?;
-    crate::spec::check_fields(spec)?;
+    let checked = crate::spec::check_fields(spec)?;
     if let Some(contract) = job.plan.as_ref().and_then(|p| p.contract.clone()) {
         dpcap_proto::contract::contract_from_proto(contract)?;
     }
-    Ok(())
+    Ok(checked)
 }
 
 /// A user-level job's clients, read again from its pinned dataset; None for other jobs.
-async fn restore_clients(job: &Job) -> Result<Option<Arc<Vec<Vec<u64>>>>, CoordinatorError> {
+async fn restore_clients(
+    job: &Job,
+    checked: &crate::spec::Checked,
+) -> Result<Option<Arc<Vec<Vec<u64>>>>, CoordinatorError> {
     let (Some(spec), Some(plan)) = (&job.spec, &job.plan) else { return Ok(None) };
-    let Some(k) = crate::spec::users_per_client(&crate::spec::check_fields(spec)?) else { return Ok(None) };
+    let Some(k) = crate::spec::users_per_client(checked) else { return Ok(None) };
     let dataset_id = dpcap_proto::plan::contract(plan)?.dataset_id;
     let clients = dataset::read_clients(&spec.dataset, &dataset_id, k).await?.clients;
     if clients.len() as u64 != plan.clients {

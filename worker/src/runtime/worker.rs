@@ -140,12 +140,12 @@ async fn serve<AB: AutodiffBackend>(
                 Err(RuntimeError::Superseded) => {
                     tracing::info!(worker_id, job_id, rank, generation, "group re-formed; session dropped");
                 }
-                Err(e @ RuntimeError::Revoked(_)) => {
-                    tracing::info!(worker_id, job_id, rank, error = %e, "generation revoked; reporting it");
-                    fail_job(&mut coordinator.clone(), &worker_id, (&job_id, generation), &e).await;
-                }
                 Err(e) => {
-                    tracing::error!(worker_id, job_id, rank, error = %e, "session failed");
+                    if matches!(e, RuntimeError::Revoked(_)) {
+                        tracing::info!(worker_id, job_id, rank, error = %e, "generation revoked; reporting it");
+                    } else {
+                        tracing::error!(worker_id, job_id, rank, error = %e, "session failed");
+                    }
                     fail_job(&mut coordinator.clone(), &worker_id, (&job_id, generation), &e).await;
                 }
             }
