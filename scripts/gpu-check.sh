@@ -2,52 +2,68 @@
 # GPU check for a machine with one NVIDIA GPU, no network and no Rust toolchain.
 #
 #   On an x86-64 build machine:  scripts/gpu-check.sh bundle          -> target/gpu-bundle/
+#                                scripts/gpu-check.sh seed DIR        -> a call's cache beside it
 #                                scripts/gpu-check.sh device-command  -> the command to run there
 #   On the GPU machine:          gpu-bundle/gpu-check.sh run          -> gpu-bundle/results/
 #
-# `bundle` builds the release binaries (dpctl and dpcap-worker with the `cuda` feature: burn-cuda
-# and cudarc load CUDA, NVRTC and NCCL at run time, so no CUDA toolkit is needed to build; the
-# accountant and coordinator are plain CPU binaries), strips and gzips them beside this script,
-# and fails when the bundle exceeds 60 MiB or a binary needs a glibc newer than 2.35 (the GPU
-# machine's). `device-command` prints the one command the GPU machine runs (at most 2,000
-# characters) and the files it needs. `run` unpacks the binaries and then, each step bounded and
-# the whole run within RUN_BUDGET_S (480 s) with an empty kernel cache:
+# `bundle` builds the release binaries (dpctl and dpcap-worker with the `cuda` feature and without
+# `autotune`: burn-cuda and cudarc load CUDA, NVRTC and NCCL at run time, so no CUDA toolkit is
+# needed to build; the accountant and coordinator are plain CPU binaries), strips and gzips them
+# beside this script, and fails when the bundle exceeds 60 MiB, a binary needs a glibc newer than
+# 2.35 (the GPU machine's) or a CUDA binary was built with cubecl's autotune (each binary states
+# its kernel selection). It then runs the bundle's own binaries through `run-job` on a CPU worker,
+# so a protocol mismatch fails here and not on the device, and the no-autotune jit-check on
+# lavapipe (scripts/jit-check.sh; GPU_CHECK_JIT=0 skips it, saying so). `device-command` prints
+# the one command the GPU machine runs (at most 2,000 characters) and the files it needs.
+#
+# `run` unpacks the binaries and then runs its parts in this order, each bounded and all within
+# RUN_BUDGET_S (540 s: the call's 600 s less room to pack), cold cache or warm:
 #   0. finds the CUDA pieces the binaries load (find_cuda: NCCL, NVRTC and the headers cubecl's
 #      kernels include, from the toolkit or from the pip wheels), puts the directories of the
 #      libraries it found on LD_LIBRARY_PATH (NVRTC loads libnvrtc-builtins.so.N.M by name from
-#      there) and points the kernel caches at results/cache (env.txt says what it chose);
-#   1. records the GPU and the date;
-#   2. `dpcap-worker preflight --device cuda:0 --json`: driver, device, NVRTC, NCCL, headers, a
-#      probe kernel compiled with cubecl's own options, loaded and run, and the cache;
-#   3. a one-rank NCCL job end to end: accountant, coordinator and one `--device cuda:0
-#      --precision bf16` worker on loopback run a budgeted 5-step micro job to SUCCEEDED with
-#      reduction "nccl" (NCCL_SOCKET_IFNAME=lo, NCCL's INFO log in results/job/);
-#   4. `dpctl bench clip --verify` on CUDA: base in bf16 first (the paper's model: the DP step
-#      over the non-private step, examples/s and MFU, a NaN example masked on the device), then
-#      bench, tiny and base in f32, bench and tiny in bf16, and the bench MAE. The first compile
-#      of each element type has its own longer bound; the autotune level is `minimal` unless
-#      CUBECL_AUTOTUNE_LEVEL says otherwise.
-# results/summary.txt has a line per part: ok, FAILED (with why: the exit code, "timed out
-# after N s", or which component died, and the last line of its stderr) or SKIPPED. Every
-# stdout and stderr is kept beside it. Every process the script starts is killed when it ends,
-# however it ends. With GPU_CHECK_OUT set, the results are packed there when the run ends
-# (summary.txt, results.tgz, kernel-cache.tgz: at most 8 files come back from the GPU machine),
-# and a kernel-cache.tgz beside this script is unpacked first, so a second run starts warm.
+#      there), and points cubecl's kernel cache and the driver's (CUDA_CACHE_PATH) under
+#      results/kcache, so every process of the call shares what another compiled;
+#   1. `preflight`: driver, device, NVRTC, NCCL, headers, a probe kernel, the cache;
+#   2. `warm`: `dpctl bench clip` of the micro captioner in bf16 at batch 16, one run, verified:
+#      the job's micro-batch shapes, so it fills the shared cache and fails fast if a kernel
+#      cubek's Strategy::Auto picks cannot run;
+#   3. `job`: a one-rank NCCL job end to end (accountant, coordinator and one `--device cuda:0
+#      --precision bf16` worker on loopback: a budgeted 5-step micro job to SUCCEEDED with
+#      reduction "nccl");
+#   4. `base-bf16`: the paper's model, 3 runs, given what is left less RESERVE_S: the DP step
+#      over the non-private step, examples/s and MFU, a NaN example masked on the device;
+#   5. the rest, one run each, each given what is left: bench f32, tiny f32, base f32, bench
+#      bf16, tiny bf16, the bench MAE. GPU_CHECK_PARTS (names, space-separated) runs a subset.
+# Every figure is from a build without autotune, and is labelled so ("kernels" in each JSON):
+# production images (`--features cuda,autotune`) tune between more kernels.
+#
+# What comes back. After each part, at once, into GPU_CHECK_OUT: summary.txt (a line per part:
+# ok, FAILED with why, or SKIPPED; with the kernels it compiled and found cached), parts.jsonl
+# (the part's line and its JSON), results.tgz (every log, the services' and dpctl's with a
+# timestamped line per kernel compiled) and the kernel cache as kernel-cache.tgz.NN pieces under
+# 15 MiB. Each file is written beside and renamed, so a hard kill leaves the last whole copy:
+# at most 8 files, 64 MiB in all, come back from the GPU machine. Pieces beside this script
+# (a previous call's, brought back) seed the cache first.
 # `run-job` runs only part 3; with GPU_CHECK_DEVICE=cpu it runs the same plumbing, with the same
 # bounds, on a CPU worker (reduction "accountant"): the end-to-end tests run it that way.
 #
 # Environment: GPU_CHECK_BIN (the binaries; default ./bin beside this script), GPU_CHECK_RESULTS
-# (default ./results), GPU_CHECK_DEVICE (default cuda:0), GPU_CHECK_OUT (where to pack the
-# results), GPU_CHECK_PYTHON (where to look for the NVIDIA wheels; default
+# (default ./results), GPU_CHECK_DEVICE (default cuda:0), GPU_CHECK_OUT (where results go),
+# GPU_CHECK_BUDGET_S (default 540), GPU_CHECK_PARTS, GPU_CHECK_PIECE_BYTES (the cache's piece
+# size), GPU_CHECK_PYTHON (where to look for the NVIDIA wheels; default
 # /opt/torch/.venv/bin/python, then python3).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${GPU_CHECK_BIN:-$here/bin}"
 results="${GPU_CHECK_RESULTS:-$here/results}"
-RUN_BUDGET_S="${GPU_CHECK_BUDGET_S:-480}"
+RUN_BUDGET_S="${GPU_CHECK_BUDGET_S:-540}"
 # The bundle's limits: what the GPU machine accepts (64 MiB a call, with the tree) and its glibc.
 BUNDLE_MAX_BYTES=$((60 * 1024 * 1024))
 GLIBC_MAX="${GPU_CHECK_GLIBC_MAX:-2.35}"
+out_dir="${GPU_CHECK_OUT:-}"
+# The kernel cache comes back in pieces under 15 MiB (the machine's limit is 16 MiB a file).
+PIECE_BYTES="${GPU_CHECK_PIECE_BYTES:-15000000}"
+PIECES_MAX=4
 started=$SECONDS
 pids=()
 
@@ -76,6 +92,11 @@ interrupted() {
 trap interrupted INT TERM
 
 summary() { echo "$*" | tee -a "$results/summary.txt"; }
+
+# A NOTE line in the summary, once.
+note() {
+  if ! grep -qxF "NOTE $*" "$results/summary.txt"; then summary "NOTE $*"; fi
+}
 
 # The last non-empty line of a log, for the summary.
 last_line() { [ -s "$1" ] && grep -v '^\s*$' "$1" | tail -1 | cut -c1-300 || true; }
@@ -123,19 +144,70 @@ why() {
   esac
 }
 
-# check LIMIT NAME DESCRIPTION CMD...: a bounded step recorded as ok or FAILED in the summary.
+# check LIMIT NAME DESCRIPTION CMD...: a bounded part recorded as ok, FAILED or SKIPPED in the
+# summary, with the kernels it compiled, and published at once.
 check() {
-  local limit=$1 name=$2 what=$3 rc=0 began=$SECONDS
+  local limit=$1 name=$2 what=$3 rc=0 began=$SECONDS status
   shift 3
   bounded "$limit" "$name" "$@" || rc=$?
+  local took=$((SECONDS - began)) counted
+  counted=$(kernels "$results/$name.err")
   if [ "$rc" -eq 0 ]; then
-    summary ok "$what in $((SECONDS - began)) s"
+    status=ok
+    summary ok "$what in $took s; $counted"
   elif [ "$rc" -eq 125 ]; then
+    status=SKIPPED
     summary SKIPPED "$what (the run's ${RUN_BUDGET_S} s were spent)"
   else
-    summary FAILED "$what ($(why "$rc" "$limit"); results/$name.err: $(cause "$results/$name.err"))"
+    status=FAILED
+    summary FAILED "$what ($(why "$rc" "$limit"); $counted; results/$name.err: $(cause "$results/$name.err"))"
   fi
+  publish "$name" "$status" "$took" "$results/$name.out" "$results/$name.err"
   return 0
+}
+
+# The kernels a part's log shows cubecl-cuda compiling, and loading from the shared cache
+# (RUST_LOG=...,cubecl_cuda=trace: one timestamped line each).
+kernels() {
+  local compiled cached
+  compiled=$(grep -c 'Compiling kernel' "$@" 2> /dev/null | awk -F: '{ n += $NF } END { print n + 0 }')
+  cached=$(grep -c 'Using PTX cache' "$@" 2> /dev/null | awk -F: '{ n += $NF } END { print n + 0 }')
+  echo "kernels: $compiled compiled, $cached from the cache"
+}
+
+# What the part printed, as one JSON value: its whole stdout when that is a JSON object, else its
+# last line that is one, else null.
+part_json() {
+  local line
+  if [ -s "$1" ] && [ "$(head -c1 "$1")" = "{" ]; then
+    tr -d '\n' < "$1"
+  elif line=$(grep '^{' "$1" 2> /dev/null | tail -1) && [ -n "$line" ]; then
+    echo -n "$line"
+  else
+    echo -n null
+  fi
+}
+
+# put FILE NAME: copies FILE into GPU_CHECK_OUT as NAME through a temporary name, so that a kill
+# mid-copy leaves the previous whole copy.
+put() {
+  cp "$1" "$out_dir/.$2.tmp" && mv -f "$out_dir/.$2.tmp" "$out_dir/$2"
+}
+
+# publish NAME STATUS SECONDS STDOUT LOG...: the part's line in parts.jsonl, then summary.txt,
+# results.tgz and the kernel cache's pieces, refreshed in GPU_CHECK_OUT.
+publish() {
+  local name=$1 status=$2 took=$3 stdout=$4
+  shift 4
+  [ -n "$out_dir" ] || return 0
+  mkdir -p "$out_dir"
+  local compiled
+  compiled=$(kernels "$@" | sed 's/kernels: \([0-9]*\) compiled, \([0-9]*\).*/"kernels_compiled": \1, "kernels_cached": \2/')
+  echo "{\"part\": \"$name\", \"status\": \"$status\", \"seconds\": $took, $compiled, \"result\": $(part_json "$stdout")}" \
+    >> "$results/parts.jsonl"
+  put "$results/parts.jsonl" parts.jsonl
+  put "$results/summary.txt" summary.txt
+  pack
 }
 
 # The first file named $1 under the CUDA toolkit or the NVIDIA pip wheels.
@@ -210,17 +282,27 @@ find_cuda() {
   echo "LD_LIBRARY_PATH: $LD_LIBRARY_PATH" >> "$results/env.txt"
 }
 
-# Compiled kernels and autotune results persist in one directory (f32 and bf16 kernels are
-# distinct: each element type compiles its own), so that a second run of this script compiles
-# nothing. A kernel-cache.tgz beside the script (a previous run's, brought back) seeds it.
+# Compiled kernels persist under results/kcache, shared by every process of the call: cubecl's
+# own cache (kcache/cubecl: the PTX of each kernel, keyed by a stable hash) and the driver's
+# (kcache/cuda: the SASS it JIT-compiles from that PTX, which it would otherwise redo in every
+# process). Pieces of a previous call's cache beside the script (kernel-cache.tgz.NN, or one
+# kernel-cache.tgz) seed it, so a second call compiles nothing it compiled before.
 kernel_cache() {
-  export DPCAP_KERNEL_CACHE="$results/cache"
-  mkdir -p "$DPCAP_KERNEL_CACHE"
-  if [ -s "$here/kernel-cache.tgz" ]; then
-    tar -xzf "$here/kernel-cache.tgz" -C "$DPCAP_KERNEL_CACHE" && echo "kernel cache seeded from kernel-cache.tgz" >> "$results/env.txt"
+  local pieces
+  export DPCAP_KERNEL_CACHE="$results/kcache/cubecl" CUDA_CACHE_PATH="$results/kcache/cuda"
+  # The driver's cache is 256 MiB by default and evicts silently; 4 GiB is its maximum.
+  export CUDA_CACHE_MAXSIZE=4294967296
+  mkdir -p "$DPCAP_KERNEL_CACHE" "$CUDA_CACHE_PATH"
+  pieces=$(find "$here" -maxdepth 1 -name 'kernel-cache.tgz*' -type f | sort)
+  if [ -n "$pieces" ]; then
+    # shellcheck disable=SC2086 # the pieces' names are ours: no spaces.
+    if cat $pieces | tar -xz -C "$results/kcache"; then
+      echo "kernel cache seeded from $(echo $pieces | wc -w) piece(s): $(du -sh "$results/kcache" | cut -f1)" >> "$results/env.txt"
+    else
+      echo "kernel cache pieces beside the script did not unpack: starting cold" >> "$results/env.txt"
+    fi
   fi
-  export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
-  echo "DPCAP_KERNEL_CACHE: $DPCAP_KERNEL_CACHE; CUBECL_AUTOTUNE_LEVEL: $CUBECL_AUTOTUNE_LEVEL" >> "$results/env.txt"
+  echo "DPCAP_KERNEL_CACHE: $DPCAP_KERNEL_CACHE; CUDA_CACHE_PATH: $CUDA_CACHE_PATH" >> "$results/env.txt"
 }
 
 # The newest glibc symbol version a binary needs ("2.34"), from its dynamic symbol table.
@@ -248,7 +330,43 @@ check_bundle() {
     fi
     echo "$(basename "$f"): glibc ${needed:-none} needed"
   done
+  kernel_selection "$dir" || return 1
   echo "bundle $dir: $size bytes ($((size / 1024 / 1024)) MiB), within 60 MiB"
+}
+
+# kernel_selection DIR: fails, saying why, unless each CUDA binary in DIR/bin states the kernel
+# selection GPU_CHECK_KERNELS (default "no autotune"; dpcap_ml::device::KERNEL_SELECTION is
+# compiled into every binary that can run cubecl).
+kernel_selection() {
+  local dir=$1 f s n found want="kernel selection: ${GPU_CHECK_KERNELS:-no autotune}"
+  for f in "$dir"/bin/dpctl* "$dir"/bin/dpcap-worker*; do
+    [ -e "$f" ] || continue
+    # The statement sits in the read-only data among other strings, with no terminator: look for
+    # each of the two whole phrases, never for what follows one.
+    found=""
+    for s in "kernel selection: autotune" "kernel selection: no autotune"; do
+      n=$(case "$f" in *.gz) gzip -dc "$f" ;; *) cat "$f" ;; esac | grep -a -c -F "$s" || true)
+      if [ "${n:-0}" -gt 0 ]; then found="${found:+$found, }$s"; fi
+    done
+    if [ "$found" != "$want" ]; then
+      echo "$(basename "$f") states \"${found:-no kernel selection}\", not \"$want\": rebuild it without --features autotune" >&2
+      return 1
+    fi
+    echo "$(basename "$f"): $want"
+  done
+}
+
+# The bundle's own binaries, gunzipped apart from it, through `run-job` on a CPU worker.
+bundle_cpu_run() {
+  local trial
+  trial=$(mktemp -d)
+  cp -r "$1/bin" "$trial/bin"
+  if ! GPU_CHECK_DEVICE=cpu GPU_CHECK_BIN="$trial/bin" GPU_CHECK_RESULTS="$trial/results" GPU_CHECK_OUT= \
+    bash "$1/gpu-check.sh" run-job; then
+    echo "the bundle's binaries failed the CPU run: see $trial/results (summary.txt, job/*.log)" >&2
+    return 1
+  fi
+  rm -rf "$trial"
 }
 
 bundle() {
@@ -263,19 +381,51 @@ bundle() {
     -p dpctl -p dpcap-worker -p dpcap-accountant -p dpcap-coordinator
   local built=$((SECONDS - began))
   # A kernel cache brought back from an earlier GPU run survives the rebuild.
-  local cache=""
-  [ -s "$out/kernel-cache.tgz" ] && cache=$(mktemp) && cp "$out/kernel-cache.tgz" "$cache"
+  local cache
+  cache=$(mktemp -d)
+  find "$out" -maxdepth 1 -name 'kernel-cache.tgz*' -type f -exec mv {} "$cache/" \; 2> /dev/null || true
   rm -rf "$out" && mkdir -p "$out/bin"
   for b in dpctl dpcap-worker dpcap-accountant dpcap-coordinator; do cp "$target/release/$b" "$out/bin/"; done
   strip "$out"/bin/*
   # Stripped, the two CUDA binaries alone are about 90 MiB; gzip -9 brings all four to ~36 MiB.
   gzip -9 "$out"/bin/*
   cp scripts/gpu-check.sh "$out/"
-  [ -n "$cache" ] && mv "$cache" "$out/kernel-cache.tgz"
+  find "$cache" -type f -exec mv {} "$out/" \; && rmdir "$cache"
   check_bundle "$out" | tee "$out/BUNDLE.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
   echo "built in $built s (cargo), bundled in $((SECONDS - began)) s" | tee -a "$out/BUNDLE.txt"
+  bundle_cpu_run "$out" || exit 1
+  echo "the bundle's binaries passed the CPU run (run-job, GPU_CHECK_DEVICE=cpu)" | tee -a "$out/BUNDLE.txt"
+  if [ "${GPU_CHECK_JIT:-1}" = 0 ]; then
+    echo "jit-check SKIPPED (GPU_CHECK_JIT=0): the no-autotune kernels have not run on lavapipe" | tee -a "$out/BUNDLE.txt"
+  else
+    scripts/jit-check.sh | tee -a "$out/BUNDLE.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
+  fi
   device_command
+}
+
+# seed DIR: puts the kernel cache a call brought back (DIR/kernel-cache.tgz.NN, the files of
+# its $OUT) beside the built bundle, so that the next call starts warm. The bundle travels to
+# the GPU machine whole (60 MiB with the binaries): a cache too large for it goes without the
+# driver's part (kcache/cuda, which the driver rebuilds from cubecl's PTX in seconds).
+seed() {
+  local from=$1 out tmp
+  cd "$here/.."
+  out="${CARGO_TARGET_DIR:-target}/gpu-bundle"
+  [ -d "$out/bin" ] || { echo "no bundle at $out: run $0 bundle first" >&2; return 1; }
+  ls "$from"/kernel-cache.tgz* > /dev/null 2>&1 || { echo "no kernel-cache.tgz pieces in $from" >&2; return 1; }
+  find "$out" -maxdepth 1 -name 'kernel-cache.tgz*' -delete
+  cp "$from"/kernel-cache.tgz* "$out/"
+  if ! check_bundle "$out" > /dev/null 2>&1; then
+    tmp=$(mktemp -d)
+    cat "$out"/kernel-cache.tgz* | tar -xz -C "$tmp"
+    find "$out" -maxdepth 1 -name 'kernel-cache.tgz*' -delete
+    tar -czf - -C "$tmp" cubecl | split -b "$PIECE_BYTES" -d -a 2 - "$out/kernel-cache.tgz."
+    rm -rf "$tmp"
+    echo "the driver's kernel cache was left out: the bundle would pass 60 MiB with it"
+  fi
+  check_bundle "$out"
 }
 
 # The command the GPU machine runs from the repository's root, and what it needs there.
@@ -290,15 +440,39 @@ device_command() {
   [ "${#DEVICE_COMMAND}" -le 2000 ]
 }
 
-# Packs the results into GPU_CHECK_OUT: what comes back from the GPU machine is at most 8 files,
-# no deeper than two folders, so the logs travel as one archive and the kernel cache as another.
+# Refreshes results.tgz (every log; not the data, the store, the ledger or the cache) and the
+# kernel cache's pieces in GPU_CHECK_OUT. The GPU machine brings back at most 8 files of 16 MiB,
+# 64 MiB in all: summary.txt, parts.jsonl, results.tgz and at most PIECES_MAX pieces. A cache too
+# large for them goes without the driver's part, then not at all, and the summary says so.
 pack() {
-  local out="${GPU_CHECK_OUT:-}"
-  [ -n "$out" ] && [ -d "$results" ] || return 0
-  mkdir -p "$out"
-  cp "$results/summary.txt" "$out/" 2> /dev/null || true
-  tar -czf "$out/results.tgz" -C "$results" --exclude=./cache --exclude=./cuda --exclude=./job/data --exclude=./job/store --exclude=./job/ledger . 2> /dev/null || true
-  [ -d "$results/cache" ] && tar -czf "$out/kernel-cache.tgz" -C "$results/cache" . 2> /dev/null || true
+  [ -n "$out_dir" ] && [ -d "$results" ] || return 0
+  mkdir -p "$out_dir"
+  tar -czf "$out_dir/.results.tgz.tmp" -C "$results" --exclude=./kcache --exclude=./cuda --exclude=./job/data \
+    --exclude=./job/store --exclude=./job/ledger . 2> /dev/null && mv -f "$out_dir/.results.tgz.tmp" "$out_dir/results.tgz"
+  [ -d "$results/kcache" ] || return 0
+  local stamp
+  stamp=$(find "$results/kcache" -type f -printf '%s %p\n' 2> /dev/null | sort | md5sum)
+  [ "$stamp" = "${packed_stamp:-}" ] && return 0
+  local pieces="$results/.pieces" what=. n
+  for what in "cubecl cuda" cubecl; do
+    rm -rf "$pieces" && mkdir -p "$pieces"
+    # shellcheck disable=SC2086 # two fixed folder names
+    tar -czf - -C "$results/kcache" $what 2> /dev/null | split -b "$PIECE_BYTES" -d -a 2 - "$pieces/kernel-cache.tgz."
+    n=$(find "$pieces" -type f | wc -l)
+    [ "$n" -le "$PIECES_MAX" ] && break
+    n=0
+  done
+  find "$out_dir" -maxdepth 1 -name 'kernel-cache.tgz*' -delete
+  if [ "$n" -eq 0 ]; then
+    note "the kernel cache ($(du -sh "$results/kcache" | cut -f1)) is too large to bring back in $PIECES_MAX pieces"
+  else
+    if [ "$what" = cubecl ]; then
+      note "the driver's kernel cache is left behind: cubecl's alone fits in $PIECES_MAX pieces"
+    fi
+    for f in "$pieces"/*; do mv -f "$f" "$out_dir/"; done
+  fi
+  packed_stamp=$stamp
+  put "$results/summary.txt" summary.txt
 }
 
 # start NAME CMD...: starts a component in the background, its stderr in results/job/NAME.log.
@@ -350,11 +524,20 @@ watch_job() {
   return "$rc"
 }
 
-job_failed() { summary FAILED "one-rank job on $device ($1)"; stop_all; }
+# The job's end, in the summary and published: its kernels are the worker's.
+job_ended() {
+  local status=$1 line=$2
+  summary "$status" "$line; $(kernels "$work/worker.log")"
+  stop_all
+  publish job "$status" $((SECONDS - job_began)) "$work/job.json" "$work/worker.log"
+}
+
+job_failed() { job_ended FAILED "one-rank job on $device ($1)"; }
 
 nccl_job() {
   device="${GPU_CHECK_DEVICE:-cuda:0}"
-  local expect=nccl accountant coordinator id rc=0 job_began=$SECONDS
+  local expect=nccl accountant coordinator id rc=0
+  job_began=$SECONDS
   [ "$device" = cpu ] && expect=accountant
   work="$results/job"
   rm -rf "$work" && mkdir -p "$work"
@@ -376,7 +559,7 @@ nccl_job() {
   wait_addr coordinator || { job_failed "$(cat "$work/why.txt")"; return 0; }
   coordinator=$addr
   # One GPU: NCCL talks to itself over loopback; its INFO log stays with the results.
-  start worker env NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$work/nccl.%p.log" \
+  start worker env RUST_LOG="${RUST_LOG:-info,cubecl_cuda=trace}" NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$work/nccl.%p.log" \
     "$bin/dpcap-worker" --coordinator "$coordinator" --name gpu0 --device "$device" \
     --precision bf16 --collective-timeout 60
   cat > "$work/job.yaml" << EOF
@@ -408,8 +591,7 @@ EOF
   elif ! grep -q "\"reduction\": \"$expect\"" "$work/job.json"; then
     job_failed "reduction is not $expect: $(grep -m1 '"reduction"' "$work/job.json")"
   else
-    summary ok "one-rank job on $device (5 steps, bf16, reduction $expect) in $((SECONDS - job_began)) s"
-    stop_all
+    job_ended ok "one-rank job on $device (5 steps, bf16, reduction $expect) in $((SECONDS - job_began)) s"
   fi
 }
 
@@ -428,21 +610,31 @@ prepare() {
   kernel_cache
 }
 
-# Bounds of the run, in seconds, with an empty kernel cache. The job's wait includes the first
-# bf16 compile; each element type's first clip run compiles its f32 kernels or the base model's
-# new shapes; later runs reuse the cache.
+# Bounds of the parts, in seconds, for a cold cache (estimates from the kernels each compiles:
+# docs/gpu.md). The warm-up compiles the job's micro-batch kernels, so the job mostly loads them;
+# base-bf16 gets what is left less RESERVE_S, so at least one later part runs; each later part
+# gets what is left, up to REST_S.
+WARM_S=150
 JOB_WAIT_S=200
-FIRST_COMPILE_S=150
-CLIP_S=60
+RESERVE_S=60
+REST_S=150
 
-# clip NAME MODEL BATCH PRECISION LIMIT [ARGS...]: one `bench clip` on the device, verified.
+# Seconds left of the run's budget.
+left() { echo $((RUN_BUDGET_S - (SECONDS - started))); }
+
+# Whether part $1 is in GPU_CHECK_PARTS (every part when unset).
+wanted() { case " ${GPU_CHECK_PARTS:-$1} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+# clip NAME MODEL BATCH PRECISION LIMIT RUNS [ARGS...]: one `bench clip` on the device, verified,
+# with each kernel cubecl-cuda compiles logged (timestamped) in its stderr.
 clip() {
-  local name=$1 model=$2 batch=$3 precision=$4 limit=$5 peak=494
-  shift 5
+  local name=$1 model=$2 batch=$3 precision=$4 limit=$5 runs=$6 peak=494
+  shift 6
+  wanted "$name" || return 0
   [ "$precision" = bf16 ] && peak=989
-  check "$limit" "clip-$name" "clip $model $precision on $device (verified against cpu f32)" \
-    "$bin/dpctl" bench clip --model "$model" --batch "$batch" --device "$device" --precision "$precision" \
-    --runs 3 --skip-naive --verify --peak-tflops "$peak" --json "$@"
+  check "$limit" "$name" "clip $model $precision batch $batch on $device, no autotune (verified against cpu f32)" \
+    env RUST_LOG="${RUST_LOG:-warn,cubecl_cuda=trace}" "$bin/dpctl" bench clip --model "$model" --batch "$batch" \
+    --device "$device" --precision "$precision" --runs "$runs" --skip-naive --verify --peak-tflops "$peak" --json "$@"
 }
 
 run() {
@@ -451,20 +643,22 @@ run() {
   bounded 15 gpu nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   cp "$results/gpu.out" "$results/gpu.txt" 2> /dev/null || true
   date -u +%FT%TZ > "$results/date.txt"
-  check 30 preflight "worker preflight on $device (results/preflight.out)" \
-    "$bin/dpcap-worker" preflight --device "$device" --json
-  # The job first: it proves NCCL, the runtime and the first bf16 compile. Worst case, every
-  # bound reached: 15 + 30 + (4 x 30 + 200 + 15) + 150 + 150 + ... > 480, so the run's budget
-  # cuts the later clip runs (SKIPPED), never the job or the base bf16 run.
-  nccl_job
-  clip base-bf16 base 8 bf16 "$FIRST_COMPILE_S"
-  clip bench-f32 bench 64 f32 "$FIRST_COMPILE_S"
-  clip tiny-f32 tiny 16 f32 "$CLIP_S"
-  clip base-f32 base 8 f32 "$CLIP_S"
-  clip bench-bf16 bench 64 bf16 "$CLIP_S"
-  clip tiny-bf16 tiny 16 bf16 "$CLIP_S"
-  check "$CLIP_S" mae-bench "mae bench on $device" \
-    "$bin/dpctl" bench clip --model bench --objective mae --batch 64 --device "$device" --runs 3 --json
+  if wanted preflight; then
+    check 30 preflight "worker preflight on $device (results/preflight.out)" \
+      "$bin/dpcap-worker" preflight --device "$device" --json
+  fi
+  clip warm micro 16 bf16 "$WARM_S" 1
+  if wanted job; then nccl_job; fi
+  clip base-bf16 base 8 bf16 $(($(left) - RESERVE_S)) 3
+  clip bench-f32 bench 64 f32 "$REST_S" 1
+  clip tiny-f32 tiny 16 f32 "$REST_S" 1
+  clip base-f32 base 8 f32 "$REST_S" 1
+  clip bench-bf16 bench 64 bf16 "$REST_S" 1
+  clip tiny-bf16 tiny 16 bf16 "$REST_S" 1
+  if wanted mae-bench; then
+    check "$REST_S" mae-bench "mae bench on $device, no autotune" env RUST_LOG="${RUST_LOG:-warn,cubecl_cuda=trace}" \
+      "$bin/dpctl" bench clip --model bench --objective mae --batch 64 --device "$device" --runs 1 --json
+  fi
   echo "run took $((SECONDS - started)) s" | tee "$results/took.txt"
   ! grep -qE '^(FAILED|SKIPPED)' "$results/summary.txt"
 }
@@ -473,6 +667,7 @@ case "${1:-}" in
   bundle) bundle ;;
   check-bundle) check_bundle "${2:?usage: $0 check-bundle DIR}" ;;
   device-command) device_command ;;
+  seed) seed "${2:?usage: $0 seed DIR (the kernel-cache.tgz.NN pieces a call brought back)}" ;;
   run) run ;;
   run-job)
     prepare
@@ -480,7 +675,7 @@ case "${1:-}" in
     ! grep -qE '^(FAILED|SKIPPED)' "$results/summary.txt"
     ;;
   *)
-    echo "usage: $0 bundle|check-bundle DIR|device-command|run|run-job"
+    echo "usage: $0 bundle|check-bundle DIR|seed DIR|device-command|run|run-job"
     exit 2
     ;;
 esac

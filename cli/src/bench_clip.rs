@@ -30,7 +30,8 @@ pub struct ClipBench {
     /// adapter, e.g. lavapipe) in a build with the `wgpu` feature.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Matrix products in f32 or bf16 (norms, clip factors and sums stay f32).
+    /// Matrix products in f32, bf16 or f16 (norms, clip factors and sums stay f32); wgpu has
+    /// no bf16: f16 runs the same mixed precision there.
     #[arg(long, default_value = "f32")]
     precision: Precision,
     /// Timed runs per method (after one warm-up).
@@ -44,7 +45,7 @@ pub struct ClipBench {
     json: bool,
     /// Also check the device's clipped sum against the CPU's f32 sum on identical weights and
     /// data (caption objective): fails when the largest difference exceeds 1e-3 of the largest
-    /// value (4e-3 on CUDA, whose f32 matmuls read TF32; 3e-2 with --precision bf16).
+    /// value (4e-3 on CUDA, whose f32 matmuls read TF32; 3e-2 with --precision bf16 or f16).
     #[arg(long)]
     verify: bool,
     /// The device's peak dense TFLOP/s for this precision (H200: 989 bf16, 494 TF32): with it
@@ -55,12 +56,13 @@ pub struct ClipBench {
 
 /// Largest |device − CPU| relative to the largest |CPU| value that `--verify` accepts: f32 on
 /// different backends sums in different orders; TF32 inputs (f32 matmuls on CUDA tensor
-/// cores) keep 10 bits, so a product is off by up to 2·2⁻¹⁰; bf16 products keep 8 bits.
+/// cores) keep 10 bits, so a product is off by up to 2·2⁻¹⁰; bf16 products keep 8 bits, f16
+/// 11 (the bound is bf16's, which f16 meets with room).
 fn verify_tolerance(precision: Precision, inputs: MatmulInputs) -> f64 {
     match (precision, inputs) {
         (Precision::F32, MatmulInputs::F32) => 1e-3,
         (Precision::F32, MatmulInputs::Tf32) => 4e-3,
-        (Precision::Bf16, _) => 3e-2,
+        (Precision::Bf16 | Precision::F16, _) => 3e-2,
     }
 }
 
@@ -258,6 +260,11 @@ pub fn run(opts: ClipBench) -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("invalid --device {d}: {e}"))?;
             run_cuda(&opts, index)?
         }
+        "wgpu" if opts.precision == Precision::Bf16 => {
+            bail!(
+                "invalid --precision bf16 for --device wgpu: WGSL has no bf16 type; use f16 (the same mixed precision) or f32"
+            )
+        }
         "wgpu" => run_wgpu(&opts)?,
         other => bail!("invalid --device {other}: use cpu, cuda[:N] or wgpu"),
     };
@@ -272,6 +279,8 @@ pub fn run(opts: ClipBench) -> Result<()> {
         .flatten()
         .map(|c| c.train_flops() as f64 * examples_per_s / 1e12);
     let mfu = tflops.zip(opts.peak_tflops).map(|(achieved, peak)| achieved / peak);
+    // A JIT device's figures depend on how its kernels were picked; burn-flex's do not.
+    let kernels = (opts.device != "cpu").then_some(dpcap_ml::device::KERNEL_SELECTION);
     if opts.json {
         outln!(
             "{}",
@@ -279,7 +288,7 @@ pub fn run(opts: ClipBench) -> Result<()> {
                    "precision": opts.precision.name(),
                    "params": t.params, "nonprivate_s": t.nonprivate_s, "naive_s": t.naive_s, "clip_s": t.clip_s,
                    "ratio": ratio, "examples_per_s": examples_per_s, "model_tflops_per_s": tflops, "mfu": mfu,
-                   "peak_rss_bytes": peak, "verify_rel_err": t.verify_rel_err})
+                   "peak_rss_bytes": peak, "verify_rel_err": t.verify_rel_err, "kernels": kernels})
         );
     } else {
         outln!(
@@ -292,6 +301,9 @@ pub fn run(opts: ClipBench) -> Result<()> {
             opts.precision.name(),
             opts.runs
         );
+        if let Some(k) = kernels {
+            outln!("  {k}");
+        }
         outln!("  non-private step : {:.3} s", t.nonprivate_s);
         if let Some(n) = t.naive_s {
             outln!("  naive per-example: {:.3} s ({:.1}x the ClipEngine)", n, n / t.clip_s);

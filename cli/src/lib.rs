@@ -117,7 +117,12 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     let server = cli.server;
     match cli.command {
         Command::Privacy(command) => privacy::run(command)?,
-        Command::Bench(command) => bench::run(command)?,
+        Command::Bench(command) => {
+            // Warnings only unless RUST_LOG says more (the GPU check asks cubecl-cuda for each
+            // kernel it compiles).
+            dpcap_serve::process::init_tracing_at(false, "warn");
+            bench::run(command)?;
+        }
         Command::Model(command) => model::run(command)?,
         Command::Config(command) => context::run(command)?,
         Command::Dataset(command) => dataset::run(command, &server)?,

@@ -24,6 +24,14 @@ pub const KERNEL_HEADERS: [&str; 8] = [
     "cuda/ptx",
 ];
 
+/// How cubecl picks a kernel for a matmul, reduction or fused shape in this build (the `autotune`
+/// feature): with autotune it times every candidate once per shape (25-35 s a matmul shape on an
+/// H200, cold); without, it takes cubek's `Strategy::Auto` and one thread per reduced output, so
+/// a cold cache only compiles. Figures measured on a GPU are labelled with it, and
+/// `scripts/gpu-check.sh check-bundle` reads it from the binaries to prove which they are.
+pub const KERNEL_SELECTION: &str =
+    if cfg!(feature = "autotune") { "kernel selection: autotune" } else { "kernel selection: no autotune" };
+
 /// The environment variable naming the kernel cache directory (compiled kernels and autotune
 /// results), for the worker and `dpctl`.
 pub const KERNEL_CACHE_ENV: &str = "DPCAP_KERNEL_CACHE";

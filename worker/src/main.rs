@@ -29,8 +29,8 @@ struct Args {
     /// communicator and the coordinator re-forms the group. Must exceed a step's compute skew.
     #[arg(long, default_value_t = dpcap_worker::collective::DEFAULT_TIMEOUT.as_secs(), env = "DPCAP_COLLECTIVE_TIMEOUT")]
     collective_timeout: u64,
-    /// Matrix products in f32 or bf16 (mixed precision: per-example norms, clip factors and
-    /// the clipped sum stay f32).
+    /// Matrix products in f32, bf16 or f16 (mixed precision: per-example norms, clip factors
+    /// and the clipped sum stay f32; f16 for devices without bf16).
     #[arg(long, default_value = "f32", env = "DPCAP_PRECISION")]
     precision: Precision,
     /// Log as JSON lines.

@@ -150,7 +150,11 @@ fn libraries(ordinal: usize, needs: Needs) -> Vec<Check> {
     let driver = check("driver", crate::cuda::check_device(ordinal));
     let driver_ok = driver.status == Status::Ok;
     let mut checks = vec![
-        Check { name: "build", status: Status::Ok, detail: "built with the cuda feature".into() },
+        Check {
+            name: "build",
+            status: Status::Ok,
+            detail: format!("built with the cuda feature; {}", dpcap_ml::device::KERNEL_SELECTION),
+        },
         driver,
         check("nvrtc", crate::cuda::check_nvrtc()),
     ];

@@ -109,7 +109,7 @@ pub struct ClippedSum<B: Backend> {
     pub sum: GradSum<B>,
     /// Non-DP telemetry.
     pub telemetry: Telemetry,
-    /// The step's weights in bf16, cast on first use and shared by every micro-batch the part
+    /// The step's weights in half precision (bf16 or f16), cast on first use and shared by every micro-batch the part
     /// streams through (a rank calls [`ClipEngine::accumulate`] once per chunk of its share).
     lowered: LoweredWeights<B>,
     /// Under [`Reads::PerPart`]: each micro-batch's example count and its squared norms and
@@ -192,7 +192,7 @@ impl ClipEngine {
         let step = self.micro_batch.max(1);
         for start in (0..n).step_by(step) {
             let micro = model.slice(batch, start..(start + step).min(n));
-            // Weights are constants for the whole part: cast to bf16 once, not per micro-batch.
+            // Weights are constants for the whole part: cast once, not per micro-batch.
             let tape = Tape::new(Mode::Ghost, params).with_precision(self.precision).with_lowered(&into.lowered);
             let sink = Sink { sum: &mut into.sum, telemetry: &mut into.telemetry, pending: &mut into.pending };
             self.micro_batch_into(model, tape, &micro, sink);
@@ -432,7 +432,7 @@ fn add_clipped_sums<AB: AutodiffBackend>(
     }
 }
 
-/// A record whose activations are f32 (bf16 linear inputs widened), so every norm, clip factor
+/// A record whose activations are f32 (half-precision linear inputs widened), so every norm, clip factor
 /// and sum below is computed in f32.
 fn widen_record<AB: AutodiffBackend>(record: Record<AB>) -> Record<AB> {
     match record {

@@ -30,6 +30,9 @@ pub enum Mode {
 /// f32; LayerNorm, softmax, the residual stream and the losses stay in f32, and the ClipEngine
 /// computes per-example norms, clip factors and the gradient sum in f32 from the bf16
 /// activations (so each example's contribution is still bounded by C in f32 arithmetic).
+/// [`Precision::F16`] is the same scheme for devices without bf16: WGSL (burn-wgpu, Mesa's
+/// lavapipe, where `scripts/jit-check.sh` runs the mixed-precision kernels) and pre-Ampere GPUs.
+/// Its 5-bit exponent flushes products' inputs below 6e-8 to zero, which bf16's 8 bits do not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
     /// Everything in f32.
@@ -37,17 +40,20 @@ pub enum Precision {
     F32,
     /// bf16 matrix products.
     Bf16,
+    /// f16 matrix products.
+    F16,
 }
 
 impl std::str::FromStr for Precision {
     type Err = String;
 
-    /// "f32" or "bf16".
+    /// "f32", "bf16" or "f16".
     fn from_str(name: &str) -> Result<Self, String> {
         match name {
             "f32" => Ok(Self::F32),
             "bf16" => Ok(Self::Bf16),
-            _ => Err(format!("{name:?} is not f32 or bf16")),
+            "f16" => Ok(Self::F16),
+            _ => Err(format!("{name:?} is not f32, bf16 or f16")),
         }
     }
 }
@@ -58,6 +64,16 @@ impl Precision {
         match self {
             Self::F32 => "f32",
             Self::Bf16 => "bf16",
+            Self::F16 => "f16",
+        }
+    }
+
+    /// The dtype the matrix products' inputs are lowered to; `None` in f32.
+    pub fn half(&self) -> Option<FloatDType> {
+        match self {
+            Self::F32 => None,
+            Self::Bf16 => Some(FloatDType::BF16),
+            Self::F16 => Some(FloatDType::F16),
         }
     }
 }
@@ -78,7 +94,8 @@ pub enum Record<AB: AutodiffBackend> {
     Free { param: ParamId, probe: Tensor<AB, 3> },
 }
 
-/// Weights in bf16, cast once per step and shared by its micro-batches: in ghost mode weights
+/// Weights in half precision, cast once per step and shared by its micro-batches (a step has
+/// one precision): in ghost mode weights
 /// are constants, so casting them per micro-batch would repeat the same pass over every
 /// weight (on a GPU, one kernel and one P-sized allocation per weight per micro-batch).
 #[derive(Debug)]
@@ -97,14 +114,14 @@ impl<B: Backend> Clone for LoweredWeights<B> {
 }
 
 impl<B: Backend> LoweredWeights<B> {
-    /// Weight `id` in bf16, cast on first use.
-    fn get(&self, params: &ParamSet<B>, id: ParamId) -> Tensor<B, 1> {
+    /// Weight `id` in `dtype`, cast on first use.
+    fn get(&self, params: &ParamSet<B>, id: ParamId, dtype: FloatDType) -> Tensor<B, 1> {
         let mut lowered = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         lowered
             .entry(id)
             .or_insert_with(|| {
                 counters::count(|c| c.weight_casts += 1);
-                params.value(id).cast(FloatDType::BF16)
+                params.value(id).cast(dtype)
             })
             .clone()
     }
@@ -127,7 +144,8 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
         Self { mode, precision: Precision::F32, params, lowered: None, records: Vec::new(), leaves: HashMap::new() }
     }
 
-    /// The same tape reading its bf16 weights from `lowered` (ghost mode; the step's cache).
+    /// The same tape reading its half-precision weights from `lowered` (ghost mode; the step's
+    /// cache).
     pub fn with_lowered(self, lowered: &'p LoweredWeights<Inner<AB>>) -> Self {
         Self { lowered: Some(lowered), ..self }
     }
@@ -139,20 +157,20 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
 
     /// `t` in the compute dtype (no-op in f32).
     fn lower<const D: usize>(&self, t: Tensor<AB, D>) -> Tensor<AB, D> {
-        match self.precision {
-            Precision::F32 => t,
-            Precision::Bf16 => {
+        match self.precision.half() {
+            None => t,
+            Some(dtype) => {
                 counters::count(|c| c.activation_casts += 1);
-                t.cast(FloatDType::BF16)
+                t.cast(dtype)
             }
         }
     }
 
     /// `t` back in f32 (no-op in f32).
     fn widen<const D: usize>(&self, t: Tensor<AB, D>) -> Tensor<AB, D> {
-        match self.precision {
-            Precision::F32 => t,
-            Precision::Bf16 => {
+        match self.precision.half() {
+            None => t,
+            Some(_) => {
                 counters::count(|c| c.activation_casts += 1);
                 t.cast(FloatDType::F32)
             }
@@ -190,15 +208,15 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
     /// A linear layer's weight in the compute dtype: from the step's cache when there is one
     /// (ghost mode: a constant), else cast here (plain mode: the cast is on the graph).
     fn weight(&mut self, id: ParamId) -> Tensor<AB, 2> {
-        match (self.mode, self.precision, self.lowered) {
-            (Mode::Ghost, Precision::Bf16, Some(lowered)) => {
+        match (self.mode, self.precision.half(), self.lowered) {
+            (_, None, _) => self.param(id),
+            (Mode::Ghost, Some(dtype), Some(lowered)) => {
                 let shape: [usize; 2] = self.params.spec(id).shape.clone().try_into().expect("weight rank");
-                Tensor::from_inner(lowered.get(self.params, id)).reshape(shape)
+                Tensor::from_inner(lowered.get(self.params, id, dtype)).reshape(shape)
             }
-            (_, Precision::F32, _) => self.param(id),
-            _ => {
+            (_, Some(dtype), _) => {
                 counters::count(|c| c.weight_casts += 1);
-                self.param::<2>(id).cast(FloatDType::BF16)
+                self.param::<2>(id).cast(dtype)
             }
         }
     }
