@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use dpcap_coordinator::SpecFile;
 use dpcap_privacy::contract::PrivacyContract;
 use dpcap_proto::client::{ClientError, JobsClient};
+use dpcap_proto::spec::SpecFile;
 use dpcap_proto::v1::{Job, JobState, Reduction};
 use dpcap_serve::ClientTlsArgs;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -47,7 +47,7 @@ pub fn exit_code(job: &Job) -> i32 {
     let finished = job.conditions.iter().rev().find(|c| c.r#type == "Finished");
     match JobState::try_from(job.state) {
         Ok(JobState::Succeeded) => 0,
-        Ok(JobState::Failed) if finished.is_some_and(|c| c.reason == dpcap_coordinator::BUDGET_REFUSED) => 5,
+        Ok(JobState::Failed) if finished.is_some_and(|c| c.reason == dpcap_proto::job::BUDGET_REFUSED) => 5,
         Ok(JobState::Failed) => 3,
         Ok(JobState::Cancelled) => 4,
         Ok(JobState::BudgetExhausted) => 5,
@@ -371,7 +371,7 @@ pub async fn follow(client: &mut JobsClient, job_id: &str, bar: bool) -> Result<
 pub async fn wait(server: &Server, job_id: &str, bar: bool) -> Result<i32> {
     let mut client = server.connect().await?;
     let job = follow(&mut client, job_id, bar).await?;
-    if !dpcap_coordinator::is_terminal(job.state) {
+    if !dpcap_proto::job::is_terminal(job.state) {
         bail!("the watch stream of {job_id} ended while it is {}", state_name(job.state));
     }
     Ok(exit_code(&job))
@@ -390,7 +390,7 @@ mod tests {
     #[test]
     fn every_budget_end_exits_5_and_other_failures_3() {
         assert_eq!(exit_code(&finished(JobState::BudgetExhausted, "BudgetExhausted")), 5);
-        assert_eq!(exit_code(&finished(JobState::Failed, dpcap_coordinator::BUDGET_REFUSED)), 5);
+        assert_eq!(exit_code(&finished(JobState::Failed, dpcap_proto::job::BUDGET_REFUSED)), 5);
         assert_eq!(exit_code(&finished(JobState::Failed, "Refused")), 3);
         assert_eq!(exit_code(&finished(JobState::Succeeded, "Succeeded")), 0);
         assert_eq!(exit_code(&finished(JobState::Cancelled, "Cancelled")), 4);

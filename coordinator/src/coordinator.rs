@@ -7,15 +7,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use dpcap_proto::client::{AccountantClient, CallCredentials, RawClient};
+use dpcap_proto::job::{BUDGET_REFUSED, is_terminal};
 use dpcap_proto::v1::{Assignment, Job, JobState, Reduction, StepWork, step_work::Action};
 use dpcap_serve::{Capabilities, Capability, StepGrant};
 
 use crate::dataset;
 use crate::error::CoordinatorError;
 use crate::sampler::{JobSecret, PoissonSampler};
-use crate::state::{
-    AUDIT_REASONS, BUDGET_REFUSED, Effects, JobEntry, Report, State, WorkerEntry, condition, is_terminal,
-};
+use crate::state::{AUDIT_REASONS, Effects, JobEntry, Report, State, WorkerEntry, condition};
 use crate::store::{JobStore, Private, hex, random_bytes};
 
 /// How the coordinator is set up.

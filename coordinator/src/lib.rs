@@ -33,8 +33,8 @@ pub use registration::{Provenance, contract};
 pub use rendezvous::{NCCL_ID_BYTES, exchange};
 pub use sampler::{JobSecret, PoissonSampler, SamplerError};
 pub use server::serve;
-pub use spec::{AuditFile, Checked, FedEmbFile, ModeRequest, SimulateFile, SpecFile, check_fields};
+pub use spec::{Checked, ModeRequest, check_fields};
 // The scheduler's pure state, which the suite drives without a server (`tests/scheduler.rs`).
-pub use state::{BUDGET_REFUSED, Closing, JobEntry, REPLACEMENT_GRACE, Report, State, WorkerEntry, is_terminal};
+pub use state::{Closing, JobEntry, REPLACEMENT_GRACE, Report, State, WorkerEntry};
 pub use store::JobStore;
 pub use work::{ClientUnit, WorkUnit, example_units, share_units, split_clients, split_work, step_work};

@@ -8,7 +8,8 @@ use dpcap_proto::v1::Reduction;
 
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
-use crate::state::{State, is_terminal};
+use crate::state::State;
+use dpcap_proto::job::is_terminal;
 
 /// Bytes of an `ncclUniqueId`.
 pub const NCCL_ID_BYTES: usize = 128;

@@ -19,7 +19,8 @@ use tonic::{Request, Response, Status};
 
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
-use crate::state::{Report, is_terminal};
+use crate::state::Report;
+use dpcap_proto::job::is_terminal;
 
 /// Operators' service.
 #[derive(Debug, Clone)]

@@ -1,5 +1,5 @@
-//! Job specs: the YAML/JSON file an operator writes (the same fields as the `JobSpec` message),
-//! and the first stage of planning: a [`Checked`] spec, every field checked and every choice
+//! Job specs as the coordinator checks them (an operator's file is read into the `JobSpec`
+//! message by `dpcap_proto::spec::SpecFile`), and the first stage of planning: a [`Checked`] spec, every field checked and every choice
 //! typed (objective, accountant, privacy mode, audit, rate, length, DP-FedEmb settings), so that
 //! the later stages (`plan`: q, steps, δ, σ and ε; `registration`: the contract) read types,
 //! never the wire's fields again. Every refusal names its field.
@@ -9,7 +9,6 @@ use dpcap_privacy::contract::{Audit, Placement};
 use dpcap_proto::contract::fedemb_from_proto;
 use dpcap_proto::v1::{self, JobSpec, TelemetryMode};
 use dpcap_registry::{Family, FedEmb};
-use serde::{Deserialize, Serialize};
 
 use crate::error::CoordinatorError;
 
@@ -19,201 +18,8 @@ pub use dpcap_registry::NAMES as MODEL_NAMES;
 /// Largest micro-batch accepted: a bigger one is a typo, not a memory plan.
 pub const MAX_MICRO_BATCH: u32 = 65_536;
 
-/// A job spec file (YAML or JSON). Unknown keys are refused, so a typo names itself.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SpecFile {
-    /// Free-form name shown in listings.
-    #[serde(default)]
-    pub name: String,
-    /// Dataset directory or URL (shards and index.json).
-    pub dataset: String,
-    /// Model configuration: micro, bench, tiny, small, base, large.
-    pub model: String,
-    /// caption (default) | mae | fedemb
-    pub objective: Option<String>,
-    /// ε target at δ (σ is calibrated from it unless `noise_multiplier` is fixed).
-    pub epsilon: Option<f64>,
-    /// δ; default 1/N.
-    pub delta: Option<f64>,
-    /// A fixed noise multiplier σ (noise std σ·C).
-    pub noise_multiplier: Option<f64>,
-    /// Poisson rate q in (0, 1]; or `batch_size` (expected L = qN).
-    pub sample_rate: Option<f64>,
-    /// Expected batch size L.
-    pub batch_size: Option<u64>,
-    /// Steps (ledger charges).
-    pub steps: Option<u64>,
-    /// Epochs instead of steps (steps = ceil(epochs / q)).
-    pub epochs: Option<f64>,
-    /// Per-example L2 clipping norm C; default 1.
-    pub clipping_norm: Option<f64>,
-    /// Peak AdamW learning rate; default 1e-3.
-    pub learning_rate: Option<f64>,
-    /// Linear warmup steps; default 5 % of the steps.
-    pub warmup_steps: Option<u64>,
-    /// Examples per physical micro-batch (memory bound); default 64.
-    pub micro_batch: Option<u32>,
-    /// Ranks the job needs at once; default 1.
-    pub workers: Option<u32>,
-    /// Rank 0 checkpoints every this many steps (and at the end); default 50.
-    pub checkpoint_interval: Option<u64>,
-    /// full (default) | strict
-    pub telemetry: Option<String>,
-    /// pld (default) | rdp
-    pub accountant: Option<String>,
-    /// A tokenizer.json path or URL; default the dataset's own.
-    pub tokenizer: Option<String>,
-    /// Seed of the initial weights (post-processing, not a privacy parameter).
-    pub seed: Option<u64>,
-    /// Refused unless 0: datasets' budgets are set by privacy admins, not by jobs.
-    pub dataset_epsilon_budget: Option<f64>,
-    /// random_resized_crop (default) | center_crop
-    pub augment: Option<String>,
-    /// A non-private baseline (σ = 0, no ε): NOT PRIVATE everywhere it shows.
-    pub not_private: Option<bool>,
-    /// TAN: simulate a target recipe at this job's smaller batch. NOT PRIVATE.
-    pub simulate: Option<SimulateFile>,
-    /// Another job's checkpoint root to start from (weights only).
-    pub init_from: Option<String>,
-    /// The `init_from` weights, if NOT PRIVATE, were trained on public or synthetic data only.
-    pub init_public: Option<bool>,
-    /// A one-run privacy audit with gradient-space canaries.
-    pub audit: Option<AuditFile>,
-    /// DP-FedEmb's local training and server update (objective fedemb).
-    pub fedemb: Option<FedEmbFile>,
-}
-
-/// DP-FedEmb's settings (see `FedEmb` in the proto).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FedEmbFile {
-    /// Local SGD steps per client (0: as many as `local_epochs` take).
-    pub local_steps: Option<u32>,
-    /// Passes over a client's examples; default 1.
-    pub local_epochs: Option<u32>,
-    /// Local SGD learning rate; default 0.05.
-    pub local_learning_rate: Option<f64>,
-    /// Examples per local step; default 8.
-    pub local_batch: Option<u32>,
-    /// Users per virtual client k; default 1 (the privacy unit is then exactly the user).
-    pub users_per_client: Option<u32>,
-    /// sgd (momentum, the default) | adam
-    pub server_optimizer: Option<String>,
-    /// Server SGD momentum; default 0.9.
-    pub server_momentum: Option<f64>,
-    /// Softmax scale of the local cosine head; default 10.
-    pub head_scale: Option<f64>,
-}
-
 /// Most users a virtual client may group.
 pub const MAX_USERS_PER_CLIENT: u32 = 1_000_000;
-
-/// A job's audit (see `Audit` in the proto).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuditFile {
-    /// Number of canaries.
-    pub canaries: u32,
-    /// gradient (the default).
-    pub kind: Option<String>,
-    /// reserved (the default: coordinates set aside for the audit) or model.
-    pub coordinates: Option<String>,
-}
-
-/// The recipe a TAN job simulates (see `Simulation` in the proto).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SimulateFile {
-    /// The target's expected batch size B.
-    pub batch_size: u64,
-    /// The target's σ; default calibrated for the job's ε at q = B/N.
-    pub noise_multiplier: Option<f64>,
-}
-
-impl SpecFile {
-    /// Parses YAML (of which JSON is a subset).
-    pub fn parse(text: &str) -> Result<Self, CoordinatorError> {
-        serde_yaml::from_str(text).map_err(|e| CoordinatorError::invalid("spec", e.to_string()))
-    }
-
-    /// The wire message; enum names are checked here.
-    pub fn into_proto(self) -> Result<JobSpec, CoordinatorError> {
-        let objective = match self.objective.as_deref() {
-            None => Family::default(),
-            Some(name) => name.parse::<Family>()?,
-        };
-        let objective = dpcap_proto::contract::family_to_proto(objective);
-        let telemetry = match self.telemetry.as_deref().unwrap_or("full") {
-            "full" => TelemetryMode::Full,
-            "strict" => TelemetryMode::Strict,
-            other => return Err(CoordinatorError::invalid("telemetry", format!("{other:?} is not full or strict"))),
-        };
-        let accountant = match self.accountant.as_deref() {
-            None => v1::AccountantKind::Pld,
-            Some(name) => dpcap_proto::contract::kind_to_proto(
-                name.parse::<AccountantKind>()
-                    .map_err(|source| CoordinatorError::Privacy { field: "accountant", source })?,
-            ),
-        };
-        let augment = match self.augment.as_deref().unwrap_or("random_resized_crop") {
-            "random_resized_crop" => v1::Augment::RandomResizedCrop,
-            "center_crop" => v1::Augment::CenterCrop,
-            other => {
-                return Err(CoordinatorError::invalid(
-                    "augment",
-                    format!("{other:?} is not random_resized_crop or center_crop"),
-                ));
-            }
-        };
-        Ok(JobSpec {
-            name: self.name,
-            dataset: self.dataset,
-            model: self.model,
-            objective: objective as i32,
-            epsilon: self.epsilon,
-            delta: self.delta,
-            noise_multiplier: self.noise_multiplier,
-            sample_rate: self.sample_rate,
-            batch_size: self.batch_size,
-            steps: self.steps,
-            epochs: self.epochs,
-            clipping_norm: self.clipping_norm,
-            learning_rate: self.learning_rate,
-            warmup_steps: self.warmup_steps,
-            micro_batch: self.micro_batch,
-            workers: self.workers,
-            checkpoint_interval: self.checkpoint_interval,
-            telemetry: telemetry as i32,
-            accountant: accountant as i32,
-            tokenizer: self.tokenizer.unwrap_or_default(),
-            seed: self.seed.unwrap_or(0),
-            dataset_epsilon_budget: self.dataset_epsilon_budget.unwrap_or(0.0),
-            augment: augment as i32,
-            not_private: self.not_private.unwrap_or(false),
-            init_from: self.init_from.unwrap_or_default(),
-            init_public: self.init_public.unwrap_or(false),
-            simulate: self
-                .simulate
-                .map(|s| v1::Simulation { batch_size: s.batch_size, noise_multiplier: s.noise_multiplier }),
-            audit: self.audit.map(|a| v1::Audit {
-                canaries: a.canaries,
-                kind: a.kind.unwrap_or_default(),
-                coordinates: a.coordinates.unwrap_or_default(),
-            }),
-            fedemb: self.fedemb.map(|f| v1::FedEmb {
-                local_steps: f.local_steps.unwrap_or(0),
-                local_epochs: f.local_epochs.unwrap_or(0),
-                local_learning_rate: f.local_learning_rate,
-                local_batch: f.local_batch.unwrap_or(0),
-                users_per_client: f.users_per_client.unwrap_or(0),
-                server_optimizer: f.server_optimizer.unwrap_or_default(),
-                server_momentum: f.server_momentum,
-                head_scale: f.head_scale,
-            }),
-        })
-    }
-}
 
 fn positive(field: &'static str, value: Option<f64>) -> Result<Option<f64>, CoordinatorError> {
     match value {

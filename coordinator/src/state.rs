@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
+use dpcap_proto::job::is_terminal;
 use dpcap_proto::v1::{Condition, Job, JobState, Reduction, StepOutcome};
 
 use crate::error::CoordinatorError;
@@ -58,11 +59,6 @@ pub fn is_strict(job: &Job) -> bool {
     job.spec.as_ref().is_some_and(|s| s.telemetry == dpcap_proto::v1::TelemetryMode::Strict as i32)
 }
 
-/// Whether a state is final.
-pub fn is_terminal(state: i32) -> bool {
-    !matches!(JobState::try_from(state), Ok(JobState::Pending | JobState::Running))
-}
-
 /// Phases of a step, in the order of `dpcap_step_duration_seconds{phase}`.
 pub const PHASES: [&str; 5] = ["compute", "reduce", "release", "update", "checkpoint"];
 
@@ -100,11 +96,6 @@ pub struct Group {
     /// capability, so that the accountant holds each rank's part to C times its own share.
     pub shares: Vec<u64>,
 }
-
-/// The reason of a job FAILED because its dataset's budget could not cover its remaining plan
-/// (at a resume): a budget end, which `dpctl wait` reports as one (exit 5); still resumable
-/// once its privacy admin raises the budget.
-pub const BUDGET_REFUSED: &str = "BudgetRefused";
 
 /// The reasons of an audit's condition: passed, violated, or not scored.
 pub(crate) const AUDIT_PASSED: &str = "AuditPassed";

@@ -1,11 +1,12 @@
 //! Privacy modes in the plan: a non-private baseline (σ = 0, no ε) and a TAN simulation
 //! (σ' = σ·B'/B, the target recipe's ε), each refused when its fields contradict it.
 
-use dpcap_coordinator::SpecFile;
+use dpcap_coordinator::check_fields;
 use dpcap_coordinator::{Population, plan};
 use dpcap_coordinator::{Provenance, contract};
-use dpcap_coordinator::{SimulateFile, check_fields};
 use dpcap_privacy::contract::{Mode, PrivacyContract, Recipe};
+use dpcap_proto::spec::SimulateFile;
+use dpcap_proto::spec::SpecFile;
 use dpcap_proto::v1::Plan;
 
 fn base() -> SpecFile {
@@ -131,7 +132,7 @@ async fn a_dp_job_starts_from_not_private_weights_only_when_told_they_saw_public
 
 #[test]
 fn audits_are_refused_naming_the_field_when_their_kind_placement_count_or_mode_is_wrong() {
-    use dpcap_coordinator::AuditFile;
+    use dpcap_proto::spec::AuditFile;
     let audit = |canaries, kind: Option<&str>, coordinates: Option<&str>| {
         Some(AuditFile { canaries, kind: kind.map(Into::into), coordinates: coordinates.map(Into::into) })
     };

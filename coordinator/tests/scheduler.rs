@@ -350,25 +350,8 @@ fn a_budget_refusal_ends_the_job_budget_exhausted_not_failed() {
 }
 
 #[test]
-fn spec_files_parse_from_yaml_and_json_and_name_unknown_keys() {
-    use dpcap_coordinator::SpecFile;
-    let yaml = SpecFile::parse("dataset: /data\nmodel: micro\nepsilon: 8\nbatch_size: 64\nsteps: 10\nobjective: mae\n")
-        .unwrap();
-    let json = SpecFile::parse(
-        r#"{"dataset": "/data", "model": "micro", "epsilon": 8, "batch_size": 64, "steps": 10, "objective": "mae"}"#,
-    )
-    .unwrap();
-    assert_eq!(yaml, json);
-    assert_eq!(yaml.clone().into_proto().unwrap().objective, dpcap_proto::v1::Objective::Mae as i32);
-    let typo = SpecFile::parse("dataset: /data\nmodel: micro\nclip_norm: 1\n").unwrap_err();
-    assert!(typo.to_string().contains("unknown field `clip_norm`"), "{typo}");
-    let bad_enum = SpecFile { telemetry: Some("verbose".into()), ..yaml }.into_proto().unwrap_err();
-    assert!(bad_enum.to_string().starts_with("invalid telemetry"), "{bad_enum}");
-}
-
-#[test]
 fn the_plan_calibrates_sigma_for_the_target_and_defaults_delta_to_one_over_n() {
-    use dpcap_coordinator::SpecFile;
+    use dpcap_proto::spec::SpecFile;
     let spec = SpecFile {
         dataset: "/d".into(),
         model: "micro".into(),
@@ -393,7 +376,7 @@ fn every_example_job_spec_in_deploy_parses_and_passes_field_checks() {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
-        let spec = dpcap_coordinator::SpecFile::parse(&text)
+        let spec = dpcap_proto::spec::SpecFile::parse(&text)
             .and_then(|s| s.into_proto())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         dpcap_coordinator::check_fields(&spec).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

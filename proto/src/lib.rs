@@ -10,11 +10,13 @@ pub mod contract;
 pub mod digest;
 pub mod error;
 pub mod floats;
+pub mod job;
 pub mod plan;
 pub mod reflection;
 pub mod retry;
 pub mod roles;
 pub mod secret;
+pub mod spec;
 
 /// Generated messages, clients and servers of package `dpcap.v1`.
 pub mod v1 {

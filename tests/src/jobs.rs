@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use dpcap_coordinator::SpecFile;
+use dpcap_proto::spec::SpecFile;
 use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
 use dpcap_proto::v1::{GetJobRequest, GetSpendRequest, Job, JobState, SubmitJobRequest};
 

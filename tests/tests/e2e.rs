@@ -11,9 +11,9 @@ mod s3;
 #[path = "e2e/tour.rs"]
 mod tour;
 
-use dpcap_coordinator::SpecFile;
 use dpcap_e2e::jobs::{ended, get, is, spec, spend, step, submit, tempfile_dir, wait_until, within};
 use dpcap_e2e::{Process, Services, dpctl, synth_dataset};
+use dpcap_proto::spec::SpecFile;
 use dpcap_proto::v1::{CancelJobRequest, GetJobRequest, JobPhase, JobState, Reduction, SubmitJobRequest};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,7 +26,7 @@ async fn a_job_runs_to_success_charging_exactly_its_steps_and_leaves_a_loadable_
         Process::worker(&services.coordinator.grpc, "w1", &dir),
     ];
     // Audited in one run: 1,000 canaries the accountant alone knows.
-    let audit = dpcap_coordinator::AuditFile { canaries: 1000, kind: Some("gradient".into()), coordinates: None };
+    let audit = dpcap_proto::spec::AuditFile { canaries: 1000, kind: Some("gradient".into()), coordinates: None };
     let job = submit(&services, SpecFile { audit: Some(audit), ..spec(&dataset, 5) }).await;
     let plan = job.plan.unwrap();
     let c = dpcap_proto::plan::contract(&plan).unwrap();
@@ -310,7 +310,7 @@ async fn a_tan_simulation_runs_not_private_and_reports_its_targets_epsilon_every
         Process::worker(&services.coordinator.grpc, "w0", &dir),
         Process::worker(&services.coordinator.grpc, "w1", &dir),
     ];
-    let simulate = Some(dpcap_coordinator::SimulateFile { batch_size: 120, noise_multiplier: Some(2.0) });
+    let simulate = Some(dpcap_proto::spec::SimulateFile { batch_size: 120, noise_multiplier: Some(2.0) });
     let job = submit(&services, SpecFile { epsilon: None, simulate, ..spec(&dataset, 3) }).await;
     let c = dpcap_proto::plan::contract(job.plan.as_ref().unwrap()).unwrap();
     assert_eq!(c.mode.name(), "simulation");

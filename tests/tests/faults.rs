@@ -174,7 +174,7 @@ async fn sigterm_re_forms_a_workers_group_at_once_and_drains_a_coordinator_with_
     assert!(drained.is_some(), "the coordinator exits within the drain timeout with a watch connected");
     services.restart_coordinator(Duration::ZERO).await;
     let restored = get(&services, &job.job_id).await;
-    assert!(!dpcap_coordinator::is_terminal(restored.state), "{restored:#?}");
+    assert!(!dpcap_proto::job::is_terminal(restored.state), "{restored:#?}");
 }
 
 /// A call whose caller goes away while its transition's effects are carried out (a worker
@@ -203,7 +203,7 @@ async fn a_transition_whose_caller_goes_away_is_still_carried_out_and_wakes_its_
     let ended = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
             let job = watch.message().await.expect("the watch answers").expect("the watch ends with the job's end");
-            if dpcap_coordinator::is_terminal(job.state) {
+            if dpcap_proto::job::is_terminal(job.state) {
                 return job;
             }
         }
@@ -225,9 +225,9 @@ async fn an_audited_job_that_ended_without_its_audit_recorded_is_audited_when_th
     let dataset = synth_dataset(&dir, 100);
     let mut services = Services::start(&dir).await;
     let mut worker = Process::worker(&services.coordinator.grpc, "w0", &dir);
-    let audit = dpcap_coordinator::AuditFile { canaries: 100, kind: Some("gradient".into()), coordinates: None };
+    let audit = dpcap_proto::spec::AuditFile { canaries: 100, kind: Some("gradient".into()), coordinates: None };
     let job =
-        submit(&services, dpcap_coordinator::SpecFile { audit: Some(audit), workers: Some(1), ..spec(&dataset, 2) })
+        submit(&services, dpcap_proto::spec::SpecFile { audit: Some(audit), workers: Some(1), ..spec(&dataset, 2) })
             .await;
     let audited = |job: &Job| job.conditions.iter().any(|c| c.r#type == "Audited" && c.reason == "AuditPassed");
     let done = wait_until(&services, &job.job_id, within(2), |j| ended(j) && audited(j)).await;

@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use dpcap_coordinator::FedEmbFile;
-use dpcap_coordinator::SpecFile;
 use dpcap_e2e::jobs::{ended, spend, submit, tempfile_dir, wait_until};
 use dpcap_e2e::{Process, Services, identities_dataset, synth_dataset};
+use dpcap_proto::spec::FedEmbFile;
+use dpcap_proto::spec::SpecFile;
 use dpcap_proto::v1::{JobState, SubmitJobRequest};
 
 fn fedemb_spec(dataset: &std::path::Path, users_per_client: u32) -> SpecFile {

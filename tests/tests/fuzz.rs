@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use dpcap_coordinator::SpecFile;
 use dpcap_e2e::jobs::tempfile_dir;
 use dpcap_e2e::{Services, synth_dataset};
 use dpcap_proto::roles::POLICY;
+use dpcap_proto::spec::SpecFile;
 use dpcap_proto::v1::accountant_service_client::AccountantServiceClient;
 use dpcap_proto::v1::job_service_client::JobServiceClient;
 use dpcap_proto::v1::worker_service_client::WorkerServiceClient;

@@ -8,8 +8,6 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use dpcap_coordinator::FedEmbFile;
-use dpcap_coordinator::SpecFile;
 use dpcap_dataset::identities::{self, IdentityLayout};
 use dpcap_dataset::pipeline::Pipeline;
 use dpcap_ml::CpuBackend;
@@ -19,6 +17,8 @@ use dpcap_ml::eval::heldout;
 use dpcap_ml::eval::retrieval::{self, Recall};
 use dpcap_ml::model::{Embedder, EmbedderConfig};
 use dpcap_ml::params::ParamSet;
+use dpcap_proto::spec::FedEmbFile;
+use dpcap_proto::spec::SpecFile;
 use serde_json::json;
 
 use super::DemoArgs;

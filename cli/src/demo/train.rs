@@ -5,7 +5,6 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use dpcap_coordinator::SpecFile;
 use dpcap_dataset::tokenizer::CaptionTokenizer;
 use dpcap_ml::CpuBackend;
 use dpcap_ml::checkpoint::load_weights;
@@ -13,6 +12,7 @@ use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
 use dpcap_ml::clip::ClipEngine;
 use dpcap_ml::optim::Schedule;
 use dpcap_ml::trainer::{ReplicaConfig, Trainer};
+use dpcap_proto::spec::SpecFile;
 use dpcap_proto::v1::{GetSpendRequest, Job, JobSpend, JobState};
 
 use super::DemoArgs;
@@ -41,7 +41,7 @@ pub fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool, init: Option<&
         // A caption names both shapes of a scene: a random crop that cut one away would make
         // the caption false. LAION-scale jobs keep the default random_resized_crop.
         augment: Some("center_crop".into()),
-        audit: (!not_private && args.audit > 0).then(|| dpcap_coordinator::AuditFile {
+        audit: (!not_private && args.audit > 0).then(|| dpcap_proto::spec::AuditFile {
             canaries: args.audit,
             kind: None,
             coordinates: Some(args.audit_coordinates.clone()),

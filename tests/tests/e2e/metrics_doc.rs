@@ -80,7 +80,7 @@ async fn metrics_md_lists_exactly_what_both_services_serve_and_the_dashboard_que
     let set = dpctl_with_env(&budget, &env);
     assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
     let _worker = Process::worker(&services.coordinator.grpc, "w0", &dir);
-    let job = submit(&services, dpcap_coordinator::SpecFile { workers: Some(1), ..spec(&dataset, 2) }).await;
+    let job = submit(&services, dpcap_proto::spec::SpecFile { workers: Some(1), ..spec(&dataset, 2) }).await;
     wait_until(&services, &job.job_id, within(2), is(JobState::Succeeded)).await;
 
     let (coordinator, accountant) = (services.coordinator.scrape().await, services.accountant.scrape().await);

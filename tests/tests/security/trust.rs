@@ -88,8 +88,8 @@ fn dim(job: &Job) -> u64 {
     job.plan.as_ref().unwrap().gradient_dim
 }
 
-fn one_worker(dataset: &std::path::Path, steps: u64) -> dpcap_coordinator::SpecFile {
-    dpcap_coordinator::SpecFile { workers: Some(1), ..spec(dataset, steps) }
+fn one_worker(dataset: &std::path::Path, steps: u64) -> dpcap_proto::spec::SpecFile {
+    dpcap_proto::spec::SpecFile { workers: Some(1), ..spec(dataset, steps) }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,7 +147,7 @@ async fn a_worker_that_skips_clipping_is_refused_at_its_first_step_and_nothing_i
     let services = Services::start(&dir).await;
     // A small C: any unclipped example gradient is far past it.
     let job =
-        submit(&services, dpcap_coordinator::SpecFile { clipping_norm: Some(1e-4), ..one_worker(&dataset, 3) }).await;
+        submit(&services, dpcap_proto::spec::SpecFile { clipping_norm: Some(1e-4), ..one_worker(&dataset, 3) }).await;
     let env = [("DPCAP_TEST_SKIP_CLIPPING".to_owned(), "1".to_owned())];
     let _worker = Process::worker_with_env(&services.coordinator.grpc, "w0", &dir, &[], &env);
     let failed = wait_until(&services, &job.job_id, within(1), |j| j.state == JobState::Failed as i32).await;
@@ -167,7 +167,7 @@ async fn each_rank_gets_an_even_share_and_a_part_past_c_times_its_own_share_is_r
     let dir = tempfile_dir("shares");
     let dataset = synth_dataset(&dir, 120);
     let services = Services::with_lease(&dir, 60).await;
-    let job = submit(&services, dpcap_coordinator::SpecFile { clipping_norm: Some(1.0), ..spec(&dataset, 3) }).await;
+    let job = submit(&services, dpcap_proto::spec::SpecFile { clipping_norm: Some(1.0), ..spec(&dataset, 3) }).await;
     let (mut a, mut b) = (HandWorker::register(&services).await, HandWorker::register(&services).await);
     let (assigned_a, assigned_b) = (a.assignment().await, b.assignment().await);
     let (work_a, work_b) = tokio::join!(a.step(&assigned_a), b.step(&assigned_b));
@@ -351,7 +351,7 @@ async fn twenty_queued_tiny_jobs_keep_the_accountants_memory_within_100_mb_of_id
     let rss = || accountant_rss(&services);
     let idle = rss();
     for _ in 0..20 {
-        submit(&services, dpcap_coordinator::SpecFile { model: "tiny".into(), ..one_worker(&dataset, 3) }).await;
+        submit(&services, dpcap_proto::spec::SpecFile { model: "tiny".into(), ..one_worker(&dataset, 3) }).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await; // a drawing, had one started, would be well on
     let queued = rss();
@@ -367,9 +367,9 @@ async fn four_queued_audited_jobs_keep_the_accountants_memory_within_100_mb_of_i
     let dataset = synth_dataset(&dir, 120);
     let mut services = Services::start(&dir).await;
     let idle = accountant_rss(&services);
-    let audit = dpcap_coordinator::AuditFile { canaries: 10_000_000, kind: None, coordinates: None };
+    let audit = dpcap_proto::spec::AuditFile { canaries: 10_000_000, kind: None, coordinates: None };
     for _ in 0..4 {
-        let spec = dpcap_coordinator::SpecFile { audit: Some(audit.clone()), ..one_worker(&dataset, 3) };
+        let spec = dpcap_proto::spec::SpecFile { audit: Some(audit.clone()), ..one_worker(&dataset, 3) };
         submit(&services, spec).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -492,7 +492,7 @@ async fn a_copy_of_a_budgeted_dataset_with_its_manifest_edited_spends_the_origin
     let original = shown(&dataset);
     for copy in [&edited, &reindexed] {
         assert_eq!(shown(copy), original, "{} names the original's budget", copy.display());
-        let spec = dpcap_coordinator::SpecFile { epsilon: Some(8.0), workers: Some(1), ..spec(copy, 3) };
+        let spec = dpcap_proto::spec::SpecFile { epsilon: Some(8.0), workers: Some(1), ..spec(copy, 3) };
         let request = SubmitJobRequest { spec: Some(spec.into_proto().unwrap()), idempotency_key: String::new() };
         let refused = services.jobs().await.submit_job(request).await.expect_err("refused at submit");
         assert!(refused.message().contains(&original) && refused.message().contains("budget 2"), "{refused}");
