@@ -127,10 +127,7 @@ impl NoiseAhead {
                 (tokio::task::spawn_blocking(move || noise::draw(dim, std, mode, step)), None)
             }
         };
-        let values = task
-            .await
-            .map_err(|e| AccountantError::Internal(format!("noise task failed: {e}")))?
-            .map_err(|e| AccountantError::Internal(format!("os entropy unavailable: {e}")))?;
+        let values = task.await.map_err(|source| AccountantError::Task { what: "noise", source })??;
         Ok(Noise { values, _held: held })
     }
 }

@@ -243,7 +243,18 @@ pub enum AccountantError {
         /// Why: re-formed (and which generation is admitted), or suspended.
         reason: String,
     },
-    /// A bug: a task panicked or was cancelled.
+    /// A task run apart (a release, a close, a noise pass) panicked or was cancelled: a bug.
+    #[error("internal error: {what} task failed: {source}")]
+    Task {
+        /// Which task.
+        what: &'static str,
+        /// How it ended.
+        source: tokio::task::JoinError,
+    },
+    /// The operating system gave no randomness (noise, an audit's secret, a fresh key).
+    #[error("internal error: no OS entropy: {0}")]
+    Entropy(#[from] getrandom::Error),
+    /// A bug the accountant detected in its own state.
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -271,7 +282,7 @@ impl ServiceError for AccountantError {
             ChargedElsewhere { .. } => ErrorCode::ReleaseDiscarded,
             Unavailable(_) => ErrorCode::Unavailable,
             Capability(e) => e.error_code(),
-            Storage(_) | CorruptLedger { .. } | Internal(_) => ErrorCode::Internal,
+            Storage(_) | CorruptLedger { .. } | Task { .. } | Entropy(_) | Internal(_) => ErrorCode::Internal,
         }
     }
 
@@ -300,9 +311,17 @@ fn named(figures: &BudgetExhausted) -> String {
 impl AccountantError {
     /// Runs `f` on a blocking thread (accounting math, noise passes): never on the async ones.
     pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Self> {
-        tokio::task::spawn_blocking(f)
-            .await
-            .map_err(|e| AccountantError::Internal(format!("blocking task failed: {e}")))
+        tokio::task::spawn_blocking(f).await.map_err(|source| AccountantError::Task { what: "blocking", source })
+    }
+
+    /// Runs `work` in a task of its own, to its end whatever the caller does (a handler's
+    /// future is dropped when its client goes away): a charge, a revocation or a budget's audit
+    /// entry is made durable, or fails, never half.
+    pub(crate) async fn detached<T: Send + 'static>(
+        what: &'static str,
+        work: impl Future<Output = Result<T, Self>> + Send + 'static,
+    ) -> Result<T, Self> {
+        tokio::spawn(work).await.map_err(|source| AccountantError::Task { what, source })?
     }
 
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {

@@ -259,7 +259,7 @@ impl Ledger {
     pub async fn audit_secret(&self, job_id: &str) -> Result<[u8; 32], AccountantError> {
         let path = self.job_path(job_id, "audit/secret");
         let mut fresh = [0u8; 32];
-        getrandom::fill(&mut fresh).map_err(|e| AccountantError::Internal(format!("no OS entropy: {e}")))?;
+        getrandom::fill(&mut fresh)?;
         match self.create(&path, fresh.to_vec()).await {
             Ok(()) => return Ok(fresh),
             Err(object_store::Error::AlreadyExists { .. }) => {}

@@ -249,7 +249,7 @@ impl AccountantService for AccountantGrpc {
         let (accountant, for_task) = (self.accountant.clone(), job.clone());
         let outcome = tokio::spawn(async move { accountant.submit_part(&for_task, part).await })
             .await
-            .map_err(|e| to_status(AccountantError::Internal(format!("part task failed: {e}"))))?
+            .map_err(|source| to_status(AccountantError::Task { what: "part", source }))?
             .map_err(|e| {
                 tracing::warn!(job_id = %job.registration.job_id, step, part = part_index, error = %e, "part refused");
                 to_status(e)
@@ -364,17 +364,17 @@ impl AccountantService for AccountantGrpc {
         if request.resumable {
             let (accountant, suspending) = (self.accountant.clone(), job.clone());
             // Run to the end whatever the client does: a revocation is made durable or fails.
-            tokio::spawn(async move { accountant.suspend(&suspending, &request.reason, request.generation).await })
-                .await
-                .map_err(|e| to_status(AccountantError::Internal(format!("suspend task failed: {e}"))))?
-                .map_err(to_status)?;
+            AccountantError::detached("suspend", async move {
+                accountant.suspend(&suspending, &request.reason, request.generation).await
+            })
+            .await
+            .map_err(to_status)?;
             return Ok(Response::new(spend(&job)));
         }
         let (accountant, closing) = (self.accountant.clone(), job.clone());
         // Run to the end whatever the client does: a half-done close would keep charging.
-        tokio::spawn(async move { accountant.close(&closing, &request.reason).await })
+        AccountantError::detached("close", async move { accountant.close(&closing, &request.reason).await })
             .await
-            .map_err(|e| to_status(AccountantError::Internal(format!("close task failed: {e}"))))?
             .map_err(to_status)?;
         Ok(Response::new(spend(&job)))
     }
@@ -384,10 +384,11 @@ impl AccountantService for AccountantGrpc {
         let job = self.accountant.job(&request.job_id).map_err(to_status)?;
         let (accountant, fencing) = (self.accountant.clone(), job.clone());
         // Run to the end whatever the client does: a revocation is made durable or not at all.
-        tokio::spawn(async move { accountant.fence(&fencing, request.generation, request.resume).await })
-            .await
-            .map_err(|e| to_status(AccountantError::Internal(format!("fence task failed: {e}"))))?
-            .map_err(to_status)?;
+        AccountantError::detached("fence", async move {
+            accountant.fence(&fencing, request.generation, request.resume).await
+        })
+        .await
+        .map_err(to_status)?;
         let epsilon_composed = self.accountant.epsilon_composed(&job).await.map_err(to_status)?;
         Ok(Response::new(JobSpend { epsilon_composed, ..spend(&job) }))
     }
@@ -397,9 +398,8 @@ impl AccountantService for AccountantGrpc {
         let job = self.accountant.job(&request.job_id).map_err(to_status)?;
         let (accountant, trimming) = (self.accountant.clone(), job.clone());
         // Run to the end whatever the client does: memory must match what was deleted.
-        tokio::spawn(async move { accountant.trim(&trimming, request.before_step).await })
+        AccountantError::detached("trim", async move { accountant.trim(&trimming, request.before_step).await })
             .await
-            .map_err(|e| to_status(AccountantError::Internal(format!("trim task failed: {e}"))))?
             .map_err(to_status)?;
         Ok(Response::new(spend(&job)))
     }
@@ -421,9 +421,8 @@ impl AccountantService for AccountantGrpc {
         };
         let accountant = self.accountant.clone();
         // Audit entry and current value are written together, whatever the client does.
-        let view = tokio::spawn(async move { accountant.set_budget(&key, setting).await })
+        let view = AccountantError::detached("budget", async move { accountant.set_budget(&key, setting).await })
             .await
-            .map_err(|e| to_status(AccountantError::Internal(format!("budget task failed: {e}"))))?
             .map_err(to_status)?;
         Ok(Response::new(dataset_to_proto(view)))
     }
@@ -441,9 +440,7 @@ impl AccountantService for AccountantGrpc {
     async fn estimate(&self, request: Request<EstimateRequest>) -> Result<Response<EstimateResponse>, Status> {
         let r = request.into_inner();
         let kind = kind_from_proto(r.accountant).map_err(|e| to_status(AccountantError::from(e)))?;
-        let result = tokio::task::spawn_blocking(move || estimate(kind, r))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let result = AccountantError::blocking(move || estimate(kind, r)).await.map_err(to_status)?;
         result.map(Response::new).map_err(to_status)
     }
 }

@@ -244,7 +244,7 @@ impl Spending {
             Some((_, task)) => task.await,
             None => tokio::task::spawn_blocking(move || curve.epsilon_after(steps)).await,
         }
-        .map_err(|e| AccountantError::Internal(format!("epsilon task failed: {e}")))??;
+        .map_err(|source| AccountantError::Task { what: "epsilon", source })??;
         let mut memo = self.memo.lock().expect("memo lock");
         memo.insert(steps, epsilon);
         while memo.len() > MEMO_KEPT {

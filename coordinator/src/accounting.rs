@@ -38,7 +38,7 @@ fn refusal(status: tonic::Status) -> CoordinatorError {
             let budget = dpcap_proto::budget_exhausted(&status).map(Box::new);
             CoordinatorError::Refused { code, message: status.message().to_owned(), budget }
         }
-        _ => CoordinatorError::Accountant(status.message().to_owned()),
+        _ => CoordinatorError::accountant("", status),
     }
 }
 
@@ -87,7 +87,7 @@ impl Coordinator {
     /// Registers the job's contract (idempotent for an identical one).
     pub(crate) async fn register(&self, job: &Job) -> Result<(), CoordinatorError> {
         let plan =
-            job.plan.as_ref().ok_or_else(|| CoordinatorError::Store(format!("job {} has no plan", job.job_id)))?;
+            job.plan.as_ref().ok_or_else(|| CoordinatorError::Invariant(format!("job {} has no plan", job.job_id)))?;
         let request = RegisterJobRequest {
             job_id: job.job_id.clone(),
             contract: plan.contract.clone(),

@@ -233,7 +233,7 @@ impl Coordinator {
             this.carry_out(effects).await
         })
         .await
-        .unwrap_or_else(|e| Err(CoordinatorError::Store(format!("a transition's effects failed: {e}"))))
+        .unwrap_or_else(|e| Err(CoordinatorError::Task(e)))
     }
 
     async fn carry_out(&self, effects: Effects) -> Result<(), CoordinatorError> {
@@ -251,10 +251,7 @@ impl Coordinator {
         // A job that ended but that the accountant was not told of is reported (its capabilities
         // then stop only at their expiry), after everything else was carried out.
         let result = match (result, unclosed.first()) {
-            (Ok(()), Some(job_id)) => Err(CoordinatorError::Accountant(format!(
-                "job {job_id} ended, but the accountant could not be told: its workers' capabilities stop only when \
-                 they expire"
-            ))),
+            (Ok(()), Some(job_id)) => Err(CoordinatorError::Unrevoked(job_id.clone())),
             (result, _) => result,
         };
         // An audited job's audit is in its conditions before any watcher sees it ended.
@@ -507,9 +504,9 @@ impl Coordinator {
                     Some(step) if step >= planned_steps => return Ok(stop),
                     Some(_) if group.reported[rank] => false,
                     Some(_) => {
-                        let (step, units) = state
-                            .work_for(job_id, rank)
-                            .ok_or_else(|| CoordinatorError::Store("work units unavailable".into()))?;
+                        let (step, units) = state.work_for(job_id, rank).ok_or_else(|| {
+                            CoordinatorError::Invariant(format!("job {job_id}: work units unavailable"))
+                        })?;
                         let checkpoint = (step + 1) % plan.checkpoint_interval.max(1) == 0 || step + 1 >= planned_steps;
                         let capability =
                             state.jobs.get(job_id).map(|e| self.capability(e, rank, Some(step))).unwrap_or_default();

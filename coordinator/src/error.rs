@@ -134,18 +134,107 @@ pub enum CoordinatorError {
         /// Each differing field with the record's value and the ledger's.
         differences: String,
     },
-    /// The accountant could not be reached or failed.
-    #[error("accountant unavailable: {0}")]
-    Accountant(String),
-    /// The job store failed.
+    /// The accountant could not be reached or failed: what the coordinator was doing, and the
+    /// call's status.
+    #[error("accountant unavailable: {context}{}", .source.message())]
+    Accountant {
+        /// What the call was for, ending in ": " (empty for the common calls).
+        context: String,
+        /// The call's status.
+        source: Box<tonic::Status>,
+    },
+    /// A job ended but the accountant was not told: its capabilities stop only at their expiry.
+    #[error(
+        "accountant unavailable: job {0} ended, but the accountant could not be told: its workers' capabilities \
+         stop only when they expire"
+    )]
+    Unrevoked(String),
+    /// The job store or the secrets store failed, or holds what no coordinator wrote.
     #[error("job store: {0}")]
-    Store(String),
+    Store(#[from] JobStoreError),
+    /// A task the coordinator ran apart (planning, an index check, a transition's effects)
+    /// panicked or was cancelled.
+    #[error("a background task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// The gRPC server failed.
+    #[error("grpc server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    /// The reflection service could not be built from the descriptors.
+    #[error("grpc reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The coordinator's state broke one of its own invariants (a bug, not the request's fault).
+    #[error("internal: {0}")]
+    Invariant(String),
+}
+
+/// Why the job store or the secrets store failed, or holds what no coordinator wrote.
+#[derive(Debug, thiserror::Error)]
+pub enum JobStoreError {
+    /// The object store failed.
+    #[error(transparent)]
+    Object(#[from] object_store::Error),
+    /// A stored JSON object does not encode or decode.
+    #[error("{path}: {source}")]
+    Json {
+        /// The object.
+        path: String,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// A job record that does not open under the record key.
+    #[error("{path}: {source}")]
+    Record {
+        /// The record.
+        path: String,
+        /// Why.
+        source: RecordError,
+    },
+    /// The record key is not a key.
+    #[error("{0} is not 64 hex digits: restore it from a backup")]
+    Key(String),
+    /// A job's sampler secret is not a key.
+    #[error("a job's sampler secret is not 64 hex digits")]
+    SamplerSecret,
+}
+
+/// Why a sealed job record does not open: each is a record the coordinator did not write as it
+/// stands, so it is refused and counted.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// No seal's magic.
+    #[error("not a sealed record")]
+    NotSealed,
+    /// Shorter than a seal.
+    #[error("truncated")]
+    Truncated,
+    /// The tag does not verify under the record key, this id and this version.
+    #[error("its tag does not verify (changed outside the coordinator, or copied under another id)")]
+    Tag,
+    /// The sealed bytes are not a `Job`.
+    #[error("undecodable: {0}")]
+    Decode(#[from] prost::DecodeError),
+    /// A record of another job, under this one's path.
+    #[error("it holds job {0:?}")]
+    OtherJob(String),
+    /// An older version than the last one written (a replayed record).
+    #[error("version {version} is older than the last written, {last}")]
+    Replayed {
+        /// The record's version.
+        version: u64,
+        /// The last version written or read.
+        last: u64,
+    },
 }
 
 impl CoordinatorError {
     /// An invalid field.
     pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         Self::Invalid { field, reason: reason.into() }
+    }
+
+    /// The accountant's status for a call made for `context` (ending in ": ").
+    pub fn accountant(context: impl Into<String>, status: tonic::Status) -> Self {
+        Self::Accountant { context: context.into(), source: Box::new(status) }
     }
 
     /// Whether no retry can fix it: the job it concerns must end with its reason instead of
@@ -183,8 +272,10 @@ impl ServiceError for CoordinatorError {
             Self::StaleGeneration { .. } => ErrorCode::StaleGeneration,
             Self::WorkerKey(_) => ErrorCode::PermissionDenied,
             Self::Refused { code, .. } => *code,
-            Self::Accountant(_) | Self::Draining => ErrorCode::Unavailable,
-            Self::Store(_) => ErrorCode::Internal,
+            Self::Accountant { .. } | Self::Unrevoked(_) | Self::Draining => ErrorCode::Unavailable,
+            Self::Store(_) | Self::Task(_) | Self::Serve(_) | Self::Reflection(_) | Self::Invariant(_) => {
+                ErrorCode::Internal
+            }
             Self::RecordKeyLost { .. } => ErrorCode::FailedPrecondition,
         }
     }
@@ -199,6 +290,6 @@ impl ServiceError for CoordinatorError {
 
 impl From<object_store::Error> for CoordinatorError {
     fn from(e: object_store::Error) -> Self {
-        Self::Store(e.to_string())
+        Self::Store(JobStoreError::Object(e))
     }
 }

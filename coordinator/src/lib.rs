@@ -25,7 +25,7 @@ mod submit;
 mod work;
 
 pub use coordinator::{Config, Coordinator};
-pub use error::CoordinatorError;
+pub use error::{CoordinatorError, JobStoreError, RecordError};
 pub use init::{InitSource, check as check_init};
 pub use metrics::DEPRECATED as DEPRECATED_SERIES;
 pub use plan::{Population, Resolved, Terms, plan};

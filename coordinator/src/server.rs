@@ -44,8 +44,7 @@ pub async fn serve(
     health.set_serving::<JobServiceServer<JobGrpc>>().await;
     health.set_serving::<WorkerServiceServer<WorkerGrpc>>().await;
     let (reflection_v1, reflection_v1alpha) =
-        dpcap_proto::reflection::services(&["dpcap.v1.JobService", "dpcap.v1.WorkerService"])
-            .map_err(|e| CoordinatorError::Store(e.to_string()))?;
+        dpcap_proto::reflection::services(&["dpcap.v1.JobService", "dpcap.v1.WorkerService"])?;
     let jobs = JobServiceServer::new(JobGrpc(coordinator.clone()));
     let workers = WorkerServiceServer::new(WorkerGrpc {
         coordinator: coordinator.clone(),
@@ -72,7 +71,7 @@ pub async fn serve(
         .add_service(workers)
         .serve_with_incoming_shutdown(dpcap_serve::plaintext::incoming(grpc, tls), stopped.wait())
         .await
-        .map_err(|e| CoordinatorError::Store(format!("grpc server failed: {e}")))
+        .map_err(CoordinatorError::from)
 }
 
 /// Where job secrets live: `--secrets-store`, or beside a local job store. An object-store job

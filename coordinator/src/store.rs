@@ -34,7 +34,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use crate::error::CoordinatorError;
+use crate::error::{CoordinatorError, JobStoreError, RecordError};
 use crate::sampler::JobSecret;
 
 /// What a job needs that the operator never sees.
@@ -53,9 +53,7 @@ impl Private {
             .step_by(2)
             .map(|i| self.secret.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
             .collect::<Option<Vec<u8>>>();
-        let key: [u8; 32] = bytes
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| CoordinatorError::Store("a job's sampler secret is not 64 hex digits".into()))?;
+        let key: [u8; 32] = bytes.and_then(|b| b.try_into().ok()).ok_or(JobStoreError::SamplerSecret)?;
         Ok(JobSecret(key))
     }
 }
@@ -112,19 +110,19 @@ impl RecordKey {
     }
 
     /// The job in `sealed` and its version, stored under `job_id`'s path, if its tag verifies.
-    pub fn open(&self, job_id: &str, sealed: &[u8]) -> Result<(Job, u64), String> {
-        let rest = sealed.strip_prefix(SEAL_MAGIC.as_slice()).ok_or("not a sealed record")?;
-        let (tag, rest) = rest.split_at_checked(32).ok_or("truncated")?;
-        let (version, bytes) = rest.split_at_checked(8).ok_or("truncated")?;
-        let version = u64::from_le_bytes(version.try_into().map_err(|_| "truncated")?);
+    pub fn open(&self, job_id: &str, sealed: &[u8]) -> Result<(Job, u64), RecordError> {
+        let rest = sealed.strip_prefix(SEAL_MAGIC.as_slice()).ok_or(RecordError::NotSealed)?;
+        let (tag, rest) = rest.split_at_checked(32).ok_or(RecordError::Truncated)?;
+        let (version, bytes) = rest.split_at_checked(8).ok_or(RecordError::Truncated)?;
+        let version = u64::from_le_bytes(version.try_into().map_err(|_| RecordError::Truncated)?);
         let expected = self.tag(job_id, version, bytes);
         // Constant time: a forger learns nothing from how long a comparison took.
         if tag.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
-            return Err("its tag does not verify (changed outside the coordinator, or copied under another id)".into());
+            return Err(RecordError::Tag);
         }
-        let job = Job::decode(bytes).map_err(|e| format!("undecodable: {e}"))?;
+        let job = Job::decode(bytes)?;
         if job.job_id != job_id {
-            return Err(format!("it holds job {:?}", job.job_id));
+            return Err(RecordError::OtherJob(job.job_id));
         }
         Ok((job, version))
     }
@@ -239,12 +237,13 @@ impl JobStore {
         self.key
             .open(job_id, &bytes)
             .map(|(job, _)| Some(job))
-            .map_err(|why| CoordinatorError::Store(format!("{path}: {why}")))
+            .map_err(|source| JobStoreError::Record { path: path.to_string(), source }.into())
     }
 
     /// Writes the job's private part once.
     pub async fn put_private(&self, job_id: &str, private: &Private) -> Result<(), CoordinatorError> {
-        let body = serde_json::to_vec(private).map_err(|e| CoordinatorError::Store(e.to_string()))?;
+        let body = serde_json::to_vec(private)
+            .map_err(|source| JobStoreError::Json { path: format!("job {job_id}'s private part"), source })?;
         let options = PutOptions { mode: PutMode::Create, ..Default::default() };
         self.secrets
             .put_opts(
@@ -299,12 +298,12 @@ impl JobStore {
                     job
                 }
                 Ok((_, version)) => {
-                    self.refuse(location.as_ref(), format!("version {version} is older than the last written, {last}"));
+                    self.refuse(location.as_ref(), &RecordError::Replayed { version, last });
                     refused.push(job_id.to_owned());
                     continue;
                 }
                 Err(why) => {
-                    self.refuse(location.as_ref(), why);
+                    self.refuse(location.as_ref(), &why);
                     refused.push(job_id.to_owned());
                     continue;
                 }
@@ -364,9 +363,9 @@ impl JobStore {
         Ok(orphans)
     }
 
-    fn refuse(&self, location: &str, why: String) {
+    fn refuse(&self, location: &str, why: &RecordError) {
         self.refused.fetch_add(1, Ordering::Relaxed);
-        tracing::error!(record = %location, why, "job record refused: it is not restored, registered or run");
+        tracing::error!(record = %location, %why, "job record refused: it is not restored, registered or run");
     }
 
     /// The job's private part from the secrets store (never from the job store, which workers
@@ -378,7 +377,8 @@ impl JobStore {
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let private = serde_json::from_slice(&bytes).map_err(|e| CoordinatorError::Store(format!("{path}: {e}")))?;
+        let private =
+            serde_json::from_slice(&bytes).map_err(|source| JobStoreError::Json { path: path.to_string(), source })?;
         Ok(Some(private))
     }
 }
@@ -420,7 +420,7 @@ async fn record_key(
             .collect();
         key.and_then(|k| <[u8; 32]>::try_from(k).ok())
             .map(RecordKey)
-            .ok_or_else(|| CoordinatorError::Store(format!("{path} is not 64 hex digits: restore it from a backup")))
+            .ok_or_else(|| JobStoreError::Key(path.to_string()).into())
     };
     match secrets.get(&path).await {
         Ok(r) => return parse(&r.bytes().await?),

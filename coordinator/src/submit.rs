@@ -123,11 +123,8 @@ impl Coordinator {
                 ));
             }
             Err(status) => {
-                return Err(CoordinatorError::Accountant(format!(
-                    "reading the ledger of init_from's job {}: {}",
-                    source.job_id,
-                    status.message()
-                )));
+                let context = format!("reading the ledger of init_from's job {}: ", source.job_id);
+                return Err(CoordinatorError::accountant(context, status));
             }
         };
         let Some(contract) = spend.contract else {
@@ -197,8 +194,7 @@ async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
         let planned = crate::plan::plan(&checked, population);
         (checked, planned)
     })
-    .await
-    .map_err(|e| CoordinatorError::Store(e.to_string()))?;
+    .await?;
     let (mut plan, terms) = planned?;
     if let Some(users) = &users {
         (plan.examples, plan.clients, plan.users) = (examples, users.clients.len() as u64, users.users);

@@ -45,7 +45,7 @@ impl SpecFileError {
     pub fn field(&self) -> &'static str {
         match self {
             Self::Parse(_) => "spec",
-            Self::Choice { field, .. } => *field,
+            Self::Choice { field, .. } => field,
             Self::Objective(_) => "objective",
             Self::Accountant(_) => "accountant",
         }
