@@ -81,7 +81,7 @@ stop_all() {
 }
 finish() {
   stop_all
-  pack
+  pack || true
 }
 trap finish EXIT
 interrupted() {
@@ -205,9 +205,8 @@ publish() {
   compiled=$(kernels "$@" | sed 's/kernels: \([0-9]*\) compiled, \([0-9]*\).*/"kernels_compiled": \1, "kernels_cached": \2/')
   echo "{\"part\": \"$name\", \"status\": \"$status\", \"seconds\": $took, $compiled, \"result\": $(part_json "$stdout")}" \
     >> "$results/parts.jsonl"
-  put "$results/parts.jsonl" parts.jsonl
-  put "$results/summary.txt" summary.txt
-  pack
+  # Packing never stops the run: what it could not bring back, it says.
+  pack || note "packing the results failed after part $name"
 }
 
 # The first file named $1 under the CUDA toolkit or the NVIDIA pip wheels.
@@ -296,13 +295,19 @@ kernel_cache() {
   pieces=$(find "$here" -maxdepth 1 -name 'kernel-cache.tgz*' -type f | sort)
   if [ -n "$pieces" ]; then
     # shellcheck disable=SC2086 # the pieces' names are ours: no spaces.
-    if cat $pieces | tar -xz -C "$results/kcache"; then
+    if whole_pieces $pieces && cat $pieces | tar -xz -C "$results/kcache"; then
       echo "kernel cache seeded from $(echo $pieces | wc -w) piece(s): $(du -sh "$results/kcache" | cut -f1)" >> "$results/env.txt"
     else
-      echo "kernel cache pieces beside the script did not unpack: starting cold" >> "$results/env.txt"
+      echo "kernel cache pieces beside the script are not a whole archive: starting cold" >> "$results/env.txt"
     fi
   fi
   echo "DPCAP_KERNEL_CACHE: $DPCAP_KERNEL_CACHE; CUDA_CACHE_PATH: $CUDA_CACHE_PATH" >> "$results/env.txt"
+}
+
+# Whether the pieces named, in order, make one whole gzipped tar (a set cut short by a kill
+# does not): checked before anything is unpacked from them.
+whole_pieces() {
+  cat "$@" | tar -tzf - > /dev/null 2>&1
 }
 
 # The newest glibc symbol version a binary needs ("2.34"), from its dynamic symbol table.
@@ -410,20 +415,26 @@ bundle() {
 # the GPU machine whole (60 MiB with the binaries): a cache too large for it goes without the
 # driver's part (kcache/cuda, which the driver rebuilds from cubecl's PTX in seconds).
 seed() {
-  local from=$1 out tmp
+  local from=$1 out tmp size
   cd "$here/.."
   out="${CARGO_TARGET_DIR:-target}/gpu-bundle"
   [ -d "$out/bin" ] || { echo "no bundle at $out: run $0 bundle first" >&2; return 1; }
-  ls "$from"/kernel-cache.tgz* > /dev/null 2>&1 || { echo "no kernel-cache.tgz pieces in $from" >&2; return 1; }
+  local pieces
+  pieces=$(find "$from" -maxdepth 1 -name 'kernel-cache.tgz*' -type f | sort)
+  [ -n "$pieces" ] || { echo "no kernel-cache.tgz pieces in $from" >&2; return 1; }
+  # shellcheck disable=SC2086 # the pieces' names are ours: no spaces.
+  whole_pieces $pieces || { echo "the pieces in $from are not a whole archive (a call cut short?): not seeded" >&2; return 1; }
   find "$out" -maxdepth 1 -name 'kernel-cache.tgz*' -delete
-  cp "$from"/kernel-cache.tgz* "$out/"
-  if ! check_bundle "$out" > /dev/null 2>&1; then
+  # shellcheck disable=SC2086
+  cp $pieces "$out/"
+  size=$(du -sb "$out" | cut -f1)
+  if [ "$size" -gt "$BUNDLE_MAX_BYTES" ]; then
     tmp=$(mktemp -d)
     cat "$out"/kernel-cache.tgz* | tar -xz -C "$tmp"
     find "$out" -maxdepth 1 -name 'kernel-cache.tgz*' -delete
     tar -czf - -C "$tmp" cubecl | split -b "$PIECE_BYTES" -d -a 2 - "$out/kernel-cache.tgz."
     rm -rf "$tmp"
-    echo "the driver's kernel cache was left out: the bundle would pass 60 MiB with it"
+    echo "the driver's kernel cache was left out: with it the bundle was $size bytes, over 60 MiB"
   fi
   check_bundle "$out"
 }
@@ -447,30 +458,42 @@ device_command() {
 pack() {
   [ -n "$out_dir" ] && [ -d "$results" ] || return 0
   mkdir -p "$out_dir"
+  put "$results/summary.txt" summary.txt
+  [ -s "$results/parts.jsonl" ] && put "$results/parts.jsonl" parts.jsonl
   tar -czf "$out_dir/.results.tgz.tmp" -C "$results" --exclude=./kcache --exclude=./cuda --exclude=./job/data \
     --exclude=./job/store --exclude=./job/ledger . 2> /dev/null && mv -f "$out_dir/.results.tgz.tmp" "$out_dir/results.tgz"
   [ -d "$results/kcache" ] || return 0
   local stamp
-  stamp=$(find "$results/kcache" -type f -printf '%s %p\n' 2> /dev/null | sort | md5sum)
+  stamp=$(find "$results/kcache" -type f -printf '%s %p\n' 2> /dev/null | sort | md5sum) || stamp=unknown
   [ "$stamp" = "${packed_stamp:-}" ] && return 0
-  local pieces="$results/.pieces" what=. n
+  # The pieces are made beside their final place (one file system, so each rename is atomic),
+  # then renamed over the old ones; a set cut short by a kill fails the next call's check and
+  # that call starts cold.
+  local pieces="$out_dir/.pieces" what n=0 f
   for what in "cubecl cuda" cubecl; do
     rm -rf "$pieces" && mkdir -p "$pieces"
     # shellcheck disable=SC2086 # two fixed folder names
-    tar -czf - -C "$results/kcache" $what 2> /dev/null | split -b "$PIECE_BYTES" -d -a 2 - "$pieces/kernel-cache.tgz."
+    if ! tar -czf - -C "$results/kcache" $what 2> /dev/null | split -b "$PIECE_BYTES" -d -a 2 - "$pieces/kernel-cache.tgz."; then
+      note "the kernel cache could not be packed at $((SECONDS - started)) s: see the next call's cold start"
+      n=0
+      break
+    fi
     n=$(find "$pieces" -type f | wc -l)
     [ "$n" -le "$PIECES_MAX" ] && break
     n=0
   done
-  find "$out_dir" -maxdepth 1 -name 'kernel-cache.tgz*' -delete
   if [ "$n" -eq 0 ]; then
-    note "the kernel cache ($(du -sh "$results/kcache" | cut -f1)) is too large to bring back in $PIECES_MAX pieces"
+    echo "kernel cache at $((SECONDS - started)) s: $(du -sh "$results/kcache" | cut -f1), too large" >> "$results/env.txt"
+    note "the kernel cache is too large to bring back in $PIECES_MAX pieces (results/env.txt has its size)"
   else
     if [ "$what" = cubecl ]; then
       note "the driver's kernel cache is left behind: cubecl's alone fits in $PIECES_MAX pieces"
     fi
     for f in "$pieces"/*; do mv -f "$f" "$out_dir/"; done
+    # Old pieces past the new set's end.
+    find "$out_dir" -maxdepth 1 -name 'kernel-cache.tgz.*' | sort | tail -n +$((n + 1)) | xargs -r rm -f
   fi
+  rm -rf "$pieces"
   packed_stamp=$stamp
   put "$results/summary.txt" summary.txt
 }
@@ -534,6 +557,16 @@ job_ended() {
 
 job_failed() { job_ended FAILED "one-rank job on $device ($1)"; }
 
+# job_step_failed RC WHAT NAME: a bounded step of the job ended RC: SKIPPED when the run's budget
+# was spent before it, else FAILED with why and its error line.
+job_step_failed() {
+  if [ "$1" -eq 125 ]; then
+    job_ended SKIPPED "one-rank job on $device (the run's ${RUN_BUDGET_S} s were spent before $2)"
+  else
+    job_failed "$2: $(why "$1" 30); $(cause "$results/$3.err")"
+  fi
+}
+
 nccl_job() {
   device="${GPU_CHECK_DEVICE:-cuda:0}"
   local expect=nccl accountant coordinator id rc=0
@@ -542,9 +575,9 @@ nccl_job() {
   work="$results/job"
   rm -rf "$work" && mkdir -p "$work"
   bounded 30 job-synth "$bin/dpctl" dataset synth --out "$work/data" --examples 480 --eval-examples 10 \
-    || { job_failed "dataset synth: $(why $? 30); $(cause "$results/job-synth.err")"; return 0; }
+    || { job_step_failed $? "dataset synth" job-synth; return 0; }
   bounded 30 job-index "$bin/dpctl" dataset index --train-tokenizer "$work/data/train" \
-    || { job_failed "dataset index: $(why $? 30); $(cause "$results/job-index.err")"; return 0; }
+    || { job_step_failed $? "dataset index" job-index; return 0; }
   start accountant "$bin/dpcap-accountant" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
     --ledger "$work/ledger" --addr-file "$work/accountant.addr"
   wait_addr accountant || { job_failed "$(cat "$work/why.txt")"; return 0; }
@@ -553,7 +586,7 @@ nccl_job() {
   # δ = 1/N; its 5 steps cost ε ≈ 14.9 at the budget's δ = 1e-5, so the budget is 20.
   bounded 30 job-budget "$bin/dpctl" dataset budget set "$work/data/train" --epsilon 20 --delta 1e-5 \
     --reason "gpu check" --accountant "$accountant" \
-    || { job_failed "dataset budget set: $(why $? 30); $(cause "$results/job-budget.err")"; return 0; }
+    || { job_step_failed $? "dataset budget set" job-budget; return 0; }
   start coordinator "$bin/dpcap-coordinator" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
     --store "$work/store" --accountant "$accountant" --addr-file "$work/coordinator.addr"
   wait_addr coordinator || { job_failed "$(cat "$work/why.txt")"; return 0; }
@@ -574,11 +607,14 @@ workers: 1
 checkpoint_interval: 5
 EOF
   bounded 30 job-submit "$bin/dpctl" --coordinator "$coordinator" submit "$work/job.yaml" --json \
-    || { job_failed "submit: $(why $? 30); $(cause "$results/job-submit.err")"; return 0; }
+    || { job_step_failed $? "submit" job-submit; return 0; }
   id=$(sed -n 's/.*"job_id": *"\([^"]*\)".*/\1/p' "$results/job-submit.out" | head -1)
-  # The first CUDA process compiles (and autotunes) every bf16 kernel it meets, with an empty
-  # cache: JOB_WAIT_S covers that with room; on a CPU worker the same bound holds.
-  timeout --kill-after=5 "$(bound "$JOB_WAIT_S")" "$bin/dpctl" --coordinator "$coordinator" wait "$id" \
+  # The worker compiles every bf16 kernel the warm-up did not: JOB_WAIT_S covers a cold cache
+  # with room; on a CPU worker the same bound holds. `timeout 0` would mean no bound at all.
+  local limit
+  limit=$(bound "$JOB_WAIT_S")
+  [ "$limit" -ge 3 ] || { job_step_failed 125 "dpctl wait" job-wait; return 0; }
+  timeout --kill-after=5 "$limit" "$bin/dpctl" --coordinator "$coordinator" wait "$id" \
     > "$results/job-wait.out" 2> "$results/job-wait.err" &
   pids+=($!)
   watch_job $! || rc=$?
@@ -605,7 +641,8 @@ unpack() {
 
 prepare() {
   unpack
-  mkdir -p "$results" && : > "$results/summary.txt"
+  # A machine kept warm between calls keeps /tmp: this call's results start empty.
+  mkdir -p "$results" && : > "$results/summary.txt" && : > "$results/parts.jsonl"
   find_cuda
   kernel_cache
 }

@@ -233,7 +233,7 @@ impl Coordinator {
             this.carry_out(effects).await
         })
         .await
-        .unwrap_or_else(|e| Err(CoordinatorError::Task(e)))
+        .unwrap_or_else(|source| Err(CoordinatorError::Task { what: "a transition's effects", source }))
     }
 
     async fn carry_out(&self, effects: Effects) -> Result<(), CoordinatorError> {

@@ -89,7 +89,8 @@ pub async fn read_clients(dataset: &str, digest: &str, per_client: u32) -> Resul
     };
     let users = read(USERS_PATH).await.map_err(unread(USERS_PATH))?;
     let table = tokio::task::spawn_blocking(move || manifest.check_users(&users))
-        .await?
+        .await
+        .map_err(|source| CoordinatorError::Task { what: "the users table's check", source })?
         .map_err(|source| CoordinatorError::Index { what: USERS_PATH.to_owned(), source })?;
     Ok(Users { users: table.users() as u64, clients: table.clients(per_client), users_digest })
 }

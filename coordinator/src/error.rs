@@ -136,12 +136,12 @@ pub enum CoordinatorError {
     },
     /// The accountant could not be reached or failed: what the coordinator was doing, and the
     /// call's status.
-    #[error("accountant unavailable: {context}{}", .source.message())]
+    #[error("accountant unavailable: {context}{}", .status.message())]
     Accountant {
         /// What the call was for, ending in ": " (empty for the common calls).
         context: String,
-        /// The call's status.
-        source: Box<tonic::Status>,
+        /// The call's status (not an error source: its message is already in ours).
+        status: Box<tonic::Status>,
     },
     /// A job ended but the accountant was not told: its capabilities stop only at their expiry.
     #[error(
@@ -154,8 +154,13 @@ pub enum CoordinatorError {
     Store(#[from] JobStoreError),
     /// A task the coordinator ran apart (planning, an index check, a transition's effects)
     /// panicked or was cancelled.
-    #[error("a background task failed: {0}")]
-    Task(#[from] tokio::task::JoinError),
+    #[error("{what} failed: {source}")]
+    Task {
+        /// Which task.
+        what: &'static str,
+        /// How it ended.
+        source: tokio::task::JoinError,
+    },
     /// The gRPC server failed.
     #[error("grpc server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
@@ -234,7 +239,7 @@ impl CoordinatorError {
 
     /// The accountant's status for a call made for `context` (ending in ": ").
     pub fn accountant(context: impl Into<String>, status: tonic::Status) -> Self {
-        Self::Accountant { context: context.into(), source: Box::new(status) }
+        Self::Accountant { context: context.into(), status: Box::new(status) }
     }
 
     /// Whether no retry can fix it: the job it concerns must end with its reason instead of
@@ -273,7 +278,7 @@ impl ServiceError for CoordinatorError {
             Self::WorkerKey(_) => ErrorCode::PermissionDenied,
             Self::Refused { code, .. } => *code,
             Self::Accountant { .. } | Self::Unrevoked(_) | Self::Draining => ErrorCode::Unavailable,
-            Self::Store(_) | Self::Task(_) | Self::Serve(_) | Self::Reflection(_) | Self::Invariant(_) => {
+            Self::Store(_) | Self::Task { .. } | Self::Serve(_) | Self::Reflection(_) | Self::Invariant(_) => {
                 ErrorCode::Internal
             }
             Self::RecordKeyLost { .. } => ErrorCode::FailedPrecondition,

@@ -194,7 +194,8 @@ async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
         let planned = crate::plan::plan(&checked, population);
         (checked, planned)
     })
-    .await?;
+    .await
+    .map_err(|source| CoordinatorError::Task { what: "planning", source })?;
     let (mut plan, terms) = planned?;
     if let Some(users) = &users {
         (plan.examples, plan.clients, plan.users) = (examples, users.clients.len() as u64, users.users);

@@ -123,6 +123,31 @@ fn parts(out: &std::path::Path) -> Vec<serde_json::Value> {
     text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
 }
 
+/// `len` bytes that gzip cannot shrink (xorshift), so that an archive of them has a known size.
+fn incompressible(len: usize) -> Vec<u8> {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// A bundle under a fresh `name` folder with a previous call's cache beside its script: `len`
+/// incompressible bytes (returned) as `cubecl/ptx`, in pieces of `piece` bytes.
+fn seeded_bundle(name: &str, len: usize, piece: usize) -> (dpcap_e2e::testdir::TestDir, Vec<u8>) {
+    let dir = tempfile_dir(name);
+    GpuCheck::bundle(&dir);
+    std::fs::create_dir_all(dir.join("seed/cubecl")).unwrap();
+    let blob = incompressible(len);
+    std::fs::write(dir.join("seed/cubecl/ptx"), &blob).unwrap();
+    shell(&format!("tar -czf - -C seed cubecl | split -b {piece} -d -a 2 - kernel-cache.tgz."), &dir);
+    (dir, blob)
+}
+
 fn shell(script: &str, dir: &std::path::Path) {
     let status = std::process::Command::new("bash").args(["-euo", "pipefail", "-c", script]).current_dir(dir).status();
     assert!(status.expect("bash runs").success(), "{script}");
@@ -134,21 +159,8 @@ fn shell(script: &str, dir: &std::path::Path) {
 /// part's failure or a hard kill.
 #[test]
 fn a_gpu_check_run_publishes_each_part_as_it_ends_and_brings_the_kernel_cache_back_in_pieces() {
-    let dir = tempfile_dir("gpu-check-parts");
-    GpuCheck::bundle(&dir);
     // A previous call's cache: 3 MB that gzip cannot shrink, in 1 MB pieces beside the script.
-    std::fs::create_dir_all(dir.join("seed/cubecl/kernels")).unwrap();
-    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-    let blob: Vec<u8> = (0..3_000_000)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
-    std::fs::write(dir.join("seed/cubecl/kernels/ptx"), &blob).unwrap();
-    shell("tar -czf - -C seed cubecl | split -b 1000000 -d -a 2 - kernel-cache.tgz.", &dir);
+    let (dir, blob) = seeded_bundle("gpu-check-parts", 3_000_000, 1_000_000);
     let piece = 1_500_000_u64;
     let (run, out) = GpuCheck::run_parts(&dir, "preflight warm job", ("GPU_CHECK_PIECE_BYTES", "1500000"));
     assert!(run.status.success(), "{}", run.evidence());
@@ -178,8 +190,22 @@ fn a_gpu_check_run_publishes_each_part_as_it_ends_and_brings_the_kernel_cache_ba
     }
     assert!(files.contains(&"results.tgz".to_owned()) && !files.iter().any(|f| f.starts_with('.')), "{files:?}");
     shell("mkdir back && cat out/kernel-cache.tgz.* | tar -xz -C back", &dir);
-    assert!(std::fs::read(dir.join("back/cubecl/kernels/ptx")).unwrap() == blob, "the seeded cache came back whole");
+    assert!(std::fs::read(dir.join("back/cubecl/ptx")).unwrap() == blob, "the seeded cache came back whole");
     assert_eq!(run.leftovers(), Vec::<String>::new(), "every process the script started is stopped");
+}
+
+/// A set of cache pieces cut short (a call killed between two renames) is checked whole before
+/// anything is unpacked from it: the run says so and starts cold, with nothing half-written in
+/// its cache.
+#[test]
+fn a_gpu_check_run_starts_cold_from_cache_pieces_that_are_not_one_archive() {
+    let (dir, _) = seeded_bundle("gpu-check-torn", 400_000, 100_000);
+    shell("rm kernel-cache.tgz.01", &dir);
+    let (run, _) = GpuCheck::run_parts(&dir, "preflight", ("GPU_CHECK_PIECE_BYTES", "100000"));
+    assert!(run.status.success(), "{}", run.evidence());
+    let env = std::fs::read_to_string(run.results.join("env.txt")).unwrap();
+    assert!(env.contains("not a whole archive: starting cold"), "{env}");
+    assert!(!run.results.join("kcache/cubecl/ptx").exists(), "nothing is unpacked from a torn set");
 }
 
 /// A part that hangs is stopped at its bound (here the run's whole budget of a few seconds),
