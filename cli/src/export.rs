@@ -80,7 +80,7 @@ pub async fn run(args: ExportArgs) -> Result<()> {
         let vectors = timm::check_vectors::<CpuBackend>(&encoder, &params, CHECK_IMAGES, CHECK_SEED)?;
         std::fs::write(path, vectors).map_err(|e| anyhow!("--check-vectors {}: {e}", path.display()))?;
     }
-    let privacy = if manifest.is_private() { "dp".to_owned() } else { format!("NOT PRIVATE: {}", manifest.privacy) };
+    let privacy = manifest.privacy_label();
     if args.json {
         let out = json!({
             "checkpoint": root,

@@ -54,6 +54,12 @@ impl Manifest {
     pub fn is_private(&self) -> bool {
         self.privacy.is_private()
     }
+
+    /// How the weights' privacy is shown wherever they are listed (evaluations, exports):
+    /// "dp", or "NOT PRIVATE: <mode>", so that weights without the guarantee always say so.
+    pub fn privacy_label(&self) -> String {
+        if self.is_private() { "dp".to_owned() } else { format!("NOT PRIVATE: {}", self.privacy) }
+    }
 }
 
 #[cfg(test)]
@@ -67,6 +73,7 @@ mod tests {
         let m: Manifest = serde_json::from_str(json).unwrap();
         assert_eq!((m.objective, m.privacy), (Family::Embedder, ModeKind::Simulation));
         assert!(!m.is_private());
+        assert_eq!(m.privacy_label(), "NOT PRIVATE: simulation");
         let old = json.replace(r#","privacy":"simulation""#, "");
         assert!(serde_json::from_str::<Manifest>(&old).unwrap().is_private(), "before modes: DP");
         let unknown = json.replace("simulation", "unknown");

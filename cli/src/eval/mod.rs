@@ -103,8 +103,7 @@ pub async fn run(args: EvalArgs) -> Result<()> {
         outln!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         // Weights without the DP guarantee say so wherever they are shown.
-        let privacy =
-            if manifest.is_private() { "dp".to_owned() } else { format!("NOT PRIVATE: {}", manifest.privacy) };
+        let privacy = manifest.privacy_label();
         outln!(
             "checkpoint {root} step {step}: model {} ({}, {privacy}), weights from {weights_from}",
             manifest.model,
