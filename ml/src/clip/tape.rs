@@ -33,7 +33,7 @@ pub enum Mode {
 /// [`Precision::F16`] is the same scheme for devices without bf16: WGSL (burn-wgpu, Mesa's
 /// lavapipe, where `scripts/jit-check.sh` runs the mixed-precision kernels) and pre-Ampere GPUs.
 /// Its 5-bit exponent flushes products' inputs below 6e-8 to zero, which bf16's 8 bits do not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
     /// Everything in f32.
     #[default]
@@ -99,7 +99,7 @@ pub enum Record<AB: AutodiffBackend> {
 /// are constants, so casting them per micro-batch would repeat the same pass over every
 /// weight (on a GPU, one kernel and one P-sized allocation per weight per micro-batch).
 #[derive(Debug)]
-pub struct LoweredWeights<B: Backend>(std::sync::Mutex<HashMap<(ParamId, Precision), Tensor<B, 1>>>);
+pub struct LoweredWeights<B: Backend>(std::sync::Mutex<HashMap<(ParamId, FloatDType), Tensor<B, 1>>>);
 
 impl<B: Backend> Default for LoweredWeights<B> {
     fn default() -> Self {
@@ -114,12 +114,12 @@ impl<B: Backend> Clone for LoweredWeights<B> {
 }
 
 impl<B: Backend> LoweredWeights<B> {
-    /// Weight `id` in `precision`'s half dtype `dtype`, cast on first use (keyed by both, so a
-    /// cache reused at another precision never hands out the other dtype's weights).
-    fn get(&self, params: &ParamSet<B>, id: ParamId, precision: Precision, dtype: FloatDType) -> Tensor<B, 1> {
+    /// Weight `id` in `dtype`, cast on first use (keyed by both, so a cache reused at another
+    /// precision never hands out the other dtype's weights).
+    fn get(&self, params: &ParamSet<B>, id: ParamId, dtype: FloatDType) -> Tensor<B, 1> {
         let mut lowered = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         lowered
-            .entry((id, precision))
+            .entry((id, dtype))
             .or_insert_with(|| {
                 counters::count(|c| c.weight_casts += 1);
                 params.value(id).cast(dtype)
@@ -213,7 +213,7 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
             (_, None, _) => self.param(id),
             (Mode::Ghost, Some(dtype), Some(lowered)) => {
                 let shape: [usize; 2] = self.params.spec(id).shape.clone().try_into().expect("weight rank");
-                Tensor::from_inner(lowered.get(self.params, id, self.precision, dtype)).reshape(shape)
+                Tensor::from_inner(lowered.get(self.params, id, dtype)).reshape(shape)
             }
             (_, Some(dtype), _) => {
                 counters::count(|c| c.weight_casts += 1);
