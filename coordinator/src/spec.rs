@@ -6,7 +6,7 @@
 
 use dpcap_privacy::AccountantKind;
 use dpcap_privacy::contract::{Audit, Placement};
-use dpcap_proto::contract::fedemb_from_proto;
+use dpcap_proto::contract::SpecChoices;
 use dpcap_proto::v1::{self, JobSpec, TelemetryMode};
 use dpcap_registry::{Family, FedEmb};
 
@@ -105,6 +105,13 @@ pub enum Length {
 
 /// Checks every field that does not need the dataset; the first problem is returned.
 pub fn check_fields(spec: &JobSpec) -> Result<Checked, CoordinatorError> {
+    check_choices(spec, SpecChoices::decode(spec)?)
+}
+
+/// [`check_fields`] given the spec's decoded `choices`: planning decodes first, then checks, so
+/// that it visits the wire's conversions once.
+pub fn check_choices(spec: &JobSpec, choices: SpecChoices) -> Result<Checked, CoordinatorError> {
+    let SpecChoices { family, kind, fedemb } = choices;
     if spec.dataset.trim().is_empty() {
         return Err(CoordinatorError::invalid("dataset", "must name a dataset directory or URL"));
     }
@@ -114,14 +121,12 @@ pub fn check_fields(spec: &JobSpec) -> Result<Checked, CoordinatorError> {
             format!("{:?} is not one of {}", spec.model, MODEL_NAMES.join(", ")),
         ));
     }
-    let family = dpcap_proto::contract::family_from_proto(spec.objective)?;
     if v1::Augment::try_from(spec.augment).is_err() {
         return Err(CoordinatorError::invalid("augment", format!("unknown value {}", spec.augment)));
     }
     if TelemetryMode::try_from(spec.telemetry).is_err() {
         return Err(CoordinatorError::invalid("telemetry", format!("unknown value {}", spec.telemetry)));
     }
-    let kind = dpcap_proto::contract::kind_from_proto(spec.accountant)?;
     positive("epsilon", spec.epsilon)?;
     positive("noise_multiplier", spec.noise_multiplier)?;
     positive("clipping_norm", spec.clipping_norm)?;
@@ -130,7 +135,6 @@ pub fn check_fields(spec: &JobSpec) -> Result<Checked, CoordinatorError> {
     let mode = mode_request(spec)?;
     let audit = audit(spec, &mode)?;
     check_fedemb(spec, family, &mode)?;
-    let fedemb = family.is_user_level().then(|| fedemb_from_proto(spec.fedemb.as_ref())).transpose()?;
     if let Some(d) = spec.delta
         && !(d > 0.0 && d < 1.0)
     {

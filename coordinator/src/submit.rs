@@ -24,7 +24,7 @@ use crate::store::{Private, hex};
 struct Planned {
     spec: JobSpec,
     plan: Plan,
-    /// The job's contract (also in the plan, as the wire has it).
+    /// The job's contract (the plan carries it in the wire's form once the job is recorded).
     contract: PrivacyContract,
     /// Examples per shard, in shard order.
     counts: Vec<u64>,
@@ -50,7 +50,9 @@ impl Coordinator {
         if let Some(source) = planned.init.clone() {
             self.check_init_source(&source, &mut planned).await?;
         }
-        let Planned { spec, plan, contract, counts, clients, init, pins_bytes } = planned;
+        let Planned { spec, mut plan, contract, counts, clients, init, pins_bytes } = planned;
+        // The record's contract, in the wire's form, as the init check left it.
+        plan.contract = Some(contract_to_proto(&contract));
         let mut job = Job {
             job_id: job_id.clone(),
             state: JobState::Pending as i32,
@@ -166,7 +168,6 @@ impl Coordinator {
         }
         if job.init_from_job.is_none() {
             job.init_from_job = Some(source.job_id.clone());
-            planned.plan.contract = Some(contract_to_proto(job));
         }
         Ok(())
     }
@@ -175,7 +176,8 @@ impl Coordinator {
 /// Everything a job is checked against, read and computed, in one pass of typed stages (spec,
 /// checked spec, plan and terms, contract); no side effects.
 async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
-    let checked = crate::spec::check_fields(&spec)?;
+    let choices = dpcap_proto::contract::SpecChoices::decode(&spec)?;
+    let checked = crate::spec::check_choices(&spec, choices)?;
     let layout = dataset::read_layout(&spec.dataset).await?;
     // User-level objectives sample and account clients, not examples.
     let users = match crate::spec::users_per_client(&checked) {
@@ -214,7 +216,6 @@ async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
         init: init.as_ref(),
     };
     let contract = registration::contract(&checked, &terms, provenance)?;
-    plan.contract = Some(contract_to_proto(&contract));
     let clients = users.map(|u| Arc::new(u.clients));
     Ok(Planned { spec, plan, contract, counts: layout.counts, clients, init, pins_bytes: layout.pins_bytes })
 }

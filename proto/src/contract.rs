@@ -66,6 +66,31 @@ pub fn fedemb_from_proto(wire: Option<&v1::FedEmb>) -> Result<FedEmb, ContractEr
     })
 }
 
+/// What a job spec chooses that is typed past the wire: its objective, its accountant kind,
+/// and (for a user-level objective) its DP-FedEmb settings with every default filled in. The
+/// spec's one decoding, made before any stage of planning reads the spec, so that no stage
+/// comes back to the wire; an unknown value is refused naming its field.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpecChoices {
+    /// The objective.
+    pub family: Family,
+    /// The accountant kind.
+    pub kind: AccountantKind,
+    /// DP-FedEmb's settings; None for an example-level objective.
+    pub fedemb: Option<FedEmb>,
+}
+
+impl SpecChoices {
+    /// Decodes `spec`'s choices ([`family_from_proto`], [`kind_from_proto`],
+    /// [`fedemb_from_proto`]).
+    pub fn decode(spec: &v1::JobSpec) -> Result<Self, ContractError> {
+        let family = family_from_proto(spec.objective)?;
+        let kind = kind_from_proto(spec.accountant)?;
+        let fedemb = family.is_user_level().then(|| fedemb_from_proto(spec.fedemb.as_ref())).transpose()?;
+        Ok(Self { family, kind, fedemb })
+    }
+}
+
 /// The wire form of an objective.
 pub fn family_to_proto(family: Family) -> v1::Objective {
     match family {
