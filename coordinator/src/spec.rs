@@ -5,7 +5,7 @@
 //! never the wire's fields again. Every refusal names its field.
 
 use dpcap_privacy::AccountantKind;
-use dpcap_privacy::contract::{Audit, Placement};
+use dpcap_privacy::contract::{Audit, ModeKind, Placement};
 use dpcap_proto::contract::SpecChoices;
 use dpcap_proto::v1::{self, JobSpec, TelemetryMode};
 use dpcap_registry::{Family, FedEmb};
@@ -111,7 +111,7 @@ pub fn check_fields(spec: &JobSpec) -> Result<Checked, CoordinatorError> {
 /// [`check_fields`] given the spec's decoded `choices`: planning decodes first, then checks, so
 /// that it visits the wire's conversions once.
 pub fn check_choices(spec: &JobSpec, choices: SpecChoices) -> Result<Checked, CoordinatorError> {
-    let SpecChoices { family, kind, fedemb } = choices;
+    let SpecChoices { family, kind, mode, fedemb } = choices;
     if spec.dataset.trim().is_empty() {
         return Err(CoordinatorError::invalid("dataset", "must name a dataset directory or URL"));
     }
@@ -132,7 +132,7 @@ pub fn check_choices(spec: &JobSpec, choices: SpecChoices) -> Result<Checked, Co
     positive("clipping_norm", spec.clipping_norm)?;
     positive("learning_rate", spec.learning_rate)?;
     positive("epochs", spec.epochs)?;
-    let mode = mode_request(spec)?;
+    let mode = mode_request(spec, mode)?;
     let audit = audit(spec, &mode)?;
     check_fedemb(spec, family, &mode)?;
     if let Some(d) = spec.delta
@@ -261,42 +261,80 @@ fn audit(spec: &JobSpec, mode: &ModeRequest) -> Result<Option<Audit>, Coordinato
     Ok(Some(Audit { canaries: audit.canaries, placement }))
 }
 
-/// The privacy mode the spec asks for, its fields checked against each other (before the
-/// dataset is read).
-fn mode_request(spec: &JobSpec) -> Result<ModeRequest, CoordinatorError> {
+/// The privacy mode the spec asks for (`privacy`, else the older `not_private`, else a
+/// simulation when `simulate` is given, else DP), its fields checked against each other
+/// (before the dataset is read).
+fn mode_request(spec: &JobSpec, asked: Option<ModeKind>) -> Result<ModeRequest, CoordinatorError> {
     fn invalid(field: &'static str, reason: impl Into<String>) -> CoordinatorError {
         CoordinatorError::invalid(field, reason)
     }
-    if spec.not_private {
-        if spec.epsilon.is_some() || spec.noise_multiplier.is_some() || spec.simulate.is_some() {
-            return Err(invalid("not_private", "a non-private job has no epsilon, noise_multiplier or simulate"));
-        }
-        return Ok(ModeRequest::NotPrivate);
+    let implied = if spec.not_private {
+        ModeKind::NotPrivate
+    } else if spec.simulate.is_some() {
+        ModeKind::Simulation
+    } else {
+        ModeKind::Dp
+    };
+    let kind = asked.unwrap_or(implied);
+    if spec.not_private && kind != ModeKind::NotPrivate {
+        return Err(invalid(
+            "not_private",
+            format!("is the older spelling of privacy: not_private, but privacy is {kind}"),
+        ));
     }
-    if let Some(simulate) = &spec.simulate {
-        if spec.noise_multiplier.is_some() {
-            return Err(invalid(
-                "noise_multiplier",
-                "a simulation derives sigma' from simulate; set simulate.noise_multiplier",
+    match kind {
+        ModeKind::NotPrivate => {
+            if spec.epsilon.is_some() || spec.noise_multiplier.is_some() || spec.simulate.is_some() {
+                let field = if spec.not_private { "not_private" } else { "privacy" };
+                return Err(invalid(field, "a non-private job has no epsilon, noise_multiplier or simulate"));
+            }
+            Ok(ModeRequest::NotPrivate)
+        }
+        ModeKind::Simulation => simulation(spec),
+        ModeKind::Dp => {
+            if spec.simulate.is_some() {
+                return Err(invalid("simulate", "only privacy: simulation simulates a recipe"));
+            }
+            if spec.epsilon.is_none() && spec.noise_multiplier.is_none() {
+                return Err(invalid("epsilon", "give a target epsilon, a fixed noise_multiplier, or both"));
+            }
+            Ok(ModeRequest::Dp { epsilon: spec.epsilon, noise_multiplier: spec.noise_multiplier })
+        }
+    }
+}
+
+/// A simulation's request: the recipe in `simulate`, whose σ is given or calibrated for ε.
+fn simulation(spec: &JobSpec) -> Result<ModeRequest, CoordinatorError> {
+    let Some(simulate) = &spec.simulate else {
+        return Err(CoordinatorError::invalid(
+            "simulate",
+            "a simulation names its target recipe (batch_size, noise_multiplier)",
+        ));
+    };
+    if spec.noise_multiplier.is_some() {
+        return Err(CoordinatorError::invalid(
+            "noise_multiplier",
+            "a simulation derives sigma' from simulate; set simulate.noise_multiplier",
+        ));
+    }
+    if simulate.batch_size == 0 {
+        return Err(CoordinatorError::invalid("simulate.batch_size", "0 must be at least 1"));
+    }
+    match simulate.noise_multiplier {
+        Some(s) if !(s > 0.0 && s.is_finite()) => {
+            return Err(CoordinatorError::invalid(
+                "simulate.noise_multiplier",
+                format!("{s} must be a finite number > 0"),
             ));
         }
-        if simulate.batch_size == 0 {
-            return Err(invalid("simulate.batch_size", "0 must be at least 1"));
+        None if spec.epsilon.is_none() => {
+            return Err(CoordinatorError::invalid(
+                "simulate.noise_multiplier",
+                "give it, or a target epsilon to calibrate it",
+            ));
         }
-        match simulate.noise_multiplier {
-            Some(s) if !(s > 0.0 && s.is_finite()) => {
-                return Err(invalid("simulate.noise_multiplier", format!("{s} must be a finite number > 0")));
-            }
-            None if spec.epsilon.is_none() => {
-                return Err(invalid("simulate.noise_multiplier", "give it, or a target epsilon to calibrate it"));
-            }
-            _ => {}
-        }
-        let (batch_size, noise_multiplier) = (simulate.batch_size, simulate.noise_multiplier);
-        return Ok(ModeRequest::Simulate { batch_size, noise_multiplier, epsilon: spec.epsilon });
+        _ => {}
     }
-    if spec.epsilon.is_none() && spec.noise_multiplier.is_none() {
-        return Err(invalid("epsilon", "give a target epsilon, a fixed noise_multiplier, or both"));
-    }
-    Ok(ModeRequest::Dp { epsilon: spec.epsilon, noise_multiplier: spec.noise_multiplier })
+    let (batch_size, noise_multiplier) = (simulate.batch_size, simulate.noise_multiplier);
+    Ok(ModeRequest::Simulate { batch_size, noise_multiplier, epsilon: spec.epsilon })
 }

@@ -40,6 +40,34 @@ fn a_non_private_job_adds_no_noise_and_has_no_epsilon() {
 }
 
 #[test]
+fn the_privacy_field_asks_for_each_mode_and_contradicting_spellings_are_refused_naming_the_field() {
+    let asked = |name: &str, spec: SpecFile| planned(SpecFile { privacy: Some(name.into()), ..spec });
+    assert_eq!(asked("not_private", base()).unwrap().1.mode, Mode::NotPrivate);
+    assert_eq!(asked("dp", SpecFile { epsilon: Some(8.0), ..base() }).unwrap().1.mode, Mode::Dp);
+    let simulate = Some(SimulateFile { batch_size: 2_000, noise_multiplier: Some(3.0) });
+    let simulated = asked("simulation", SpecFile { simulate: simulate.clone(), ..base() }).unwrap().1.mode;
+    assert_eq!(simulated, Mode::Simulation { target: Recipe { sample_rate: 0.2, noise_multiplier: 3.0 } });
+
+    let refused = |name: &str, spec: SpecFile| asked(name, spec).unwrap_err();
+    let err = refused("simulation", SpecFile { epsilon: Some(8.0), ..base() });
+    assert!(err.starts_with("invalid simulate:"), "a simulation without its recipe: {err}");
+    let err = refused("dp", SpecFile { simulate, epsilon: Some(8.0), ..base() });
+    assert!(err.starts_with("invalid simulate:"), "a recipe on a DP job: {err}");
+    let err = refused("dp", SpecFile { not_private: Some(true), epsilon: Some(8.0), ..base() });
+    assert!(err.starts_with("invalid not_private:") && err.contains("privacy is dp"), "{err}");
+    let err = refused("not_private", SpecFile { epsilon: Some(8.0), ..base() });
+    assert!(err.starts_with("invalid privacy:"), "{err}");
+    let err = refused("secret", base());
+    assert!(err.contains("\"secret\" is not dp, not_private or simulation"), "{err}");
+
+    // A value no mode has, from a client that bypasses the spec file, is refused at decode.
+    let mut spec = SpecFile { epsilon: Some(8.0), ..base() }.into_proto().unwrap();
+    spec.privacy = 9;
+    let err = check_fields(&spec).unwrap_err().to_string();
+    assert!(err.contains("privacy") && err.contains("unknown privacy mode 9"), "{err}");
+}
+
+#[test]
 fn a_simulation_scales_sigma_by_the_batch_ratio_and_reports_the_targets_epsilon() {
     let simulate = Some(SimulateFile { batch_size: 2_000, noise_multiplier: Some(3.0) });
     let (plan, c) = planned(SpecFile { simulate, ..base() }).unwrap();

@@ -135,6 +135,9 @@ pub enum ModeKind {
 }
 
 impl ModeKind {
+    /// Every kind, in the order names are listed.
+    pub const ALL: [ModeKind; 3] = [ModeKind::Dp, ModeKind::NotPrivate, ModeKind::Simulation];
+
     /// "dp", "not_private" or "simulation".
     pub fn name(self) -> &'static str {
         match self {
@@ -159,10 +162,11 @@ impl std::fmt::Display for ModeKind {
 impl std::str::FromStr for ModeKind {
     type Err = ContractError;
     fn from_str(s: &str) -> Result<Self, ContractError> {
-        [ModeKind::Dp, ModeKind::NotPrivate, ModeKind::Simulation]
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| invalid("privacy", format!("{s:?} is not dp, not_private or simulation")))
+        Self::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
+            let (last, rest) = names.split_last().expect("kinds");
+            invalid("privacy", format!("{s:?} is not {} or {last}", rest.join(", ")))
+        })
     }
 }
 

@@ -3,7 +3,9 @@
 //! and named on the way in.
 
 use dpcap_privacy::AccountantKind;
-use dpcap_privacy::contract::{Audit, ContractError, Mechanism, Mode, Placement, PrivacyContract, PrivacyUnit, Recipe};
+use dpcap_privacy::contract::{
+    Audit, ContractError, Mechanism, Mode, ModeKind, Placement, PrivacyContract, PrivacyUnit, Recipe,
+};
 use dpcap_registry::{Family, FedEmb, ServerOptimizer};
 
 use crate::v1;
@@ -40,6 +42,27 @@ pub fn family_from_proto(value: i32) -> Result<Family, ContractError> {
     }
 }
 
+/// The wire form of a mode's kind.
+pub fn mode_to_proto(kind: ModeKind) -> v1::Privacy {
+    match kind {
+        ModeKind::Dp => v1::Privacy::Dp,
+        ModeKind::NotPrivate => v1::Privacy::NotPrivate,
+        ModeKind::Simulation => v1::Privacy::Simulation,
+    }
+}
+
+/// A mode's kind from the wire; None for unspecified (which a contract reads as DP and a spec
+/// as "not asked": see `JobSpec.privacy`). An unknown value is refused.
+pub fn mode_from_proto(value: i32) -> Result<Option<ModeKind>, ContractError> {
+    match v1::Privacy::try_from(value) {
+        Ok(v1::Privacy::Unspecified) => Ok(None),
+        Ok(v1::Privacy::Dp) => Ok(Some(ModeKind::Dp)),
+        Ok(v1::Privacy::NotPrivate) => Ok(Some(ModeKind::NotPrivate)),
+        Ok(v1::Privacy::Simulation) => Ok(Some(ModeKind::Simulation)),
+        Err(_) => Err(invalid("privacy", format!("unknown privacy mode {value}"))),
+    }
+}
+
 /// DP-FedEmb's settings from the wire, each unset field its default ([`FedEmb::DEFAULT`]); a
 /// server optimizer other than "sgd" or "adam" ("" is sgd) is refused, never defaulted.
 pub fn fedemb_from_proto(wire: Option<&v1::FedEmb>) -> Result<FedEmb, ContractError> {
@@ -67,7 +90,8 @@ pub fn fedemb_from_proto(wire: Option<&v1::FedEmb>) -> Result<FedEmb, ContractEr
 }
 
 /// What a job spec chooses that is typed past the wire: its objective, its accountant kind,
-/// and (for a user-level objective) its DP-FedEmb settings with every default filled in. The
+/// the privacy mode it names, and (for a user-level objective) its DP-FedEmb settings with
+/// every default filled in. The
 /// spec's one decoding, made before any stage of planning reads the spec, so that no stage
 /// comes back to the wire; an unknown value is refused naming its field.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -76,18 +100,21 @@ pub struct SpecChoices {
     pub family: Family,
     /// The accountant kind.
     pub kind: AccountantKind,
+    /// The mode `privacy` names; None when unspecified (the spec's other fields then say it).
+    pub mode: Option<ModeKind>,
     /// DP-FedEmb's settings; None for an example-level objective.
     pub fedemb: Option<FedEmb>,
 }
 
 impl SpecChoices {
     /// Decodes `spec`'s choices ([`family_from_proto`], [`kind_from_proto`],
-    /// [`fedemb_from_proto`]).
+    /// [`mode_from_proto`], [`fedemb_from_proto`]).
     pub fn decode(spec: &v1::JobSpec) -> Result<Self, ContractError> {
         let family = family_from_proto(spec.objective)?;
         let kind = kind_from_proto(spec.accountant)?;
+        let mode = mode_from_proto(spec.privacy)?;
         let fedemb = family.is_user_level().then(|| fedemb_from_proto(spec.fedemb.as_ref())).transpose()?;
-        Ok(Self { family, kind, fedemb })
+        Ok(Self { family, kind, mode, fedemb })
     }
 }
 
@@ -113,13 +140,8 @@ pub fn unit_is_user(value: i32) -> Result<bool, ContractError> {
 pub fn contract_to_proto(c: &PrivacyContract) -> v1::PrivacyContract {
     let mechanism =
         |q, sigma| v1::Mechanism { sample_rate: q, noise_multiplier: sigma, clipping_norm: c.mechanism.clipping_norm };
-    let (privacy, simulated) = match c.mode {
-        Mode::Dp => (v1::Privacy::Dp, None),
-        Mode::NotPrivate => (v1::Privacy::NotPrivate, None),
-        Mode::Simulation { target } => {
-            (v1::Privacy::Simulation, Some(mechanism(target.sample_rate, target.noise_multiplier)))
-        }
-    };
+    let privacy = mode_to_proto(c.mode.kind());
+    let simulated = c.mode.simulated().map(|target| mechanism(target.sample_rate, target.noise_multiplier));
     let (unit, users_digest) = match &c.unit {
         PrivacyUnit::Example => (v1::PrivacyUnit::Example, String::new()),
         PrivacyUnit::User { users_digest } => (v1::PrivacyUnit::User, users_digest.clone()),
@@ -149,16 +171,10 @@ pub fn contract_to_proto(c: &PrivacyContract) -> v1::PrivacyContract {
 /// A contract from the wire, checked ([`PrivacyContract::check`]).
 pub fn contract_from_proto(p: v1::PrivacyContract) -> Result<PrivacyContract, ContractError> {
     let m = p.mechanism.ok_or_else(|| invalid("mechanism", "is required"))?;
-    let mode = match v1::Privacy::try_from(p.privacy) {
-        Ok(v1::Privacy::Unspecified | v1::Privacy::Dp) => Mode::Dp,
-        Ok(v1::Privacy::NotPrivate) => Mode::NotPrivate,
-        Ok(v1::Privacy::Simulation) => {
-            let t = p.simulated.ok_or_else(|| invalid("simulated", "a SIMULATION names its target mechanism"))?;
-            Mode::Simulation { target: Recipe { sample_rate: t.sample_rate, noise_multiplier: t.noise_multiplier } }
-        }
-        Err(_) => return Err(invalid("privacy", format!("unknown value {}", p.privacy))),
-    };
-    if !matches!(mode, Mode::Simulation { .. }) && p.simulated.is_some() {
+    let kind = mode_from_proto(p.privacy)?.unwrap_or(ModeKind::Dp);
+    let target = p.simulated.map(|t| Recipe { sample_rate: t.sample_rate, noise_multiplier: t.noise_multiplier });
+    let mode = Mode::from_kind(kind, target)?;
+    if mode.simulated().is_none() && target.is_some() {
         return Err(invalid("simulated", "only a SIMULATION names a target mechanism"));
     }
     let unit = if unit_is_user(p.unit)? {

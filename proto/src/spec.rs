@@ -6,6 +6,7 @@
 //! It checks only what the message cannot express (a key that is no field, an enum name that
 //! is none of its values); the coordinator checks every value at submit.
 
+use dpcap_privacy::contract::{ContractError, ModeKind};
 use dpcap_privacy::{AccountantKind, PrivacyError};
 use dpcap_registry::{Family, UnknownObjective};
 use serde::{Deserialize, Serialize};
@@ -34,6 +35,9 @@ pub enum SpecFileError {
     /// An accountant kind that is none of the privacy crate's.
     #[error("invalid accountant: {0}")]
     Accountant(#[from] PrivacyError),
+    /// A privacy mode that is none of the privacy crate's (its error names the field).
+    #[error(transparent)]
+    Mode(#[from] ContractError),
 }
 
 impl SpecFileError {
@@ -48,6 +52,7 @@ impl SpecFileError {
             Self::Choice { field, .. } => field,
             Self::Objective(_) => "objective",
             Self::Accountant(_) => "accountant",
+            Self::Mode(e) => e.field,
         }
     }
 }
@@ -103,9 +108,12 @@ pub struct SpecFile {
     pub dataset_epsilon_budget: Option<f64>,
     /// random_resized_crop (default) | center_crop
     pub augment: Option<String>,
-    /// A non-private baseline (σ = 0, no ε): NOT PRIVATE everywhere it shows.
+    /// dp (default) | not_private (a baseline: σ = 0, no ε) | simulation (TAN, with
+    /// `simulate`); every mode but dp is NOT PRIVATE wherever it shows.
+    pub privacy: Option<String>,
+    /// The older spelling of `privacy: not_private`, still read.
     pub not_private: Option<bool>,
-    /// TAN: simulate a target recipe at this job's smaller batch. NOT PRIVATE.
+    /// The recipe a simulation simulates (without `privacy`, it asks for one).
     pub simulate: Option<SimulateFile>,
     /// Another job's checkpoint root to start from (weights only).
     pub init_from: Option<String>,
@@ -183,6 +191,10 @@ impl SpecFile {
             None => v1::AccountantKind::Pld,
             Some(name) => crate::contract::kind_to_proto(name.parse::<AccountantKind>()?),
         };
+        let privacy = match self.privacy.as_deref() {
+            None => v1::Privacy::Unspecified,
+            Some(name) => crate::contract::mode_to_proto(name.parse::<ModeKind>()?),
+        };
         let augment = match self.augment.as_deref().unwrap_or("random_resized_crop") {
             "random_resized_crop" => v1::Augment::RandomResizedCrop,
             "center_crop" => v1::Augment::CenterCrop,
@@ -223,6 +235,7 @@ impl SpecFile {
                 kind: a.kind.unwrap_or_default(),
                 coordinates: a.coordinates.unwrap_or_default(),
             }),
+            privacy: privacy as i32,
             fedemb: self.fedemb.map(|f| v1::FedEmb {
                 local_steps: f.local_steps.unwrap_or(0),
                 local_epochs: f.local_epochs.unwrap_or(0),
@@ -261,5 +274,10 @@ mod tests {
         let accountant = SpecFile { accountant: Some("moments".into()), ..yaml }.into_proto().unwrap_err();
         assert!(matches!(accountant, SpecFileError::Accountant(_)) && accountant.field() == "accountant");
         assert!(accountant.to_string().contains("moments"), "{accountant}");
+        let mode = SpecFile { privacy: Some("private".into()), ..SpecFile::default() }.into_proto().unwrap_err();
+        assert!(matches!(mode, SpecFileError::Mode(_)) && mode.field() == "privacy", "{mode:?}");
+        assert!(mode.to_string().contains("\"private\" is not dp, not_private or simulation"), "{mode}");
+        let baseline = SpecFile { privacy: Some("not_private".into()), ..SpecFile::default() }.into_proto().unwrap();
+        assert_eq!(baseline.privacy, v1::Privacy::NotPrivate as i32);
     }
 }

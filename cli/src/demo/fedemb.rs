@@ -72,7 +72,7 @@ fn spec(args: &DemoArgs, train_dir: &Path, not_private: bool, init: Option<&str>
         model: "micro".into(),
         objective: Some("fedemb".into()),
         epsilon: (!not_private).then_some(args.epsilon),
-        not_private: not_private.then_some(true),
+        privacy: not_private.then(|| "not_private".into()),
         batch_size: Some(args.clients_per_step),
         steps: Some(args.steps()),
         clipping_norm: Some(args.client_clipping_norm),
