@@ -54,6 +54,16 @@ pub enum CoordinatorError {
         /// The store's error.
         source: object_store::Error,
     },
+    /// A single object a field names (a tokenizer) could not be opened or read.
+    #[error("invalid {field}: {what}: {source}")]
+    Unreadable {
+        /// The spec field.
+        field: &'static str,
+        /// Which object, and what to do about it.
+        what: String,
+        /// The store's error.
+        source: dpcap_serve::StoreError,
+    },
     /// A dataset's index does not follow the format.
     #[error("invalid dataset: {what}: {source}")]
     Index {
@@ -266,9 +276,11 @@ impl ServiceError for CoordinatorError {
             Self::Invalid { .. } | Self::Contract(_) | Self::Objective(_) | Self::Privacy { .. } => {
                 ErrorCode::InvalidArgument
             }
-            Self::Location { .. } | Self::Endpoint { .. } | Self::Read { .. } | Self::Index { .. } => {
-                ErrorCode::InvalidArgument
-            }
+            Self::Location { .. }
+            | Self::Endpoint { .. }
+            | Self::Read { .. }
+            | Self::Unreadable { .. }
+            | Self::Index { .. } => ErrorCode::InvalidArgument,
             Self::JobNotFound(_) => ErrorCode::NotFound,
             Self::WorkerNotFound(_) => ErrorCode::WorkerNotRegistered,
             Self::Precondition { .. } | Self::NotRegistered(_) | Self::ContractMismatch { .. } => {

@@ -88,17 +88,15 @@ pub async fn pin_tokenizer(checked: &Checked) -> Result<Option<(String, String)>
     } else {
         spec.tokenizer.clone()
     };
-    let bytes = dpcap_serve::store::read_object(&location).await.map_err(|e| {
-        let reason = if spec.tokenizer.is_empty() {
-            format!(
-                "none given and the dataset has no tokenizer.json ({}); set tokenizer (a public vocabulary), or for \
-                 public or synthetic captions run `dpctl dataset index --train-tokenizer`",
-                e.reason
-            )
+    let bytes = dpcap_serve::store::read_object(&location).await.map_err(|source| {
+        let what = if spec.tokenizer.is_empty() {
+            "none given and the dataset has no tokenizer.json; set tokenizer (a public vocabulary), or for public or \
+             synthetic captions run `dpctl dataset index --train-tokenizer`"
+                .to_owned()
         } else {
-            format!("cannot read {location}: {}", e.reason)
+            format!("cannot read {location}")
         };
-        CoordinatorError::invalid("tokenizer", reason)
+        CoordinatorError::Unreadable { field: "tokenizer", what, source }
     })?;
     Ok(Some((location, dpcap_proto::digest::sha256(&bytes))))
 }

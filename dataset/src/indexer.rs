@@ -205,7 +205,7 @@ async fn index_one(
         index_shard(&name, &bytes).map(|outcome| (outcome, sha256, bytes.len() as u64))
     })
     .await
-    .map_err(|e| DataError::Tar { shard: relative.clone(), reason: format!("indexing task failed: {e}") })?;
+    .map_err(|source| DataError::Task { what: "indexing", source })?;
     let ((table, skipped, report, users), sha256, size) = match indexed {
         Ok(indexed) => indexed,
         Err(DataError::Tar { reason, .. }) => return Ok(Indexed::Bad(BadShard { path: relative, reason })),

@@ -51,9 +51,27 @@ pub enum DataError {
         /// What failed.
         reason: String,
     },
-    /// The index (manifest or a shard table) is missing, malformed or does not match.
+    /// The index (manifest or a shard table) is malformed or does not match.
     #[error("dataset index: {0}")]
-    Index(String),
+    Index(#[from] index::IndexError),
+    /// A caption that is not UTF-8.
+    #[error("example {key}: cannot decode {member}: {source}")]
+    Utf8 {
+        /// `shard#position`.
+        key: String,
+        /// Which member.
+        member: &'static str,
+        /// Why.
+        source: std::string::FromUtf8Error,
+    },
+    /// A task of the indexer or the reader panicked or was cancelled.
+    #[error("{what} task failed: {source}")]
+    Task {
+        /// Which task.
+        what: &'static str,
+        /// How it ended.
+        source: tokio::task::JoinError,
+    },
     /// A member could not be decoded.
     #[error("example {key}: cannot decode {member}: {reason}")]
     Decode {
@@ -109,7 +127,37 @@ pub enum JobDataError {
         /// Why.
         source: dpcap_serve::StoreError,
     },
-    /// Reading the dataset or tokenizer failed (the message may name an example).
+    /// The dataset's index could not be read (the manifest: it names no example).
+    #[error("data: {url}: {source} (index the dataset with `dpctl dataset index {url}`)")]
+    Index {
+        /// The dataset.
+        url: String,
+        /// Why.
+        source: DataError,
+    },
+    /// An object the spec names (a tokenizer) could not be read.
+    #[error("invalid {field}: {what}: {source}")]
+    Unreadable {
+        /// The spec field.
+        field: &'static str,
+        /// Which object, and what to do about it.
+        what: String,
+        /// The store's error.
+        source: object_store::Error,
+    },
+    /// The tokenizer the spec names is not one.
+    #[error("invalid tokenizer: {location}: {source}")]
+    Tokenizer {
+        /// Where it was read.
+        location: String,
+        /// Why.
+        source: tokenizer::TokenizerError,
+    },
+    /// The examples are not the ones the job's plan pinned (the job's input, named in full
+    /// under any telemetry).
+    #[error("invalid dataset: {0}")]
+    Changed(#[source] DataError),
+    /// Reading the dataset failed (the message may name an example).
     #[error("data: {0}")]
     Data(String),
     /// Reading sampled examples failed (the error may name an example).

@@ -77,9 +77,7 @@ impl Dataset {
             .map_err(|source| JobDataError::Location { field: "dataset", source })?;
         let reader = ShardReader::open(store, root)
             .await
-            .map_err(|e| {
-                JobDataError::Data(format!("{url}: {e} (index the dataset with `dpctl dataset index {url}`)"))
-            })?
+            .map_err(|source| JobDataError::Index { url: url.to_owned(), source })?
             .trusting_content_e_tags(content_e_tags(url));
         Ok(Self { reader })
     }
@@ -114,7 +112,6 @@ impl Dataset {
     /// The tokenizer: `location` (a path or URL of a `tokenizer.json`, or of a BERT
     /// `vocab.txt`) or the dataset's own `tokenizer.json` when empty.
     pub async fn tokenizer(&self, location: &str) -> Result<CaptionTokenizer, JobDataError> {
-        let spec = |reason: String| JobDataError::Spec { field: "tokenizer", reason };
         let (store, path, name) = if location.is_empty() {
             let (store, root) = self.reader.location();
             (store, crate::indexer::join(&root, "tokenizer.json"), "tokenizer.json")
@@ -124,22 +121,22 @@ impl Dataset {
                 .map_err(|source| JobDataError::Location { field: "tokenizer", source })?;
             (store, crate::indexer::join(&root, file), file)
         };
-        let bytes = async { store.get(&path).await?.bytes().await }.await.map_err(|e| {
-            spec(if location.is_empty() {
-                format!(
-                    "none given and the dataset has no tokenizer.json ({e}); set tokenizer (a public vocabulary), or \
-                     for public or synthetic captions run `dpctl dataset index --train-tokenizer`"
-                )
+        let bytes = async { store.get(&path).await?.bytes().await }.await.map_err(|source| {
+            let what = if location.is_empty() {
+                "none given and the dataset has no tokenizer.json; set tokenizer (a public vocabulary), or for public \
+                 or synthetic captions run `dpctl dataset index --train-tokenizer`"
+                    .to_owned()
             } else {
-                format!("{location}: {e}")
-            })
+                location.to_owned()
+            };
+            JobDataError::Unreadable { field: "tokenizer", what, source }
         })?;
         let tokenizer = if name.ends_with(".txt") {
             CaptionTokenizer::from_vocab(&bytes)
         } else {
             CaptionTokenizer::from_bytes(&bytes)
         };
-        tokenizer.map_err(|e| spec(format!("{location}: {e}")))
+        tokenizer.map_err(|source| JobDataError::Tokenizer { location: location.to_owned(), source })
     }
 
     /// The tokenizer the job's plan pinned: the bytes at `location` must have `digest` (the
@@ -160,7 +157,7 @@ impl Dataset {
         } else {
             CaptionTokenizer::from_bytes(&bytes)
         };
-        tokenizer.map_err(|e| spec(format!("{location}: {e}")))
+        tokenizer.map_err(|source| JobDataError::Tokenizer { location: location.to_owned(), source })
     }
 
     /// Global index of position `local` in shard `shard`, bounds-checked against the shard.
@@ -185,9 +182,7 @@ impl Dataset {
             .await
             .map_err(|e| match e {
                 // Not the pinned data: the job's input, named in full under any telemetry.
-                changed @ DataError::Changed { .. } => {
-                    JobDataError::Spec { field: "dataset", reason: changed.to_string() }
-                }
+                changed @ DataError::Changed { .. } => JobDataError::Changed(changed),
                 other => JobDataError::Read(other),
             })?;
         let view = view.clone();
@@ -203,6 +198,6 @@ impl Dataset {
                 .collect()
         })
         .await
-        .map_err(|e| JobDataError::Data(format!("decode task failed: {e}")))
+        .map_err(|source| JobDataError::Read(DataError::Task { what: "decode", source }))
     }
 }

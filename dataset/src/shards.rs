@@ -74,7 +74,7 @@ impl ShardReader {
     /// Reads and validates the manifest under `root`.
     pub async fn open(store: Arc<dyn ObjectStore>, root: Path) -> Result<Self, DataError> {
         let bytes = store.get(&join(&root, MANIFEST_PATH)).await?.bytes().await?;
-        let manifest = Manifest::parse(&bytes).map_err(|e| DataError::Index(e.to_string()))?;
+        let manifest = Manifest::parse(&bytes)?;
         Ok(Self {
             layout: Arc::new(manifest.layout()),
             digest: Manifest::digest(&bytes),
@@ -131,7 +131,7 @@ impl ShardReader {
             .get_or_try_init(|| async {
                 let path = join(&self.root, &table_path(shard));
                 let bytes = self.store.get(&path).await?.bytes().await?;
-                let table = self.manifest.check_table(shard, &bytes).map_err(|e| DataError::Index(e.to_string()))?;
+                let table = self.manifest.check_table(shard, &bytes)?;
                 Ok::<_, DataError>(Arc::new(table))
             })
             .await?;
@@ -150,8 +150,11 @@ impl ShardReader {
         let pin = self.pinned(shard).await?;
         let location = Location { path: join(&self.root, &record.path), shard: &record.path, pin };
         let members = self.members(&location, &entry).await?;
-        let decode = |member: &'static str, reason: String| DataError::Decode { key: key.clone(), member, reason };
-        let caption = String::from_utf8(members.caption.to_vec()).map_err(|e| decode("caption", e.to_string()))?;
+        let caption = String::from_utf8(members.caption.to_vec()).map_err(|source| DataError::Utf8 {
+            key: key.clone(),
+            member: "caption",
+            source,
+        })?;
         // The indexer kept only metadata that parses; a label is read when there is one.
         let label = members
             .meta

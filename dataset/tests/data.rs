@@ -268,7 +268,7 @@ async fn a_tampered_shard_table_is_refused_against_the_manifest_digest() {
     let reader = ShardReader::open(store, Path::default()).await.unwrap();
     reader.read(3).await.expect("shard 0 is intact");
     let err = reader.read(13).await.unwrap_err();
-    assert!(matches!(err, DataError::Index(ref m) if m.contains("shard 1")), "{err}");
+    assert!(matches!(err, DataError::Index(dpcap_dataset::index::IndexError::Digest { shard: 1, .. })), "{err}");
 }
 
 /// An indexed synthetic dataset of two shards of 10 examples under `dir/train`, and a reader.

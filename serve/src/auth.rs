@@ -67,6 +67,24 @@ pub enum AuthError {
         /// Why (never the token itself).
         reason: String,
     },
+    /// A token file that could not be read.
+    #[error("cannot read auth tokens file {path}: {source}")]
+    TokenFileRead {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A token file's line whose token or fingerprint was refused.
+    #[error("invalid auth tokens file {path}: line {line}: {source}")]
+    TokenFileLine {
+        /// The file.
+        path: String,
+        /// The line, from 1.
+        line: usize,
+        /// Why (never the token itself).
+        source: Box<AuthError>,
+    },
     /// A token file's line names a role the protocol does not define.
     #[error("invalid auth tokens file {path}: line {line}: {source}")]
     TokenFileRole {
@@ -150,7 +168,9 @@ impl Credentials {
     /// comments skipped).
     pub fn add_file(&mut self, path: &Path) -> Result<(), AuthError> {
         let file_error = |reason: String| AuthError::TokenFile { path: path.display().to_string(), reason };
-        let text = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
+        let shown = || path.display().to_string();
+        let text =
+            std::fs::read_to_string(path).map_err(|source| AuthError::TokenFileRead { path: shown(), source })?;
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -160,7 +180,7 @@ impl Credentials {
                 .split_once(char::is_whitespace)
                 .ok_or_else(|| file_error(format!("line {}: expected `ROLE TOKEN`", n + 1)))?;
             let role: Role = role.parse().map_err(|source: UnknownRole| AuthError::TokenFileRole {
-                path: path.display().to_string(),
+                path: shown(),
                 line: n + 1,
                 source,
             })?;
@@ -168,7 +188,7 @@ impl Credentials {
                 Some(fingerprint) => self.add_cert(role, fingerprint),
                 None => self.add(role, token),
             };
-            added.map_err(|e| file_error(format!("line {}: {e}", n + 1)))?;
+            added.map_err(|e| AuthError::TokenFileLine { path: shown(), line: n + 1, source: Box::new(e) })?;
         }
         Ok(())
     }

@@ -111,6 +111,9 @@ pub enum CapabilityError {
     /// Not a capability at all.
     #[error("invalid capability: {0}")]
     Malformed(String),
+    /// Signed, but its payload is not a capability's JSON.
+    #[error("invalid capability: {0}")]
+    Payload(#[source] serde_json::Error),
     /// Signed with a key this service does not hold, or not signed while keys are configured.
     #[error("capability signed with key {0:?}, which this service does not hold")]
     UnknownKey(String),
@@ -137,7 +140,15 @@ pub enum CapabilityError {
         /// What the call asked for.
         reason: String,
     },
-    /// A key file could not be read or parsed.
+    /// A key file that could not be read.
+    #[error("cannot read capability key file {path}: {source}")]
+    KeyFileRead {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A key file could not be parsed.
     #[error("invalid capability key file {path}: {reason}")]
     KeyFile {
         /// The file.
@@ -150,7 +161,7 @@ pub enum CapabilityError {
 impl ServiceError for CapabilityError {
     fn error_code(&self) -> ErrorCode {
         match self {
-            CapabilityError::KeyFile { .. } => ErrorCode::InvalidArgument,
+            CapabilityError::KeyFile { .. } | CapabilityError::KeyFileRead { .. } => ErrorCode::InvalidArgument,
             _ => ErrorCode::PermissionDenied,
         }
     }
@@ -185,7 +196,8 @@ impl KeyRing {
     /// Reads `KEY_ID HEX_SECRET` lines (blank lines and `#` comments skipped).
     pub fn from_file(path: &Path) -> Result<Self, CapabilityError> {
         let error = |reason: String| CapabilityError::KeyFile { path: path.display().to_string(), reason };
-        let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| CapabilityError::KeyFileRead { path: path.display().to_string(), source })?;
         let mut keys = Vec::new();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -284,8 +296,7 @@ impl Capabilities {
                 KeyRing::mac(secret, id, &payload).verify_slice(&tag).map_err(|_| CapabilityError::BadSignature)?;
             }
         }
-        let capability: Capability =
-            serde_json::from_slice(&payload).map_err(|e| CapabilityError::Malformed(e.to_string()))?;
+        let capability: Capability = serde_json::from_slice(&payload).map_err(CapabilityError::Payload)?;
         if now_unix_ms > capability.expires_unix_ms {
             return Err(CapabilityError::Expired {
                 ago_ms: now_unix_ms - capability.expires_unix_ms,

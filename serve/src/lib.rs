@@ -24,5 +24,5 @@ pub use dpcap_proto::client::AttachToken;
 pub use metrics_http::{sample, serve_http};
 pub use process::Listeners;
 pub use security::{AuthArgs, SecuredServer, SecurityError, ServerSecurity};
-pub use store::{StoreError, open_durable_store, open_existing_store, open_store, open_store_with};
+pub use store::{StoreError, StoreProblem, open_durable_store, open_existing_store, open_store, open_store_with};
 pub use tls::{ClientTlsArgs, ServerTlsArgs, TlsError};

@@ -8,14 +8,40 @@ use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 
-/// A store location that could not be opened.
+/// A store location that could not be opened (or an object in it read).
 #[derive(Debug, thiserror::Error)]
-#[error("cannot open store {url}: {reason}")]
+#[error("cannot open store {url}: {source}")]
 pub struct StoreError {
     /// The location given.
     pub url: String,
     /// Why.
-    pub reason: String,
+    pub source: StoreProblem,
+}
+
+/// Why a store location could not be opened or read.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreProblem {
+    /// No location was given.
+    #[error("empty location")]
+    Empty,
+    /// A local directory to read from that does not exist.
+    #[error("no such directory")]
+    NoDirectory,
+    /// The local file system refused.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// Not a URL.
+    #[error(transparent)]
+    Url(#[from] url::ParseError),
+    /// The object store refused (or the object is missing).
+    #[error(transparent)]
+    Store(#[from] object_store::Error),
+}
+
+impl StoreError {
+    fn new(url: &str, source: impl Into<StoreProblem>) -> Self {
+        Self { url: url.to_owned(), source: source.into() }
+    }
 }
 
 /// `location` fit to show (a log line, a metric label): a URL without its user, password,
@@ -123,7 +149,7 @@ pub async fn read_object(location: &str) -> Result<bytes::Bytes, StoreError> {
     let (store, root) = open_existing_store(if dir.is_empty() { "/" } else { dir })?;
     let path = Path::from(format!("{root}/{file}").trim_start_matches('/'));
     let read = async { store.get(&path).await?.bytes().await };
-    read.await.map_err(|e| StoreError { url: location.to_owned(), reason: e.to_string() })
+    read.await.map_err(|e| StoreError::new(location, e))
 }
 
 /// Opens `location` for records that must survive a machine crash, not only a process crash:
@@ -148,16 +174,15 @@ fn local_directory(location: &str) -> Option<&str> {
 }
 
 fn open_local(location: &str, dir: &str, fsync: bool, create: bool) -> Result<LocalFileSystem, StoreError> {
-    let store_error = |reason: String| StoreError { url: location.to_owned(), reason };
     if location.is_empty() {
-        return Err(store_error("empty location".into()));
+        return Err(StoreError::new(location, StoreProblem::Empty));
     }
     if create {
-        std::fs::create_dir_all(dir).map_err(|e| store_error(e.to_string()))?;
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::new(location, e))?;
     } else if !std::path::Path::new(dir).is_dir() {
-        return Err(store_error("no such directory".into()));
+        return Err(StoreError::new(location, StoreProblem::NoDirectory));
     }
-    Ok(LocalFileSystem::new_with_prefix(dir).map_err(|e| store_error(e.to_string()))?.with_fsync(fsync))
+    Ok(LocalFileSystem::new_with_prefix(dir).map_err(|e| StoreError::new(location, e))?.with_fsync(fsync))
 }
 
 fn open(
@@ -166,14 +191,13 @@ fn open(
     create: bool,
     options: Option<&[(String, String)]>,
 ) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
-    let store_error = |reason: String| StoreError { url: location.to_owned(), reason };
     if location.is_empty() {
-        return Err(store_error("empty location".into()));
+        return Err(StoreError::new(location, StoreProblem::Empty));
     }
     if let Some(dir) = local_directory(location) {
         return Ok((Arc::new(open_local(location, dir, fsync, create)?), Path::default()));
     }
-    let url = url::Url::parse(location).map_err(|e| store_error(e.to_string()))?;
+    let url = url::Url::parse(location).map_err(|e| StoreError::new(location, e))?;
     install_tls_provider();
     // Cloud stores read their configuration from the environment, as object_store names it
     // (AWS_ACCESS_KEY_ID, AWS_REGION, AWS_ENDPOINT, GOOGLE_SERVICE_ACCOUNT,
@@ -183,7 +207,7 @@ fn open(
         Some(options) => object_store::parse_url_opts(&url, options.iter().map(|(k, v)| (k, v))),
         None => object_store::parse_url_opts(&url, std::env::vars()),
     };
-    let (store, root): (Box<dyn ObjectStore>, Path) = parsed.map_err(|e| store_error(e.to_string()))?;
+    let (store, root): (Box<dyn ObjectStore>, Path) = parsed.map_err(|e| StoreError::new(location, e))?;
     Ok((Arc::from(store), root))
 }
 

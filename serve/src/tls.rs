@@ -20,6 +20,26 @@ pub enum TlsError {
         /// Why.
         reason: String,
     },
+    /// A PEM file that could not be read.
+    #[error("cannot read {flag} {path}: {source}")]
+    Read {
+        /// The flag that named it.
+        flag: &'static str,
+        /// The path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A certificate that is no X.509 certificate.
+    #[error("invalid {flag} {path}: not an X.509 certificate: {source}")]
+    NotX509 {
+        /// The flag that named it.
+        flag: &'static str,
+        /// The path.
+        path: String,
+        /// Why.
+        source: x509_parser::nom::Err<x509_parser::error::X509Error>,
+    },
     /// Flags that only work together were given apart.
     #[error("invalid {flag}: {reason}")]
     Incomplete {
@@ -34,12 +54,20 @@ pub enum TlsError {
         /// The URL.
         url: String,
         /// Why.
-        reason: String,
+        reason: &'static str,
+    },
+    /// The endpoint URL or its TLS setup, refused by the transport.
+    #[error("invalid endpoint {url}: {source}")]
+    Transport {
+        /// The URL.
+        url: String,
+        /// Why.
+        source: tonic::transport::Error,
     },
 }
 
 fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e| TlsError::File { flag, path: path.display().to_string(), reason: e.to_string() })
+    std::fs::read(path).map_err(|source| TlsError::Read { flag, path: path.display().to_string(), source })
 }
 
 /// What rustls (and so every client) would refuse about a server's certificate, found at start
@@ -57,7 +85,11 @@ fn check_server_pem(cert: &Path, cert_pem: &[u8], key: &Path, key_pem: &[u8]) ->
         .filter_map(Result::ok)
         .find(|block| block.label == "CERTIFICATE")
         .ok_or_else(|| bad("tls_cert", cert, "no PEM CERTIFICATE block".into()))?;
-    let parsed = leaf.parse_x509().map_err(|e| bad("tls_cert", cert, format!("not an X.509 certificate: {e}")))?;
+    let parsed = leaf.parse_x509().map_err(|source| TlsError::NotX509 {
+        flag: "tls_cert",
+        path: cert.display().to_string(),
+        source,
+    })?;
     let version = parsed.version().0 + 1;
     if version != 3 {
         return Err(bad(
@@ -167,12 +199,13 @@ impl ClientTlsArgs {
     /// An endpoint for `url`: TLS for `https://` (an error for `http://` when client TLS
     /// flags are set, so that a typo never silently sends gradients in clear).
     pub fn endpoint(&self, url: &str) -> Result<Endpoint, TlsError> {
-        let bad = |reason: String| TlsError::Endpoint { url: url.to_owned(), reason };
-        let endpoint = Endpoint::from_shared(url.to_owned()).map_err(|e| bad(e.to_string()))?;
+        let transport = |source| TlsError::Transport { url: url.to_owned(), source };
+        let endpoint = Endpoint::from_shared(url.to_owned()).map_err(transport)?;
         let wants_tls = self.tls_ca.is_some() || self.tls_client_cert.is_some();
         if !url.starts_with("https://") {
             if wants_tls {
-                return Err(bad("client TLS flags are set but the endpoint is not https://".into()));
+                let reason = "client TLS flags are set but the endpoint is not https://";
+                return Err(TlsError::Endpoint { url: url.to_owned(), reason });
             }
             return Ok(endpoint);
         }
@@ -191,7 +224,7 @@ impl ClientTlsArgs {
         if let Some(domain) = &self.tls_domain {
             config = config.domain_name(domain.clone());
         }
-        endpoint.tls_config(config).map_err(|e| bad(e.to_string()))
+        endpoint.tls_config(config).map_err(transport)
     }
 }
 

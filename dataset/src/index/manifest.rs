@@ -114,8 +114,7 @@ pub struct UsersRecord {
 impl Manifest {
     /// Parses and validates a manifest, so no reader acts on totals that do not add up.
     pub fn parse(bytes: &[u8]) -> Result<Manifest, IndexError> {
-        let m: Manifest =
-            serde_json::from_slice(bytes).map_err(|e| field("manifest", format!("not valid JSON: {e}")))?;
+        let m: Manifest = serde_json::from_slice(bytes).map_err(IndexError::Json)?;
         if !(MANIFEST_VERSION_MIN..=MANIFEST_VERSION).contains(&m.version) {
             return Err(field(
                 "version",

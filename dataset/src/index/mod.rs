@@ -34,7 +34,7 @@ pub fn table_path(shard: usize) -> String {
 }
 
 /// Why an index could not be read; every message names the offending value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum IndexError {
     /// A shard table's bytes do not follow the format.
     #[error("malformed shard table: {reason}")]
@@ -50,6 +50,9 @@ pub enum IndexError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The manifest is not JSON of a manifest's shape.
+    #[error("manifest field manifest: not valid JSON: {0}")]
+    Json(#[source] serde_json::Error),
     /// A table's bytes are not the ones the manifest pinned.
     #[error("shard {shard} table digest is {actual}, the manifest pins {expected}")]
     Digest {
