@@ -20,7 +20,21 @@ use crate::error::AccountantError;
 use crate::privacy::{self, AccountantKind, Segment};
 use crate::privacy::{RdpSteps, merged};
 
-pub(crate) type Composing = Shared<BoxFuture<'static, Result<f64, String>>>;
+pub(crate) type Composing = Shared<BoxFuture<'static, Result<f64, Arc<CompositionError>>>>;
+
+/// Why a composition gave no ε; shared (in an `Arc`) by every caller awaiting it.
+#[derive(Debug, thiserror::Error)]
+pub enum CompositionError {
+    /// The permits were closed (the accountant is shutting down).
+    #[error("composition permits closed: {0}")]
+    Closed(#[from] tokio::sync::AcquireError),
+    /// The privacy math refused the history.
+    #[error(transparent)]
+    Privacy(#[from] privacy::PrivacyError),
+    /// The composition's task panicked or was cancelled.
+    #[error("composition task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
 
 /// Exact compositions run at once, across every dataset and lineage: each holds FFT buffers
 /// (up to ~100 MB at a low σ), and checks of one budget are serialised anyway.
@@ -77,15 +91,14 @@ impl Composed {
         } else {
             let (permits, rdp) = (self.permits.clone(), self.rdp.clone());
             let task = tokio::spawn(async move {
-                let _permit = permits.acquire_owned().await.map_err(|e| e.to_string())?;
+                let _permit = permits.acquire_owned().await?;
                 tokio::task::spawn_blocking(move || {
-                    let exact = privacy::epsilon(kind, &segments, delta).map_err(|e| e.to_string())?;
+                    let exact = privacy::epsilon(kind, &segments, delta)?;
                     Ok(if kind == AccountantKind::Pld { exact.min(rdp.epsilon(&segments, delta)) } else { exact })
                 })
-                .await
-                .map_err(|e| format!("composition task failed: {e}"))?
+                .await?
             });
-            async move { task.await.map_err(|e| format!("composition task failed: {e}"))? }.boxed().shared()
+            async move { task.await.map_err(|e| Arc::new(e.into()))?.map_err(Arc::new) }.boxed().shared()
         };
         latest.insert(dataset_id.to_owned(), (key, composing.clone()));
         composing
@@ -94,7 +107,7 @@ impl Composed {
 
 /// The result of a composition as the accountant's error.
 pub async fn epsilon(composing: Composing) -> Result<f64, AccountantError> {
-    composing.await.map_err(|e| AccountantError::Internal(format!("dataset composition: {e}")))
+    composing.await.map_err(AccountantError::Composition)
 }
 
 #[cfg(test)]

@@ -132,7 +132,7 @@ impl Accountant {
     pub async fn replay(&self) -> Result<usize, AccountantError> {
         for budget in self.ledger.budgets().await? {
             let path = format!("datasets/{}", budget.key().path_component());
-            self.datasets.load(budget).map_err(|e| AccountantError::CorruptLedger { path, reason: e.to_string() })?;
+            self.datasets.load(budget).map_err(|e| AccountantError::CorruptBudget { path, source: Box::new(e) })?;
         }
         let records = self.ledger.replay().await?;
         let count = records.len();

@@ -19,6 +19,9 @@ pub enum AccountantError {
     /// A contract field out of range, or fields that contradict each other (names the field).
     #[error(transparent)]
     Contract(#[from] crate::privacy::ContractError),
+    /// A dataset id that is not an index digest.
+    #[error("{0}; `dpctl dataset index` prints the digest")]
+    DatasetId(#[source] crate::privacy::ContractError),
     /// A part's bytes are not P finite f32 values.
     #[error(transparent)]
     Floats(#[from] dpcap_proto::floats::FloatsError),
@@ -254,6 +257,25 @@ pub enum AccountantError {
     /// The operating system gave no randomness (noise, an audit's secret, a fresh key).
     #[error("internal error: no OS entropy: {0}")]
     Entropy(#[from] getrandom::Error),
+    /// A dataset's composition failed.
+    #[error("internal error: dataset composition: {0}")]
+    Composition(#[source] std::sync::Arc<crate::composed::CompositionError>),
+    /// A ledger object that is not the JSON it should be.
+    #[error("ledger object {path} is corrupt: {source}")]
+    LedgerJson {
+        /// The object path.
+        path: String,
+        /// Why it failed to decode.
+        source: serde_json::Error,
+    },
+    /// A stored budget the accountant refuses to load.
+    #[error("ledger object {path} is corrupt: {source}")]
+    CorruptBudget {
+        /// The object path.
+        path: String,
+        /// Why it was refused.
+        source: Box<AccountantError>,
+    },
     /// A bug the accountant detected in its own state.
     #[error("internal error: {0}")]
     Internal(String),
@@ -263,7 +285,7 @@ impl ServiceError for AccountantError {
     fn error_code(&self) -> ErrorCode {
         use AccountantError::*;
         match self {
-            InvalidArgument { .. } | Contract(_) | Floats(_) => ErrorCode::InvalidArgument,
+            InvalidArgument { .. } | Contract(_) | DatasetId(_) | Floats(_) => ErrorCode::InvalidArgument,
             Privacy(PrivacyError::Invalid { .. }) => ErrorCode::InvalidArgument,
             Privacy(PrivacyError::Unreachable { .. }) => ErrorCode::FailedPrecondition,
             UnknownJob { .. } => ErrorCode::JobNotRegistered,
@@ -282,7 +304,14 @@ impl ServiceError for AccountantError {
             ChargedElsewhere { .. } => ErrorCode::ReleaseDiscarded,
             Unavailable(_) => ErrorCode::Unavailable,
             Capability(e) => e.error_code(),
-            Storage(_) | CorruptLedger { .. } | Task { .. } | Entropy(_) | Internal(_) => ErrorCode::Internal,
+            Storage(_)
+            | CorruptLedger { .. }
+            | LedgerJson { .. }
+            | CorruptBudget { .. }
+            | Composition(_)
+            | Task { .. }
+            | Entropy(_)
+            | Internal(_) => ErrorCode::Internal,
         }
     }
 

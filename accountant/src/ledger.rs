@@ -479,7 +479,6 @@ impl Ledger {
 
     async fn read_json<T: serde::de::DeserializeOwned>(&self, path: &Path) -> Result<T, AccountantError> {
         let bytes = self.store.get(path).await?.bytes().await?;
-        serde_json::from_slice(&bytes)
-            .map_err(|e| AccountantError::CorruptLedger { path: path.to_string(), reason: e.to_string() })
+        serde_json::from_slice(&bytes).map_err(|source| AccountantError::LedgerJson { path: path.to_string(), source })
     }
 }

@@ -289,12 +289,7 @@ impl DatasetBudget {
 
 /// Refuses an id that is not an index digest.
 pub fn check_dataset_id(id: &str) -> Result<(), crate::error::AccountantError> {
-    check_digest("dataset_id", id).map_err(|e| {
-        crate::error::AccountantError::invalid(
-            "dataset_id",
-            format!("{}; `dpctl dataset index` prints the digest", e.reason),
-        )
-    })
+    check_digest("dataset_id", id).map_err(crate::error::AccountantError::DatasetId)
 }
 
 #[cfg(test)]

@@ -114,7 +114,7 @@ pub async fn serve(
                 match result {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return Err(ServeError::Replay(e)),
-                    Err(e) => return Err(ServeError::Replay(AccountantError::Internal(e.to_string()))),
+                    Err(source) => return Err(ServeError::Replay(AccountantError::Task { what: "replay", source })),
                 }
             }
         }

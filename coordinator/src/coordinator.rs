@@ -711,7 +711,7 @@ fn entry_for(job: Job, private: &Private, clients: Option<Arc<Vec<Vec<u64>>>>) -
     // The sampler's N is the accounting N: clients for a user-level job (the plan says so even
     // while its user table is unreadable), else examples; q is the contract's.
     let sampler = PoissonSampler::new(secret, dpcap_proto::plan::units(&plan), contract.mechanism.sample_rate)
-        .map_err(|e| CoordinatorError::invalid("contract.mechanism.sample_rate", e.to_string()))?;
+        .map_err(CoordinatorError::Sampler)?;
     Ok(JobEntry {
         job,
         contract,

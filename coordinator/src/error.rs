@@ -64,6 +64,17 @@ pub enum CoordinatorError {
         /// The store's error.
         source: dpcap_serve::StoreError,
     },
+    /// A job's sampler refused its rate (a record whose contract no planning made).
+    #[error("invalid contract.mechanism.sample_rate: {0}")]
+    Sampler(#[from] crate::sampler::SamplerError),
+    /// A checkpoint manifest that `init_from` names is not a manifest.
+    #[error("invalid init_from: {what}: {source}")]
+    InitManifest {
+        /// Which manifest.
+        what: String,
+        /// Why.
+        source: serde_json::Error,
+    },
     /// A dataset's index does not follow the format.
     #[error("invalid dataset: {what}: {source}")]
     Index {
@@ -280,6 +291,8 @@ impl ServiceError for CoordinatorError {
             | Self::Endpoint { .. }
             | Self::Read { .. }
             | Self::Unreadable { .. }
+            | Self::Sampler(_)
+            | Self::InitManifest { .. }
             | Self::Index { .. } => ErrorCode::InvalidArgument,
             Self::JobNotFound(_) => ErrorCode::NotFound,
             Self::WorkerNotFound(_) => ErrorCode::WorkerNotRegistered,

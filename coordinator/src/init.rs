@@ -42,8 +42,10 @@ pub async fn check(checked: &Checked, dataset: &str) -> Result<Option<InitSource
         .map_err(|_| invalid(format!("{location}/latest is not a step number")))?;
     let manifest =
         read(format!("{step}/manifest.json")).await.map_err(unread(format!("{location}/{step}/manifest.json")))?;
-    let source: InitSource =
-        serde_json::from_slice(&manifest).map_err(|e| invalid(format!("{location}/{step}/manifest.json: {e}")))?;
+    let source: InitSource = serde_json::from_slice(&manifest).map_err(|source| CoordinatorError::InitManifest {
+        what: format!("{location}/{step}/manifest.json"),
+        source,
+    })?;
     if source.model != spec.model {
         return Err(invalid(format!("{location} is a {} model, this job trains {}", source.model, spec.model)));
     }

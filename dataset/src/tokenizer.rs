@@ -19,7 +19,7 @@ pub const SPECIALS: [&str; 4] = ["[PAD]", "[CLS]", "[SEP]", "[UNK]"];
 pub enum TokenizerError {
     /// The tokenizers library failed (bad file, training error).
     #[error("tokenizer: {0}")]
-    Library(String),
+    Library(#[source] tokenizers::Error),
     /// A required special token is missing or misplaced.
     #[error("tokenizer special token {token}: {reason}")]
     Special {
@@ -30,8 +30,8 @@ pub enum TokenizerError {
     },
 }
 
-fn library(e: impl std::fmt::Display) -> TokenizerError {
-    TokenizerError::Library(e.to_string())
+fn library(e: impl Into<tokenizers::Error>) -> TokenizerError {
+    TokenizerError::Library(e.into())
 }
 
 /// A tokenizer with the captioner's conventions.

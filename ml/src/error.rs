@@ -21,6 +21,16 @@ pub enum MlError {
         /// Why.
         reason: String,
     },
+    /// The weights `init_from` names could not be opened, read, or fitted to this job's model.
+    #[error("invalid init_from: {location}{}: {source}", .step.map(|s| format!(" step {s}")).unwrap_or_default())]
+    InitFrom {
+        /// The checkpoint root.
+        location: String,
+        /// The step read, once known.
+        step: Option<u64>,
+        /// Why (boxed: a checkpoint's error is large beside the others).
+        source: Box<crate::checkpoint::CheckpointError>,
+    },
     /// An example the model cannot take (its caption, its identity label); names the example.
     #[error("data: {0}")]
     Example(String),
@@ -49,8 +59,8 @@ pub enum MlError {
         dim: usize,
     },
     /// The device's tensor could not be read back as f32 values (burn's error has no Display).
-    #[error("tensor read-back: {0}")]
-    ReadBack(String),
+    #[error("tensor read-back: {0:?}")]
+    ReadBack(burn::tensor::DataError),
 }
 
 impl MlError {

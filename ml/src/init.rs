@@ -24,8 +24,9 @@ pub async fn load_init<B: Backend>(
     (step, privacy): (u64, ModeKind),
 ) -> Result<Manifest, MlError> {
     let spec = |reason: String| MlError::Spec { field: "init_from", reason };
-    let source = CheckpointStore::open_existing(location).map_err(|e| spec(format!("{location}: {e}")))?;
-    let (manifest, weights, _) = source.load(step).await.map_err(|e| spec(format!("{location} step {step}: {e}")))?;
+    let init_from = |step, source| MlError::InitFrom { location: location.to_owned(), step, source: Box::new(source) };
+    let store = CheckpointStore::open_existing(location).map_err(|e| init_from(None, e))?;
+    let (manifest, weights, _) = store.load(step).await.map_err(|e| init_from(Some(step), e))?;
     if manifest.privacy != privacy {
         return Err(spec(format!(
             "{location} step {step} is {}, not the {privacy} checked at submission",
@@ -36,7 +37,6 @@ pub async fn load_init<B: Backend>(
         return Err(spec(format!("{location} is a {} model, this job trains {model}", manifest.model)));
     }
     let prefix = if manifest.objective == objective { "" } else { "encoder." };
-    load_weights_with_prefix(params, &weights, prefix)
-        .map_err(|e| spec(format!("{location} step {step} does not fit {model}/{objective}: {e}")))?;
+    load_weights_with_prefix(params, &weights, prefix).map_err(|e| init_from(Some(step), e))?;
     Ok(manifest)
 }

@@ -292,8 +292,7 @@ impl<AB: AutodiffBackend> Trainer<AB> {
     /// (under [`crate::clip::Reads::PerPart`], the one read of every micro-batch's norms).
     pub fn finish_part(&self, mut part: ClippedSum<Inner<AB>>) -> Result<(Vec<f32>, Telemetry), MlError> {
         part.settle();
-        let values =
-            part.sum.flatten().into_data().into_vec::<f32>().map_err(|e| MlError::ReadBack(format!("{e:?}")))?;
+        let values = part.sum.flatten().into_data().into_vec::<f32>().map_err(MlError::ReadBack)?;
         Ok((values, part.telemetry))
     }
 

@@ -14,8 +14,8 @@ use object_store::path::Path;
 pub struct StoreError {
     /// The location given.
     pub url: String,
-    /// Why.
-    pub source: StoreProblem,
+    /// Why (boxed: an object store's error is large, and this one travels in many others).
+    pub source: Box<StoreProblem>,
 }
 
 /// Why a store location could not be opened or read.
@@ -40,7 +40,7 @@ pub enum StoreProblem {
 
 impl StoreError {
     fn new(url: &str, source: impl Into<StoreProblem>) -> Self {
-        Self { url: url.to_owned(), source: source.into() }
+        Self { url: url.to_owned(), source: Box::new(source.into()) }
     }
 }
 

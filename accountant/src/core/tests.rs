@@ -242,7 +242,7 @@ async fn a_ledger_budget_whose_delta_is_out_of_range_stops_the_replay_naming_it(
     let again = super::Accountant::new(accountant.ledger.clone(), Policy::default());
     let refused = again.replay().await.unwrap_err();
     assert!(
-        matches!(&refused, AccountantError::CorruptLedger { path, .. } if path.starts_with("datasets/")),
+        matches!(&refused, AccountantError::CorruptBudget { path, .. } if path.starts_with("datasets/")),
         "{refused:?}"
     );
     assert!(refused.to_string().contains("delta"), "{refused}");

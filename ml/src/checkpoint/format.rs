@@ -40,6 +40,24 @@ pub enum CheckpointError {
         /// Why it is unusable.
         reason: String,
     },
+    /// A number in the metadata that does not parse.
+    #[error("checkpoint metadata {key}: {raw:?}: {source}")]
+    Number {
+        /// The metadata key.
+        key: &'static str,
+        /// Its value.
+        raw: String,
+        /// Why.
+        source: std::num::ParseFloatError,
+    },
+    /// The step count in the metadata does not parse.
+    #[error("checkpoint metadata steps: {raw:?}: {source}")]
+    Steps {
+        /// Its value.
+        raw: String,
+        /// Why.
+        source: std::num::ParseIntError,
+    },
     /// The checkpoint location cannot be opened.
     #[error("checkpoint location: {0}")]
     Location(#[from] dpcap_serve::StoreError),
@@ -193,7 +211,7 @@ pub fn load_optimizer<B: Backend>(params: &ParamSet<B>, bytes: &[u8]) -> Result<
     let metadata = header.metadata().clone().unwrap_or_default();
     let number = |key: &'static str| -> Result<f64, CheckpointError> {
         let raw = metadata.get(key).ok_or(CheckpointError::Metadata { key, reason: "missing".into() })?;
-        raw.parse().map_err(|e| CheckpointError::Metadata { key, reason: format!("{raw:?}: {e}") })
+        raw.parse().map_err(|source| CheckpointError::Number { key, raw: raw.clone(), source })
     };
     let rule = match metadata.get("rule").map(String::as_str) {
         None | Some("adam") => crate::optim::Rule::Adam,
@@ -214,9 +232,7 @@ pub fn load_optimizer<B: Backend>(params: &ParamSet<B>, bytes: &[u8]) -> Result<
     };
     let steps_raw =
         metadata.get("steps").ok_or(CheckpointError::Metadata { key: "steps", reason: "missing".into() })?;
-    let steps = steps_raw
-        .parse()
-        .map_err(|e| CheckpointError::Metadata { key: "steps", reason: format!("{steps_raw:?}: {e}") })?;
+    let steps = steps_raw.parse().map_err(|source| CheckpointError::Steps { raw: steps_raw.clone(), source })?;
     let device = params.device().clone();
     let mut opt = AdamW::new(config, params);
     for id in params.ids() {

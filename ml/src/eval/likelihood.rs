@@ -103,8 +103,7 @@ pub fn log_likelihoods<AB: AutodiffBackend>(
             let logits = model.decode(&mut Tape::new(Mode::Frozen, params), &memory.clone().select(0, which), tokens);
             let logp = log_softmax(logits, 2).gather(2, targets.unsqueeze_dim::<3>(2)).squeeze_dim::<2>(2);
             let sums = (logp * mask).sum_dim(1).reshape([b]);
-            let sums =
-                sums.into_data().convert::<f32>().into_vec::<f32>().map_err(|e| EvalError::Tensor(format!("{e:?}")))?;
+            let sums = sums.into_data().convert::<f32>().into_vec::<f32>().map_err(EvalError::Tensor)?;
             for (&r, s) in batch.iter().zip(sums) {
                 scores[r] = f64::from(s);
             }

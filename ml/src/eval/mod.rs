@@ -43,8 +43,8 @@ pub enum EvalError {
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
     /// A tensor could not be read back.
-    #[error("evaluation tensor: {0}")]
-    Tensor(String),
+    #[error("evaluation tensor: {0:?}")]
+    Tensor(burn::tensor::DataError),
     /// The held-out images could not be put through the image pipeline.
     #[error("held-out image {key}: {source}")]
     Image {

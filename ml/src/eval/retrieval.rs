@@ -38,7 +38,7 @@ pub fn embeddings<AB: AutodiffBackend>(
     for chunk in examples.chunks(BATCH) {
         let e = model.embeddings::<AB>(params, images_tensor::<AB>(chunk, side, &device));
         let d = e.dims()[1];
-        let values = e.into_data().into_vec::<f32>().map_err(|err| EvalError::Tensor(format!("{err:?}")))?;
+        let values = e.into_data().into_vec::<f32>().map_err(EvalError::Tensor)?;
         rows.extend(values.chunks(d).map(<[f32]>::to_vec));
     }
     Ok(rows)

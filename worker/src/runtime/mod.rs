@@ -54,19 +54,20 @@ pub enum RuntimeError {
     },
     /// A release the checkpoint needs was deleted: the job cannot resume from that checkpoint.
     #[error(
-        "checkpoint: release of step {step} was deleted but the checkpoint loaded stops at step {position}: {reason}"
+        "checkpoint: release of step {step} was deleted but the checkpoint loaded stops at step {position}: {}",
+        .source.message
     )]
     ReleaseTrimmed {
         /// The deleted release's step.
         step: u64,
         /// The step the checkpoint holds the state before.
         position: u64,
-        /// The accountant's message.
-        reason: String,
+        /// The accountant's refusal.
+        source: Box<dpcap_proto::client::ClientError>,
     },
     /// The accountant refused the step: the budget is spent.
     #[error("budget exhausted: {0}")]
-    BudgetExhausted(String),
+    BudgetExhausted(#[source] BudgetRefusal),
     /// A peer answered something unexpected or failed.
     #[error("rpc: {0}")]
     Protocol(String),
@@ -101,11 +102,27 @@ impl RuntimeError {
     }
 }
 
+/// Who refused a step for its dataset's budget.
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetRefusal {
+    /// The accountant, in its words.
+    #[error("{}", .0.message)]
+    Accountant(Box<dpcap_proto::client::ClientError>),
+    /// The accountant refused rank 0, which told this rank over the collective.
+    #[error("rank 0 was refused step {step}")]
+    RankZero {
+        /// The step refused.
+        step: u64,
+    },
+}
+
 impl From<tonic::Status> for RuntimeError {
     /// Budget exhaustion is recognised by its typed code (never by the message's words).
     fn from(s: tonic::Status) -> Self {
         match dpcap_proto::ErrorCode::of(&s) {
-            Some(dpcap_proto::ErrorCode::BudgetExhausted) => Self::BudgetExhausted(s.message().to_owned()),
+            Some(dpcap_proto::ErrorCode::BudgetExhausted) => {
+                Self::BudgetExhausted(BudgetRefusal::Accountant(Box::new(s.into())))
+            }
             // The accountant no longer admits this rank's generation: the job was cancelled or
             // failed, or its group re-formed. Reported like any failure (the coordinator turns
             // away a report of a generation it replaced), so a job is never left waiting on it.

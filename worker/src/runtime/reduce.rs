@@ -214,7 +214,7 @@ async fn over_nccl(
         ReleaseStatus::Released => {}
         ReleaseStatus::Discarded => return Ok(Outcome::Discarded),
         ReleaseStatus::BudgetExhausted => {
-            return Err(RuntimeError::BudgetExhausted(format!("rank 0 was refused step {step}: budget exhausted")));
+            return Err(RuntimeError::BudgetExhausted(crate::runtime::BudgetRefusal::RankZero { step }));
         }
         ReleaseStatus::Failed => {
             return Err(RuntimeError::Protocol(format!("rank 0 could not obtain the release of step {step}")));

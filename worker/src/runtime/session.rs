@@ -343,7 +343,7 @@ impl<AB: AutodiffBackend> Session<AB> {
                     return Err(RuntimeError::ReleaseTrimmed {
                         step: t,
                         position: self.position,
-                        reason: s.message().to_owned(),
+                        source: Box::new(s.into()),
                     });
                 }
                 Err(s) => return Err(s.into()),
