@@ -16,25 +16,11 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use tokio::sync::Semaphore;
 
-use crate::error::AccountantError;
+use crate::error::{AccountantError, CompositionError};
 use crate::privacy::{self, AccountantKind, Segment};
 use crate::privacy::{RdpSteps, merged};
 
 pub(crate) type Composing = Shared<BoxFuture<'static, Result<f64, Arc<CompositionError>>>>;
-
-/// Why a composition gave no ε; shared (in an `Arc`) by every caller awaiting it.
-#[derive(Debug, thiserror::Error)]
-pub enum CompositionError {
-    /// The permits were closed (the accountant is shutting down).
-    #[error("composition permits closed: {0}")]
-    Closed(#[from] tokio::sync::AcquireError),
-    /// The privacy math refused the history.
-    #[error(transparent)]
-    Privacy(#[from] privacy::PrivacyError),
-    /// The composition's task panicked or was cancelled.
-    #[error("composition task failed: {0}")]
-    Task(#[from] tokio::task::JoinError),
-}
 
 /// Exact compositions run at once, across every dataset and lineage: each holds FFT buffers
 /// (up to ~100 MB at a low σ), and checks of one budget are serialised anyway.

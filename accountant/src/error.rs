@@ -259,7 +259,7 @@ pub enum AccountantError {
     Entropy(#[from] getrandom::Error),
     /// A dataset's composition failed.
     #[error("internal error: dataset composition: {0}")]
-    Composition(#[source] std::sync::Arc<crate::composed::CompositionError>),
+    Composition(#[source] std::sync::Arc<CompositionError>),
     /// A ledger object that is not the JSON it should be.
     #[error("ledger object {path} is corrupt: {source}")]
     LedgerJson {
@@ -360,4 +360,18 @@ impl AccountantError {
     pub(crate) fn refused(job_id: &str, step: u64, code: ErrorCode, reason: impl Into<String>) -> Self {
         AccountantError::StepRefused { job_id: job_id.to_owned(), step, code, reason: reason.into() }
     }
+}
+
+/// Why a composition gave no ε; shared (in an `Arc`) by every caller awaiting it.
+#[derive(Debug, thiserror::Error)]
+pub enum CompositionError {
+    /// The permits were closed (the accountant is shutting down).
+    #[error("composition permits closed: {0}")]
+    Closed(#[from] tokio::sync::AcquireError),
+    /// The privacy math refused the history.
+    #[error(transparent)]
+    Privacy(#[from] PrivacyError),
+    /// The composition's task panicked or was cancelled.
+    #[error("composition task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }

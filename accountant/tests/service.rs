@@ -1024,7 +1024,7 @@ async fn stalled_part_streams_are_cut_off_by_the_idle_limit_and_a_newer_stream_s
     client.raw().register_job(job("stall", 0.01, 1.0, 1.0, 50.0, dim as u64, 8, Some(5))).await.unwrap();
     let open = |client: &mut common::Client, part: u32| {
         let capability = client.step_capability("stall", key(0, part, 0), 10);
-        let mut raw = client.with(Some(capability)).into_raw();
+        let mut raw = client.with(Some(capability)).raw().clone();
         let (sender, chunks) = tokio::sync::mpsc::channel::<GradientChunk>(4);
         let first =
             GradientChunk { job_id: "stall".into(), part, data: to_bytes(&vec![0.0; 1024]), ..Default::default() };

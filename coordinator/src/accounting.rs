@@ -6,11 +6,9 @@
 
 use std::time::Duration;
 
-use dpcap_proto::v1::{
-    AuditJobRequest, AuditReport, CloseJobRequest, FenceJobRequest, GetSpendRequest, Job, JobSpend, RegisterJobRequest,
-    TrimReleasesRequest,
-};
-use dpcap_proto::{ErrorCode, RetryPolicy, retry};
+use dpcap_proto::client::ClientError;
+use dpcap_proto::v1::{AuditReport, CloseJobRequest, Job, JobSpend, RegisterJobRequest};
+use dpcap_proto::{RetryPolicy, retry};
 
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
@@ -32,13 +30,12 @@ const REGISTER_ATTEMPT: Duration = Duration::from_secs(120);
 
 /// An accountant's refusal, with its code kept (a bad contract is the submitter's to fix, a
 /// missing budget its privacy admin's), or UNAVAILABLE when it could not be reached.
-fn refusal(status: tonic::Status) -> CoordinatorError {
-    match ErrorCode::of(&status) {
-        Some(code) if !dpcap_proto::is_transient(&status) => {
-            let budget = dpcap_proto::budget_exhausted(&status).map(Box::new);
-            CoordinatorError::Refused { code, message: status.message().to_owned(), budget }
+fn refusal(error: ClientError) -> CoordinatorError {
+    match error.code {
+        Some(code) if !error.transient => {
+            CoordinatorError::Refused { code, message: error.message, budget: error.budget.map(Box::new) }
         }
-        _ => CoordinatorError::accountant("", status),
+        _ => CoordinatorError::accountant("", error),
     }
 }
 
@@ -54,14 +51,11 @@ enum Closed {
 
 /// A spend answer held against the job's record: NOT_FOUND means never registered, and a
 /// contract other than the record's is refused naming each field with both values.
-fn checked_spend(
-    job: &Job,
-    answer: Result<tonic::Response<JobSpend>, tonic::Status>,
-) -> Result<JobSpend, CoordinatorError> {
+fn checked_spend(job: &Job, answer: Result<JobSpend, ClientError>) -> Result<JobSpend, CoordinatorError> {
     let spend = match answer {
-        Ok(spend) => spend.into_inner(),
-        Err(s) if s.code() == tonic::Code::NotFound => return Err(CoordinatorError::NotRegistered(job.job_id.clone())),
-        Err(s) => return Err(refusal(s)),
+        Ok(spend) => spend,
+        Err(e) if e.status == tonic::Code::NotFound => return Err(CoordinatorError::NotRegistered(job.job_id.clone())),
+        Err(e) => return Err(refusal(e)),
     };
     let recorded = job.plan.as_ref().map(dpcap_proto::plan::contract).transpose()?;
     let registered = spend.contract.clone().map(dpcap_proto::contract::contract_from_proto).transpose()?;
@@ -108,10 +102,9 @@ impl Coordinator {
     /// not know was never registered (a job is registered only at submit, never here), and a
     /// contract other than the job's record is refused naming each field.
     pub(crate) async fn spend(&self, job: &Job) -> Result<JobSpend, CoordinatorError> {
-        let request = GetSpendRequest { job_id: job.job_id.clone() };
         let spend = retry(self.accountant_retry(), "get_spend", || {
-            let (mut client, request) = (self.accountant.clone(), request.clone());
-            async move { client.get_spend(request).await }
+            let (mut client, job_id) = (self.accountant.clone(), job.job_id.clone());
+            async move { client.get_spend(&job_id).await }
         })
         .await;
         checked_spend(job, spend)
@@ -121,10 +114,9 @@ impl Coordinator {
     /// `generation` are refused from now on; with `resume`, a group of `generation` starts
     /// (a suspended job opens to it). Returns the spend, its contract checked as [`Self::spend`].
     pub(crate) async fn fence(&self, job: &Job, generation: u64, resume: bool) -> Result<JobSpend, CoordinatorError> {
-        let request = FenceJobRequest { job_id: job.job_id.clone(), generation, resume };
         let spend = retry(self.accountant_retry(), "fence_job", || {
-            let (mut client, request) = (self.accountant.clone(), request.clone());
-            async move { client.fence_job(request).await }
+            let (mut client, job_id) = (self.accountant.clone(), job.job_id.clone());
+            async move { client.fence_job(&job_id, generation, resume).await }
         })
         .await;
         checked_spend(job, spend)
@@ -199,9 +191,9 @@ impl Coordinator {
         .await;
         match closed {
             Ok(_) => Closed::Yes,
-            Err(s) if s.code() == tonic::Code::NotFound => Closed::Unknown,
-            Err(s) => {
-                tracing::warn!(job_id = closing.job_id, error = %s, "could not close the job at the accountant");
+            Err(e) if e.status == tonic::Code::NotFound => Closed::Unknown,
+            Err(e) => {
+                tracing::warn!(job_id = closing.job_id, error = %e, "could not close the job at the accountant");
                 Closed::Failed
             }
         }
@@ -222,15 +214,14 @@ impl Coordinator {
         if before_step == 0 {
             return;
         }
-        let request = TrimReleasesRequest { job_id: job_id.to_owned(), before_step };
         let trimmed = retry(self.accountant_retry(), "trim_releases", || {
-            let (mut client, request) = (self.accountant.clone(), request.clone());
-            async move { client.trim_releases(request).await }
+            let (mut client, job_id) = (self.accountant.clone(), job_id.to_owned());
+            async move { client.trim_releases(&job_id, before_step).await }
         })
         .await;
-        if let Err(s) = trimmed {
+        if let Err(e) = trimmed {
             // Untrimmed releases only cost storage; the next checkpoint trims them.
-            tracing::warn!(job_id, before_step, error = %s, "could not trim releases at the accountant");
+            tracing::warn!(job_id, before_step, error = %e, "could not trim releases at the accountant");
         }
     }
 
@@ -254,21 +245,18 @@ impl Coordinator {
 
     /// Asks the accountant to score the job's audit; a score is kept (an ended job's releases
     /// never change), so viewers asking again cost nothing.
-    async fn ask_audit(&self, job_id: &str) -> Result<AuditReport, tonic::Status> {
-        let request = AuditJobRequest { job_id: job_id.to_owned() };
+    async fn ask_audit(&self, job_id: &str) -> Result<AuditReport, ClientError> {
         // The accountant ends an attempt at AUDIT_ATTEMPT_TIMEOUT; the client's own bound, a
         // little later, covers an answer that never leaves it.
         let policy =
             RetryPolicy { attempt: Some(AUDIT_ATTEMPT_TIMEOUT + ACCOUNTANT_ATTEMPT), ..self.accountant_retry() };
         let report = retry(policy, "audit_job", || {
-            let (mut client, mut request) = (self.accountant.clone(), tonic::Request::new(request.clone()));
             // A stalled attempt ends DEADLINE_EXCEEDED and is retried: the job's watchers wake
             // only after its audit, so one stuck call must never hold them.
-            request.set_timeout(AUDIT_ATTEMPT_TIMEOUT);
-            async move { client.audit_job(request).await }
+            let (mut client, job_id) = (self.accountant.clone(), job_id.to_owned());
+            async move { client.audit_job(&job_id, AUDIT_ATTEMPT_TIMEOUT).await }
         })
-        .await?
-        .into_inner();
+        .await?;
         self.audits.lock().expect("audits lock").insert(job_id.to_owned(), report.clone());
         Ok(report)
     }
@@ -299,7 +287,7 @@ impl Coordinator {
                 );
                 (kind, reason, message)
             }
-            Err(s) => ("Warning", AUDIT_FAILED, format!("the accountant could not audit the job: {}", s.message())),
+            Err(e) => ("Warning", AUDIT_FAILED, format!("the accountant could not audit the job: {}", e.message)),
         };
         tracing::info!(job_id, reason, message, "audit");
         let snapshot = {

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use dpcap_proto::client::{AccountantClient, CallCredentials, RawClient};
+use dpcap_proto::client::{AccountantClient, CallCredentials};
 use dpcap_proto::job::{BUDGET_REFUSED, is_terminal};
 use dpcap_proto::v1::{Assignment, Job, JobState, Reduction, StepWork, step_work::Action};
 use dpcap_serve::{Capabilities, Capability, StepGrant};
@@ -47,7 +47,7 @@ pub struct Config {
 pub struct Coordinator {
     pub(crate) config: Config,
     pub(crate) store: JobStore,
-    pub(crate) accountant: RawClient,
+    pub(crate) accountant: AccountantClient,
     state: Mutex<State>,
     pub(crate) changed: tokio::sync::watch::Sender<u64>,
     pub(crate) writes: tokio::sync::Mutex<()>,
@@ -81,7 +81,7 @@ impl Coordinator {
             .endpoint(&config.accountant_endpoint)
             .map_err(|source| CoordinatorError::Endpoint { field: "accountant", source })?;
         let credentials = CallCredentials::token(config.accountant_token.clone());
-        let accountant = AccountantClient::lazy(endpoint, credentials).into_raw();
+        let accountant = AccountantClient::lazy(endpoint, credentials);
         let mut state = State::default();
         let (mut restored, refused) = store.load_all().await?;
         restored.sort_by_key(|(job, _)| (job.created_unix_ms, job.job_id.clone()));

@@ -156,13 +156,13 @@ pub enum CoordinatorError {
         differences: String,
     },
     /// The accountant could not be reached or failed: what the coordinator was doing, and the
-    /// call's status.
-    #[error("accountant unavailable: {context}{}", .status.message())]
+    /// call's failure.
+    #[error("accountant unavailable: {context}{}", .error.message)]
     Accountant {
         /// What the call was for, ending in ": " (empty for the common calls).
         context: String,
-        /// The call's status (not an error source: its message is already in ours).
-        status: Box<tonic::Status>,
+        /// The call's failure (not an error source: its message is already in ours).
+        error: Box<dpcap_proto::client::ClientError>,
     },
     /// A job ended but the accountant was not told: its capabilities stop only at their expiry.
     #[error(
@@ -258,9 +258,9 @@ impl CoordinatorError {
         Self::Invalid { field, reason: reason.into() }
     }
 
-    /// The accountant's status for a call made for `context` (ending in ": ").
-    pub fn accountant(context: impl Into<String>, status: tonic::Status) -> Self {
-        Self::Accountant { context: context.into(), status: Box::new(status) }
+    /// The accountant's failure of a call made for `context` (ending in ": ").
+    pub fn accountant(context: impl Into<String>, error: dpcap_proto::client::ClientError) -> Self {
+        Self::Accountant { context: context.into(), error: Box::new(error) }
     }
 
     /// Whether no retry can fix it: the job it concerns must end with its reason instead of

@@ -106,11 +106,10 @@ impl Coordinator {
     /// `budget_id`, so a copy or re-index counts as the same data): NOT PRIVATE weights of it
     /// never start a DP job, and a DP source's spend always composes into the job's ε.
     async fn check_init_source(&self, source: &InitSource, planned: &mut Planned) -> Result<(), CoordinatorError> {
-        let request = dpcap_proto::v1::GetSpendRequest { job_id: source.job_id.clone() };
         let mut client = self.accountant.clone();
-        let spend = match client.get_spend(request).await {
-            Ok(spend) => spend.into_inner(),
-            Err(status) if status.code() == tonic::Code::NotFound => {
+        let spend = match client.get_spend(&source.job_id).await {
+            Ok(spend) => spend,
+            Err(e) if e.status == tonic::Code::NotFound => {
                 if !source.is_private() {
                     return Ok(());
                 }
@@ -124,9 +123,9 @@ impl Coordinator {
                     ),
                 ));
             }
-            Err(status) => {
+            Err(e) => {
                 let context = format!("reading the ledger of init_from's job {}: ", source.job_id);
-                return Err(CoordinatorError::accountant(context, status));
+                return Err(CoordinatorError::accountant(context, e));
             }
         };
         let Some(contract) = spend.contract else {

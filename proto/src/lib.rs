@@ -33,5 +33,5 @@ pub const MAX_WORK_MESSAGE_BYTES: usize = 16 << 20;
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("dpcap_v1_descriptor");
 
 pub use error::{ErrorCode, ServiceError, budget_exhausted, to_status};
-pub use retry::{RetryPolicy, hint, is_transient, misconfiguration, retry};
+pub use retry::{RetryPolicy, Retryable, hint, is_transient, misconfiguration, retry};
 pub use secret::Secret;

@@ -131,12 +131,41 @@ pub fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
     cap.mul_f64(0.5 + 0.5 * unit)
 }
 
+/// A call's failure as [`retry`] sees it: a raw `Status`, or a typed client's `ClientError`.
+pub trait Retryable: std::fmt::Display {
+    /// Whether the same call may succeed later.
+    fn is_transient(&self) -> bool;
+    /// The failure of an attempt cut at its bound (DEADLINE_EXCEEDED, which is transient).
+    fn timed_out(message: String) -> Self;
+}
+
+impl Retryable for Status {
+    fn is_transient(&self) -> bool {
+        is_transient(self)
+    }
+
+    fn timed_out(message: String) -> Self {
+        Status::deadline_exceeded(message)
+    }
+}
+
+impl Retryable for crate::client::ClientError {
+    fn is_transient(&self) -> bool {
+        self.transient
+    }
+
+    fn timed_out(message: String) -> Self {
+        Status::deadline_exceeded(message).into()
+    }
+}
+
 /// Runs `call` until it succeeds, fails permanently, or the policy's deadline passes. `what`
 /// names the call in the logs.
-pub async fn retry<T, F, Fut>(policy: RetryPolicy, what: &str, mut call: F) -> Result<T, Status>
+pub async fn retry<T, E, F, Fut>(policy: RetryPolicy, what: &str, mut call: F) -> Result<T, E>
 where
+    E: Retryable,
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, Status>>,
+    Fut: Future<Output = Result<T, E>>,
 {
     let started = Instant::now();
     let mut attempt = 0u32;
@@ -151,18 +180,18 @@ where
                     bound_s = bound.as_secs_f64(),
                     "no answer within the attempt's bound"
                 );
-                Err(Status::deadline_exceeded(format!("{what}: no answer within {:.1} s", bound.as_secs_f64())))
+                Err(E::timed_out(format!("{what}: no answer within {:.1} s", bound.as_secs_f64())))
             }),
         };
         match outcome {
             Ok(value) => return Ok(value),
-            Err(status) if is_transient(&status) && started.elapsed() < policy.deadline => {
+            Err(error) if error.is_transient() && started.elapsed() < policy.deadline => {
                 let wait = backoff(&policy, attempt);
-                tracing::debug!(call = what, attempt, code = ?status.code(), error = %status.message(), wait_ms = wait.as_millis() as u64, "transient failure; retrying");
+                tracing::debug!(call = what, attempt, %error, wait_ms = wait.as_millis() as u64, "transient failure; retrying");
                 tokio::time::sleep(wait).await;
                 attempt = attempt.saturating_add(1);
             }
-            Err(status) => return Err(status),
+            Err(error) => return Err(error),
         }
     }
 }

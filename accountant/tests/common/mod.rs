@@ -236,13 +236,13 @@ impl Client {
 
     /// The generated client without a capability (the coordinator's and operators' calls).
     pub fn raw(&mut self) -> RawClient {
-        self.with(None).into_raw()
+        self.with(None).raw().clone()
     }
 
     /// The generated client with rank `rank`'s capability for `job_id`.
     pub fn raw_for(&mut self, job_id: &str, rank: u32) -> RawClient {
         let capability = self.capability(job_id, rank, None);
-        self.with(Some(capability)).into_raw()
+        self.with(Some(capability)).raw().clone()
     }
 
     /// Part `part` of `step` as attempt 0.

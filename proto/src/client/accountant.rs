@@ -1,14 +1,19 @@
 //! A typed client for the AccountantService: streams a part in as chunks and assembles a
-//! release from its chunks. Workers use it on the CPU path; tests and benchmarks too.
+//! release from its chunks (workers on the CPU path, tests and benchmarks), and makes the
+//! coordinator's and a rank's unary calls, each failing with a [`ClientError`].
 
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 
-use super::{CallCredentials, MAX_MESSAGE_BYTES, bulk};
+use super::{CallCredentials, ClientError, MAX_MESSAGE_BYTES, bulk};
 use crate::floats;
 use crate::v1::accountant_service_client::AccountantServiceClient;
-use crate::v1::{FetchReleaseRequest, GradientChunk, JobSpend, SubmitPartResponse};
+use crate::v1::{
+    AttachJobRequest, AuditJobRequest, AuditReport, CloseJobRequest, FenceJobRequest, FetchReleaseRequest,
+    GetSpendRequest, GradientChunk, JobSpend, RegisterJobRequest, RegisterJobResponse, SubmitPartResponse,
+    TrimReleasesRequest,
+};
 
 /// The generated client with the caller's credentials attached to every call.
 pub type RawClient = AccountantServiceClient<InterceptedService<Channel, CallCredentials>>;
@@ -56,14 +61,49 @@ impl AccountantClient {
         Self { inner }
     }
 
-    /// The generated client, owned.
-    pub fn into_raw(self) -> RawClient {
-        self.inner
-    }
-
     /// The generated client, for calls without a helper here.
     pub fn raw(&mut self) -> &mut RawClient {
         &mut self.inner
+    }
+
+    /// Registers a job's contract (the coordinator's call; idempotent for an identical one).
+    pub async fn register_job(&mut self, request: RegisterJobRequest) -> Result<RegisterJobResponse, ClientError> {
+        Ok(self.inner.register_job(request).await?.into_inner())
+    }
+
+    /// A job's spend and contract as the ledger holds them (NOT_FOUND: never registered).
+    pub async fn get_spend(&mut self, job_id: &str) -> Result<JobSpend, ClientError> {
+        Ok(self.inner.get_spend(GetSpendRequest { job_id: job_id.to_owned() }).await?.into_inner())
+    }
+
+    /// Refuses the job's generations below `generation` from now on; with `resume`, opens a
+    /// suspended job to a group of `generation`.
+    pub async fn fence_job(&mut self, job_id: &str, generation: u64, resume: bool) -> Result<JobSpend, ClientError> {
+        let request = FenceJobRequest { job_id: job_id.to_owned(), generation, resume };
+        Ok(self.inner.fence_job(request).await?.into_inner())
+    }
+
+    /// Closes (or, resumable, suspends) a job.
+    pub async fn close_job(&mut self, request: CloseJobRequest) -> Result<JobSpend, ClientError> {
+        Ok(self.inner.close_job(request).await?.into_inner())
+    }
+
+    /// Lets the accountant delete the job's releases below `before_step`.
+    pub async fn trim_releases(&mut self, job_id: &str, before_step: u64) -> Result<JobSpend, ClientError> {
+        let request = TrimReleasesRequest { job_id: job_id.to_owned(), before_step };
+        Ok(self.inner.trim_releases(request).await?.into_inner())
+    }
+
+    /// Scores an ended job's one-run audit, the attempt bounded by `timeout` at both ends.
+    pub async fn audit_job(&mut self, job_id: &str, timeout: std::time::Duration) -> Result<AuditReport, ClientError> {
+        let mut request = Request::new(AuditJobRequest { job_id: job_id.to_owned() });
+        request.set_timeout(timeout);
+        Ok(self.inner.audit_job(request).await?.into_inner())
+    }
+
+    /// A rank's attach to its job's current generation (its capability is the call's).
+    pub async fn attach_job(&mut self, request: AttachJobRequest) -> Result<JobSpend, ClientError> {
+        Ok(self.inner.attach_job(request).await?.into_inner())
     }
 
     /// Streams part `part` of `step` (all P values) in chunks of [`CHUNK_VALUES`], as attempt 0.

@@ -116,19 +116,25 @@ pub enum BudgetRefusal {
     },
 }
 
-impl From<tonic::Status> for RuntimeError {
+impl From<dpcap_proto::client::ClientError> for RuntimeError {
     /// Budget exhaustion is recognised by its typed code (never by the message's words).
-    fn from(s: tonic::Status) -> Self {
-        match dpcap_proto::ErrorCode::of(&s) {
+    fn from(e: dpcap_proto::client::ClientError) -> Self {
+        match e.code {
             Some(dpcap_proto::ErrorCode::BudgetExhausted) => {
-                Self::BudgetExhausted(BudgetRefusal::Accountant(Box::new(s.into())))
+                Self::BudgetExhausted(BudgetRefusal::Accountant(Box::new(e)))
             }
             // The accountant no longer admits this rank's generation: the job was cancelled or
             // failed, or its group re-formed. Reported like any failure (the coordinator turns
             // away a report of a generation it replaced), so a job is never left waiting on it.
-            Some(dpcap_proto::ErrorCode::StaleGeneration) => Self::Revoked(Box::new(s.into())),
-            _ => Self::Rpc(Box::new(s.into())),
+            Some(dpcap_proto::ErrorCode::StaleGeneration) => Self::Revoked(Box::new(e)),
+            _ => Self::Rpc(Box::new(e)),
         }
+    }
+}
+
+impl From<tonic::Status> for RuntimeError {
+    fn from(s: tonic::Status) -> Self {
+        dpcap_proto::client::ClientError::from(s).into()
     }
 }
 

@@ -298,10 +298,9 @@ impl<AB: AutodiffBackend> Session<AB> {
         };
         let spend = retry(RetryPolicy::default(), "attach_job", || {
             let (mut client, request) = (self.accountant.clone(), request.clone());
-            async move { client.raw().attach_job(request).await }
+            async move { client.attach_job(request).await }
         })
-        .await?
-        .into_inner();
+        .await?;
         let plan = self.assignment.plan.as_ref().ok_or_else(|| RuntimeError::Protocol("no plan".into()))?;
         let assigned = dpcap_proto::plan::contract(plan)?;
         let ledger = spend
