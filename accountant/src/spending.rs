@@ -141,7 +141,7 @@ impl Spending {
         let mode = contract.mode;
         let (delta, target) = (contract.delta, contract.epsilon_target.unwrap_or(f64::INFINITY));
         let Some((kind, q, sigma)) = contract.epsilon_mechanism() else {
-            let spending = Self::with(mode, None, privacy::calibrate::STEPS_LIMIT);
+            let spending = Self::with(mode, None, privacy::STEPS_LIMIT);
             return Ok((spending, if charged == 0 { 0.0 } else { f64::INFINITY }));
         };
         privacy::Segment::new(q, sigma, charged)?;
@@ -172,7 +172,7 @@ impl Spending {
     ) -> Result<(u64, f64), AccountantError> {
         Ok(AccountantError::blocking(move || -> Result<_, privacy::PrivacyError> {
             let max_steps = kept.value(key, Value::MaxSteps { target: target.to_bits() }, |curve| {
-                privacy::max_steps(curve, target).unwrap_or(privacy::calibrate::STEPS_LIMIT) as f64
+                privacy::max_steps(curve, target).unwrap_or(privacy::STEPS_LIMIT) as f64
             })?;
             let spent =
                 kept.value(key, Value::EpsilonAfter { steps: charged }, |curve| curve.epsilon_after(charged))?;
@@ -302,7 +302,7 @@ mod tests {
             Spending::build(&contract(Mode::NotPrivate, 0.0, None), 3, None, &Arc::default()).await.unwrap();
         assert_eq!(spent, f64::INFINITY);
         assert_eq!(baseline.epsilon_after(4).await.unwrap(), f64::INFINITY);
-        assert_eq!(baseline.max_steps(), privacy::calibrate::STEPS_LIMIT);
+        assert_eq!(baseline.max_steps(), privacy::STEPS_LIMIT);
     }
 
     #[tokio::test]

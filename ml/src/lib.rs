@@ -11,7 +11,7 @@
 pub mod checkpoint;
 pub mod clip;
 pub mod device;
-pub mod error;
+mod error;
 pub mod eval;
 pub mod fed;
 pub mod init;

@@ -8,7 +8,7 @@
 //! or for the number of steps.
 
 pub mod audit;
-pub mod calibrate;
+mod calibrate;
 pub mod contract;
 mod history;
 pub mod pld;
@@ -19,7 +19,7 @@ pub mod special;
 use std::fmt;
 use std::str::FromStr;
 
-pub use calibrate::{max_steps, noise_multiplier};
+pub use calibrate::{STEPS_LIMIT, max_steps, noise_multiplier};
 pub use contract::{ContractError, Mechanism, Mode, ModeKind, PrivacyContract, PrivacyUnit};
 pub use history::{RdpSteps, merged};
 

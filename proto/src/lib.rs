@@ -8,14 +8,14 @@
 pub mod client;
 pub mod contract;
 pub mod digest;
-pub mod error;
+mod error;
 pub mod floats;
 pub mod job;
 pub mod plan;
 pub mod reflection;
 pub mod retry;
 pub mod roles;
-pub mod secret;
+mod secret;
 pub mod spec;
 
 /// Generated messages, clients and servers of package `dpcap.v1`.

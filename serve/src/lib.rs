@@ -10,13 +10,13 @@
 pub mod auth;
 pub mod capability;
 pub mod drain;
-pub mod exposure;
-pub mod metrics_http;
+mod exposure;
+mod metrics_http;
 pub mod plaintext;
 pub mod process;
-pub mod security;
+mod security;
 pub mod store;
-pub mod tls;
+mod tls;
 
 pub use auth::{Credentials, Role};
 pub use capability::{Capabilities, Capability, CapabilityArgs, KeyRing, StepGrant};

@@ -7,9 +7,12 @@
 //! capability of its current job. It must never add noise, divide by a realised batch size, or
 //! apply a release that is not durably stored (the last chunk says so).
 
-pub mod collective;
+// The NCCL path's pieces (settling a collective, the release status it broadcasts) are built
+// and unit-tested without CUDA, but used only with it.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod collective;
 #[cfg(feature = "cuda")]
-pub mod cuda;
+mod cuda;
 pub mod preflight;
 pub mod runtime;
 

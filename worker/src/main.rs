@@ -27,7 +27,7 @@ struct Args {
     tls: ClientTlsArgs,
     /// Watchdog for NCCL collectives, in seconds: a peer silent this long aborts the
     /// communicator and the coordinator re-forms the group. Must exceed a step's compute skew.
-    #[arg(long, default_value_t = dpcap_worker::collective::DEFAULT_TIMEOUT.as_secs(), env = "DPCAP_COLLECTIVE_TIMEOUT")]
+    #[arg(long, default_value_t = dpcap_worker::DEFAULT_COLLECTIVE_TIMEOUT.as_secs(), env = "DPCAP_COLLECTIVE_TIMEOUT")]
     collective_timeout: u64,
     /// Matrix products in f32, bf16 or f16 (mixed precision: per-example norms, clip factors
     /// and the clipped sum stay f32; f16 for devices without bf16).
