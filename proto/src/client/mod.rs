@@ -8,20 +8,20 @@
 
 mod accountant;
 mod jobs;
+mod workers;
 
 use std::fmt;
 use std::sync::{Arc, RwLock};
 
 use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::{Request, Status};
 
 use crate::Secret;
-use crate::v1::worker_service_client::WorkerServiceClient;
 
 pub use accountant::{AccountantClient, CHUNK_VALUES, PartKey, RawClient};
 pub use jobs::{ClientError, JobsClient, RawJobsClient};
+pub use workers::{CoordinatorClient, RawCoordinatorClient};
 
 /// Metadata carrying a rank's capability for one job (see `Assignment.capability`).
 pub const CAPABILITY_HEADER: &str = "x-dpcap-capability";
@@ -142,17 +142,6 @@ impl Interceptor for CallCredentials {
         attach(&mut request, CAPABILITY_HEADER, self.capability.as_ref().map(CapabilityCell::get))?;
         Ok(request)
     }
-}
-
-/// The coordinator's WorkerService client with a worker's credentials.
-pub type CoordinatorClient = WorkerServiceClient<InterceptedService<Channel, CallCredentials>>;
-
-/// A WorkerService client of `endpoint` (TLS already configured on it) that connects on first
-/// use; work messages may be as large as [`crate::MAX_WORK_MESSAGE_BYTES`].
-pub fn coordinator_client(endpoint: Endpoint, credentials: CallCredentials) -> CoordinatorClient {
-    WorkerServiceClient::with_interceptor(endpoint.connect_lazy(), credentials)
-        .max_decoding_message_size(crate::MAX_WORK_MESSAGE_BYTES)
-        .max_encoding_message_size(crate::MAX_WORK_MESSAGE_BYTES)
 }
 
 #[cfg(test)]

@@ -140,11 +140,11 @@ impl From<tonic::Status> for RuntimeError {
 
 /// WORKER_NOT_REGISTERED from the coordinator means this worker's lease is gone;
 /// STALE_GENERATION, that its group was re-formed (the session ends without failing the job).
-pub fn lease_or(s: tonic::Status) -> RuntimeError {
-    match dpcap_proto::ErrorCode::of(&s) {
+pub fn lease_or(e: dpcap_proto::client::ClientError) -> RuntimeError {
+    match e.code {
         Some(dpcap_proto::ErrorCode::WorkerNotRegistered) => RuntimeError::LeaseLost,
         Some(dpcap_proto::ErrorCode::StaleGeneration) => RuntimeError::Superseded,
-        _ => s.into(),
+        _ => e.into(),
     }
 }
 

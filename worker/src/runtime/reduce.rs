@@ -77,7 +77,7 @@ async fn form_nccl(
         generation: assignment.generation,
         nccl_id: nccl_id.into(),
     };
-    let id = coordinator.rendezvous(request).await.map_err(crate::runtime::lease_or)?.into_inner().nccl_id;
+    let id = coordinator.rendezvous(request).await.map_err(crate::runtime::lease_or)?.nccl_id;
     let ranks = (assignment.rank as usize, assignment.world_size as usize);
     let group = NcclGroup::join_async(ordinal, ranks, id.to_vec(), timeout).await?;
     tracing::info!(job_id = %assignment.job_id, rank = assignment.rank, generation = assignment.generation, "joined the NCCL group");

@@ -235,8 +235,7 @@ impl<AB: AutodiffBackend> Session<AB> {
                 async move { client.get_step(request).await }
             })
             .await
-            .map_err(lease_or)?
-            .into_inner();
+            .map_err(lease_or)?;
             if work.action != Action::Run as i32 {
                 tracing::info!(job_id = %self.assignment.job_id, rank = self.assignment.rank, "stopping: job ended or group re-formed");
                 return Ok(());

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use burn::tensor::backend::AutodiffBackend;
-use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell, CoordinatorClient, coordinator_client};
-use dpcap_proto::v1::{Assignment, HeartbeatRequest, LeaveRequest, RegisterWorkerRequest};
+use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell, CoordinatorClient};
+use dpcap_proto::v1::{Assignment, RegisterWorkerRequest};
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
 use tokio::sync::watch;
 
@@ -46,7 +46,7 @@ fn connect(config: &WorkerConfig, key: Option<String>) -> Result<CoordinatorClie
         Some(key) => credentials.with_worker_key(key),
         None => credentials,
     };
-    Ok(coordinator_client(endpoint, credentials))
+    Ok(CoordinatorClient::lazy(endpoint, credentials))
 }
 
 /// Runs the worker until `shutdown` resolves, then leaves its group.
@@ -64,14 +64,14 @@ pub async fn run<AB: AutodiffBackend>(
             let worker = registered.lock().expect("registration lock").clone();
             if let Some((worker_id, mut client)) = worker {
                 tracing::info!(worker_id, name = %config.name, "worker shutting down: leaving its group");
-                let leave = client.leave(LeaveRequest { worker_id });
+                let leave = client.leave(&worker_id);
                 match tokio::time::timeout(LEAVE_TIMEOUT, leave).await {
                     Ok(Ok(_)) => {}
                     // The coordinator is stopping too (an embedded cluster, a rolling restart).
-                    Ok(Err(s)) if dpcap_proto::is_transient(&s) => {
-                        tracing::debug!(error = %s, "coordinator unreachable; the group re-forms when the lease expires")
+                    Ok(Err(e)) if e.transient => {
+                        tracing::debug!(error = %e, "coordinator unreachable; the group re-forms when the lease expires")
                     }
-                    Ok(Err(s)) => tracing::warn!(error = %s, "could not leave; the group re-forms when the lease expires"),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "could not leave; the group re-forms when the lease expires"),
                     Err(_) => tracing::warn!("leave timed out; the group re-forms when the lease expires"),
                 }
             }
@@ -93,8 +93,7 @@ async fn serve<AB: AutodiffBackend>(
             let (mut client, request) = (registrar.clone(), request.clone());
             async move { client.register_worker(request).await }
         })
-        .await?
-        .into_inner();
+        .await?;
         let worker_id = response.worker_id;
         // Every later call of this registration carries its key.
         let coordinator = connect(config, Some(response.worker_key))?;
@@ -177,9 +176,9 @@ async fn keep_lease(
     (lease, capability): (watch::Sender<Lease>, CapabilityCell),
 ) {
     loop {
-        match coordinator.heartbeat(HeartbeatRequest { worker_id: worker_id.clone() }).await {
+        match coordinator.heartbeat(&worker_id).await {
             Ok(r) => {
-                let assignment = r.into_inner().assignment.map(|mut a| {
+                let assignment = r.assignment.map(|mut a| {
                     // Renewed every beat: kept apart, so that only a new assignment wakes the
                     // session, and set before the assignment is published.
                     super::renew(&capability, std::mem::take(&mut a.capability));
@@ -192,11 +191,11 @@ async fn keep_lease(
                     changed
                 });
             }
-            Err(s) if ErrorCode::of(&s) == Some(ErrorCode::WorkerNotRegistered) => {
+            Err(e) if e.code == Some(ErrorCode::WorkerNotRegistered) => {
                 lease.send_replace(Lease::Lost);
                 return;
             }
-            Err(s) => tracing::debug!(worker_id, error = %s, "heartbeat failed; the lease has slack"),
+            Err(e) => tracing::debug!(worker_id, error = %e, "heartbeat failed; the lease has slack"),
         }
         let idle = matches!(&*lease.borrow(), Lease::Held(None) | Lease::Unknown);
         tokio::time::sleep(if idle { beat.min(IDLE_POLL) } else { beat }).await;
@@ -247,13 +246,12 @@ async fn fail_job(
     error: &RuntimeError,
 ) {
     let policy = RetryPolicy::default();
-    let beat = HeartbeatRequest { worker_id: worker_id.into() };
     let assignment = retry(policy, "heartbeat", || {
-        let (mut client, beat) = (coordinator.clone(), beat.clone());
-        async move { client.heartbeat(beat).await }
+        let (mut client, worker_id) = (coordinator.clone(), worker_id.to_owned());
+        async move { client.heartbeat(&worker_id).await }
     })
     .await
-    .map(|r| r.into_inner().assignment);
+    .map(|r| r.assignment);
     let Ok(Some(assignment)) = assignment else { return };
     // Only for the generation that failed: a newer group of the same job is not this failure's.
     if assignment.job_id != job_id || assignment.generation != generation {
@@ -264,7 +262,7 @@ async fn fail_job(
         job_id: job_id.into(),
         generation: assignment.generation,
     };
-    let step = coordinator.get_step(request).await.map_or(0, |r| r.into_inner().step);
+    let step = coordinator.get_step(request).await.map_or(0, |r| r.step);
     let outcome = if matches!(error, RuntimeError::BudgetExhausted(_)) {
         dpcap_proto::v1::StepOutcome::BudgetExhausted
     } else {
@@ -286,6 +284,6 @@ async fn fail_job(
     .await;
     if let Err(e) = reported {
         tracing::error!(worker_id, job_id, error = %e, "could not report the failure; leaving the group");
-        let _ = coordinator.leave(LeaveRequest { worker_id: worker_id.into() }).await;
+        let _ = coordinator.leave(worker_id).await;
     }
 }
