@@ -1,7 +1,8 @@
 //! The coordinator's side of the accountant: it registers every job's contract (the only
 //! process allowed to), reads each job's spend and position from the ledger (never from a
 //! worker's word), closes ended jobs, trims releases that a stored checkpoint covers, and asks
-//! for an ended job's audit. Every call retries what is transient within a bound well below a
+//! for an ended job's audit. It reads the state, never changes it: what it learns goes back
+//! to `coordinator.rs`, which applies it. Every call retries what is transient within a bound well below a
 //! lease, so a down accountant delays the coordinator but never wedges it.
 
 use std::time::Duration;
@@ -12,7 +13,7 @@ use dpcap_proto::{RetryPolicy, retry};
 
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
-use crate::state::{AUDIT_FAILED, AUDIT_PASSED, AUDIT_VIOLATION, Closing, condition};
+use crate::state::{AUDIT_FAILED, AUDIT_PASSED, AUDIT_VIOLATION, Closing};
 
 /// One attempt of an ended job's audit (scoring is milliseconds; a stalled call is retried).
 const AUDIT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -156,24 +157,14 @@ impl Coordinator {
         }
     }
 
-    /// Copies the ledger's ε, discarded steps and composed ε into the job's progress.
-    pub(crate) async fn refresh_spend(&self, job_id: &str) {
-        let Some(job) = self.lock().jobs.get(job_id).map(|e| e.job.clone()) else { return };
-        match self.spend(&job).await {
-            Ok(spend) => {
-                if let Some(entry) = self.lock().jobs.get_mut(job_id) {
-                    let progress = entry.job.progress.get_or_insert_with(Default::default);
-                    // Never fewer charged steps than the ledger holds (a step charged just
-                    // before a cancel counts, reported or not).
-                    progress.step = progress.step.max(spend.next_step);
-                    progress.epsilon_spent = spend.epsilon_spent;
-                    progress.epsilon_composed = spend.epsilon_composed;
-                    progress.steps_discarded = progress.steps_discarded.max(spend.steps_discarded);
-                    entry.version += 1;
-                }
-            }
-            Err(e) => tracing::warn!(job_id, error = %e, "could not read the job's spend from the accountant"),
-        }
+    /// The ledger's spend of a job the coordinator holds, for its progress; None (logged) when
+    /// it could not be read. Only [`Coordinator`] applies it to the state.
+    pub(crate) async fn ledger_spend(&self, job_id: &str) -> Option<JobSpend> {
+        let job = self.lock().jobs.get(job_id).map(|e| e.job.clone())?;
+        self.spend(&job)
+            .await
+            .inspect_err(|e| tracing::warn!(job_id, error = %e, "could not read the job's spend from the accountant"))
+            .ok()
     }
 
     /// Closes a job (or, resumable, suspends it).
@@ -265,12 +256,12 @@ impl Coordinator {
         self.lock().jobs.get(job_id).and_then(|e| e.job.spec.as_ref()).is_some_and(|spec| spec.audit.is_some())
     }
 
-    /// Asks the accountant for an ended job's one-run audit and records it as a condition:
-    /// `Audited`/`AuditPassed`, or `Warning`/`AuditViolation` when the lower bound passes the
-    /// claimed ε (the accountant also counts it in `dpcap_audit_violations_total`). The message
-    /// says what the audit covers.
-    pub(crate) async fn record_audit(&self, job_id: &str) {
-        let (kind, reason, message) = match self.ask_audit(job_id).await {
+    /// The condition an ended job's audit adds (type, reason, message): `Audited`/`AuditPassed`,
+    /// or `Warning`/`AuditViolation` when the lower bound passes the claimed ε (the accountant
+    /// also counts it in `dpcap_audit_violations_total`), or `Warning`/`AuditFailed`. The
+    /// message says what the audit covers. Only [`Coordinator`] applies it to the job.
+    pub(crate) async fn audit_condition(&self, job_id: &str) -> (&'static str, &'static str, String) {
+        match self.ask_audit(job_id).await {
             Ok(r) => {
                 let (kind, reason) = if r.violation { ("Warning", AUDIT_VIOLATION) } else { ("Audited", AUDIT_PASSED) };
                 let message = format!(
@@ -288,21 +279,6 @@ impl Coordinator {
                 (kind, reason, message)
             }
             Err(e) => ("Warning", AUDIT_FAILED, format!("the accountant could not audit the job: {}", e.message)),
-        };
-        tracing::info!(job_id, reason, message, "audit");
-        let snapshot = {
-            let mut state = self.lock();
-            state.jobs.get_mut(job_id).map(|entry| {
-                condition(&mut entry.job, kind, reason, message);
-                entry.version += 1;
-                entry.job.clone()
-            })
-        };
-        if let Some(job) = snapshot {
-            let _serial = self.writes.lock().await;
-            if let Err(e) = self.store.put_job(&job).await {
-                tracing::warn!(job_id, error = %e, "could not persist the audit condition");
-            }
         }
     }
 }

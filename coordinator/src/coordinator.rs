@@ -244,7 +244,9 @@ impl Coordinator {
         // ε and the charged steps come from the ledger, read once nothing more can be charged
         // for an ended job, and before the record is written.
         for job_id in &effects.spend {
-            self.refresh_spend(job_id).await;
+            if let Some(spend) = self.ledger_spend(job_id).await {
+                self.lock().record_spend(job_id, &spend);
+            }
         }
         let result = self.persist(&effects.persist).await;
         self.trim_all(&effects.trim).await;
@@ -259,6 +261,23 @@ impl Coordinator {
             self.record_audit(job_id).await;
         }
         result
+    }
+
+    /// Records an ended job's audit as a condition, and persists it.
+    async fn record_audit(&self, job_id: &str) {
+        let (kind, reason, message) = self.audit_condition(job_id).await;
+        tracing::info!(job_id, reason, message, "audit");
+        let snapshot = self.lock().jobs.get_mut(job_id).map(|entry| {
+            condition(&mut entry.job, kind, reason, message);
+            entry.version += 1;
+            entry.job.clone()
+        });
+        if let Some(job) = snapshot {
+            let _serial = self.writes.lock().await;
+            if let Err(e) = self.store.put_job(&job).await {
+                tracing::warn!(job_id, error = %e, "could not persist the audit condition");
+            }
+        }
     }
 
     async fn persist(&self, jobs: &[String]) -> Result<(), CoordinatorError> {

@@ -231,6 +231,20 @@ impl Effects {
 }
 
 impl State {
+    /// Copies the ledger's ε, discarded steps and composed ε into the job's progress: never
+    /// fewer charged steps than the ledger holds (a step charged just before a cancel counts,
+    /// reported or not).
+    pub(crate) fn record_spend(&mut self, job_id: &str, spend: &dpcap_proto::v1::JobSpend) {
+        if let Some(entry) = self.jobs.get_mut(job_id) {
+            let progress = entry.job.progress.get_or_insert_with(Default::default);
+            progress.step = progress.step.max(spend.next_step);
+            progress.epsilon_spent = spend.epsilon_spent;
+            progress.epsilon_composed = spend.epsilon_composed;
+            progress.steps_discarded = progress.steps_discarded.max(spend.steps_discarded);
+            entry.version += 1;
+        }
+    }
+
     /// One end of each of these jobs is carried out (or abandoned): watchers see each job
     /// once none of its ends is settling.
     pub fn settled(&mut self, job_ids: &[String]) {
