@@ -69,9 +69,13 @@ pub enum CollectiveError {
         #[source]
         source: tokio::task::JoinError,
     },
-    /// The CUDA driver reported an error (its name and description).
+    /// A CUDA resource the collective needs is missing (the reason, with its figures).
     #[error("cuda: {0}")]
     Cuda(String),
+    /// The CUDA driver refused a call.
+    #[cfg(feature = "cuda")]
+    #[error("cuda: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
 }
 
 fn last_error_text(text: &str) -> String {

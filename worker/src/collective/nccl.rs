@@ -113,7 +113,7 @@ fn nccl_err(op: &'static str) -> impl Fn(nccl::NcclError) -> CollectiveError {
 }
 
 fn cuda_err(e: driver::DriverError) -> CollectiveError {
-    CollectiveError::Cuda(e.to_string())
+    CollectiveError::Driver(e)
 }
 
 /// A fresh NCCL unique id (rank 0 creates one per generation and publishes it).
