@@ -70,7 +70,7 @@ async fn a_sweep_is_admitted_by_the_bound_its_steps_by_their_reservation_and_a_r
     }
     assert_eq!(held_releases(&server.scrape().await), 0, "closed jobs hold no release");
     let closed = client.fetch_release("sweep-0", 1).await.unwrap_err();
-    assert_eq!(ErrorCode::of(&closed), Some(ErrorCode::JobClosed), "{closed}");
+    assert_eq!(closed.code, Some(ErrorCode::JobClosed), "{closed}");
     assert_eq!(held_releases(&server.scrape().await), 0, "a late fetch of a closed job reads nothing back");
 
     let show = |mut client: common::Client| {

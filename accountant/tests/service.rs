@@ -6,6 +6,7 @@ mod common;
 use common::{AccountantProcess, charged_steps, contract, job, key};
 use dpcap_accountant::privacy::{AccountantKind, EpsilonCurve, max_steps, noise_multiplier};
 use dpcap_proto::ErrorCode;
+use dpcap_proto::client::ClientError;
 use dpcap_proto::floats::to_bytes;
 use dpcap_proto::v1::{
     AuditCoordinates, CloseJobRequest, GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, Mechanism, Privacy,
@@ -42,7 +43,7 @@ async fn concurrent_duplicate_parts_and_fetches_charge_once_and_return_identical
     for result in futures::future::join_all(tasks).await.into_iter().map(|r| r.unwrap()) {
         match result {
             Ok(response) => submitted.push(response),
-            Err(s) => assert_eq!(ErrorCode::of(&s), Some(ErrorCode::Aborted), "only a superseded stream: {s:?}"),
+            Err(s) => assert_eq!(s.code, Some(ErrorCode::Aborted), "only a superseded stream: {s:?}"),
         }
     }
     assert_eq!(submitted.iter().filter(|r| r.accepted_new).count(), 2, "each part counted once: {submitted:?}");
@@ -70,10 +71,10 @@ async fn concurrent_duplicate_parts_and_fetches_charge_once_and_return_identical
     let retry = client.submit_part("dup", 0, 0, &a).await.unwrap();
     assert!(retry.released && !retry.accepted_new, "{retry:?}");
     let late = client.submit_part("dup", 0, 0, &b).await.unwrap_err();
-    assert_eq!(late.code(), Code::FailedPrecondition, "{late}");
+    assert_eq!(late.status, Code::FailedPrecondition, "{late}");
     client.submit_part("dup", 1, 0, &a).await.unwrap();
     let conflict = client.submit_part("dup", 1, 0, &b).await.unwrap_err();
-    assert_eq!(conflict.code(), Code::Aborted, "{conflict}");
+    assert_eq!(conflict.status, Code::Aborted, "{conflict}");
 }
 
 /// A release of several noise blocks (and several parts of its stored upload) streams to a
@@ -142,10 +143,10 @@ async fn a_restart_serves_stored_releases_again_and_discards_a_charge_whose_rele
         assert_eq!(again, released[step as usize], "step {step}: the same bytes after a restart, never fresh noise");
     }
     let lost = client.fetch_release("crash", 2).await.unwrap_err();
-    assert_eq!(ErrorCode::of(&lost), Some(ErrorCode::ReleaseDiscarded), "{lost}");
+    assert_eq!(lost.code, Some(ErrorCode::ReleaseDiscarded), "{lost}");
     assert!(dir.path().join("jobs/crash/discarded").join(format!("{:020}", 2)).exists(), "recorded in the ledger");
     let reuse = client.submit_part("crash", 2, 0, &part(0, dim)).await.unwrap_err();
-    assert_eq!(ErrorCode::of(&reuse), Some(ErrorCode::StepAlreadyCharged), "step numbers are never reused: {reuse}");
+    assert_eq!(reuse.code, Some(ErrorCode::StepAlreadyCharged), "step numbers are never reused: {reuse}");
     client.submit_part("crash", 3, 0, &part(0, dim)).await.unwrap();
     client.submit_part("crash", 3, 1, &part(1, dim)).await.unwrap();
     client.fetch_release("crash", 3).await.unwrap();
@@ -157,7 +158,7 @@ async fn a_restart_serves_stored_releases_again_and_discards_a_charge_whose_rele
     // A checkpoint covering steps < 2 lets their stored releases go; step 3 stays fetchable.
     client.raw().trim_releases(TrimReleasesRequest { job_id: "crash".into(), before_step: 2 }).await.unwrap();
     let trimmed = client.fetch_release("crash", 0).await.unwrap_err();
-    assert_eq!(ErrorCode::of(&trimmed), Some(ErrorCode::ReleaseTrimmed), "{trimmed}");
+    assert_eq!(trimmed.code, Some(ErrorCode::ReleaseTrimmed), "{trimmed}");
     assert!(!dir.path().join("jobs/crash/releases").join(format!("{:020}.f32", 0)).exists());
     server.kill();
     let server = AccountantProcess::start(dir.path(), &["--allow-seeded-noise"]).await;
@@ -185,8 +186,8 @@ async fn a_job_calibrated_for_epsilon_one_is_refused_exactly_at_the_first_step_p
         assert!(r.released);
     }
     let refused = client.submit_part("budget", limit, 0, &part(0, 8)).await.unwrap_err();
-    assert_eq!(refused.code(), Code::FailedPrecondition);
-    let msg = refused.message();
+    assert_eq!(refused.status, Code::FailedPrecondition);
+    let msg = refused.message;
     assert!(
         msg.contains("budget exhausted") && msg.contains(&format!("step {limit}")) && msg.contains("target 1"),
         "{msg}"
@@ -196,7 +197,7 @@ async fn a_job_calibrated_for_epsilon_one_is_refused_exactly_at_the_first_step_p
     assert!(spend.exhausted_by.contains("> job target 1"), "GetSpend names the budget: {spend:?}");
     let fetched = client.fetch_release("budget", limit).await.unwrap_err();
     assert!(
-        fetched.message().contains("> job target 1"),
+        fetched.message.contains("> job target 1"),
         "a rank fetching the refused step learns which budget: {fetched}"
     );
     assert_eq!(spend.steps_charged, limit);
@@ -243,11 +244,11 @@ async fn bad_input_is_refused_with_a_clear_status_and_loses_nothing() {
     client.raw().register_job(job("other", 0.01, 1.0, 1.0, 10.0, dim as u64, 1, None)).await.unwrap();
     client.submit_part("bad", 0, 0, &part(0, dim)).await.unwrap();
 
-    fn expect<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: Code, words: &[&str]) {
-        let e = r.expect_err("refused");
-        assert_eq!(e.code(), code, "{e}");
+    fn expect<T: std::fmt::Debug, E: Into<ClientError>>(r: Result<T, E>, code: Code, words: &[&str]) {
+        let e: ClientError = r.map_err(Into::into).expect_err("refused");
+        assert_eq!(e.status, code, "{e}");
         for w in words {
-            assert!(e.message().contains(w), "{:?} lacks {w:?}", e.message());
+            assert!(e.message.contains(w), "{:?} lacks {w:?}", e.message);
         }
     }
     expect(
@@ -360,7 +361,7 @@ async fn metrics_expose_per_job_spend_until_the_job_is_closed() {
     assert_eq!(closed.into_inner().steps_charged, 1);
     assert!(!server.scrape().await.contains("job_id=\"m1\""), "per-job series removed on close");
     let refused = client.submit_part("m1", 1, 0, &part(0, 4)).await.unwrap_err();
-    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(refused.status, Code::FailedPrecondition);
 }
 
 /// Two accountant processes on one ledger: the conditional create lets only one charge a step.
@@ -376,10 +377,8 @@ async fn two_accountants_sharing_a_ledger_never_charge_a_step_twice() {
     assert!(!again.created, "the second registration finds the first in the ledger");
     let values = part(0, 16);
     let (ra, rb) = tokio::join!(a.submit_part("shared", 0, 0, &values), b.submit_part("shared", 0, 0, &values));
-    let outcomes = [
-        ra.as_ref().map(|r| r.released).map_err(ErrorCode::of),
-        rb.as_ref().map(|r| r.released).map_err(ErrorCode::of),
-    ];
+    let outcomes =
+        [ra.as_ref().map(|r| r.released).map_err(|e| e.code), rb.as_ref().map(|r| r.released).map_err(|e| e.code)];
     assert_eq!(outcomes.iter().filter(|o| **o == Ok(true)).count(), 1, "{outcomes:?}");
     // The loser's step is spent elsewhere: for it, a discarded step it must never release.
     let lost = Err(Some(ErrorCode::ReleaseDiscarded));
@@ -424,7 +423,7 @@ async fn no_release_without_a_durable_charge_and_nothing_lost_on_storage_failure
     let blocker = dir.path().join("jobs/store/charges");
     std::fs::write(&blocker, b"not a directory").unwrap();
     let failed = client.submit_part("store", 0, 1, &part(1, 6)).await.unwrap_err();
-    assert_eq!(failed.code(), Code::Internal, "{failed}");
+    assert_eq!(failed.status, Code::Internal, "{failed}");
     let spend = client.raw().get_spend(GetSpendRequest { job_id: "store".into() }).await.unwrap().into_inner();
     assert_eq!((spend.steps_charged, spend.next_step), (0, 0), "{spend:?}");
     let mut fetcher = client.clone();
@@ -543,9 +542,9 @@ async fn a_privacy_admins_dataset_budget_is_spent_by_jobs_it_never_lets_them_rai
         }
     }
     let refused = refused.expect("the dataset budget must run out long before the job targets");
-    assert_eq!(ErrorCode::of(&refused), Some(ErrorCode::BudgetExhausted), "{refused}");
+    assert_eq!(refused.code, Some(ErrorCode::BudgetExhausted), "{refused}");
     let named = format!("dataset laion-233m ({dataset}, example-level) target 1");
-    assert!(refused.message().contains(&named), "the budget by its name, then its digest: {refused}");
+    assert!(refused.message.contains(&named), "the budget by its name, then its digest: {refused}");
     let one_job = max_steps(&EpsilonCurve::new(AccountantKind::Pld, 0.05, 2.0, 1e-5).unwrap(), 1.0).unwrap();
     assert!(steps[0] + steps[1] <= one_job + 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
     assert!(steps[0] + steps[1] >= one_job - 1, "jobs together ran {steps:?}, one job alone may run {one_job}");
@@ -669,7 +668,7 @@ async fn not_private_jobs_need_the_owners_consent_never_spend_the_budget_and_say
     // Consent is checked at every step: once the owners revoke it, the baseline stops.
     client.raw().set_dataset_budget(set(false)).await.unwrap();
     let revoked = client.submit_part("baseline", 3, 0, &part(3, 4)).await.unwrap_err();
-    assert!(revoked.message().contains("no longer allows NOT PRIVATE"), "{revoked}");
+    assert!(revoked.message.contains("no longer allows NOT PRIVATE"), "{revoked}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -687,15 +686,15 @@ async fn a_newer_attempt_replaces_pending_parts_and_an_older_one_is_refused() {
     assert_eq!(new0.parts_received, 1, "older parts dropped: {new0:?}");
     // A rank of the re-formed generation 1 holds a capability the newer one superseded.
     let stale = client.submit_attempt("regroup", key(0, 1, 1), &part(9, dim)).await.unwrap_err();
-    assert_eq!(ErrorCode::of(&stale), Some(ErrorCode::StaleGeneration), "{stale:?}");
-    assert!(stale.message().contains("re-formed"), "{stale:?}");
+    assert_eq!(stale.code, Some(ErrorCode::StaleGeneration), "{stale:?}");
+    assert!(stale.message.contains("re-formed"), "{stale:?}");
     assert!(client.submit_attempt("regroup", key(0, 1, 2), &part(2, dim)).await.unwrap().released);
     let spend = client.raw().get_spend(GetSpendRequest { job_id: "regroup".into() }).await.unwrap().into_inner();
     assert_eq!(spend.steps_charged, 1);
     // An attempt out of range is refused by name instead of making every later part stale.
     let hostile = client.submit_attempt("regroup", key(1, 0, u64::MAX), &part(0, dim)).await.unwrap_err();
-    assert_eq!(hostile.code(), Code::InvalidArgument);
-    assert!(hostile.message().starts_with("invalid attempt:"), "{hostile}");
+    assert_eq!(hostile.status, Code::InvalidArgument);
+    assert!(hostile.message.starts_with("invalid attempt:"), "{hostile}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -768,7 +767,7 @@ async fn a_release_whose_store_fails_never_sends_its_last_chunk_and_is_discarded
     let status = outcome.expect_err("the stream ends in an error, never with a last chunk");
     assert_eq!(ErrorCode::of(&status), Some(ErrorCode::ReleaseDiscarded), "{status}");
     let again = client.fetch_release("unstored", 0).await.unwrap_err();
-    assert_eq!(ErrorCode::of(&again), Some(ErrorCode::ReleaseDiscarded), "{again}");
+    assert_eq!(again.code, Some(ErrorCode::ReleaseDiscarded), "{again}");
     let spend = client.raw().get_spend(GetSpendRequest { job_id: "unstored".into() }).await.unwrap().into_inner();
     assert_eq!((spend.steps_charged, spend.steps_discarded, spend.next_step), (1, 1, 1));
     assert_eq!(charged_steps(dir.path(), "unstored"), vec![0]);
@@ -855,10 +854,10 @@ async fn a_capability_scopes_a_rank_to_its_job_part_and_generation_and_nothing_e
     for id in ["job-a", "job-b"] {
         coordinator.raw().register_job(job(id, 0.01, 1.0, 1.0, 10.0, 8, 1, None)).await.unwrap();
     }
-    let denied = |r: Result<SubmitPartResponseAlias, tonic::Status>, why: &str| {
+    let denied = |r: Result<SubmitPartResponseAlias, ClientError>, why: &str| {
         let e = r.expect_err(why);
-        assert_eq!(e.code(), Code::PermissionDenied, "{why}: {e}");
-        assert_eq!(ErrorCode::of(&e), Some(ErrorCode::PermissionDenied), "{why}: {e}");
+        assert_eq!(e.status, Code::PermissionDenied, "{why}: {e}");
+        assert_eq!(e.code, Some(ErrorCode::PermissionDenied), "{why}: {e}");
     };
     let values = part(0, 8);
     let mut forger = server.client_signed(Capabilities::new(Some(KeyRing::generate("k1"))));
@@ -886,8 +885,8 @@ async fn a_capability_scopes_a_rank_to_its_job_part_and_generation_and_nothing_e
     assert!(coordinator.submit_attempt("job-a", key(0, 0, 2), &values).await.unwrap().released);
     let old = coordinator.capability("job-a", 0, Some(1));
     let stale = coordinator.with(Some(old)).fetch_release("job-a", 0).await.unwrap_err();
-    assert_eq!(ErrorCode::of(&stale), Some(ErrorCode::StaleGeneration), "{stale}");
-    assert!(stale.message().contains("re-formed"), "{stale}");
+    assert_eq!(stale.code, Some(ErrorCode::StaleGeneration), "{stale}");
+    assert!(stale.message.contains("re-formed"), "{stale}");
     assert_eq!(coordinator.fetch_release("job-a", 0).await.unwrap().0.len(), 8);
     assert_eq!(charged_steps(&ledger, "job-a"), vec![0]);
 }
@@ -974,7 +973,7 @@ async fn parts_of_two_groups_are_never_summed_and_a_restart_remembers_the_newest
     let client = server.client().await;
     let older = client.capability("twins", 0, Some(2));
     let refused = client.with(Some(older)).fetch_release("twins", 0).await.unwrap_err();
-    assert_eq!(ErrorCode::of(&refused), Some(ErrorCode::StaleGeneration), "generation 2 < 3, remembered: {refused}");
+    assert_eq!(refused.code, Some(ErrorCode::StaleGeneration), "generation 2 < 3, remembered: {refused}");
 }
 
 /// C = 1, a step of 10 units split 5 and 5 over two ranks: a part of norm 6 fits the step's
@@ -998,9 +997,9 @@ async fn a_part_past_c_times_its_ranks_own_share_is_refused_even_under_the_steps
         async move { rank.submit_attempt("shares", key(0, part, 0), &values).await }
     };
     let refused = send(&client, 1, on_one_coordinate(6.0)).await.unwrap_err();
-    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
-    assert_eq!(ErrorCode::of(&refused), Some(ErrorCode::Unclipped), "{refused}");
-    assert!(refused.message().contains("5 units of its rank's share"), "{refused}");
+    assert_eq!(refused.status, Code::FailedPrecondition, "{refused}");
+    assert_eq!(refused.code, Some(ErrorCode::Unclipped), "{refused}");
+    assert!(refused.message.contains("5 units of its rank's share"), "{refused}");
     assert!(charged_steps(dir.path(), "shares").is_empty(), "nothing charged");
     // Honest ranks: each within C·5 (a rank's share spent on one example is still within it).
     assert!(!send(&client, 0, on_one_coordinate(5.0)).await.unwrap().released);
@@ -1009,7 +1008,7 @@ async fn a_part_past_c_times_its_ranks_own_share_is_refused_even_under_the_steps
     // A capability whose share is more than its step sampled is refused by name.
     let capability = client.share_capability("shares", key(1, 0, 0), 10, 11);
     let bad = client.with(Some(capability)).submit_attempt("shares", key(1, 0, 0), &on_one_coordinate(0.0)).await;
-    assert!(bad.unwrap_err().message().contains("more than the 10 its step sampled"));
+    assert!(bad.unwrap_err().message.contains("more than the 10 its step sampled"));
 }
 
 /// Eight ranks open their part streams, send one chunk and stall: each stream is cut off after

@@ -34,7 +34,7 @@ const REGISTER_ATTEMPT: Duration = Duration::from_secs(120);
 fn refusal(error: ClientError) -> CoordinatorError {
     match error.code {
         Some(code) if !error.transient => {
-            CoordinatorError::Refused { code, message: error.message, budget: error.budget.map(Box::new) }
+            CoordinatorError::Refused { code, message: error.message, budget: error.budget }
         }
         _ => CoordinatorError::accountant("", error),
     }

@@ -479,7 +479,7 @@ async fn a_worker_token_writes_no_contract_and_its_capability_opens_only_its_own
     let part = rank
         .submit_attempt(&job_b.job_id, PartKey { step: 0, part: 0, attempt: assignment.generation }, &[0.0; 8])
         .await;
-    assert_eq!(part.unwrap_err().code(), Code::PermissionDenied, "a part for B");
+    assert_eq!(part.unwrap_err().status, Code::PermissionDenied, "a part for B");
     let spend = accountant(as_coordinator()).raw().get_spend(GetSpendRequest { job_id: job_b.job_id.clone() }).await;
     assert_eq!(spend.unwrap().into_inner().steps_charged, 0, "nothing charged to B");
 

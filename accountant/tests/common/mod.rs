@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell, PartKey, RawClient};
+use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell, ClientError, PartKey, RawClient};
 use dpcap_proto::v1::{self as pb, FetchReleaseRequest, JobSpend, Mechanism, RegisterJobRequest, SubmitPartResponse};
 use dpcap_serve::capability::{Capabilities, Capability, StepGrant, now_unix_ms};
 
@@ -252,7 +252,7 @@ impl Client {
         step: u64,
         part: u32,
         values: &[f32],
-    ) -> Result<SubmitPartResponse, Status> {
+    ) -> Result<SubmitPartResponse, ClientError> {
         self.submit_attempt(job_id, PartKey { step, part, attempt: 0 }, values).await
     }
 
@@ -262,7 +262,7 @@ impl Client {
         job_id: &str,
         key: PartKey,
         values: &[f32],
-    ) -> Result<SubmitPartResponse, Status> {
+    ) -> Result<SubmitPartResponse, ClientError> {
         let capability = self.step_capability(job_id, key, SAMPLED);
         self.with(Some(capability)).submit_attempt(job_id, key, values).await
     }
@@ -274,13 +274,17 @@ impl Client {
         key: PartKey,
         group: u64,
         values: &[f32],
-    ) -> Result<SubmitPartResponse, Status> {
+    ) -> Result<SubmitPartResponse, ClientError> {
         let capability = Capability { group, ..self.step_capability(job_id, key, SAMPLED) };
         self.with(Some(capability)).submit_attempt(job_id, key, values).await
     }
 
     /// The release of `step`, as rank 0 of the newest generation.
-    pub async fn fetch_release(&mut self, job_id: &str, step: u64) -> Result<(Vec<f32>, Option<JobSpend>), Status> {
+    pub async fn fetch_release(
+        &mut self,
+        job_id: &str,
+        step: u64,
+    ) -> Result<(Vec<f32>, Option<JobSpend>), ClientError> {
         let capability = self.capability(job_id, 0, None);
         self.with(Some(capability)).fetch_release(job_id, step).await
     }

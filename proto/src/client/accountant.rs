@@ -113,7 +113,7 @@ impl AccountantClient {
         step: u64,
         part: u32,
         values: &[f32],
-    ) -> Result<SubmitPartResponse, Status> {
+    ) -> Result<SubmitPartResponse, ClientError> {
         self.submit_attempt(job_id, PartKey { step, part, attempt: 0 }, values).await
     }
 
@@ -124,7 +124,7 @@ impl AccountantClient {
         job_id: &str,
         key: PartKey,
         values: &[f32],
-    ) -> Result<SubmitPartResponse, Status> {
+    ) -> Result<SubmitPartResponse, ClientError> {
         self.submit_bytes(job_id, key, "", floats::to_bytes(values)).await
     }
 
@@ -138,7 +138,7 @@ impl AccountantClient {
         PartKey { step, part, attempt }: PartKey,
         step_capability: &str,
         data: bytes::Bytes,
-    ) -> Result<SubmitPartResponse, Status> {
+    ) -> Result<SubmitPartResponse, ClientError> {
         let values = data.len() / 4;
         let job_id = job_id.to_owned();
         let step_capability = step_capability.to_owned();
@@ -162,26 +162,31 @@ impl AccountantClient {
     /// Waits for the release of `step` and returns its values and the spend after it. Only a
     /// complete release is returned: a stream that ends before the chunk marked `last` (the
     /// accountant failed before the release was stored) is UNAVAILABLE, to be fetched again.
-    pub async fn fetch_release(&mut self, job_id: &str, step: u64) -> Result<(Vec<f32>, Option<JobSpend>), Status> {
+    pub async fn fetch_release(
+        &mut self,
+        job_id: &str,
+        step: u64,
+    ) -> Result<(Vec<f32>, Option<JobSpend>), ClientError> {
         let request = FetchReleaseRequest { job_id: job_id.to_owned(), step, chunk_values: 0 };
         let mut stream = self.inner.fetch_release(request).await?.into_inner();
         let (mut values, mut spend) = (Vec::new(), None);
         loop {
             let Some(chunk) = stream.message().await? else {
-                return Err(Status::unavailable(format!(
+                return Err(ClientError::from(Status::unavailable(format!(
                     "release of step {step} ended after {} values without its last chunk",
                     values.len()
-                )));
+                ))));
             };
             if chunk.offset != values.len() as u64 {
-                return Err(Status::data_loss(format!(
+                return Err(ClientError::from(Status::data_loss(format!(
                     "release chunk at offset {} after {} values",
                     chunk.offset,
                     values.len()
-                )));
+                ))));
             }
             spend = spend.or(chunk.spend);
-            floats::extend(&mut values, &chunk.data).map_err(|e| Status::data_loss(e.to_string()))?;
+            floats::extend(&mut values, &chunk.data)
+                .map_err(|e| ClientError::from(Status::data_loss(e.to_string())))?;
             if chunk.last {
                 return Ok((values, spend));
             }

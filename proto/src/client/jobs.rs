@@ -30,8 +30,9 @@ pub struct ClientError {
     pub transient: bool,
     /// What to change when the call can never succeed as configured.
     pub hint: Option<&'static str>,
-    /// A dataset budget's refusal in figures (a submit or resume the budget cannot cover).
-    pub budget: Option<crate::v1::BudgetExhausted>,
+    /// A dataset budget's refusal in figures (a submit or resume the budget cannot cover);
+    /// boxed, so that every call's failure stays small.
+    pub budget: Option<Box<crate::v1::BudgetExhausted>>,
 }
 
 impl From<tonic::Status> for ClientError {
@@ -42,7 +43,7 @@ impl From<tonic::Status> for ClientError {
             message: status.message().to_owned(),
             transient: crate::is_transient(&status),
             hint: crate::hint(&status),
-            budget: crate::budget_exhausted(&status),
+            budget: crate::budget_exhausted(&status).map(Box::new),
         }
     }
 }

@@ -69,7 +69,7 @@ async fn send_part(
     assignment: &Assignment,
     work: &StepWork,
     dim: u64,
-) -> Result<(), tonic::Status> {
+) -> Result<(), dpcap_proto::client::ClientError> {
     let key = PartKey { step: work.step, part: 0, attempt: assignment.generation };
     let data = dpcap_proto::floats::to_bytes(&vec![0.0; dim as usize]);
     let mut rank = accountant(services, &assignment.capability);
@@ -108,8 +108,8 @@ async fn after_a_cancel_returns_a_workers_capabilities_are_refused_and_nothing_m
     services.jobs().await.cancel_job(cancel).await.expect("cancelled");
     let refused = send_part(&services, &assignment, &work, dim(&job)).await.unwrap_err();
     // Refused as a stale generation: the rank drops its session, the normal end of a cancel.
-    assert_eq!(ErrorCode::of(&refused), Some(ErrorCode::StaleGeneration), "{refused}");
-    assert!(refused.message().contains("suspended"), "{refused}");
+    assert_eq!(refused.code, Some(ErrorCode::StaleGeneration), "{refused}");
+    assert!(refused.message.contains("suspended"), "{refused}");
     let fetch = FetchReleaseRequest { job_id: job.job_id.clone(), step: 0, chunk_values: 0 };
     let fetched = accountant(&services, &assignment.capability).raw().fetch_release(fetch).await;
     assert_eq!(ErrorCode::of(&fetched.map(drop).unwrap_err()), Some(ErrorCode::StaleGeneration));
@@ -135,8 +135,8 @@ async fn after_a_workers_lease_expires_its_capabilities_are_refused_before_a_new
     })
     .await;
     let refused = send_part(&services, &assignment, &work, dim(&job)).await.unwrap_err();
-    assert_eq!(ErrorCode::of(&refused), Some(ErrorCode::StaleGeneration), "{refused}");
-    assert!(refused.message().contains("re-formed") || refused.message().contains("revoked"), "{refused}");
+    assert_eq!(refused.code, Some(ErrorCode::StaleGeneration), "{refused}");
+    assert!(refused.message.contains("re-formed") || refused.message.contains("revoked"), "{refused}");
     assert_eq!(services.charged_steps(&job.job_id), Vec::<u64>::new(), "0 steps charged");
 }
 
@@ -189,7 +189,7 @@ async fn each_rank_gets_an_even_share_and_a_part_past_c_times_its_own_share_is_r
     rank.raw().attach_job(attach).await.expect("attached");
     let bytes = dpcap_proto::floats::to_bytes(&values);
     let refused = rank.submit_bytes(&job.job_id, key, &work.capability, bytes).await.unwrap_err();
-    assert_eq!(dpcap_proto::ErrorCode::of(&refused), Some(dpcap_proto::ErrorCode::Unclipped), "{refused}");
+    assert_eq!(refused.code, Some(dpcap_proto::ErrorCode::Unclipped), "{refused}");
     assert_eq!(services.charged_steps(&job.job_id), Vec::<u64>::new(), "nothing charged");
 }
 

@@ -9,7 +9,7 @@ use dpcap_proto::client::{AccountantClient, CoordinatorClient, PartKey};
 use dpcap_proto::floats;
 use dpcap_proto::retry::backoff;
 use dpcap_proto::v1::{Assignment, JobSpend, Reduction};
-use dpcap_proto::{ErrorCode, RetryPolicy, is_transient};
+use dpcap_proto::{ErrorCode, RetryPolicy};
 
 use crate::collective::Reducer;
 use crate::runtime::RuntimeError;
@@ -139,10 +139,11 @@ async fn through_accountant(
             fetched = &mut fetch => (None, Some(fetched)),
         };
         let reduce_seconds = t.elapsed().as_secs_f64();
-        let failure = match submitted.map(|s| s.map_err(|s| (ErrorCode::of(&s), s))) {
-            None | Some(Ok(_)) | Some(Err((Some(ErrorCode::StepAlreadyCharged), _))) => None,
-            Some(Err((Some(ErrorCode::ReleaseDiscarded), _))) => return Ok(Outcome::Discarded),
-            Some(Err((_, s))) => Some(s),
+        let failure = match submitted {
+            None | Some(Ok(_)) => None,
+            Some(Err(e)) if e.code == Some(ErrorCode::StepAlreadyCharged) => None,
+            Some(Err(e)) if e.code == Some(ErrorCode::ReleaseDiscarded) => return Ok(Outcome::Discarded),
+            Some(Err(e)) => Some(e),
         };
         let failure = match failure {
             Some(s) => s, // the fetch is dropped with this attempt
@@ -162,12 +163,12 @@ async fn through_accountant(
                             release_seconds,
                         })));
                     }
-                    Err(s) if ErrorCode::of(&s) == Some(ErrorCode::ReleaseDiscarded) => return Ok(Outcome::Discarded),
-                    Err(s) => s,
+                    Err(e) if e.code == Some(ErrorCode::ReleaseDiscarded) => return Ok(Outcome::Discarded),
+                    Err(e) => e,
                 }
             }
         };
-        if !is_transient(&failure) || started.elapsed() >= policy.deadline {
+        if !failure.transient || started.elapsed() >= policy.deadline {
             return Err(failure.into());
         }
         let wait = backoff(&policy, failures);

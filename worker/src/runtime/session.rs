@@ -333,18 +333,14 @@ impl<AB: AutodiffBackend> Session<AB> {
                     tokio::task::block_in_place(|| self.trainer.apply(values, t))?;
                     self.applied += 1;
                 }
-                Err(s) if ErrorCode::of(&s) == Some(ErrorCode::ReleaseDiscarded) => {
+                Err(e) if e.code == Some(ErrorCode::ReleaseDiscarded) => {
                     tracing::warn!(job_id, step = t, "release was lost; step stays spent (discarded)");
                     self.discarded.push(t);
                 }
-                Err(s) if ErrorCode::of(&s) == Some(ErrorCode::ReleaseTrimmed) => {
-                    return Err(RuntimeError::ReleaseTrimmed {
-                        step: t,
-                        position: self.position,
-                        source: Box::new(s.into()),
-                    });
+                Err(e) if e.code == Some(ErrorCode::ReleaseTrimmed) => {
+                    return Err(RuntimeError::ReleaseTrimmed { step: t, position: self.position, source: Box::new(e) });
                 }
-                Err(s) => return Err(s.into()),
+                Err(e) => return Err(e.into()),
             }
             self.position += 1;
         }
