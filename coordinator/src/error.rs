@@ -269,7 +269,8 @@ impl CoordinatorError {
         match self {
             Self::NotRegistered(_) | Self::ContractMismatch { .. } | Self::Invalid { .. } => true,
             Self::Contract(_) | Self::Objective(_) | Self::Privacy { .. } | Self::Index { .. } => true,
-            Self::Location { .. } | Self::Endpoint { .. } | Self::Read { .. } => true,
+            Self::Location { .. } | Self::Endpoint { .. } | Self::Read { .. } | Self::Unreadable { .. } => true,
+            Self::Sampler(_) | Self::InitManifest { .. } => true,
             Self::Refused { code, .. } => !matches!(code, ErrorCode::Unavailable | ErrorCode::Internal),
             _ => false,
         }

@@ -94,7 +94,7 @@ pub async fn pin_tokenizer(checked: &Checked) -> Result<Option<(String, String)>
              synthetic captions run `dpctl dataset index --train-tokenizer`"
                 .to_owned()
         } else {
-            format!("cannot read {location}")
+            "cannot read it".to_owned()
         };
         CoordinatorError::Unreadable { field: "tokenizer", what, source }
     })?;

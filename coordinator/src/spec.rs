@@ -285,7 +285,7 @@ fn mode_request(spec: &JobSpec, asked: Option<ModeKind>) -> Result<ModeRequest, 
     match kind {
         ModeKind::NotPrivate => {
             if spec.epsilon.is_some() || spec.noise_multiplier.is_some() || spec.simulate.is_some() {
-                let field = if spec.not_private { "not_private" } else { "privacy" };
+                let field = if asked.is_none() { "not_private" } else { "privacy" };
                 return Err(invalid(field, "a non-private job has no epsilon, noise_multiplier or simulate"));
             }
             Ok(ModeRequest::NotPrivate)

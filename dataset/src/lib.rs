@@ -175,7 +175,8 @@ impl JobDataError {
     /// Whether the message may name an example (its key, member or bytes come from the sampled
     /// data): `telemetry: strict` withholds it from the job's condition.
     pub fn names_examples(&self) -> bool {
-        matches!(self, JobDataError::Data(_) | JobDataError::Read(_))
+        // A manifest's parse error may quote its values (shard paths): withheld like a read's.
+        matches!(self, JobDataError::Data(_) | JobDataError::Read(_) | JobDataError::Index { .. })
     }
 }
 

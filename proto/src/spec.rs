@@ -224,7 +224,8 @@ impl SpecFile {
             seed: self.seed.unwrap_or(0),
             dataset_epsilon_budget: self.dataset_epsilon_budget.unwrap_or(0.0),
             augment: augment as i32,
-            not_private: self.not_private.unwrap_or(false),
+            // Also for a coordinator that predates `privacy` (it reads only this spelling).
+            not_private: self.not_private.unwrap_or(false) || privacy == v1::Privacy::NotPrivate,
             init_from: self.init_from.unwrap_or_default(),
             init_public: self.init_public.unwrap_or(false),
             simulate: self
@@ -279,5 +280,6 @@ mod tests {
         assert!(mode.to_string().contains("\"private\" is not dp, not_private or simulation"), "{mode}");
         let baseline = SpecFile { privacy: Some("not_private".into()), ..SpecFile::default() }.into_proto().unwrap();
         assert_eq!(baseline.privacy, v1::Privacy::NotPrivate as i32);
+        assert!(baseline.not_private, "also the older spelling, for a coordinator that predates privacy");
     }
 }

@@ -12,7 +12,7 @@ use object_store::path::Path;
 #[derive(Debug, thiserror::Error)]
 #[error("cannot open store {url}: {source}")]
 pub struct StoreError {
-    /// The location given.
+    /// The location given, as [`shown`] (no credentials, query or fragment: it reaches logs).
     pub url: String,
     /// Why (boxed: an object store's error is large, and this one travels in many others).
     pub source: Box<StoreProblem>,
@@ -40,7 +40,7 @@ pub enum StoreProblem {
 
 impl StoreError {
     fn new(url: &str, source: impl Into<StoreProblem>) -> Self {
-        Self { url: url.to_owned(), source: Box::new(source.into()) }
+        Self { url: shown(url), source: Box::new(source.into()) }
     }
 }
 

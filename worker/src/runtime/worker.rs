@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_proto::client::{AccountantClient, CallCredentials, CapabilityCell, CoordinatorClient};
-use dpcap_proto::v1::{Assignment, RegisterWorkerRequest};
+use dpcap_proto::v1::{Assignment, RegisterWorkerRequest, TelemetryMode};
 use dpcap_proto::{ErrorCode, RetryPolicy, retry};
 use tokio::sync::watch;
 
@@ -120,6 +120,9 @@ async fn serve<AB: AutodiffBackend>(
                 None => break,
             };
             let (job_id, rank, generation) = (assignment.job_id.clone(), assignment.rank, assignment.generation);
+            // A failure's report withholds what names an example under `telemetry: strict` (and
+            // for an assignment without a spec, which says nothing of its telemetry).
+            let strict = assignment.spec.as_ref().is_none_or(|s| s.telemetry == TelemetryMode::Strict as i32);
             tracing::info!(worker_id, job_id, rank, generation, "assigned");
             let session = async {
                 let clients = Clients {
@@ -145,7 +148,8 @@ async fn serve<AB: AutodiffBackend>(
                     } else {
                         tracing::error!(worker_id, job_id, rank, error = %e, "session failed");
                     }
-                    fail_job(&mut coordinator.clone(), &worker_id, (&job_id, generation), &e).await;
+                    let reported = super::session::reported_error(&e, strict);
+                    fail_job(&mut coordinator.clone(), &worker_id, (&job_id, generation), (&e, reported)).await;
                 }
             }
             // Wait for the lease task's next word before taking the same assignment again.
@@ -234,7 +238,8 @@ async fn superseded(mut lease: watch::Receiver<Lease>, job_id: &str, generation:
 }
 
 /// A session that could not start or run (bad spec, unreadable data, a contract the accountant
-/// refuses) fails its job with the reason: the report names the group's current step, or step
+/// refuses) fails its job with the reason as `reported` (withheld where it names an example
+/// under `telemetry: strict`; the rank's own log keeps the detail): the report names the group's current step, or step
 /// 0 when the group has none yet (the coordinator takes a failure for any step). Each call is
 /// retried while the coordinator is unreachable; a report that still cannot be delivered makes
 /// the worker leave, so that the group re-forms instead of waiting on it. A failure of a
@@ -243,7 +248,7 @@ async fn fail_job(
     coordinator: &mut CoordinatorClient,
     worker_id: &str,
     (job_id, generation): (&str, u64),
-    error: &RuntimeError,
+    (error, reported): (&RuntimeError, String),
 ) {
     let policy = RetryPolicy::default();
     let assignment = retry(policy, "heartbeat", || {
@@ -274,7 +279,7 @@ async fn fail_job(
         generation: assignment.generation,
         step,
         outcome: outcome as i32,
-        message: error.to_string(),
+        message: reported,
         ..Default::default()
     };
     let reported = retry(policy, "report_step", || {
