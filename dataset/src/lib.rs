@@ -72,16 +72,6 @@ pub enum DataError {
         /// How it ended.
         source: tokio::task::JoinError,
     },
-    /// A member could not be decoded.
-    #[error("example {key}: cannot decode {member}: {reason}")]
-    Decode {
-        /// `shard#position`.
-        key: String,
-        /// Which member.
-        member: &'static str,
-        /// Why.
-        reason: String,
-    },
     /// The dataset has no shards.
     #[error("no .tar shards under {0}")]
     Empty(String),

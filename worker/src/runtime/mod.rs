@@ -132,12 +132,6 @@ impl From<dpcap_proto::client::ClientError> for RuntimeError {
     }
 }
 
-impl From<tonic::Status> for RuntimeError {
-    fn from(s: tonic::Status) -> Self {
-        dpcap_proto::client::ClientError::from(s).into()
-    }
-}
-
 /// WORKER_NOT_REGISTERED from the coordinator means this worker's lease is gone;
 /// STALE_GENERATION, that its group was re-formed (the session ends without failing the job).
 pub fn lease_or(e: dpcap_proto::client::ClientError) -> RuntimeError {
