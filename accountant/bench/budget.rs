@@ -125,7 +125,7 @@ fn grant(job_id: &str, step: u64) -> String {
 /// Runs the sweep on a ledger under `dir` and measures it (see the module docs).
 pub async fn measure(opts: &SweepOptions, dir: &Path) -> Result<SweepCost, BenchError> {
     let rss_before = rss_bytes();
-    let Running { mut client, capability, stop, task } = start(dir, Writer::Synced, Policy::default()).await?;
+    let Running { mut client, capability, stop, task } = start(dir, Writer::Synced, Policy::default(), false).await?;
     let budget = SetDatasetBudgetRequest {
         dataset_id: DATASET.into(),
         epsilon: opts.budget,

@@ -16,11 +16,9 @@ use serde::Serialize;
 use tokio::sync::watch;
 use xxhash_rust::xxh3::Xxh3;
 
-use dpcap_proto::client::{AccountantClient, CHUNK_VALUES, CallCredentials, CapabilityCell, PartKey};
+use dpcap_proto::client::{AccountantClient, CHUNK_VALUES, CallCredentials, CapabilityCell, LocalChoice, PartKey};
 use dpcap_proto::floats;
-use dpcap_proto::v1::{
-    AccountantKind, FetchReleaseRequest, Mechanism, PrivacyContract, RegisterJobRequest, ReleaseChunk,
-};
+use dpcap_proto::v1::{AccountantKind, Mechanism, PrivacyContract, RegisterJobRequest, ReleaseChunk};
 use dpcap_serve::{Capabilities, Capability, ServerSecurity, StepGrant};
 
 use crate::blocks::{BlockPool, Filler};
@@ -28,7 +26,7 @@ use crate::noise::{self, BLOCK_BYTES, NoiseMode};
 use crate::release::{Release, Stored};
 use crate::server::{ServeError, Setup};
 use crate::sum::{Chunks, Sum};
-use crate::{Policy, server};
+use crate::{LocalSetup, Policy, server};
 
 /// A failed measurement.
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
@@ -85,6 +83,17 @@ pub enum Writer {
     Multipart,
 }
 
+/// How the measured rank reaches the accountant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// gRPC over loopback TCP: what a rank on another host uses.
+    Grpc,
+    /// The same-host Unix socket (`--local-socket`), which a rank on the accountant's host
+    /// chooses when both ends agree.
+    Local,
+}
+
 /// What to measure.
 #[derive(Debug, Clone, Copy)]
 pub struct CostOptions {
@@ -100,6 +109,8 @@ pub struct CostOptions {
     pub warmup: u64,
     /// How the ledger stores releases.
     pub writer: Writer,
+    /// How the rank sends its part and reads the release.
+    pub transport: Transport,
 }
 
 /// One release at size P through the real accountant (medians over the steps).
@@ -127,8 +138,11 @@ pub struct ReleaseCost {
 #[derive(Debug, Clone, Serialize)]
 pub struct Breakdown {
     /// The part's chunks copied out of the transport's buffers into blocks, checked finite
-    /// and hashed (per part).
+    /// and hashed (per part): the gRPC path.
     pub check_cpu_s_per_gb: f64,
+    /// The part checked finite and hashed where it lies: the same-host path, whose socket
+    /// reads land in the blocks.
+    pub check_in_place_cpu_s_per_gb: f64,
     /// Sum + noise → the release's f32 blocks, on every core.
     pub noise_add_cpu_s_per_gb: f64,
     /// The release's chunks encoded as gRPC messages (per rank that fetches it).
@@ -138,14 +152,44 @@ pub struct Breakdown {
 }
 
 impl Breakdown {
-    /// What the measured phases leave of a release's cost: the transport (HTTP/2 framing and
-    /// flow control, the copies between its buffers, the client's encode and decode) and the
-    /// tasks around it, per GB.
-    pub fn transport_cpu_s_per_gb(&self, release: &ReleaseCost) -> f64 {
-        let phases =
-            self.check_cpu_s_per_gb + self.noise_add_cpu_s_per_gb + self.encode_cpu_s_per_gb + self.store_cpu_s_per_gb;
+    /// What the measured phases leave of a release's cost over `transport`, per GB: over gRPC,
+    /// HTTP/2 framing and flow control, the copies between its buffers and the client's decode;
+    /// over the same-host socket, the copies into and out of the kernel; and the tasks around.
+    pub fn transport_cpu_s_per_gb(&self, release: &ReleaseCost, transport: Transport) -> f64 {
+        let phases = self.noise_add_cpu_s_per_gb
+            + self.store_cpu_s_per_gb
+            + match transport {
+                Transport::Grpc => self.check_cpu_s_per_gb + self.encode_cpu_s_per_gb,
+                Transport::Local => self.check_in_place_cpu_s_per_gb,
+            };
         (release.release_cpu_s_per_gb - phases).max(0.0)
     }
+}
+
+/// One `memcpy` of a release's bytes: the machine's physical limit, against which a release's
+/// CPU-s per GB reads (a release moves each byte in, out and to disk at least once).
+#[derive(Debug, Clone, Serialize)]
+pub struct CopyReference {
+    /// Bytes copied per second by one core (median of 5, into memory already touched).
+    pub memcpy_bytes_per_s: f64,
+    /// The same as CPU-seconds per GB copied.
+    pub memcpy_cpu_s_per_gb: f64,
+}
+
+/// Copies 4·`params` bytes 6 times into the same destination; the first (which faults the
+/// destination's pages in) is left out.
+pub fn memcpy_reference(params: usize) -> CopyReference {
+    let source = vec![0x5au8; 4 * params];
+    let mut target = vec![0u8; 4 * params];
+    let mut seconds = Vec::new();
+    for _ in 0..6 {
+        let started = Instant::now();
+        target.copy_from_slice(std::hint::black_box(&source));
+        seconds.push(started.elapsed().as_secs_f64());
+        std::hint::black_box(&target);
+    }
+    let median = median(seconds.split_off(1));
+    CopyReference { memcpy_bytes_per_s: source.len() as f64 / median, memcpy_cpu_s_per_gb: median / gigabytes(params) }
 }
 
 fn gigabytes(params: usize) -> f64 {
@@ -175,7 +219,7 @@ pub async fn breakdown(params: usize, dir: &Path) -> Result<Breakdown, BenchErro
     pool.expect_step(params);
     let noise = noise::draw(params, 1.0, NoiseMode::OsEntropy, 0)?;
     // Each phase twice, the second timed: in a running job the blocks are reused, not new.
-    let (mut check_s, mut add_s, mut blocks) = (0.0, 0.0, Vec::new());
+    let (mut check_s, mut in_place_s, mut add_s, mut blocks) = (0.0, 0.0, 0.0, Vec::new());
     for _ in 0..2 {
         let checked;
         (checked, check_s) = cpu_of(|| {
@@ -190,7 +234,16 @@ pub async fn breakdown(params: usize, dir: &Path) -> Result<Breakdown, BenchErro
             }
             Ok::<_, floats::FloatsError>((part, hasher.digest()))
         });
-        let sum = Sum::One(checked?.0);
+        let part = checked?.0;
+        (_, in_place_s) = cpu_of(|| {
+            let mut hasher = Xxh3::new();
+            for (i, block) in part.slices(0..params).enumerate() {
+                std::hint::black_box(floats::check_finite(block, (i * BLOCK_BYTES / 4) as u64).is_ok());
+                hasher.update(block);
+            }
+            hasher.digest()
+        });
+        let sum = Sum::One(part);
         drop(blocks); // the last pass's release, back to the pool
         let filled = std::sync::Mutex::new(vec![Bytes::new(); params.div_ceil(BLOCK_BYTES / 4)]);
         let added;
@@ -224,6 +277,7 @@ pub async fn breakdown(params: usize, dir: &Path) -> Result<Breakdown, BenchErro
     let store_s = cpu_seconds() - before;
     Ok(Breakdown {
         check_cpu_s_per_gb: check_s / gb,
+        check_in_place_cpu_s_per_gb: in_place_s / gb,
         noise_add_cpu_s_per_gb: add_s / gb,
         encode_cpu_s_per_gb: encode_s / gb,
         store_cpu_s_per_gb: store_s / gb,
@@ -246,21 +300,6 @@ fn disk_fsync_rate(dir: &Path) -> Result<f64, BenchError> {
     Ok(rate)
 }
 
-/// Fetches `step`'s release whole, returning its values and when its first chunk came.
-async fn fetch_timed(client: &mut AccountantClient, step: u64) -> Result<(usize, Instant), BenchError> {
-    let request = FetchReleaseRequest { job_id: "scale".into(), step, chunk_values: 0 };
-    let mut stream = client.raw().fetch_release(request).await?.into_inner();
-    let (mut bytes, mut first) = (0, None);
-    while let Some(chunk) = stream.message().await? {
-        let first = *first.get_or_insert_with(Instant::now);
-        bytes += chunk.data.len();
-        if chunk.last {
-            return Ok((bytes / 4, first));
-        }
-    }
-    Err(format!("the release of step {step} ended without its last chunk").into())
-}
-
 /// A running accountant: its client (acting as the one rank of the job, through `capability`),
 /// stop switch and task.
 pub(crate) struct Running {
@@ -273,7 +312,7 @@ pub(crate) struct Running {
 /// An accountant in this process over a ledger in `dir`, written by `writer`, under `policy`,
 /// and a client with the unsigned capability of rank 0 (as a coordinator without keys would
 /// issue it).
-pub(crate) async fn start(dir: &Path, writer: Writer, policy: Policy) -> Result<Running, BenchError> {
+pub(crate) async fn start(dir: &Path, writer: Writer, policy: Policy, local: bool) -> Result<Running, BenchError> {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = grpc.local_addr()?;
@@ -286,12 +325,13 @@ pub(crate) async fn start(dir: &Path, writer: Writer, policy: Policy) -> Result<
         }
     };
     let secured = ServerSecurity::default().server(addr)?;
+    let local = local.then(|| LocalSetup { path: dir.with_extension("sock"), credentials: Default::default() });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stopped.await;
         };
-        let setup = Setup { ledger, policy, capabilities: Capabilities::new(None) };
+        let setup = Setup { ledger, policy, capabilities: Capabilities::new(None), local };
         server::serve(dpcap_serve::Listeners { grpc, metrics, tls: false }, secured, setup, shutdown).await
     });
     let capability = CapabilityCell::new(Capabilities::new(None).issue(&rank_capability()));
@@ -367,8 +407,17 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
     let noise_wait = Duration::from_secs_f64(dim as f64 / noise_rate * 1.2 + 0.5);
 
     let policy = Policy { allow_unbudgeted_datasets: true, ..Default::default() };
-    let Running { client, stop, task, .. } = start(dir, opts.writer, policy).await?;
+    let Running { mut client, stop, task, .. } =
+        start(dir, opts.writer, policy, opts.transport == Transport::Local).await?;
     register(&client, opts).await?;
+    if opts.transport == Transport::Local {
+        match client.use_local().await? {
+            LocalChoice::Chosen(_) => {}
+            refused => return Err(format!("the same-host socket was not chosen: {refused:?}").into()),
+        }
+    }
+    // The rank's buffer for the release, reused from step to step as a worker's is.
+    let mut release = Vec::new();
     let part = floats::into_bytes((0..dim).map(|i| (i % 1013) as f32 * 1e-4).collect());
     let (mut times, mut firsts, mut stores, mut cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let warmup = opts.warmup;
@@ -387,11 +436,12 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
                 submitter.submit_bytes("scale", PartKey { step, part: 0, attempt: 0 }, &grant, part.clone()).await;
             (submitted, started.elapsed().as_secs_f64())
         };
-        let ((submitted, stored_s), fetched) = tokio::join!(submit, fetch_timed(&mut fetcher, step));
+        let fetch = fetcher.fetch_release_into("scale", step, &mut release);
+        let ((submitted, stored_s), fetched) = tokio::join!(submit, fetch);
         submitted?;
-        let (values, first) = fetched?;
-        if values != dim {
-            return Err(format!("release of {values} values, expected {dim}").into());
+        let first = fetched?.first_data;
+        if release.len() != dim {
+            return Err(format!("release of {} values, expected {dim}", release.len()).into());
         }
         if step < warmup {
             continue;

@@ -1,10 +1,11 @@
-//! What one release costs: CPU-seconds per GB of gradient released through a real accountant on
-//! loopback (one rank, noise drawn ahead), and each phase alone, side by side in one run.
-//! Run: `cargo bench -p dpcap-accountant --features bench --bench release` (P from `PARAMS`, default 50M; timed
-//! releases from `STEPS`, untimed ones first from `WARMUP`; `dpctl bench scale` runs the same
-//! at the paper's P = 190M).
+//! What one release costs: CPU-seconds per GB of gradient released through a real accountant
+//! (one rank, noise drawn ahead), over the same-host socket and over gRPC on loopback, each
+//! phase alone, and one memcpy of the same bytes, side by side in one run.
+//! Run: `cargo bench -p dpcap-accountant --features bench --bench release` (P from `PARAMS`,
+//! default 50M; timed releases from `STEPS`, default 5, untimed ones first from `WARMUP`;
+//! `dpctl bench scale` runs the same at the paper's P = 190M).
 
-use dpcap_accountant::cost::{self, CostOptions, Writer};
+use dpcap_accountant::cost::{self, CostOptions, Transport, Writer};
 use dpcap_privacy::recipes::DP_CAP;
 
 fn env_or(name: &str, default: u64) -> u64 {
@@ -15,30 +16,45 @@ fn env_or(name: &str, default: u64) -> u64 {
 async fn main() -> Result<(), cost::BenchError> {
     let params = env_or("PARAMS", 50_000_000);
     let dir = tempfile::tempdir()?;
-    let opts = CostOptions {
+    let mut opts = CostOptions {
         params,
         examples: DP_CAP.examples,
         batch: DP_CAP.batch,
-        steps: env_or("STEPS", 3),
+        steps: env_or("STEPS", 5),
         warmup: env_or("WARMUP", cost::WARMUP_STEPS),
         writer: Writer::Synced,
+        transport: Transport::Local,
     };
-    let release = cost::measure(&opts, &dir.path().join("release")).await?;
+    let local = cost::measure(&opts, &dir.path().join("local")).await?;
+    opts.transport = Transport::Grpc;
+    let grpc = cost::measure(&opts, &dir.path().join("grpc")).await?;
     let parts = cost::breakdown(usize::try_from(params)?, &dir.path().join("breakdown")).await?;
+    let copy = cost::memcpy_reference(usize::try_from(params)?);
     println!(
-        "release of P = {params} f32 ({:.2} GB), W = 1, median of {} steps",
+        "release of P = {params} f32 ({:.2} GB), W = 1, median of {} steps after {} untimed",
         4.0 * params as f64 / 1e9,
-        opts.steps
+        opts.steps,
+        opts.warmup
+    );
+    println!("                               same-host    grpc");
+    let row = |name: &str, a: f64, b: f64| println!("  {name:<28} {a:>9.3} {b:>7.3}");
+    row("wall s", local.release_s, grpc.release_s);
+    row("first data s", local.release_first_chunk_s, grpc.release_first_chunk_s);
+    row("stored s", local.release_stored_s, grpc.release_stored_s);
+    row("CPU-s per GB released", local.release_cpu_s_per_gb, grpc.release_cpu_s_per_gb);
+    row("  check", parts.check_in_place_cpu_s_per_gb, parts.check_cpu_s_per_gb);
+    row("  noise add", parts.noise_add_cpu_s_per_gb, parts.noise_add_cpu_s_per_gb);
+    row("  encode", 0.0, parts.encode_cpu_s_per_gb);
+    row("  store (write, fsync)", parts.store_cpu_s_per_gb, parts.store_cpu_s_per_gb);
+    row(
+        "  transport and the rest",
+        parts.transport_cpu_s_per_gb(&local, Transport::Local),
+        parts.transport_cpu_s_per_gb(&grpc, Transport::Grpc),
     );
     println!(
-        "  wall {:.3} s, first chunk {:.3} s, stored {:.3} s",
-        release.release_s, release.release_first_chunk_s, release.release_stored_s
+        "  memcpy: {:.2} GB/s, {:.3} CPU-s per GB (one core)",
+        copy.memcpy_bytes_per_s / 1e9,
+        copy.memcpy_cpu_s_per_gb
     );
-    println!("  CPU-s per GB released      {:>6.3}", release.release_cpu_s_per_gb);
-    println!("    check (copy, finite, hash) {:>4.3}", parts.check_cpu_s_per_gb);
-    println!("    noise add                {:>6.3}", parts.noise_add_cpu_s_per_gb);
-    println!("    encode                   {:>6.3}", parts.encode_cpu_s_per_gb);
-    println!("    store (write, fsync)     {:>6.3}", parts.store_cpu_s_per_gb);
-    println!("    transport and the rest   {:>6.3}", parts.transport_cpu_s_per_gb(&release));
     Ok(())
 }

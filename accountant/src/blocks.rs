@@ -89,7 +89,8 @@ pub struct Filler {
     total: usize,
     /// Values in blocks already handed on.
     sealed: usize,
-    /// The block being filled and the values written into it.
+    /// The block being filled and the bytes written into it (a read from a socket may end
+    /// inside a value).
     open: Option<(Block, usize)>,
 }
 
@@ -101,7 +102,33 @@ impl Filler {
 
     /// Values received so far.
     pub fn received(&self) -> usize {
-        self.sealed + self.open.as_ref().map_or(0, |(_, n)| *n)
+        self.sealed + self.open.as_ref().map_or(0, |(_, n)| *n / 4)
+    }
+
+    /// The open block's bytes not yet written (a new block's, when none is open); empty once
+    /// all `total` values are in. A reader writes a prefix of them, then [`Self::advance`]s.
+    pub fn spare(&mut self) -> &mut [u8] {
+        if self.open.is_none() && self.sealed < self.total {
+            let left = self.total - self.sealed;
+            self.open = Some((self.pool.block(left.min(self.pool.values)), 0));
+        }
+        match &mut self.open {
+            Some((block, written)) => &mut bytemuck::cast_slice_mut::<f32, u8>(block.values_mut())[*written..],
+            None => &mut [],
+        }
+    }
+
+    /// `bytes` more of [`Self::spare`] were written; hands the block to `full` if it filled.
+    pub fn advance<E>(&mut self, bytes: usize, full: impl FnOnce(Bytes) -> Result<(), E>) -> Result<(), E> {
+        let Some((block, written)) = &mut self.open else { return Ok(()) };
+        *written = (*written + bytes).min(4 * block.len);
+        if *written == 4 * block.len
+            && let Some((block, written)) = self.open.take()
+        {
+            self.sealed += written / 4;
+            full(block.into_bytes())?;
+        }
+        Ok(())
     }
 
     /// Copies `data` (little-endian f32, whole values; the caller has checked that they fit in
@@ -109,19 +136,11 @@ impl Filler {
     pub fn fill<E>(&mut self, mut data: &[u8], mut full: impl FnMut(Bytes) -> Result<(), E>) -> Result<(), E> {
         debug_assert!(self.received() + data.len() / 4 <= self.total, "checked by the caller");
         while data.len() >= 4 && self.received() < self.total {
-            let (pool, left) = (&self.pool, self.total - self.sealed);
-            let (block, written) = self.open.get_or_insert_with(|| (pool.block(left.min(pool.values)), 0));
-            let values = block.values_mut();
-            let take = (values.len() - *written).min(data.len() / 4);
-            bytemuck::cast_slice_mut::<f32, u8>(&mut values[*written..*written + take])
-                .copy_from_slice(&data[..4 * take]);
-            (*written, data) = (*written + take, &data[4 * take..]);
-            if *written == values.len()
-                && let Some((block, written)) = self.open.take()
-            {
-                self.sealed += written;
-                full(block.into_bytes())?;
-            }
+            let spare = self.spare();
+            let take = spare.len().min(data.len()) / 4 * 4;
+            spare[..take].copy_from_slice(&data[..take]);
+            data = &data[take..];
+            self.advance(take, &mut full)?;
         }
         Ok(())
     }
@@ -232,6 +251,31 @@ mod tests {
             assert!(blocks.iter().all(|b| b.as_ptr().align_offset(ALIGN) == 0));
             assert_eq!(blocks.concat(), data, "chunks of {chunk}");
         }
+    }
+
+    #[test]
+    fn reads_into_the_spare_bytes_fill_the_same_blocks_even_when_they_end_inside_a_value() {
+        let pool = BlockPool::new(1000);
+        let data: Vec<u8> = (0..2500 * 4).map(|i| (i % 251) as u8).collect();
+        let (mut filler, mut blocks, mut at) = (Filler::new(&pool, 2500), Vec::new(), 0);
+        for read in [3, 1, 4097, 6, 9999, 7].iter().cycle() {
+            let spare = filler.spare();
+            if spare.is_empty() {
+                break;
+            }
+            let n = (*read).min(spare.len());
+            spare[..n].copy_from_slice(&data[at..at + n]);
+            at += n;
+            filler
+                .advance(n, |b| {
+                    blocks.push(b);
+                    Ok::<_, ()>(())
+                })
+                .unwrap();
+        }
+        assert_eq!((at, filler.received()), (data.len(), 2500));
+        assert_eq!(blocks.iter().map(Bytes::len).collect::<Vec<_>>(), [4000, 4000, 2000]);
+        assert_eq!(blocks.concat(), data);
     }
 
     #[test]

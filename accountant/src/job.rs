@@ -303,6 +303,20 @@ impl Job {
     }
 }
 
+/// Keeps a filled block of the part: refused unless every value is finite; hashed, and its
+/// squares added to the part's.
+fn take_block(
+    block: bytes::Bytes,
+    values: &mut Chunks,
+    hasher: &mut Xxh3,
+    squares: &mut f64,
+) -> Result<(), AccountantError> {
+    *squares += floats::check_finite(&block, values.len() as u64)?.squares;
+    hasher.update(&block);
+    values.push(block);
+    Ok(())
+}
+
 impl PartAssembler {
     /// Starts part `part` of `step` of `job`, computed by the group of `attempt`, to be held in
     /// blocks of `blocks`.
@@ -379,13 +393,22 @@ impl PartAssembler {
             ));
         }
         let (values, hasher, squares) = (&mut self.values, &mut self.hasher, &mut self.squares);
-        self.filler.fill(&data, |block| {
-            *squares += floats::check_finite(&block, values.len() as u64)?.squares;
-            hasher.update(&block);
-            values.push(block);
-            Ok::<(), AccountantError>(())
-        })?;
+        self.filler.fill(&data, |block| take_block(block, values, hasher, squares))?;
         // Cut off as soon as the rank's share is passed: nothing more of it is held.
+        self.check_clipped()
+    }
+
+    /// The bytes the part's next values go to, read in place from a socket (the same-host
+    /// path): empty once all P values are in.
+    pub fn spare(&mut self) -> &mut [u8] {
+        self.filler.spare()
+    }
+
+    /// `bytes` more of [`Self::spare`] hold the part's next bytes: each block that fills is
+    /// checked (finite, hashed, its squares summed) exactly as a pushed chunk's.
+    pub fn advance(&mut self, bytes: usize) -> Result<(), AccountantError> {
+        let (values, hasher, squares) = (&mut self.values, &mut self.hasher, &mut self.squares);
+        self.filler.advance(bytes, |block| take_block(block, values, hasher, squares))?;
         self.check_clipped()
     }
 

@@ -37,6 +37,11 @@ struct Args {
     /// go, nothing charged; the rank's retry sends the part again).
     #[arg(long, env = "DPCAP_PART_IDLE_SECONDS", default_value_t = dpcap_accountant::DEFAULT_PART_IDLE.as_secs())]
     part_idle_seconds: u64,
+    /// Serve ranks on this host their parts and releases over a Unix socket at this path as
+    /// well (same checks, about half the CPU of gRPC per GB; docs/grpc.md). Ranks use it only
+    /// when they share this host's kernel and reach the path; others keep to gRPC.
+    #[arg(long, env = "DPCAP_LOCAL_SOCKET")]
+    local_socket: Option<PathBuf>,
     /// Write {"grpc": ADDR, "metrics": ADDR} here once both ports are bound.
     #[arg(long)]
     addr_file: Option<PathBuf>,
@@ -54,7 +59,8 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_tracing(args.log_json);
     let server = args.security.server(args.listen)?;
-    let auth_on = !args.security.auth.credentials()?.is_empty();
+    let credentials = std::sync::Arc::new(args.security.auth.credentials()?);
+    let auth_on = !credentials.is_empty();
     let capabilities = args.capability.capabilities(auth_on)?;
 
     let grpc = TcpListener::bind(args.listen).await.with_context(|| format!("binding --listen {}", args.listen))?;
@@ -74,7 +80,8 @@ async fn main() -> anyhow::Result<()> {
         noise_ahead_bytes: args.noise_ahead_bytes,
         part_idle: std::time::Duration::from_secs(args.part_idle_seconds.max(1)),
     };
-    let setup = dpcap_accountant::Setup { ledger, policy, capabilities };
+    let local = args.local_socket.map(|path| dpcap_accountant::LocalSetup { path, credentials });
+    let setup = dpcap_accountant::Setup { ledger, policy, capabilities, local };
     let listeners = dpcap_serve::Listeners { grpc, metrics, tls: args.security.tls_on() };
     dpcap_accountant::serve(listeners, server, setup, shutdown_signal()).await?;
     Ok(())

@@ -39,6 +39,14 @@ pub fn install() -> PrometheusHandle {
                 metrics::Unit::Seconds,
                 "Seconds from a step's first part to its release."
             );
+            metrics::describe_counter!(
+                "dpcap_transfers_total",
+                "Parts taken in and releases served in full, by call (part, release) and transport (grpc, or \
+                 local: the same-host socket)."
+            );
+            for (call, transport) in TRANSFERS {
+                metrics::counter!("dpcap_transfers_total", "call" => call, "transport" => transport).increment(0);
+            }
             metrics::describe_gauge!("dpcap_build_info", "Build information; always 1.");
             metrics::describe_gauge!(
                 "dpcap_audit_epsilon_lower_bound",
@@ -72,6 +80,14 @@ pub fn record_audit(job_id: &str, bound: f64, new_violation: bool) {
     if new_violation {
         metrics::counter!("dpcap_audit_violations_total").increment(1);
     }
+}
+
+/// The series of `dpcap_transfers_total`, each present from the start.
+const TRANSFERS: [(&str, &str); 4] = [("part", "grpc"), ("part", "local"), ("release", "grpc"), ("release", "local")];
+
+/// Counts a part taken in or a release served in full (`call`) over `transport`.
+pub fn record_transfer(call: &'static str, transport: &'static str) {
+    metrics::counter!("dpcap_transfers_total", "call" => call, "transport" => transport).increment(1);
 }
 
 /// Observes one release's duration.

@@ -12,6 +12,7 @@ use tonic_health::ServingStatus;
 use crate::core::{Accountant, Policy};
 use crate::error::AccountantError;
 use crate::ledger::Ledger;
+use crate::local::{self, LocalError, LocalSetup};
 use crate::service::AccountantGrpc;
 use crate::{exposition, metrics};
 
@@ -28,6 +29,8 @@ pub struct Setup {
     pub policy: Policy,
     /// Capability verification (signed whenever tokens are set).
     pub capabilities: dpcap_serve::Capabilities,
+    /// The same-host socket, when one is served (`--local-socket`).
+    pub local: Option<LocalSetup>,
 }
 
 /// Why the server could not run.
@@ -45,6 +48,9 @@ pub enum ServeError {
     /// Reflection could not be built from the descriptor sets.
     #[error("reflection setup failed: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The same-host socket could not be served.
+    #[error(transparent)]
+    Local(#[from] LocalError),
 }
 
 /// Opens the ledger at a directory or URL (see [`dpcap_serve::open_store`]).
@@ -65,20 +71,34 @@ pub async fn serve(
     setup: Setup,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let Setup { ledger, policy, capabilities } = setup;
+    let Setup { ledger, policy, capabilities, local: same_host } = setup;
     let accountant = Arc::new(Accountant::new(ledger, policy));
     let handle = metrics::install();
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_service_status("", ServingStatus::NotServing).await;
     health.set_not_serving::<AccountantServiceServer<AccountantGrpc>>().await;
     let (reflection_v1, reflection_v1alpha) = dpcap_proto::reflection::services(&["dpcap.v1.AccountantService"])?;
-    let service = AccountantServiceServer::new(AccountantGrpc::new(accountant.clone(), capabilities))
+    let mut grpc_service = AccountantGrpc::new(accountant.clone(), capabilities);
+    // The socket is bound before the port serves, so that no rank is told of it before it exists.
+    let same_host = match same_host {
+        Some(LocalSetup { path, credentials }) => {
+            let endpoint = local::endpoint(&path);
+            grpc_service = grpc_service.with_local(endpoint.clone());
+            tracing::info!(socket = %path.display(), "same-host socket for parts and releases");
+            Some((local::bind(&path)?, credentials, endpoint.instance))
+        }
+        None => None,
+    };
+    let service = AccountantServiceServer::new(grpc_service.clone())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
     let draining = accountant.clone();
     let services = &[<AccountantServiceServer<AccountantGrpc> as tonic::server::NamedService>::NAME];
     let stopped = dpcap_serve::drain::on_shutdown(shutdown, health.clone(), services, move || draining.begin_drain());
+    if let Some((listener, credentials, instance)) = same_host {
+        tokio::spawn(local::serve(listener, grpc_service, credentials, instance, stopped.wait()));
+    }
     tokio::spawn(exposition::serve(metrics_listener, handle, accountant.clone(), stopped.wait()));
     // Budgets' standings for the metrics, composed as charges touch them; ends with the server.
     let standings = tokio::spawn(accountant.clone().keep_standings());

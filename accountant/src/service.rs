@@ -11,8 +11,8 @@ use dpcap_proto::v1::accountant_service_server::AccountantService;
 use dpcap_proto::v1::{
     self as pb, AttachJobRequest, AuditJobRequest, AuditReport, CloseJobRequest, EstimateRequest, EstimateResponse,
     FenceJobRequest, FetchReleaseRequest, GetDatasetBudgetRequest, GetSpendRequest, GradientChunk, JobSpend,
-    RegisterJobRequest, RegisterJobResponse, ReleaseChunk, SetDatasetBudgetRequest, SubmitPartResponse,
-    TrimReleasesRequest,
+    LocalEndpoint, LocalEndpointRequest, RegisterJobRequest, RegisterJobResponse, ReleaseChunk,
+    SetDatasetBudgetRequest, SubmitPartResponse, TrimReleasesRequest,
 };
 use dpcap_serve::capability::{Capabilities, Capability, CapabilityError, StepGrant, now_unix_ms};
 use futures::{Stream, StreamExt};
@@ -24,9 +24,10 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::core::{Accountant, DatasetView};
 use crate::datasets::BudgetSetting;
 use crate::error::AccountantError;
-use crate::job::{Attempt, Job, MAX_ATTEMPT, PartAssembler, Phase};
+use crate::job::{Attempt, Job, MAX_ATTEMPT, Part, PartAssembler, Phase, StreamSlot};
 use crate::privacy::{self, AccountantKind, EpsilonCurve};
 use crate::records::{BudgetKey, Registration};
+use crate::release::Release;
 
 /// Default values per release chunk: 1048576 f32 = 4 MiB, half the 8 MiB message limit
 /// ([`dpcap_proto::client::MAX_MESSAGE_BYTES`]): few messages, each a zero-copy slice.
@@ -39,18 +40,38 @@ pub const MAX_CHUNK_VALUES: usize = 3 << 19;
 pub struct AccountantGrpc {
     accountant: Arc<Accountant>,
     capabilities: Capabilities,
+    /// The same-host socket this accountant offers (GetLocalEndpoint), if any.
+    local: LocalEndpoint,
+}
+
+/// A part whose header passed every check, ready for its bytes: its job, its assembler, and
+/// its stream's slot (a newer stream of the same part supersedes it).
+pub(crate) struct OpenPart {
+    pub(crate) job: Arc<Job>,
+    pub(crate) assembler: PartAssembler,
+    pub(crate) slot: StreamSlot,
+}
+
+/// The capability text a gRPC call carries ("" without one).
+fn capability_text(metadata: &MetadataMap) -> &str {
+    metadata.get(CAPABILITY_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default()
 }
 
 impl AccountantGrpc {
     /// Serves `accountant`, accepting capabilities `capabilities` verifies.
     pub fn new(accountant: Arc<Accountant>, capabilities: Capabilities) -> Self {
-        Self { accountant, capabilities }
+        Self { accountant, capabilities, local: LocalEndpoint::default() }
+    }
+
+    /// Offers the same-host socket `local` to the ranks that ask.
+    pub fn with_local(mut self, local: LocalEndpoint) -> Self {
+        self.local = local;
+        self
     }
 
     /// The capability `request` carries, verified and scoped to `job` and its newest generation.
     async fn capability(&self, metadata: &MetadataMap, job: &Job) -> Result<Capability, AccountantError> {
-        let text = metadata.get(CAPABILITY_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
-        self.verify(text, job).await
+        self.verify(capability_text(metadata), job).await
     }
 
     /// A capability's text, verified (signature, expiry) and scoped to `job`, a generation it
@@ -84,12 +105,12 @@ impl AccountantGrpc {
     /// call's), which must state this step and the units the coordinator sampled for it.
     async fn part_capability(
         &self,
-        metadata: &MetadataMap,
+        call_capability: &str,
         first: &GradientChunk,
         job: &Job,
     ) -> Result<(Capability, StepGrant), AccountantError> {
         let capability = match first.step_capability.is_empty() {
-            true => self.capability(metadata, job).await?,
+            true => self.verify(call_capability, job).await?,
             false => self.verify(&first.step_capability, job).await?,
         };
         let scope = |reason: String| CapabilityError::OutOfScope {
@@ -113,6 +134,99 @@ impl AccountantGrpc {
             .into()),
         }
     }
+
+    /// Checks a part's first chunk (or the same-host header) and its capability, before a byte
+    /// of the part is kept: nothing is charged on a part refused here.
+    pub(crate) async fn open_part(
+        &self,
+        call_capability: &str,
+        first: &GradientChunk,
+    ) -> Result<OpenPart, AccountantError> {
+        let job = self.accountant.job(&first.job_id)?;
+        let (capability, grant) = self.part_capability(call_capability, first, &job).await?;
+        let attempt = Attempt {
+            generation: first.attempt,
+            parts: capability.parts,
+            group: capability.group,
+            sampled: grant.sampled,
+            units: grant.units,
+        };
+        let slot = job.open_stream(first.part);
+        let assembler = PartAssembler::new(&job, first.step, first.part, attempt, &self.accountant.blocks)?;
+        Ok(OpenPart { job, assembler, slot })
+    }
+
+    /// How long a part stream may wait for its next bytes.
+    pub(crate) fn part_idle(&self) -> std::time::Duration {
+        self.accountant.policy.part_idle
+    }
+
+    /// Charges and releases a complete part's step once all its parts are in.
+    pub(crate) async fn release_part(&self, job: &Arc<Job>, part: Part) -> Result<SubmitPartResponse, AccountantError> {
+        let (step, part_index) = (part.step, part.part);
+        // The release (charge, noise, stored release, progress) must run to its end even if the
+        // client goes away mid-call: tonic drops a cancelled handler's future, which would leave
+        // a durable charge without its release and a ledger position that never moved. A task
+        // of its own is not dropped with the request.
+        let (accountant, for_task) = (self.accountant.clone(), job.clone());
+        let outcome = tokio::spawn(async move { accountant.submit_part(&for_task, part).await })
+            .await
+            .map_err(|source| AccountantError::Task { what: "part", source })?
+            .inspect_err(|e| {
+                tracing::warn!(job_id = %job.registration.job_id, step, part = part_index, error = %e, "part refused");
+            })?;
+        Ok(SubmitPartResponse {
+            job_id: job.registration.job_id.clone(),
+            step,
+            parts_received: outcome.received,
+            parts_expected: outcome.expected,
+            released: outcome.released,
+            accepted_new: outcome.accepted_new,
+        })
+    }
+
+    /// The release of `step` of `job_id` once it exists, for a rank whose capability admits it.
+    pub(crate) async fn release_of(
+        &self,
+        job_id: &str,
+        call_capability: &str,
+        step: u64,
+    ) -> Result<(Arc<Job>, Arc<Release>), AccountantError> {
+        let job = self.accountant.job(job_id)?;
+        let capability = self.verify(call_capability, &job).await?;
+        let release = self.accountant.wait_release(&job, step, capability.generation).await?;
+        Ok((job, release))
+    }
+}
+
+/// A part stream cut off before its end (`limit` names what cut it).
+pub(crate) fn cut_off(job: &Job, part: u32, limit: &'static str, reason: String) -> AccountantError {
+    AccountantError::PartStream { job_id: job.registration.job_id.clone(), part, limit, reason }
+}
+
+/// A part stream that sent nothing for `idle`.
+pub(crate) fn idle_cut(job: &Job, part: u32, idle: std::time::Duration) -> AccountantError {
+    cut_off(job, part, "part_idle", format!("no chunk for {} s (--part-idle-seconds)", idle.as_secs()))
+}
+
+/// A part stream a newer stream of the same part replaced.
+pub(crate) fn superseded(job: &Job, part: u32) -> AccountantError {
+    cut_off(job, part, "one_stream_per_part", "a newer stream of the same part took its place".into())
+}
+
+/// The release's spend, sent with its first bytes.
+pub(crate) fn release_spend(job: &Job, release: &Release) -> JobSpend {
+    JobSpend { epsilon_spent: release.epsilon_after, ..spend(job) }
+}
+
+/// A release that could not be stored: its step stays spent and is never released.
+pub(crate) fn release_lost(job: &Job, step: u64) -> AccountantError {
+    AccountantError::refused(
+        &job.registration.job_id,
+        step,
+        dpcap_proto::ErrorCode::ReleaseDiscarded,
+        "the release could not be stored; the step is discarded (stays spent)",
+    )
 }
 
 fn registration_from_proto(request: RegisterJobRequest) -> Result<Registration, AccountantError> {
@@ -204,64 +318,25 @@ impl AccountantService for AccountantGrpc {
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("invalid values: the part stream is empty"))?;
-        let job = self.accountant.job(&first.job_id).map_err(to_status)?;
-        // The capability decides before a byte of the part is kept: nothing is charged on it.
-        let (capability, grant) = self.part_capability(&metadata, &first, &job).await.map_err(to_status)?;
-        let attempt = Attempt {
-            generation: first.attempt,
-            parts: capability.parts,
-            group: capability.group,
-            sampled: grant.sampled,
-            units: grant.units,
-        };
-        let slot = job.open_stream(first.part);
-        let mut assembler =
-            PartAssembler::new(&job, first.step, first.part, attempt, &self.accountant.blocks).map_err(to_status)?;
-        let (idle, part_no) = (self.accountant.policy.part_idle, first.part);
+        let OpenPart { job, mut assembler, slot } =
+            self.open_part(capability_text(&metadata), &first).await.map_err(to_status)?;
+        let (idle, part_no) = (self.part_idle(), first.part);
         let mut next = Some(first);
         while let Some(chunk) = next {
             assembler.push(&chunk.job_id, chunk.step, chunk.part, chunk.offset, chunk.data).map_err(to_status)?;
             next = tokio::select! {
                 read = tokio::time::timeout(idle, chunks.message()) => match read {
                     Ok(read) => read?,
-                    Err(_) => return Err(to_status(AccountantError::PartStream {
-                        job_id: job.registration.job_id.clone(),
-                        part: part_no,
-                        limit: "part_idle",
-                        reason: format!("no chunk for {} s (--part-idle-seconds)", idle.as_secs()),
-                    })),
+                    Err(_) => return Err(to_status(idle_cut(&job, part_no, idle))),
                 },
-                () = slot.superseded() => return Err(to_status(AccountantError::PartStream {
-                    job_id: job.registration.job_id.clone(),
-                    part: part_no,
-                    limit: "one_stream_per_part",
-                    reason: "a newer stream of the same part took its place".into(),
-                })),
+                () = slot.superseded() => return Err(to_status(superseded(&job, part_no))),
             };
         }
         drop(slot);
         let part = assembler.finish().map_err(to_status)?;
-        let (step, part_index) = (part.step, part.part);
-        // The release (charge, noise, stored release, progress) must run to its end even if the
-        // client goes away mid-call: tonic drops a cancelled handler's future, which would leave
-        // a durable charge without its release and a ledger position that never moved. A task
-        // of its own is not dropped with the request.
-        let (accountant, for_task) = (self.accountant.clone(), job.clone());
-        let outcome = tokio::spawn(async move { accountant.submit_part(&for_task, part).await })
-            .await
-            .map_err(|source| to_status(AccountantError::Task { what: "part", source }))?
-            .map_err(|e| {
-                tracing::warn!(job_id = %job.registration.job_id, step, part = part_index, error = %e, "part refused");
-                to_status(e)
-            })?;
-        Ok(Response::new(SubmitPartResponse {
-            job_id: job.registration.job_id.clone(),
-            step,
-            parts_received: outcome.received,
-            parts_expected: outcome.expected,
-            released: outcome.released,
-            accepted_new: outcome.accepted_new,
-        }))
+        let response = self.release_part(&job, part).await.map_err(to_status)?;
+        crate::metrics::record_transfer("part", "grpc");
+        Ok(Response::new(response))
     }
 
     type FetchReleaseStream = ReleaseStream;
@@ -270,8 +345,7 @@ impl AccountantService for AccountantGrpc {
         &self,
         request: Request<FetchReleaseRequest>,
     ) -> Result<Response<Self::FetchReleaseStream>, Status> {
-        let job = self.accountant.job(&request.get_ref().job_id).map_err(to_status)?;
-        let capability = self.capability(request.metadata(), &job).await.map_err(to_status)?;
+        let call_capability = capability_text(request.metadata()).to_owned();
         let request = request.into_inner();
         let chunk_values = match request.chunk_values as usize {
             0 => DEFAULT_CHUNK_VALUES,
@@ -283,19 +357,12 @@ impl AccountantService for AccountantGrpc {
                 )));
             }
         };
-        let release =
-            self.accountant.wait_release(&job, request.step, capability.generation).await.map_err(to_status)?;
+        let (job, release) =
+            self.release_of(&request.job_id, &call_capability, request.step).await.map_err(to_status)?;
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
-            let mut first_spend = Some(JobSpend { epsilon_spent: release.epsilon_after, ..spend(&job) });
-            let lost = || {
-                to_status(AccountantError::refused(
-                    &job.registration.job_id,
-                    release.step,
-                    dpcap_proto::ErrorCode::ReleaseDiscarded,
-                    "the release could not be stored; the step is discarded (stays spent)",
-                ))
-            };
+            let mut first_spend = Some(release_spend(&job, &release));
+            let lost = || to_status(release_lost(&job, release.step));
             let (chunk_bytes, total) = (chunk_values * 4, release.len());
             let mut offset = 0;
             // Blocks stream as the noise pass fills them.
@@ -321,14 +388,25 @@ impl AccountantService for AccountantGrpc {
                         spend: first_spend.take(),
                         last,
                     };
-                    if tx.send(Ok(chunk)).await.is_err() || last {
-                        return; // done, or the client went away (the release stays for its retry)
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        return; // the client went away (the release stays for its retry)
+                    }
+                    if last {
+                        crate::metrics::record_transfer("release", "grpc");
+                        return;
                     }
                     offset = end;
                 }
             }
         });
         Ok(Response::new(ReceiverStream::new(rx).boxed()))
+    }
+
+    async fn get_local_endpoint(
+        &self,
+        _request: Request<LocalEndpointRequest>,
+    ) -> Result<Response<LocalEndpoint>, Status> {
+        Ok(Response::new(self.local.clone()))
     }
 
     async fn audit_job(&self, request: Request<AuditJobRequest>) -> Result<Response<AuditReport>, Status> {

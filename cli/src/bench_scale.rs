@@ -2,14 +2,16 @@
 //! A compact index for N = 233,804,767 examples in 23,381 shards (tables encoded from a
 //! synthetic tar layout; no images), the coordinator's view of it (manifest → layout), a
 //! Poisson sample of L = 1,310,720, its split into work units for 128 ranks as encoded
-//! `StepWork` messages, and one release of P = 190,042,170 gradient coordinates through a real
-//! accountant on loopback, with noise drawn ahead as in production.
+//! `StepWork` messages, and releases of P = 190,042,170 gradient coordinates through a real
+//! accountant, with noise drawn ahead as in production: over the same-host socket (what a rank
+//! on the accountant's host uses) and over gRPC on loopback (a rank on another host), each
+//! phase alone, and one memcpy of the same bytes for reference.
 
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use dpcap_accountant::cost::{self, Breakdown, CostOptions, ReleaseCost, Writer, rss_bytes};
+use dpcap_accountant::cost::{self, Breakdown, CopyReference, CostOptions, ReleaseCost, Transport, Writer, rss_bytes};
 use dpcap_coordinator::example_units;
 use dpcap_coordinator::{JobSecret, PoissonSampler, split_work, step_work};
 use dpcap_dataset::index::ImageKind;
@@ -46,13 +48,16 @@ pub struct ScaleBench {
     /// Gradient coordinates P.
     #[arg(long, default_value_t = PAPER_PARAMS)]
     params: u64,
-    /// Released steps timed (the median is reported).
-    #[arg(long, default_value_t = 3)]
+    /// Released steps timed on each transport (the median is reported).
+    #[arg(long, default_value_t = 5)]
     release_steps: u64,
     /// Releases run before the timed ones, untimed: a running job reuses its first steps'
     /// memory, and the timed releases should cost what a running job's do.
     #[arg(long, default_value_t = cost::WARMUP_STEPS)]
     release_warmup: u64,
+    /// Also time the release stored by object_store's multipart writer (over gRPC).
+    #[arg(long)]
+    multipart: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -118,9 +123,23 @@ fn build_manifest(opts: &ScaleBench) -> Manifest {
     }
 }
 
-/// The release at size P through a real accountant (the production writer, then object_store's
-/// multipart writer side by side), and each of its phases alone.
-async fn release_costs(opts: &ScaleBench) -> Result<(ReleaseCost, ReleaseCost, Breakdown)> {
+/// What the release costs at size P.
+struct ReleaseCosts {
+    /// Over the same-host socket, stored by the production writer.
+    local: ReleaseCost,
+    /// Over gRPC on loopback, the same writer.
+    grpc: ReleaseCost,
+    /// Over gRPC, stored by object_store's multipart writer (`--multipart`).
+    multipart: Option<ReleaseCost>,
+    /// Each phase alone.
+    parts: Breakdown,
+    /// One memcpy of the release's bytes.
+    copy: CopyReference,
+}
+
+/// The release at size P through a real accountant on each transport (and the multipart
+/// writer when asked), each of its phases alone, and the memcpy reference.
+async fn release_costs(opts: &ScaleBench) -> Result<ReleaseCosts> {
     let dir = tempfile::tempdir()?;
     let mut cost = CostOptions {
         params: opts.params,
@@ -129,14 +148,51 @@ async fn release_costs(opts: &ScaleBench) -> Result<(ReleaseCost, ReleaseCost, B
         steps: opts.release_steps,
         warmup: opts.release_warmup,
         writer: Writer::Synced,
+        transport: Transport::Local,
     };
-    let release = cost::measure(&cost, &dir.path().join("synced")).await.map_err(|e| anyhow::anyhow!(e))?;
+    let measured = |e: cost::BenchError| anyhow::anyhow!(e);
+    let local = cost::measure(&cost, &dir.path().join("local")).await.map_err(measured)?;
+    cost.transport = Transport::Grpc;
+    let grpc = cost::measure(&cost, &dir.path().join("grpc")).await.map_err(measured)?;
     cost.writer = Writer::Multipart;
-    let multipart = cost::measure(&cost, &dir.path().join("multipart")).await.map_err(|e| anyhow::anyhow!(e))?;
-    let parts = cost::breakdown(usize::try_from(opts.params)?, &dir.path().join("breakdown"))
-        .await
-        .map_err(|e| anyhow::anyhow!(e))?;
-    Ok((release, multipart, parts))
+    let multipart = match opts.multipart {
+        true => Some(cost::measure(&cost, &dir.path().join("multipart")).await.map_err(measured)?),
+        false => None,
+    };
+    let params = usize::try_from(opts.params)?;
+    let parts = cost::breakdown(params, &dir.path().join("breakdown")).await.map_err(measured)?;
+    Ok(ReleaseCosts { local, grpc, multipart, parts, copy: cost::memcpy_reference(params) })
+}
+
+/// The release's keys: the same-host path's as `release_*` (a rank on this host takes it),
+/// gRPC's as `grpc_release_*`, the phases, the transports' remainders and the memcpy reference.
+fn release_report(costs: &ReleaseCosts, params: u64) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let ReleaseCosts { local, grpc, multipart, parts, copy } = costs;
+    let mut fields = serde_json::Map::new();
+    let prefixed = [
+        (serde_json::to_value(local)?, ""),
+        (serde_json::to_value(grpc)?, "grpc_"),
+        (serde_json::to_value(parts)?, "release_"),
+        (serde_json::to_value(copy)?, ""),
+    ];
+    for (value, prefix) in prefixed {
+        let serde_json::Value::Object(more) = value else { anyhow::bail!("costs serialise as objects") };
+        fields.extend(more.into_iter().map(|(key, value)| (format!("{prefix}{key}"), value)));
+    }
+    let gradient = 2.0 * 4.0 * params as f64;
+    fields.extend([
+        ("release_transport".into(), json!(Transport::Local)),
+        ("release_bytes_per_s".into(), json!(gradient / local.release_s)),
+        ("grpc_release_bytes_per_s".into(), json!(gradient / grpc.release_s)),
+        ("release_transport_cpu_s_per_gb".into(), json!(parts.transport_cpu_s_per_gb(local, Transport::Local))),
+        ("grpc_release_transport_cpu_s_per_gb".into(), json!(parts.transport_cpu_s_per_gb(grpc, Transport::Grpc))),
+        ("release_memcpy_multiple".into(), json!(local.release_cpu_s_per_gb / copy.memcpy_cpu_s_per_gb)),
+    ]);
+    if let Some(multipart) = multipart {
+        fields.insert("release_multipart_s".into(), json!(multipart.release_s));
+        fields.insert("release_multipart_first_chunk_s".into(), json!(multipart.release_first_chunk_s));
+    }
+    Ok(fields)
 }
 
 /// Runs the benchmark and prints its table (or JSON).
@@ -172,25 +228,17 @@ pub fn run(opts: ScaleBench) -> Result<()> {
     drop((parsed, counts, layout));
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let (release, multipart, parts) = runtime.block_on(release_costs(&opts))?;
-    let release_bytes_per_s = 2.0 * 4.0 * opts.params as f64 / release.release_s;
+    let costs = runtime.block_on(release_costs(&opts))?;
     let mut report = json!({
         "examples": opts.examples, "shards": opts.shards, "expected_batch": opts.batch, "sampled": sample.len(),
         "ranks": opts.ranks, "params": opts.params, "index_bytes": index_bytes,
         "index_bytes_per_example": index_bytes as f64 / opts.examples as f64, "index_build_s": build_s,
         "manifest_bytes": body.len(), "layout_rss_bytes": layout_rss_bytes, "sample_s": sample_s, "split_s": split_s,
         "max_stepwork_bytes": max_stepwork_bytes, "single_rank_stepwork_bytes": single_rank_bytes,
-        "stepwork_limit_bytes": dpcap_proto::MAX_WORK_MESSAGE_BYTES, "release_bytes_per_s": release_bytes_per_s,
-        "release_multipart_s": multipart.release_s, "release_multipart_first_chunk_s": multipart.release_first_chunk_s,
-        "release_transport_cpu_s_per_gb": parts.transport_cpu_s_per_gb(&release),
+        "stepwork_limit_bytes": dpcap_proto::MAX_WORK_MESSAGE_BYTES,
         "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
     });
-    let fields = report.as_object_mut().context("a JSON object")?;
-    // The release's own keys are named already; its phases get the `release_` prefix.
-    for (value, prefix) in [(serde_json::to_value(&release)?, ""), (serde_json::to_value(&parts)?, "release_")] {
-        let serde_json::Value::Object(more) = value else { anyhow::bail!("costs serialise as objects") };
-        fields.extend(more.into_iter().map(|(key, value)| (format!("{prefix}{key}"), value)));
-    }
+    report.as_object_mut().context("a JSON object")?.extend(release_report(&costs, opts.params)?);
     if opts.json {
         outln!("{report}");
     } else {

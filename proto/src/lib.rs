@@ -11,6 +11,7 @@ pub mod digest;
 mod error;
 pub mod floats;
 pub mod job;
+pub mod local;
 pub mod plan;
 pub mod reflection;
 pub mod retry;

@@ -64,6 +64,8 @@ pub const POLICY: &[(&str, &[Role])] = &[
     ("/dpcap.v1.AccountantService/AttachJob", &[Worker]),
     ("/dpcap.v1.AccountantService/SubmitPart", &[Worker]),
     ("/dpcap.v1.AccountantService/FetchRelease", &[Worker]),
+    // The same-host socket's path and identity: only a rank can use it.
+    ("/dpcap.v1.AccountantService/GetLocalEndpoint", &[Worker]),
     ("/dpcap.v1.AccountantService/GetSpend", &[Coordinator, Operator, Viewer, PrivacyAdmin]),
     ("/dpcap.v1.AccountantService/CloseJob", &[Coordinator]),
     // Revocation: only the coordinator, which forms and dissolves groups, fences them.

@@ -215,6 +215,9 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                 let request = FetchReleaseRequest { job_id: g.string(), step: g.u64(), chunk_values: g.u32() };
                 within(&what, async { accountant.fetch_release(request).await?.into_inner().message().await }).await
             }
+            "AccountantService/GetLocalEndpoint" => {
+                within(&what, accountant.get_local_endpoint(dpcap_proto::v1::LocalEndpointRequest {})).await
+            }
             "AccountantService/GetSpend" => {
                 within(&what, accountant.get_spend(GetSpendRequest { job_id: g.string() })).await
             }

@@ -204,6 +204,11 @@ impl Client {
         AccountantClient::lazy(endpoint, credentials)
     }
 
+    /// `capability` as text, signed as this client's capabilities are.
+    pub fn issue(&self, capability: &Capability) -> String {
+        self.issuer.issue(capability)
+    }
+
     /// The capability of `rank` of `job_id` in `generation` (or the newest seen).
     pub fn capability(&self, job_id: &str, rank: u32, generation: Option<u64>) -> Capability {
         let mut generations = self.generations.lock().unwrap();

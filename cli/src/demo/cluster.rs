@@ -51,7 +51,10 @@ impl Cluster {
         // Capabilities are signed all the same, with a key only this process holds.
         let capabilities = Capabilities::new(Some(KeyRing::generate("demo")));
         let server = ServerSecurity::default().server(a_grpc.local_addr()?)?;
-        let setup = Setup { ledger, policy: Default::default(), capabilities: capabilities.clone() };
+        // Workers on this host send their parts and read their releases over a Unix socket.
+        let local = dpcap_accountant::LocalSetup { path: dir.join("accountant.sock"), credentials: Default::default() };
+        let setup =
+            Setup { ledger, policy: Default::default(), capabilities: capabilities.clone(), local: Some(local) };
         tasks.push(tokio::spawn(async move {
             if let Err(e) = dpcap_accountant::serve(
                 Listeners { grpc: a_grpc, metrics: a_metrics, tls: false },

@@ -1,18 +1,23 @@
 //! A typed client for the AccountantService: streams a part in as chunks and assembles a
 //! release from its chunks (workers on the CPU path, tests and benchmarks), and makes the
-//! coordinator's and a rank's unary calls, each failing with a [`ClientError`].
+//! coordinator's and a rank's unary calls, each failing with a [`ClientError`]. A rank on the
+//! accountant's host sends its parts and reads its releases over the same-host socket once both
+//! ends agree ([`AccountantClient::use_local`]).
+
+use std::sync::Arc;
 
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 
+use super::local::{self, Fetched, LocalChoice, LocalLink};
 use super::{CallCredentials, ClientError, MAX_MESSAGE_BYTES, bulk};
 use crate::floats;
 use crate::v1::accountant_service_client::AccountantServiceClient;
 use crate::v1::{
     AttachJobRequest, AuditJobRequest, AuditReport, CloseJobRequest, FenceJobRequest, FetchReleaseRequest,
-    GetSpendRequest, GradientChunk, JobSpend, RegisterJobRequest, RegisterJobResponse, SubmitPartResponse,
-    TrimReleasesRequest,
+    GetSpendRequest, GradientChunk, JobSpend, LocalEndpointRequest, RegisterJobRequest, RegisterJobResponse,
+    SubmitPartResponse, TrimReleasesRequest,
 };
 
 /// The generated client with the caller's credentials attached to every call.
@@ -25,6 +30,10 @@ pub const CHUNK_VALUES: usize = 1 << 20;
 #[derive(Debug, Clone)]
 pub struct AccountantClient {
     inner: RawClient,
+    /// What every call carries, for the same-host socket's calls too.
+    credentials: CallCredentials,
+    /// The same-host socket, once agreed (shared by clones).
+    local: Option<Arc<LocalLink>>,
 }
 
 /// Which part a submission carries: part `part` (a rank, or 0 for an all-reduced sum) of
@@ -55,10 +64,41 @@ impl AccountantClient {
     }
 
     fn over(channel: Channel, credentials: CallCredentials) -> Self {
-        let inner = AccountantServiceClient::with_interceptor(channel, credentials)
+        let inner = AccountantServiceClient::with_interceptor(channel, credentials.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        Self { inner }
+        Self { inner, credentials, local: None }
+    }
+
+    /// Asks the accountant for its same-host socket and uses it for parts and releases when
+    /// both ends agree (see [`LocalChoice`]); otherwise they stay on gRPC. A rank calls this
+    /// once its capability is set: the socket checks the same credentials.
+    pub async fn use_local(&mut self) -> Result<LocalChoice, ClientError> {
+        let endpoint = self.inner.get_local_endpoint(LocalEndpointRequest {}).await?.into_inner();
+        match LocalLink::agree(endpoint).await {
+            Ok(link) => {
+                let chosen = LocalChoice::Chosen(link.path().to_owned());
+                self.local = Some(Arc::new(link));
+                Ok(chosen)
+            }
+            Err(choice) => {
+                self.local = None;
+                Ok(choice)
+            }
+        }
+    }
+
+    /// The agreed socket and a connection to it, unless it stopped answering (then the call
+    /// goes over gRPC: nothing was sent on the socket).
+    async fn local_stream(&self) -> Option<(&LocalLink, tokio::net::UnixStream)> {
+        let link = self.local.as_deref().filter(|link| link.working())?;
+        match link.connect().await {
+            Ok(stream) => Some((link, stream)),
+            Err(e) => {
+                tracing::warn!(socket = %link.path().display(), error = %e, "same-host socket set aside; using grpc");
+                None
+            }
+        }
     }
 
     /// The generated client, for calls without a helper here.
@@ -139,6 +179,17 @@ impl AccountantClient {
         step_capability: &str,
         data: bytes::Bytes,
     ) -> Result<SubmitPartResponse, ClientError> {
+        if let Some((link, stream)) = self.local_stream().await {
+            let header = GradientChunk {
+                job_id: job_id.to_owned(),
+                step,
+                part,
+                attempt,
+                step_capability: step_capability.to_owned(),
+                ..Default::default()
+            };
+            return local::submit(link, stream, &self.credentials, header, &data).await;
+        }
         let values = data.len() / 4;
         let job_id = job_id.to_owned();
         let step_capability = step_capability.to_owned();
@@ -167,9 +218,26 @@ impl AccountantClient {
         job_id: &str,
         step: u64,
     ) -> Result<(Vec<f32>, Option<JobSpend>), ClientError> {
+        let mut values = Vec::new();
+        let fetched = self.fetch_release_into(job_id, step, &mut values).await?;
+        Ok((values, fetched.spend))
+    }
+
+    /// [`Self::fetch_release`] into `values`, whose memory is reused when it holds a release
+    /// of the same size (a running job's every step): a release then touches no new pages.
+    pub async fn fetch_release_into(
+        &mut self,
+        job_id: &str,
+        step: u64,
+        values: &mut Vec<f32>,
+    ) -> Result<Fetched, ClientError> {
         let request = FetchReleaseRequest { job_id: job_id.to_owned(), step, chunk_values: 0 };
+        if let Some((link, stream)) = self.local_stream().await {
+            return local::fetch_into(link, stream, &self.credentials, request, values).await;
+        }
         let mut stream = self.inner.fetch_release(request).await?.into_inner();
-        let (mut values, mut spend) = (Vec::new(), None);
+        let (mut spend, mut first_data) = (None, None);
+        values.clear();
         loop {
             let Some(chunk) = stream.message().await? else {
                 return Err(ClientError::from(Status::unavailable(format!(
@@ -185,10 +253,10 @@ impl AccountantClient {
                 ))));
             }
             spend = spend.or(chunk.spend);
-            floats::extend(&mut values, &chunk.data)
-                .map_err(|e| ClientError::from(Status::data_loss(e.to_string())))?;
+            let first_data = *first_data.get_or_insert_with(std::time::Instant::now);
+            floats::extend(values, &chunk.data).map_err(|e| ClientError::from(Status::data_loss(e.to_string())))?;
             if chunk.last {
-                return Ok((values, spend));
+                return Ok(Fetched { spend, first_data });
             }
         }
     }

@@ -8,6 +8,7 @@
 
 mod accountant;
 mod jobs;
+mod local;
 mod workers;
 
 use std::fmt;
@@ -21,6 +22,7 @@ use crate::Secret;
 
 pub use accountant::{AccountantClient, CHUNK_VALUES, PartKey, RawClient};
 pub use jobs::{ClientError, JobsClient, RawJobsClient};
+pub use local::{Fetched, LocalChoice};
 pub use workers::{CoordinatorClient, RawCoordinatorClient};
 
 /// Metadata carrying a rank's capability for one job (see `Assignment.capability`).
@@ -121,6 +123,16 @@ impl CallCredentials {
     pub fn with_capability(mut self, capability: CapabilityCell) -> Self {
         self.capability = Some(capability);
         self
+    }
+
+    /// The `authorization` value a call carries ("" without a token).
+    fn authorization(&self) -> String {
+        bearer(&self.token).unwrap_or_default()
+    }
+
+    /// The capability a call carries now ("" without one).
+    fn capability(&self) -> String {
+        self.capability.as_ref().map(CapabilityCell::get).unwrap_or_default()
     }
 }
 

@@ -313,6 +313,11 @@ impl<AB: AutodiffBackend> Session<AB> {
         }
         self.trainer.engine.clipping_norm = clipping_norm(&ledger);
         self.attached = true;
+        // Parts and releases over the accountant's same-host socket when both ends agree.
+        match self.accountant.use_local().await {
+            Ok(choice) => tracing::info!(job_id = %self.assignment.job_id, ?choice, "accountant transport for parts"),
+            Err(e) => tracing::warn!(error = %e, "the accountant's same-host socket is unknown; parts go over grpc"),
+        }
         Ok(())
     }
 

@@ -1,0 +1,187 @@
+//! A rank's half of the accountant's same-host socket ([`crate::local`]): a part goes in and a
+//! release comes out as raw bytes, with the same token and capability the gRPC call carries.
+//! The link is used only when both ends agree: the accountant offers a socket, the rank shares
+//! its kernel (boot id), and the socket's first frame is the instance the accountant named over
+//! gRPC. A rank never sends its credentials to a socket before that check.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tonic::Status;
+
+use super::{CallCredentials, ClientError};
+use crate::local::{FrameError, boot_id, read_frame, write_frame};
+use crate::v1::local_call::Call;
+use crate::v1::local_reply::Reply;
+use crate::v1::{
+    FetchReleaseRequest, GradientChunk, JobSpend, LocalCall, LocalEndpoint, LocalReply, SubmitPartResponse,
+};
+
+/// Largest release a rank reads over the socket (64 GiB: 16G f32 coordinates, far above any
+/// model here): the length is the accountant's word, and memory is reserved before reading.
+const MAX_RELEASE_BYTES: u64 = 1 << 36;
+
+/// The accountant's socket, agreed on by both ends.
+#[derive(Debug)]
+pub struct LocalLink {
+    path: PathBuf,
+    instance: Bytes,
+    /// Cleared when the socket stops answering (an accountant restarted elsewhere): calls then
+    /// go over gRPC until the rank asks again.
+    working: AtomicBool,
+}
+
+/// Whether a rank talks to its accountant over the same-host socket, and if not, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalChoice {
+    /// Parts and releases go over this socket.
+    Chosen(PathBuf),
+    /// The accountant offers no socket (`--local-socket` unset).
+    NotOffered,
+    /// The accountant runs under another kernel: another host.
+    OtherHost,
+    /// The socket is not reachable from here, or another process answers it.
+    Unreachable(String),
+}
+
+/// What a fetch read besides the values.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    /// The spend after the released step.
+    pub spend: Option<JobSpend>,
+    /// When the release's first bytes arrived.
+    pub first_data: Instant,
+}
+
+impl LocalLink {
+    /// The link `endpoint` offers, if this rank may use it.
+    pub async fn agree(endpoint: LocalEndpoint) -> Result<Self, LocalChoice> {
+        if endpoint.socket_path.is_empty() {
+            return Err(LocalChoice::NotOffered);
+        }
+        let own = boot_id();
+        if own.is_empty() || own != endpoint.boot_id {
+            return Err(LocalChoice::OtherHost);
+        }
+        let link = Self { path: endpoint.socket_path.into(), instance: endpoint.instance, working: true.into() };
+        link.connect().await.map_err(|e| LocalChoice::Unreachable(e.to_string()))?;
+        Ok(link)
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Whether calls should use the link.
+    pub fn working(&self) -> bool {
+        self.working.load(Ordering::Relaxed)
+    }
+
+    /// A connection whose hello is the agreed instance. Failing, the link is set aside: nothing
+    /// was sent on it, and the call goes over gRPC instead.
+    pub(super) async fn connect(&self) -> Result<UnixStream, FrameError> {
+        let connected = async {
+            let mut stream = UnixStream::connect(&self.path).await?;
+            match read_frame::<LocalReply, _>(&mut stream).await?.reply {
+                Some(Reply::Hello(instance)) if instance == self.instance => Ok(stream),
+                _ => Err(FrameError::Io(std::io::Error::other("another process answers the socket"))),
+            }
+        };
+        let connected = connected.await;
+        if connected.is_err() {
+            self.working.store(false, Ordering::Relaxed);
+        }
+        connected
+    }
+}
+
+/// A failure on an agreed socket: transient (the retry may find the accountant again).
+fn broken(link: &LocalLink, error: FrameError) -> ClientError {
+    ClientError::from(Status::unavailable(format!("{} ({})", error, link.path.display())))
+}
+
+/// A frame that is not the one the protocol has next.
+fn unexpected(link: &LocalLink, what: &str) -> ClientError {
+    broken(link, FrameError::Io(std::io::Error::other(format!("expected {what}"))))
+}
+
+fn call(credentials: &CallCredentials, call: Call) -> LocalCall {
+    LocalCall { authorization: credentials.authorization(), capability: credentials.capability(), call: Some(call) }
+}
+
+/// Sends a part (`header` with its data empty, then `data`, little-endian f32) over `stream`.
+pub(super) async fn submit(
+    link: &LocalLink,
+    mut stream: UnixStream,
+    credentials: &CallCredentials,
+    header: GradientChunk,
+    data: &Bytes,
+) -> Result<SubmitPartResponse, ClientError> {
+    let fail = |e| broken(link, e);
+    write_frame(&mut stream, &call(credentials, Call::Part(header))).await.map_err(fail)?;
+    match read_frame::<LocalReply, _>(&mut stream).await.map_err(fail)?.reply {
+        Some(Reply::Ready(true)) => {}
+        Some(Reply::Status(status)) => return Err(Status::from(status).into()),
+        _ => return Err(unexpected(link, "ready")),
+    }
+    // A refusal mid-part (an unclipped part, a newer stream) closes the socket: its reason was
+    // sent before, and is read once the write fails.
+    let written = match stream.write_all(data).await {
+        Ok(()) => stream.shutdown().await, // the part's end
+        failed => failed,
+    };
+    match (read_frame::<LocalReply, _>(&mut stream).await, written) {
+        (Ok(LocalReply { reply: Some(Reply::Submitted(response)), .. }), Ok(())) => Ok(response),
+        (Ok(LocalReply { reply: Some(Reply::Status(status)), .. }), _) => Err(Status::from(status).into()),
+        (Ok(_), _) => Err(unexpected(link, "the part's answer")),
+        (Err(_), Err(e)) => Err(fail(e.into())),
+        (Err(e), Ok(())) => Err(fail(e)),
+    }
+}
+
+/// Reads a release into `values` (its buffer reused: a release the size of the last one
+/// touches no new memory).
+pub(super) async fn fetch_into(
+    link: &LocalLink,
+    mut stream: UnixStream,
+    credentials: &CallCredentials,
+    request: FetchReleaseRequest,
+    values: &mut Vec<f32>,
+) -> Result<Fetched, ClientError> {
+    let fail = |e| broken(link, e);
+    write_frame(&mut stream, &call(credentials, Call::Fetch(request))).await.map_err(fail)?;
+    let header = read_frame::<LocalReply, _>(&mut stream).await.map_err(fail)?;
+    let (spend, bytes) = match header.reply {
+        Some(Reply::Release(chunk)) => (chunk.spend, header.data_bytes),
+        Some(Reply::Status(status)) => return Err(Status::from(status).into()),
+        _ => return Err(unexpected(link, "a release")),
+    };
+    if bytes % 4 != 0 || bytes > MAX_RELEASE_BYTES {
+        return Err(ClientError::from(Status::data_loss(format!("a release of {bytes} bytes"))));
+    }
+    let len = (bytes / 4) as usize;
+    if values.len() != len {
+        values.clear();
+        values.try_reserve_exact(len).map_err(|e| ClientError::from(Status::resource_exhausted(e.to_string())))?;
+        values.resize(len, 0.0);
+    }
+    let target: &mut [u8] = bytemuck::cast_slice_mut(values.as_mut_slice());
+    let (head, rest) = target.split_at_mut(target.len().min(4096));
+    stream.read_exact(head).await.map_err(|e| fail(e.into()))?;
+    let first_data = Instant::now();
+    stream.read_exact(rest).await.map_err(|e| fail(e.into()))?;
+    if cfg!(target_endian = "big") {
+        values.iter_mut().for_each(|v| *v = f32::from_bits(v.to_bits().swap_bytes()));
+    }
+    // Only a stored release may be applied: the accountant says so after the last byte.
+    match read_frame::<LocalReply, _>(&mut stream).await.map_err(fail)?.reply {
+        Some(Reply::Stored(true)) => Ok(Fetched { spend, first_data }),
+        Some(Reply::Status(status)) => Err(Status::from(status).into()),
+        _ => Err(unexpected(link, "stored")),
+    }
+}
