@@ -3,6 +3,7 @@
 //! phase alone, and one memcpy of the same bytes, side by side in one run.
 //! Run: `cargo bench -p dpcap-accountant --features bench --bench release` (P from `PARAMS`,
 //! default 50M; timed releases from `STEPS`, default 5, untimed ones first from `WARMUP`;
+//! `ONLY_LOCAL=1` times the same-host path alone, for a profile;
 //! `dpctl bench scale` runs the same at the paper's P = 190M).
 
 use dpcap_accountant::cost::{self, CostOptions, Transport, Writer};
@@ -26,6 +27,10 @@ async fn main() -> Result<(), cost::BenchError> {
         transport: Transport::Local,
     };
     let local = cost::measure(&opts, &dir.path().join("local")).await?;
+    if std::env::var("ONLY_LOCAL").is_ok() {
+        println!("same-host: {:.3} CPU-s per GB, {:.3} s", local.release_cpu_s_per_gb, local.release_s);
+        return Ok(());
+    }
     opts.transport = Transport::Grpc;
     let grpc = cost::measure(&opts, &dir.path().join("grpc")).await?;
     let parts = cost::breakdown(usize::try_from(params)?, &dir.path().join("breakdown")).await?;

@@ -356,10 +356,14 @@ pub struct Cluster {
     pub store: Option<String>,
     /// Variables added to both servers' environment (an object store's endpoint and keys).
     pub env: Vec<(String, String)>,
+    /// The accountant also serves its same-host socket (`dir/accountant.sock`), which the
+    /// workers of the test, on its host, then choose for their parts and releases.
+    pub local_socket: bool,
 }
 
 impl Default for Cluster {
-    /// A 3 s lease; jobs on datasets without a budget are accepted.
+    /// A 3 s lease; jobs on datasets without a budget are accepted; parts and releases over
+    /// the same-host socket.
     fn default() -> Self {
         Self {
             lease_seconds: 3,
@@ -368,6 +372,7 @@ impl Default for Cluster {
             ledger: None,
             store: None,
             env: Vec::new(),
+            local_socket: true,
         }
     }
 }
@@ -433,7 +438,10 @@ impl Services {
                 .chain([state.to_owned(), location.to_owned()])
                 .collect::<Vec<_>>()
         };
-        let accountant_extra = flags(cluster.accountant_extra, "--ledger", &ledger);
+        let mut accountant_extra = flags(cluster.accountant_extra, "--ledger", &ledger);
+        if cluster.local_socket {
+            accountant_extra.extend(["--local-socket".to_owned(), local("accountant.sock")]);
+        }
         let coordinator_extra = flags(cluster.coordinator_extra, "--store", &store);
         let env = cluster.env;
         let accountant = Self::accountant_on(dir, "127.0.0.1:0", &accountant_extra, &env).await;

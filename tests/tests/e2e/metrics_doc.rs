@@ -108,4 +108,12 @@ async fn metrics_md_lists_exactly_what_both_services_serve_and_the_dashboard_que
     }
     let name = dataset.to_str().unwrap();
     assert!(accountant.contains(&format!("name=\"{name}\"")), "the dataset's readable name labels its series");
+    // The worker shares the accountant's host and socket: its parts and releases went over it.
+    let transfers = |call: &str, transport: &str| {
+        let series = format!("dpcap_transfers_total{{call=\"{call}\",transport=\"{transport}\"}} ");
+        let line = accountant.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("no {series}"));
+        line[series.len()..].trim().parse::<u64>().unwrap()
+    };
+    assert!(transfers("part", "local") >= 2 && transfers("release", "local") >= 2, "{accountant}");
+    assert_eq!((transfers("part", "grpc"), transfers("release", "grpc")), (0, 0), "{accountant}");
 }
