@@ -128,6 +128,8 @@ pub struct ReleaseCost {
     pub release_cpu_s: f64,
     /// The same per GB of gradient released (4·P bytes).
     pub release_cpu_s_per_gb: f64,
+    /// Every timed release's CPU-s per GB, in order (the median above is of these).
+    pub release_cpu_s_per_gb_each: Vec<f64>,
     /// Noise drawn per second per core (off the critical path: drawn while ranks compute).
     pub noise_coords_per_s_per_core: f64,
     /// Bytes per second the ledger's disk takes with an fsync (256 MiB written, then synced).
@@ -453,6 +455,7 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
     }
     let _ = stop.send(());
     task.await??;
+    let each = cpus.iter().map(|cpu| cpu / gigabytes(dim)).collect();
     let cpu_s = median(cpus);
     Ok(ReleaseCost {
         release_s: median(times),
@@ -460,6 +463,7 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
         release_stored_s: median(stores),
         release_cpu_s: cpu_s,
         release_cpu_s_per_gb: cpu_s / gigabytes(dim),
+        release_cpu_s_per_gb_each: each,
         noise_coords_per_s_per_core: noise_rate / cores as f64,
         disk_fsync_bytes_per_s: disk_fsync_rate(dir)?,
     })

@@ -28,7 +28,10 @@ async fn main() -> Result<(), cost::BenchError> {
     };
     let local = cost::measure(&opts, &dir.path().join("local")).await?;
     if std::env::var("ONLY_LOCAL").is_ok() {
-        println!("same-host: {:.3} CPU-s per GB, {:.3} s", local.release_cpu_s_per_gb, local.release_s);
+        println!(
+            "same-host: {:.3} CPU-s per GB, {:.3} s; each {:?}",
+            local.release_cpu_s_per_gb, local.release_s, local.release_cpu_s_per_gb_each
+        );
         return Ok(());
     }
     opts.transport = Transport::Grpc;
@@ -56,6 +59,9 @@ async fn main() -> Result<(), cost::BenchError> {
         parts.transport_cpu_s_per_gb(&local, Transport::Local),
         parts.transport_cpu_s_per_gb(&grpc, Transport::Grpc),
     );
+    let each =
+        |r: &cost::ReleaseCost| r.release_cpu_s_per_gb_each.iter().map(|c| format!("{c:.2}")).collect::<Vec<_>>();
+    println!("  each release, CPU-s per GB: same-host {:?}, grpc {:?}", each(&local), each(&grpc));
     println!(
         "  memcpy: {:.2} GB/s, {:.3} CPU-s per GB (one core)",
         copy.memcpy_bytes_per_s / 1e9,
