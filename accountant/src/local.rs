@@ -6,9 +6,10 @@
 //! What this must never do: keep a byte of a part before the token, the capability and the
 //! part's header pass the same checks as SubmitPart's; skip a check a gRPC part gets (finite,
 //! dimension, the per-rank norm bound, the hash, one stream per part, the idle limit); or say
-//! `stored` before the release is durable. The socket file is the accountant user's alone
-//! (mode 0600), and its first frame names this process, so a rank never sends its credentials
-//! to a socket some other process left or took.
+//! `stored` before the release is durable. The socket file is the accountant's user's and group's
+//! (mode 0660: workers run as their own user in the accountant's group, never as its user), and
+//! ranks check that its other end is this process (SO_PEERCRED against GetLocalEndpoint's pid),
+//! so a rank never sends its credentials to a socket some other process left or took.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,6 +34,13 @@ const FETCH_RELEASE: &str = "/dpcap.v1.AccountantService/FetchRelease";
 /// How long a connection may take to send its call frame.
 const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Connections served at once; more are closed unanswered (each holds a task and at most a
+/// 1 MiB call frame until its call is read, or a part's blocks until it ends).
+const MAX_CONNECTIONS: usize = 256;
+
+/// How long a shutdown waits for calls on the socket to end (a part's charge and release).
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The same-host socket an accountant serves: where, and the tokens its calls must carry (the
 /// gRPC server's, so that the socket grants no role the port would not).
 #[derive(Debug, Clone)]
@@ -47,7 +55,7 @@ pub struct LocalSetup {
 /// Why the socket could not be served.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
-    /// The path holds something other than a socket.
+    /// The path holds something other than a socket, or a socket a live process serves.
     #[error("invalid --local-socket {path}: {reason}")]
     Path {
         /// The path.
@@ -65,20 +73,28 @@ pub enum LocalError {
     },
 }
 
-/// Binds `path` for the same-host path, replacing a socket an earlier accountant left.
+/// Binds `path` for the same-host path, replacing a socket an earlier accountant left (never
+/// one a live process serves). The socket is bound under a temporary name, given mode 0660,
+/// and renamed into place, so it is never reachable with the umask's mode.
 pub fn bind(path: &Path) -> Result<UnixListener, LocalError> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let bind_error = |source| LocalError::Bind { path: path.to_owned(), source };
+    let refused = |reason: &str| LocalError::Path { path: path.to_owned(), reason: reason.to_owned() };
     match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path).map_err(bind_error)?,
-        Ok(_) => {
-            let reason = "it exists and is not a socket; give a free path".into();
-            return Err(LocalError::Path { path: path.to_owned(), reason });
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(refused("a running process serves it (another accountant?); give a free path"));
+            }
+            std::fs::remove_file(path).map_err(bind_error)?;
         }
+        Ok(_) => return Err(refused("it exists and is not a socket; give a free path")),
         Err(_) => {}
     }
-    let listener = UnixListener::bind(path).map_err(bind_error)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_error)?;
+    let staging = path.with_extension(format!("{}.binding", std::process::id()));
+    let _ = std::fs::remove_file(&staging);
+    let listener = UnixListener::bind(&staging).map_err(bind_error)?;
+    std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o660)).map_err(bind_error)?;
+    std::fs::rename(&staging, path).map_err(bind_error)?;
     Ok(listener)
 }
 
@@ -95,10 +111,12 @@ pub fn endpoint(path: &Path) -> LocalEndpoint {
         socket_path: path.to_string_lossy().into_owned(),
         boot_id: dpcap_proto::local::boot_id(),
         instance: instance.into(),
+        pid: std::process::id(),
     }
 }
 
-/// Accepts same-host calls until `stopped` resolves; each connection carries one call.
+/// Accepts same-host calls until `stopped` resolves, then waits (a bounded time) for the calls
+/// under way to end; each connection carries one call.
 pub async fn serve(
     listener: UnixListener,
     grpc: AccountantGrpc,
@@ -107,24 +125,46 @@ pub async fn serve(
     stopped: impl std::future::Future<Output = ()>,
 ) {
     let server = Arc::new(Server { grpc, credentials, instance });
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::pin!(stopped);
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
+            accepted = listener.accept() => match (accepted, slots.clone().try_acquire_owned()) {
+                (Ok((stream, _)), Ok(slot)) => {
                     let server = server.clone();
                     tokio::spawn(async move {
                         if let Err(e) = server.connection(stream).await {
                             tracing::debug!(error = %e, "same-host connection ended");
                         }
+                        drop(slot);
                     });
                 }
-                Err(e) => {
+                (Ok(_), Err(_)) => tracing::warn!(limit = MAX_CONNECTIONS, "same-host connection refused: too many"),
+                (Err(e), _) => {
                     tracing::warn!(error = %e, "same-host accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
             },
-            () = &mut stopped => return,
+            () = &mut stopped => break,
+        }
+    }
+    drop(listener);
+    let all = MAX_CONNECTIONS as u32;
+    if tokio::time::timeout(DRAIN_TIMEOUT, slots.acquire_many(all)).await.is_err() {
+        tracing::warn!("same-host calls still under way at shutdown");
+    }
+}
+
+/// Resolves when the rank closes its end (or sends what it should not): a rank waiting for a
+/// release sends nothing after its call.
+async fn closed(stream: &UnixStream) {
+    loop {
+        if stream.readable().await.is_err() {
+            return;
+        }
+        match stream.try_read(&mut [0u8; 1]) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            _ => return,
         }
     }
 }
@@ -148,9 +188,14 @@ fn reply(reply: Reply, data_bytes: u64) -> LocalReply {
 impl Server {
     async fn connection(&self, mut stream: UnixStream) -> Result<(), FrameError> {
         write_frame(&mut stream, &reply(Reply::Hello(self.instance.clone()), 0)).await?;
-        let call = tokio::time::timeout(CALL_TIMEOUT, read_frame::<LocalCall, _>(&mut stream))
-            .await
-            .map_err(|_| FrameError::Io(std::io::ErrorKind::TimedOut.into()))??;
+        let call = match tokio::time::timeout(CALL_TIMEOUT, read_frame::<LocalCall, _>(&mut stream)).await {
+            Ok(Ok(call)) => call,
+            Ok(Err(e @ (FrameError::TooLarge { .. } | FrameError::Decode(_)))) => {
+                return refuse(&mut stream, AccountantError::invalid("call", e.to_string())).await;
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return refuse(&mut stream, AccountantError::invalid("call", "none within 30 s")).await,
+        };
         let method = match &call.call {
             Some(Call::Part(_)) => SUBMIT_PART,
             Some(Call::Fetch(_)) => FETCH_RELEASE,
@@ -235,7 +280,12 @@ impl Server {
         capability: &str,
         request: FetchReleaseRequest,
     ) -> Result<(), FrameError> {
-        let (job, release) = match self.grpc.release_of(&request.job_id, capability, request.step).await {
+        // A rank that leaves while the step is still computing lets go of its wait.
+        let found = tokio::select! {
+            found = self.grpc.release_of(&request.job_id, capability, request.step) => found,
+            () = closed(&stream) => return Err(FrameError::Closed),
+        };
+        let (job, release) = match found {
             Ok(found) => found,
             Err(e) => return refuse(&mut stream, e).await,
         };
@@ -250,7 +300,11 @@ impl Server {
             // A lost block ends the connection mid-release: the rank's retry asks again and
             // is told the step was discarded.
             let Some(block) = release.block(index).await else { return Err(FrameError::Closed) };
-            stream.write_all(&block).await?;
+            // A rank that stops reading is let go after the part idle limit, per block.
+            let idle = self.grpc.part_idle();
+            tokio::time::timeout(idle, stream.write_all(&block))
+                .await
+                .map_err(|_| FrameError::Io(std::io::ErrorKind::TimedOut.into()))??;
         }
         if !release.durable().await {
             return refuse(&mut stream, release_lost(&job, release.step)).await;

@@ -96,9 +96,9 @@ pub async fn serve(
     let draining = accountant.clone();
     let services = &[<AccountantServiceServer<AccountantGrpc> as tonic::server::NamedService>::NAME];
     let stopped = dpcap_serve::drain::on_shutdown(shutdown, health.clone(), services, move || draining.begin_drain());
-    if let Some((listener, credentials, instance)) = same_host {
-        tokio::spawn(local::serve(listener, grpc_service, credentials, instance, stopped.wait()));
-    }
+    let same_host = same_host.map(|(listener, credentials, instance)| {
+        tokio::spawn(local::serve(listener, grpc_service, credentials, instance, stopped.wait()))
+    });
     tokio::spawn(exposition::serve(metrics_listener, handle, accountant.clone(), stopped.wait()));
     // Budgets' standings for the metrics, composed as charges touch them; ends with the server.
     let standings = tokio::spawn(accountant.clone().keep_standings());
@@ -128,7 +128,13 @@ pub async fn serve(
     let mut replay_done = false;
     loop {
         tokio::select! {
-            result = &mut server => return Ok(result?),
+            result = &mut server => {
+                // The socket's calls drain too (a part's charge and release run to their end).
+                if let Some(same_host) = same_host {
+                    let _ = same_host.await;
+                }
+                return Ok(result?);
+            }
             result = &mut replay, if !replay_done => {
                 replay_done = true;
                 match result {

@@ -213,6 +213,19 @@ async fn an_accountant_without_a_socket_offers_none_and_refuses_a_path_that_is_n
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("invalid --local-socket") && stderr.contains("not a socket"), "{stderr}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a socket", "the file is left as it was");
+
+    // A socket another process serves is not taken over either.
+    let live = dir.path().join("live.sock");
+    let _serving = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcap-accountant"))
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--ledger"])
+        .arg(dir.path().join("ledger3"))
+        .arg("--local-socket")
+        .arg(&live)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("a running process serves it"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -188,7 +188,11 @@ impl AccountantClient {
                 step_capability: step_capability.to_owned(),
                 ..Default::default()
             };
-            return local::submit(link, stream, &self.credentials, header, &data).await;
+            match local::submit(link, stream, &self.credentials, header, &data).await {
+                // A rank known by its TLS certificate has no token for the socket: gRPC it is.
+                Err(e) if e.status == tonic::Code::Unauthenticated => link.set_aside(),
+                submitted => return submitted,
+            }
         }
         let values = data.len() / 4;
         let job_id = job_id.to_owned();
@@ -233,7 +237,10 @@ impl AccountantClient {
     ) -> Result<Fetched, ClientError> {
         let request = FetchReleaseRequest { job_id: job_id.to_owned(), step, chunk_values: 0 };
         if let Some((link, stream)) = self.local_stream().await {
-            return local::fetch_into(link, stream, &self.credentials, request, values).await;
+            match local::fetch_into(link, stream, &self.credentials, request.clone(), values).await {
+                Err(e) if e.status == tonic::Code::Unauthenticated => link.set_aside(),
+                fetched => return fetched,
+            }
         }
         let mut stream = self.inner.fetch_release(request).await?.into_inner();
         let (mut spend, mut first_data) = (None, None);

@@ -1,8 +1,9 @@
 //! A rank's half of the accountant's same-host socket ([`crate::local`]): a part goes in and a
 //! release comes out as raw bytes, with the same token and capability the gRPC call carries.
 //! The link is used only when both ends agree: the accountant offers a socket, the rank shares
-//! its kernel (boot id), and the socket's first frame is the instance the accountant named over
-//! gRPC. A rank never sends its credentials to a socket before that check.
+//! its kernel (boot id), the kernel says the socket's other end is the accountant's process
+//! (SO_PEERCRED, the pid it named over gRPC), and the socket's first frame is the instance it
+//! named. A rank never sends its credentials to a socket before those checks.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,6 +22,9 @@ use crate::v1::{
     FetchReleaseRequest, GradientChunk, JobSpend, LocalCall, LocalEndpoint, LocalReply, SubmitPartResponse,
 };
 
+/// How long a connection and its hello may take: a socket nobody serves is set aside quickly.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Largest release a rank reads over the socket (64 GiB: 16G f32 coordinates, far above any
 /// model here): the length is the accountant's word, and memory is reserved before reading.
 const MAX_RELEASE_BYTES: u64 = 1 << 36;
@@ -30,6 +34,8 @@ const MAX_RELEASE_BYTES: u64 = 1 << 36;
 pub struct LocalLink {
     path: PathBuf,
     instance: Bytes,
+    /// The accountant's process id, which must hold the socket's other end.
+    pid: u32,
     /// Cleared when the socket stops answering (an accountant restarted elsewhere): calls then
     /// go over gRPC until the rank asks again.
     working: AtomicBool,
@@ -67,7 +73,12 @@ impl LocalLink {
         if own.is_empty() || own != endpoint.boot_id {
             return Err(LocalChoice::OtherHost);
         }
-        let link = Self { path: endpoint.socket_path.into(), instance: endpoint.instance, working: true.into() };
+        let link = Self {
+            path: endpoint.socket_path.into(),
+            instance: endpoint.instance,
+            pid: endpoint.pid,
+            working: true.into(),
+        };
         link.connect().await.map_err(|e| LocalChoice::Unreachable(e.to_string()))?;
         Ok(link)
     }
@@ -82,19 +93,32 @@ impl LocalLink {
         self.working.load(Ordering::Relaxed)
     }
 
-    /// A connection whose hello is the agreed instance. Failing, the link is set aside: nothing
-    /// was sent on it, and the call goes over gRPC instead.
+    /// Stops calls from using the link (they go over gRPC until the rank asks again).
+    pub(super) fn set_aside(&self) {
+        self.working.store(false, Ordering::Relaxed);
+    }
+
+    /// A connection held by the accountant's process whose hello is the agreed instance.
+    /// Failing, the link is set aside: nothing was sent on it, and the call goes over gRPC.
     pub(super) async fn connect(&self) -> Result<UnixStream, FrameError> {
+        let foreign = || FrameError::Io(std::io::Error::other("another process answers the socket"));
         let connected = async {
             let mut stream = UnixStream::connect(&self.path).await?;
+            let peer = stream.peer_cred()?.pid().and_then(|pid| u32::try_from(pid).ok());
+            if peer != Some(self.pid) {
+                return Err(foreign());
+            }
             match read_frame::<LocalReply, _>(&mut stream).await?.reply {
                 Some(Reply::Hello(instance)) if instance == self.instance => Ok(stream),
-                _ => Err(FrameError::Io(std::io::Error::other("another process answers the socket"))),
+                _ => Err(foreign()),
             }
         };
-        let connected = connected.await;
+        let connected = match tokio::time::timeout(CONNECT_TIMEOUT, connected).await {
+            Ok(connected) => connected,
+            Err(_) => Err(FrameError::Io(std::io::ErrorKind::TimedOut.into())),
+        };
         if connected.is_err() {
-            self.working.store(false, Ordering::Relaxed);
+            self.set_aside();
         }
         connected
     }
@@ -154,10 +178,12 @@ pub(super) async fn fetch_into(
     values: &mut Vec<f32>,
 ) -> Result<Fetched, ClientError> {
     let fail = |e| broken(link, e);
-    write_frame(&mut stream, &call(credentials, Call::Fetch(request))).await.map_err(fail)?;
+    write_frame(&mut stream, &call(credentials, Call::Fetch(request.clone()))).await.map_err(fail)?;
     let header = read_frame::<LocalReply, _>(&mut stream).await.map_err(fail)?;
     let (spend, bytes) = match header.reply {
-        Some(Reply::Release(chunk)) => (chunk.spend, header.data_bytes),
+        Some(Reply::Release(chunk)) if chunk.job_id == request.job_id && chunk.step == request.step => {
+            (chunk.spend, header.data_bytes)
+        }
         Some(Reply::Status(status)) => return Err(Status::from(status).into()),
         _ => return Err(unexpected(link, "a release")),
     };
