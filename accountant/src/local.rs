@@ -296,12 +296,12 @@ impl Server {
             ..Default::default()
         };
         write_frame(&mut stream, &reply(Reply::Release(header), release.len() as u64)).await?;
+        let idle = self.grpc.part_idle();
         for index in 0..release.visible_blocks() {
             // A lost block ends the connection mid-release: the rank's retry asks again and
             // is told the step was discarded.
             let Some(block) = release.block(index).await else { return Err(FrameError::Closed) };
             // A rank that stops reading is let go after the part idle limit, per block.
-            let idle = self.grpc.part_idle();
             tokio::time::timeout(idle, stream.write_all(&block))
                 .await
                 .map_err(|_| FrameError::Io(std::io::ErrorKind::TimedOut.into()))??;

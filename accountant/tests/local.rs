@@ -202,30 +202,29 @@ async fn an_accountant_without_a_socket_offers_none_and_refuses_a_path_that_is_n
 
     let file = dir.path().join("a-file");
     std::fs::write(&file, "not a socket").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcap-accountant"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--ledger"])
-        .arg(dir.path().join("ledger2"))
-        .arg("--local-socket")
-        .arg(&file)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    let (refused, stderr) = start_refused(&dir.path().join("ledger2"), &file);
+    assert!(refused, "{stderr}");
     assert!(stderr.contains("invalid --local-socket") && stderr.contains("not a socket"), "{stderr}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a socket", "the file is left as it was");
 
     // A socket another process serves is not taken over either.
     let live = dir.path().join("live.sock");
     let _serving = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    let (refused, stderr) = start_refused(&dir.path().join("ledger3"), &live);
+    assert!(refused && stderr.contains("a running process serves it"), "{stderr}");
+}
+
+/// Runs the accountant on `ledger` with `--local-socket socket` to its exit: whether it failed,
+/// and what it wrote to stderr.
+fn start_refused(ledger: &Path, socket: &Path) -> (bool, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcap-accountant"))
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--ledger"])
-        .arg(dir.path().join("ledger3"))
+        .arg(ledger)
         .arg("--local-socket")
-        .arg(&live)
+        .arg(socket)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("a running process serves it"), "{stderr}");
+    (!out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
