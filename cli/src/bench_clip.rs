@@ -8,7 +8,7 @@ use anyhow::{Result, bail};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Device, Tensor};
 use dpcap_ml::CpuBackend;
-use dpcap_ml::clip::{ClipEngine, MatmulInputs, Objective, Precision, Reads, naive_clipped_sum, nonprivate_sum};
+use dpcap_ml::clip::{ClipEngine, Lanes, MatmulInputs, Objective, Precision, Reads, naive_clipped_sum, nonprivate_sum};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig, OnBatch};
 use dpcap_ml::params::ParamSet;
 use dpcap_registry::Family;
@@ -144,6 +144,7 @@ fn verify_against_cpu<AB: AutodiffBackend>(
         precision: Precision::F32,
         matmul_inputs,
         reads: Reads::default(),
+        lanes: Lanes::default(),
     };
     let reference = clipped_values::<CpuBackend>(&model, &params, &batch, engine);
     let scale = reference.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs()))).max(f64::MIN_POSITIVE);
@@ -161,6 +162,7 @@ fn engine(opts: &ClipBench) -> ClipEngine {
         precision: opts.precision,
         matmul_inputs: MatmulInputs::for_device(&opts.device),
         reads: Reads::for_device(&opts.device),
+        lanes: Lanes::for_device(&opts.device),
     }
 }
 
@@ -172,7 +174,7 @@ fn measure<AB: AutodiffBackend, M: Objective<AB>>(
 ) -> Timings {
     let engine = engine(opts);
     let nonprivate_s = median(opts.runs, || {
-        nonprivate_sum(model, params, batch, opts.batch).flatten().into_data();
+        nonprivate_sum(model, params, batch, opts.batch, engine.lanes).flatten().into_data();
     });
     let clip_s = median(opts.runs, || {
         engine.clipped_sum(model, params, batch).sum.flatten().into_data();

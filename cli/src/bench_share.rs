@@ -53,6 +53,7 @@ pub fn run(opts: ShareBench) -> Result<()> {
             precision: Precision::F32,
             matmul_inputs: Default::default(),
             reads: Default::default(),
+            lanes: Default::default(),
         };
         let schedule = Schedule { peak: 1e-3, warmup_steps: 0, total_steps: 1, floor: 0.0 };
         let device = Default::default();

@@ -9,7 +9,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use dpcap_ml::CpuBackend;
 use dpcap_ml::clip::{
-    ClipEngine, ClippedSum, MatmulInputs, Objective, Precision, Reads, Tape, naive_clipped_sum, norms,
+    ClipEngine, ClippedSum, Lanes, MatmulInputs, Objective, Precision, Reads, Tape, naive_clipped_sum, norms,
 };
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig, Mae, MaeBatch, MaeConfig};
 use dpcap_ml::params::{Init, ParamId, ParamSet};
@@ -79,21 +79,23 @@ fn assert_matches_naive<M: Objective<AB>>(model: &M, params: &ParamSet<Inner>, b
     let c = f64::from(sorted[sorted.len() / 2]);
     let naive = naive_clipped_sum(model, params, batch, c);
     // Both ways of leaving out non-finite examples: by selection after a read per micro-batch,
-    // and by masking on the device with one read per part.
-    for reads in [Reads::PerMicroBatch, Reads::PerPart] {
+    // and by masking on the device with one read per part; each on one lane and side by side.
+    let ways = [(Reads::PerMicroBatch, 1), (Reads::PerPart, 1), (Reads::PerMicroBatch, 3), (Reads::PerPart, 2)];
+    for (reads, lanes) in ways {
         let engine = ClipEngine {
             clipping_norm: c,
             micro_batch,
             precision: Precision::F32,
             matmul_inputs: Default::default(),
             reads,
+            lanes: Lanes::new(lanes),
         };
         let ghost = engine.clipped_sum(model, params, batch);
         let fraction = ghost.telemetry.clipped_fraction(c);
         assert!(fraction > 0.0 && fraction < 1.0, "C = {c} must clip some examples and not others: {fraction}");
-        assert_eq!(ghost.telemetry.norms.len(), naive.telemetry.norms.len(), "{reads:?}");
+        assert_eq!(ghost.telemetry.norms.len(), naive.telemetry.norms.len(), "{reads:?}, {lanes} lanes");
         for (g, n) in ghost.telemetry.norms.iter().zip(&naive.telemetry.norms) {
-            assert!((g - n).abs() <= 1e-4 * n.max(1e-3), "{reads:?}: norm {g} vs naive {n}");
+            assert!((g - n).abs() <= 1e-4 * n.max(1e-3), "{reads:?}, {lanes} lanes: norm {g} vs naive {n}");
         }
         compare_sums(&ghost, &naive, params);
     }
@@ -202,6 +204,7 @@ fn the_tf32_norm_bound_only_clips_harder_and_keeps_each_contribution_within_c() 
         precision: Precision::F32,
         matmul_inputs,
         reads: Default::default(),
+        lanes: Default::default(),
     };
     for i in 0..4 {
         let one = model.slice(&batch, i..i + 1);

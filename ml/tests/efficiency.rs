@@ -4,7 +4,7 @@
 use burn::tensor::backend::AutodiffBackend;
 use dpcap_ml::CpuBackend;
 use dpcap_ml::clip::counters::{Counts, counts};
-use dpcap_ml::clip::{ClipEngine, ClippedSum, Objective, Precision, Reads};
+use dpcap_ml::clip::{ClipEngine, ClippedSum, Lanes, Objective, Precision, Reads};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig};
 use dpcap_ml::params::ParamSet;
 
@@ -14,6 +14,11 @@ type Inner = <AB as AutodiffBackend>::InnerBackend;
 /// The counts of one bf16 clipped step of `examples` examples in micro-batches of `micro`:
 /// while the part streams, and in settling it once it is complete.
 fn step(examples: usize, micro: usize, reads: Reads) -> (Counts, Counts) {
+    step_on(examples, micro, reads, Lanes::default())
+}
+
+/// [`step`] with its examples on `lanes` side by side.
+fn step_on(examples: usize, micro: usize, reads: Reads, lanes: Lanes) -> (Counts, Counts) {
     let config = CaptionerConfig::named("micro").unwrap();
     let mut params = ParamSet::<Inner>::new(&Default::default());
     let model = Captioner::new(&mut params, config);
@@ -24,6 +29,7 @@ fn step(examples: usize, micro: usize, reads: Reads) -> (Counts, Counts) {
         precision: Precision::Bf16,
         matmul_inputs: Default::default(),
         reads,
+        lanes,
     };
     let before = counts();
     // As a rank streams its share: one part, one `accumulate` per chunk of a micro-batch.
@@ -54,6 +60,16 @@ fn a_bf16_clipped_step_reads_the_device_once_per_micro_batch_and_casts_each_weig
         3 * one.activation_casts,
         "activations are cast in each micro-batch only (a lower and a widen per product)"
     );
+}
+
+#[test]
+fn lanes_side_by_side_count_on_the_caller_and_share_one_cast_of_each_weight() {
+    let (one, _) = step(4, 4, Reads::PerMicroBatch);
+    let (two, _) = step_on(4, 4, Reads::PerMicroBatch, Lanes::new(2));
+    eprintln!("one lane: {one:?}; two lanes: {two:?}");
+    assert_eq!((one.syncs, two.syncs), (1, 2), "one read per lane's micro-batch, all counted here: {two:?}");
+    assert_eq!(two.weight_casts, one.weight_casts, "the lanes share the step's cast weights");
+    assert_eq!(two.activation_casts, 2 * one.activation_casts, "each lane casts its own activations");
 }
 
 #[test]

@@ -35,6 +35,7 @@ fn trainer(local: LocalConfig, clipping_norm: f64) -> Trainer<AB> {
         precision: Default::default(),
         matmul_inputs: Default::default(),
         reads: Default::default(),
+        lanes: Default::default(),
     };
     let schedule = Schedule { peak: 1.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
     let server = AdamWConfig { rule: Rule::Momentum, weight_decay: 0.0, ..AdamWConfig::default() };

@@ -8,7 +8,7 @@
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use dpcap_ml::CpuBackend;
-use dpcap_ml::clip::{ClipEngine, MatmulInputs, Objective, Precision, Reads};
+use dpcap_ml::clip::{ClipEngine, Lanes, MatmulInputs, Objective, Precision, Reads};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig};
 use dpcap_ml::params::ParamSet;
 
@@ -38,7 +38,10 @@ fn a_nan_and_an_infinite_example_add_nothing_are_counted_and_leave_a_part_the_ac
         .into_iter()
         .flat_map(|m| [(m, Reads::PerMicroBatch), (m, Reads::PerPart)]);
     for (matmul_inputs, reads) in ways {
-        let engine = ClipEngine { clipping_norm: 0.5, micro_batch: 4, precision: Precision::F32, matmul_inputs, reads };
+        // Two lanes, each with one of the bad examples (1 and 4).
+        let lanes = Lanes::new(2);
+        let engine =
+            ClipEngine { clipping_norm: 0.5, micro_batch: 4, precision: Precision::F32, matmul_inputs, reads, lanes };
         let got = engine.clipped_sum(&model, &params, &poisoned);
         assert_eq!(got.telemetry.nonfinite, 2, "both counted");
         assert_eq!(got.telemetry.losses.len(), 4, "telemetry of the finite examples only");
@@ -103,6 +106,7 @@ fn an_example_with_a_finite_loss_but_a_nan_gradient_is_left_out_too() {
             precision: Precision::F32,
             matmul_inputs: Default::default(),
             reads,
+            lanes: Default::default(),
         };
         let got = engine.clipped_sum(&model, &params, &batch);
         assert_eq!(got.telemetry.nonfinite, 1, "{reads:?}: {:?}", got.telemetry);

@@ -12,7 +12,14 @@ type AB = CpuBackend;
 type Inner = <AB as AutodiffBackend>::InnerBackend;
 
 fn engine(clipping_norm: f64, micro_batch: usize, precision: Precision) -> ClipEngine {
-    ClipEngine { clipping_norm, micro_batch, precision, matmul_inputs: Default::default(), reads: Default::default() }
+    ClipEngine {
+        clipping_norm,
+        micro_batch,
+        precision,
+        matmul_inputs: Default::default(),
+        reads: Default::default(),
+        lanes: Default::default(),
+    }
 }
 
 fn values(sum: &ClippedSum<Inner>) -> Vec<f32> {

@@ -80,6 +80,7 @@ fn the_captioner_matches_an_independent_pytorch_implementation() {
         precision: Default::default(),
         matmul_inputs: Default::default(),
         reads: Default::default(),
+        lanes: Default::default(),
     };
     let out = unclipped.clipped_sum(&model, &params, &batch);
     for (b, want) in numbers(&reference["losses"]).into_iter().enumerate() {

@@ -9,7 +9,7 @@ use dpcap_dataset::tokenizer::CaptionTokenizer;
 use dpcap_ml::CpuBackend;
 use dpcap_ml::checkpoint::load_weights;
 use dpcap_ml::checkpoint::{CheckpointStore, Manifest};
-use dpcap_ml::clip::ClipEngine;
+use dpcap_ml::clip::{ClipEngine, Lanes};
 use dpcap_ml::optim::Schedule;
 use dpcap_ml::trainer::{ReplicaConfig, Trainer};
 use dpcap_proto::spec::SpecFile;
@@ -123,6 +123,7 @@ pub fn fresh(args: &DemoArgs, tokenizer: &CaptionTokenizer) -> Result<Trainer<Cp
         precision: Default::default(),
         matmul_inputs: Default::default(),
         reads: Default::default(),
+        lanes: Lanes::for_device("cpu"),
     };
     let schedule = Schedule { peak: 0.0, warmup_steps: 0, total_steps: 1, floor: 0.0 };
     let replica = ReplicaConfig {

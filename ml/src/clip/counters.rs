@@ -38,6 +38,19 @@ pub(crate) fn count(what: impl FnOnce(&mut Counts)) {
     });
 }
 
+impl std::ops::Add for Counts {
+    type Output = Counts;
+
+    fn add(self, other: Counts) -> Counts {
+        Counts {
+            syncs: self.syncs + other.syncs,
+            uploads: self.uploads + other.uploads,
+            weight_casts: self.weight_casts + other.weight_casts,
+            activation_casts: self.activation_casts + other.activation_casts,
+        }
+    }
+}
+
 impl std::ops::Sub for Counts {
     type Output = Counts;
 

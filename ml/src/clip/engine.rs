@@ -6,6 +6,7 @@ use burn::tensor::{Bool, ElementConversion, FloatDType, Int, Tensor};
 use super::Objective;
 use super::counters;
 use super::finite::{self, Reads};
+use super::lanes::{self, Lanes};
 use super::norms;
 use super::rounding::{self, MatmulInputs, NORM_EPSILON};
 use super::tape::{LoweredWeights, Mode, Precision, Record, Tape};
@@ -36,6 +37,13 @@ impl<B: Backend> GradSum<B> {
     /// Adds `g` to parameter `id`'s sum.
     pub fn add(&mut self, id: ParamId, g: Tensor<B, 1>) {
         self.update(id, |running| running + g);
+    }
+
+    /// Adds `other` (a sum over the same parameters) to this one, parameter by parameter.
+    pub fn add_sum(&mut self, other: GradSum<B>) {
+        for (id, g) in other.grads.into_iter().enumerate() {
+            self.add(ParamId(id), g);
+        }
     }
 
     /// Replaces parameter `id`'s sum by `f(sum)`. The sum is taken out of its slot first, so
@@ -161,6 +169,9 @@ pub struct ClipEngine {
     /// When the host learns which examples were not finite ([`finite`]): after each
     /// micro-batch (selection, for a CPU), or once per part (masking, so that a GPU never waits).
     pub reads: Reads,
+    /// How many examples' passes run side by side ([`Lanes`]: one per core on a CPU, one on a
+    /// GPU); `micro_batch` bounds the examples in flight across all of them.
+    pub lanes: Lanes,
 }
 
 impl ClipEngine {
@@ -180,7 +191,8 @@ impl ClipEngine {
     /// Adds Σ_i clip_C(g_i) over `batch` (in micro-batches) to `into`: a rank streams its
     /// share through this one micro-batch at a time, so memory never grows with the share.
     /// Under [`Reads::PerPart`], `into`'s telemetry is complete only after
-    /// [`ClippedSum::settle`].
+    /// [`ClippedSum::settle`]. With several [`Lanes`], the first lane adds to `into` and each
+    /// other lane to a sum of its own, added to `into` in lane order (one extra P-vector a lane).
     pub fn accumulate<AB: AutodiffBackend, M: Objective<AB>>(
         &self,
         model: &M,
@@ -188,13 +200,41 @@ impl ClipEngine {
         batch: &M::Batch,
         into: &mut ClippedSum<Inner<AB>>,
     ) {
+        let ranges = self.lanes.ranges(model.batch_len(batch));
+        let micro_batch = Lanes::micro_batch(self.micro_batch, ranges.len());
+        let lowered = &into.lowered;
+        let mut others: Vec<Partial<Inner<AB>>> = (1..ranges.len()).map(|_| Partial::zeros(params)).collect();
+        let first = Sink { sum: &mut into.sum, telemetry: &mut into.telemetry, pending: &mut into.pending };
+        let sinks = std::iter::once(first).chain(others.iter_mut().map(Partial::sink));
+        let run = |(range, sink): (std::ops::Range<usize>, Sink<'_, Inner<AB>>)| {
+            lanes::counted(|| {
+                let lane = model.slice(batch, range);
+                self.micro_batches_into(model, params, &lane, micro_batch, lowered, sink)
+            })
+            .1
+        };
+        lanes::add_counts(lanes::run(ranges.into_iter().zip(sinks).collect(), run));
+        for other in others {
+            other.add_to(into);
+        }
+    }
+
+    /// One lane: `batch` in micro-batches of `micro_batch`, in order, into `sink`.
+    fn micro_batches_into<AB: AutodiffBackend, M: Objective<AB>>(
+        &self,
+        model: &M,
+        params: &ParamSet<Inner<AB>>,
+        batch: &M::Batch,
+        micro_batch: usize,
+        lowered: &LoweredWeights<Inner<AB>>,
+        sink: Sink<'_, Inner<AB>>,
+    ) {
         let n = model.batch_len(batch);
-        let step = self.micro_batch.max(1);
-        for start in (0..n).step_by(step) {
-            let micro = model.slice(batch, start..(start + step).min(n));
+        for start in (0..n).step_by(micro_batch.max(1)) {
+            let micro = model.slice(batch, start..(start + micro_batch.max(1)).min(n));
             // Weights are constants for the whole part: cast once, not per micro-batch.
-            let tape = Tape::new(Mode::Ghost, params).with_precision(self.precision).with_lowered(&into.lowered);
-            let sink = Sink { sum: &mut into.sum, telemetry: &mut into.telemetry, pending: &mut into.pending };
+            let tape = Tape::new(Mode::Ghost, params).with_precision(self.precision).with_lowered(lowered);
+            let sink = Sink { sum: &mut *sink.sum, telemetry: &mut *sink.telemetry, pending: &mut *sink.pending };
             self.micro_batch_into(model, tape, &micro, sink);
         }
     }
@@ -301,6 +341,34 @@ struct Sink<'a, B: Backend> {
     sum: &'a mut GradSum<B>,
     telemetry: &'a mut Telemetry,
     pending: &'a mut Vec<(usize, Tensor<B, 1>)>,
+}
+
+/// What a lane other than the first adds up before it joins the part.
+struct Partial<B: Backend> {
+    sum: GradSum<B>,
+    telemetry: Telemetry,
+    pending: Vec<(usize, Tensor<B, 1>)>,
+}
+
+impl<B: Backend> Partial<B> {
+    fn zeros(params: &ParamSet<B>) -> Self {
+        Self { sum: GradSum::zeros(params), telemetry: Telemetry::default(), pending: Vec::new() }
+    }
+
+    fn sink(&mut self) -> Sink<'_, B> {
+        Sink { sum: &mut self.sum, telemetry: &mut self.telemetry, pending: &mut self.pending }
+    }
+
+    /// Adds the lane's sum to `into`'s and appends its telemetry and pending reads after
+    /// `into`'s (the lanes' examples stay in batch order).
+    fn add_to(self, into: &mut ClippedSum<B>) {
+        into.sum.add_sum(self.sum);
+        let t = self.telemetry;
+        into.telemetry.losses.extend(t.losses);
+        into.telemetry.norms.extend(t.norms);
+        into.telemetry.nonfinite += t.nonfinite;
+        into.pending.extend(self.pending);
+    }
 }
 
 /// A record with its probe's gradient δ (the layer's output gradient per example).
@@ -468,21 +536,31 @@ pub fn plain_grads<AB: AutodiffBackend, M: Objective<AB>>(
     (sum, to_vec(losses.inner()))
 }
 
-/// The non-private step: Σ_i g_i (no clipping) by one ordinary backward, in micro-batches.
+/// The non-private step: Σ_i g_i (no clipping) by one ordinary backward per micro-batch, the
+/// examples cut into `lanes` run side by side (each lane's parameters are leaves of its own
+/// graph), their sums added in lane order.
 pub fn nonprivate_sum<AB: AutodiffBackend, M: Objective<AB>>(
     model: &M,
     params: &ParamSet<Inner<AB>>,
     batch: &M::Batch,
     micro_batch: usize,
+    lanes: Lanes,
 ) -> GradSum<Inner<AB>> {
-    let mut total = GradSum::zeros(params);
-    let n = model.batch_len(batch);
-    for start in (0..n).step_by(micro_batch.max(1)) {
-        let (g, _) = plain_grads(model, params, &model.slice(batch, start..(start + micro_batch.max(1)).min(n)));
-        for (id, t) in g.grads.into_iter().enumerate() {
-            total.add(ParamId(id), t);
+    let ranges = lanes.ranges(model.batch_len(batch));
+    let micro_batch = Lanes::micro_batch(micro_batch, ranges.len());
+    let lane = |range: std::ops::Range<usize>| {
+        let mut total = GradSum::zeros(params);
+        let lane = model.slice(batch, range);
+        let n = model.batch_len(&lane);
+        for start in (0..n).step_by(micro_batch) {
+            let (g, _) = plain_grads(model, params, &model.slice(&lane, start..(start + micro_batch).min(n)));
+            total.add_sum(g);
         }
-    }
+        total
+    };
+    let mut sums = lanes::run(ranges, lane).into_iter();
+    let mut total = sums.next().unwrap_or_else(|| GradSum::zeros(params));
+    sums.for_each(|other| total.add_sum(other));
     total
 }
 

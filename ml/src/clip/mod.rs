@@ -7,6 +7,7 @@
 pub mod counters;
 mod engine;
 pub mod finite;
+mod lanes;
 pub mod norms;
 pub mod rounding;
 mod tape;
@@ -15,6 +16,7 @@ pub use engine::{
     ClipEngine, ClippedSum, GradSum, Telemetry, clip_factor, naive_clipped_sum, nonprivate_sum, plain_grads,
 };
 pub use finite::Reads;
+pub use lanes::Lanes;
 pub use rounding::{MatmulInputs, NORM_EPSILON};
 pub use tape::{LoweredWeights, Mode, Precision, Record, Tape};
 
@@ -24,9 +26,9 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
 /// A model with a per-example loss: what the ClipEngine needs of it.
-pub trait Objective<AB: AutodiffBackend> {
-    /// A batch of examples.
-    type Batch: Clone;
+pub trait Objective<AB: AutodiffBackend>: Sync {
+    /// A batch of examples (shared by the [`Lanes`] that run its examples side by side).
+    type Batch: Clone + Send + Sync;
 
     /// Per-example losses [B] of a forward pass recorded on `tape`. Examples must not interact
     /// (no batch statistics): that is what makes one backward of Σ losses give per-example δ.

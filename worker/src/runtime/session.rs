@@ -173,6 +173,7 @@ impl<AB: AutodiffBackend> Session<AB> {
             precision: config.precision,
             matmul_inputs: dpcap_ml::clip::MatmulInputs::for_device(&config.device),
             reads: dpcap_ml::clip::Reads::for_device(&config.device),
+            lanes: dpcap_ml::clip::Lanes::for_device(&config.device),
         };
         let fedemb = fedemb_training(&spec)?;
         let mut trainer = tokio::task::block_in_place(|| {
