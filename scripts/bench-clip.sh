@@ -2,9 +2,9 @@
 # One DP-SGD step of the `bench` captioner (batch 64, THREADS=2 threads) with dpcap and with
 # PyTorch + Opacus, interleaved: ROUNDS rounds (default 7) of one dpcap process (`dpctl bench
 # clip`: non-private and ClipEngine, the median of RUNS timed steps after a warm-up) then one
-# reference process (reference/opacus_ref.py: non-private, Opacus hooks, Opacus ghost), with
-# PyTorch's OpenMP threads told not to spin (OMP_WAIT_POLICY=PASSIVE), a control of PyTorch with
-# its default wait policy, and a 1-thread control of both sides (CONTROL=0 skips it). Each round
+# reference process (reference/opacus_ref.py: non-private, Opacus hooks, Opacus ghost), a
+# control of PyTorch with its OpenMP threads told not to spin (OMP_WAIT_POLICY=PASSIVE), and a
+# 1-thread control of both sides (CONTROL=0 skips it). Each round
 # measures the CPU that other processes took while it ran; a round where they held more than
 # MAX_OTHER_CORES (0.2) is flagged and left out, and fewer than MIN_QUIET (5) quiet rounds exits
 # 3 with no result. Prints medians over the quiet rounds with spreads, the ratios of medians

@@ -131,6 +131,8 @@ fn case_batch(b: usize, t: usize, d_in: usize, d_out: usize, vocab: i64) -> Case
 fn linear_ghost_form_matches_naive() {
     let (t, d_in, d_out) = (3, 8, 6);
     assert!(norms::use_ghost(t, d_in, d_out));
+    let shape = dpcap_ml::clip::rounding::LinearShape { t, d_in, d_out };
+    assert_eq!(norms::linear_form(shape, MatmulInputs::F32), norms::LinearForm::Ghost);
     let mut ps = ParamSet::<Inner>::new(&device());
     let layer = Layer::Linear(ps.add("w", &[d_in, d_out], Init::Normal(0.3)), ps.add("b", &[d_out], Init::Normal(0.3)));
     assert_matches_naive(&Case { layer }, &ps, &case_batch(9, t, d_in, d_out, 5), 4);
@@ -140,6 +142,11 @@ fn linear_ghost_form_matches_naive() {
 fn linear_materialised_form_matches_naive() {
     let (t, d_in, d_out) = (12, 3, 4);
     assert!(!norms::use_ghost(t, d_in, d_out));
+    // With exact products the per-example gradients are kept for the sum; with rounded ones
+    // they are dropped (the TF32 test below takes that path).
+    let shape = dpcap_ml::clip::rounding::LinearShape { t, d_in, d_out };
+    assert_eq!(norms::linear_form(shape, MatmulInputs::F32), norms::LinearForm::Reused);
+    assert_eq!(norms::linear_form(shape, MatmulInputs::Tf32), norms::LinearForm::Materialised);
     let mut ps = ParamSet::<Inner>::new(&device());
     let layer = Layer::Linear(ps.add("w", &[d_in, d_out], Init::Normal(0.3)), ps.add("b", &[d_out], Init::Normal(0.3)));
     assert_matches_naive(&Case { layer }, &ps, &case_batch(9, t, d_in, d_out, 5), 4);

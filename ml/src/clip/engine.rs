@@ -1,15 +1,15 @@
 //! Running the clip step and its references over micro-batches.
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Bool, ElementConversion, FloatDType, Int, Tensor};
+use burn::tensor::{ElementConversion, Int, Tensor};
 
 use super::Objective;
 use super::counters;
 use super::finite::{self, Reads};
 use super::lanes::{self, Lanes};
-use super::norms;
+use super::records::{Delta, Norms, add_clipped_sums, mask_rows, select_rows, sq_norms};
 use super::rounding::{self, MatmulInputs, NORM_EPSILON};
-use super::tape::{LoweredWeights, Mode, Precision, Record, Tape};
+use super::tape::{LoweredWeights, Mode, Precision, Tape};
 use crate::params::{ParamId, ParamSet};
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
@@ -249,16 +249,8 @@ impl ClipEngine {
         let params = tape.params();
         let losses = model.losses(&mut tape, batch);
         let grads = losses.clone().sum().backward();
-        let records: Vec<Delta<AB>> = tape
-            .into_records()
-            .into_iter()
-            .map(widen_record)
-            .map(|r| {
-                let delta = probe_of(&r).grad(&grads).expect("every probe lies on the loss's graph");
-                (r, delta)
-            })
-            .collect();
-        let norms = sq_norms(&records, model.batch_len(batch), params, self.matmul_inputs);
+        let mut records: Vec<Delta<AB>> = tape.into_records().into_iter().map(|r| Delta::read(r, &grads)).collect();
+        let norms = sq_norms(&mut records, model.batch_len(batch), params, self.matmul_inputs);
         assert_eq!(norms.sq.dims(), losses.dims(), "one squared norm and one loss per example");
         match self.reads {
             Reads::PerMicroBatch => self.select_and_add(records, (norms, losses.inner()), sink),
@@ -295,7 +287,7 @@ impl ClipEngine {
             let records = records.into_iter().map(|d| select_rows(d, &rows)).collect();
             (records, norms_t.select(0, rows))
         };
-        add_clipped_sums(&records, &self.factors(norms_t), sink.sum);
+        add_clipped_sums(&records, &self.factors(norms_t), sink.sum, self.matmul_inputs);
     }
 
     /// Sums every example with the non-finite ones' rows zeroed on the device, and leaves the
@@ -311,7 +303,7 @@ impl ClipEngine {
         sink.pending.push((norms.sq.dims()[0], Tensor::cat(vec![norms.sq.clone(), losses], 0)));
         let factors = finite::zero_entries(self.factors(self.denominators(norms)), &bad);
         let records: Vec<Delta<AB>> = records.into_iter().map(|d| mask_rows(d, &bad)).collect();
-        add_clipped_sums(&records, &factors, sink.sum);
+        add_clipped_sums(&records, &factors, sink.sum, self.matmul_inputs);
     }
 
     /// What each clip factor divides C by: ‖g_i‖ with exact inputs; with rounded ones, the
@@ -368,146 +360,6 @@ impl<B: Backend> Partial<B> {
         into.telemetry.norms.extend(t.norms);
         into.telemetry.nonfinite += t.nonfinite;
         into.pending.extend(self.pending);
-    }
-}
-
-/// A record with its probe's gradient δ (the layer's output gradient per example).
-type Delta<AB> = (Record<AB>, Tensor<Inner<AB>, 3>);
-
-fn probe_of<AB: AutodiffBackend>(record: &Record<AB>) -> &Tensor<AB, 3> {
-    match record {
-        Record::Linear { probe, .. }
-        | Record::LayerNorm { probe, .. }
-        | Record::Embedding { probe, .. }
-        | Record::Free { probe, .. } => probe,
-    }
-}
-
-/// Each example's squared gradient norm summed over every layer's parameters (with rounded
-/// matmul inputs, its certified upper bound), and with rounded inputs R² = Σ S² over the layers
-/// whose clipped sum is a matmul.
-struct Norms<B: Backend> {
-    sq: Tensor<B, 1>,
-    r_sq: Option<Tensor<B, 1>>,
-}
-
-fn sq_norms<AB: AutodiffBackend>(
-    records: &[Delta<AB>],
-    b: usize,
-    params: &ParamSet<Inner<AB>>,
-    inputs: MatmulInputs,
-) -> Norms<Inner<AB>> {
-    let zeros = || Tensor::<Inner<AB>, 1>::zeros([b], params.device());
-    let (mut sq, mut r_sq) = (zeros(), inputs.unit().map(|_| zeros()));
-    for (record, delta) in records {
-        sq = sq
-            + match record {
-                Record::Linear { input, bias, .. } => {
-                    let w = norms::linear_weight_sq_norms(input, delta);
-                    let w = match inputs.unit() {
-                        None => w,
-                        Some(u) => {
-                            let ([_, t, d_in], d_out) = (input.dims(), delta.dims()[2]);
-                            let shape = rounding::LinearShape { t, d_in, d_out };
-                            let bound = match norms::use_ghost(t, d_in, d_out) {
-                                true => rounding::ghost(u, shape),
-                                false => rounding::materialised(u, shape),
-                            };
-                            let s = norms::linear_weight_s(input, delta);
-                            r_sq = r_sq.map(|r| r + s.clone().powi_scalar(2));
-                            bounded(w, bound, s)
-                        }
-                    };
-                    if bias.is_some() { w + norms::bias_sq_norms(delta) } else { w }
-                }
-                Record::LayerNorm { normalized, .. } => {
-                    norms::layer_norm_gamma_sq_norms(normalized, delta) + norms::bias_sq_norms(delta)
-                }
-                Record::Embedding { tokens, .. } => {
-                    let e = norms::embedding_sq_norms(tokens, delta);
-                    match inputs.unit() {
-                        None => e,
-                        Some(u) => {
-                            let [_, t, d] = delta.dims();
-                            bounded(e, rounding::embedding(u, t, d), norms::embedding_s(delta))
-                        }
-                    }
-                }
-                Record::Free { .. } => norms::free_sq_norms(delta),
-            };
-    }
-    Norms { sq, r_sq }
-}
-
-/// (1 + ρ)·sq + κ·S². No clamp: a NaN must stay NaN so that its example is left out.
-fn bounded<B: Backend>(sq: Tensor<B, 1>, bound: rounding::Bound, s: Tensor<B, 1>) -> Tensor<B, 1> {
-    sq.mul_scalar(1.0 + bound.rho) + s.powi_scalar(2).mul_scalar(bound.kappa)
-}
-
-/// The record and δ with every per-example tensor passed through `float` (activations and δ)
-/// or `tokens` (token indices); the probe, no longer needed, is kept.
-fn map_examples<AB: AutodiffBackend>(
-    (record, delta): Delta<AB>,
-    float: impl Fn(Tensor<Inner<AB>, 3>) -> Tensor<Inner<AB>, 3>,
-    tokens: impl FnOnce(Tensor<Inner<AB>, 2, Int>) -> Tensor<Inner<AB>, 2, Int>,
-) -> Delta<AB> {
-    let record = match record {
-        Record::Linear { weight, bias, input, probe } => Record::Linear { weight, bias, input: float(input), probe },
-        Record::LayerNorm { gamma, beta, normalized, probe } => {
-            Record::LayerNorm { gamma, beta, normalized: float(normalized), probe }
-        }
-        Record::Embedding { table, tokens: t, probe } => Record::Embedding { table, tokens: tokens(t), probe },
-        free @ Record::Free { .. } => free,
-    };
-    (record, float(delta))
-}
-
-/// The record and δ of the examples `rows` only.
-fn select_rows<AB: AutodiffBackend>(delta: Delta<AB>, rows: &Tensor<Inner<AB>, 1, Int>) -> Delta<AB> {
-    map_examples(delta, |x| x.select(0, rows.clone()), |t| t.select(0, rows.clone()))
-}
-
-/// The record and δ with the examples `bad` zeroed wherever an activation or δ is summed
-/// (token indices stay: the scatter adds their zeroed δ rows; free parameters have δ alone).
-fn mask_rows<AB: AutodiffBackend>(delta: Delta<AB>, bad: &Tensor<Inner<AB>, 1, Bool>) -> Delta<AB> {
-    map_examples(delta, |x| finite::zero_rows(x, bad), |t| t)
-}
-
-/// Adds Σ_i c_i·g_i per layer, computed directly from the records (one matmul per Linear).
-fn add_clipped_sums<AB: AutodiffBackend>(
-    records: &[Delta<AB>],
-    factors: &Tensor<Inner<AB>, 1>,
-    sum: &mut GradSum<Inner<AB>>,
-) {
-    for (record, delta) in records {
-        let scaled = norms::scale(delta, factors);
-        match record {
-            Record::Linear { weight, bias, input, .. } => {
-                sum.add(*weight, norms::linear_weight_sum(input, &scaled));
-                if let Some(bias) = bias {
-                    sum.add(*bias, norms::bias_sum(&scaled));
-                }
-            }
-            Record::LayerNorm { gamma, beta, normalized, .. } => {
-                sum.add(*gamma, norms::layer_norm_gamma_sum(normalized, &scaled));
-                sum.add(*beta, norms::bias_sum(&scaled));
-            }
-            Record::Embedding { table, tokens, .. } => {
-                sum.update(*table, |running| norms::add_embedding_sum(running, tokens, &scaled));
-            }
-            Record::Free { param, .. } => sum.add(*param, norms::free_sum(&scaled)),
-        }
-    }
-}
-
-/// A record whose activations are f32 (half-precision linear inputs widened), so every norm, clip factor
-/// and sum below is computed in f32.
-fn widen_record<AB: AutodiffBackend>(record: Record<AB>) -> Record<AB> {
-    match record {
-        Record::Linear { weight, bias, input, probe } => {
-            Record::Linear { weight, bias, input: input.cast(FloatDType::F32), probe }
-        }
-        other => other,
     }
 }
 

@@ -9,6 +9,7 @@ mod engine;
 pub mod finite;
 mod lanes;
 pub mod norms;
+mod records;
 pub mod rounding;
 mod tape;
 

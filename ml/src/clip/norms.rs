@@ -5,10 +5,40 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor};
 
+use super::rounding::{LinearShape, MatmulInputs};
+
 /// Whether to use the ghost form Σ_{t,s}(a_t·a_s)(δ_t·δ_s) for a Linear layer on a sequence of
 /// length T: it costs O(T²(d_in + d_out)) against O(T d_in d_out) for materialising.
 pub fn use_ghost(t: usize, d_in: usize, d_out: usize) -> bool {
     2 * t * t < d_in * d_out
+}
+
+/// How a Linear weight's per-example norms and its clipped sum are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinearForm {
+    /// Norms from Σ_{t,s}(a_t·a_s)(δ_t·δ_s), the sum as aᵀ(c ⊙ δ): no per-example gradient.
+    Ghost,
+    /// Norms of g_i = a_iᵀδ_i built per example and dropped, the sum as aᵀ(c ⊙ δ).
+    Materialised,
+    /// g_i built per example, its norm taken, and the sum Σ_i c_i g_i made of those same g_i
+    /// (one pass over them in place of the B·T·d_in·d_out product). Only with exact f32
+    /// products: the norm is then of the very tensor summed (rounded products have their
+    /// bounds for the two forms above).
+    Reused,
+}
+
+/// The form for a Linear layer of `shape`: ghost where it costs fewer operations
+/// ([`use_ghost`]), else the per-example gradients, kept for the sum when products are exact.
+/// Reusing them where the ghost form is cheaper was measured slower on a CPU: B·d_in·d_out
+/// floats a layer make several memory passes where the ghost form's B·T² stay in cache
+/// (docs/benchmarks.md).
+pub fn linear_form(shape: LinearShape, inputs: MatmulInputs) -> LinearForm {
+    let LinearShape { t, d_in, d_out } = shape;
+    match (use_ghost(t, d_in, d_out), inputs.unit()) {
+        (true, _) => LinearForm::Ghost,
+        (false, None) => LinearForm::Reused,
+        (false, Some(_)) => LinearForm::Materialised,
+    }
 }
 
 /// Σ over all but the first dimension, giving one value per example.
@@ -17,18 +47,26 @@ fn per_example<B: Backend>(x: Tensor<B, 3>) -> Tensor<B, 1> {
     x.reshape([b as i32, -1]).sum_dim(1).squeeze_dim(1)
 }
 
-/// ‖Σ_t a_tᵀ δ_t‖² per example for a Linear weight.
-pub fn linear_weight_sq_norms<B: Backend>(a: &Tensor<B, 3>, delta: &Tensor<B, 3>) -> Tensor<B, 1> {
-    let [_, t, d_in] = a.dims();
-    let d_out = delta.dims()[2];
-    if use_ghost(t, d_in, d_out) {
-        let aa = a.clone().matmul(a.clone().swap_dims(1, 2));
-        let dd = delta.clone().matmul(delta.clone().swap_dims(1, 2));
-        per_example(aa * dd)
-    } else {
-        let g = a.clone().swap_dims(1, 2).matmul(delta.clone());
-        per_example(g.powi_scalar(2))
+/// ‖Σ_t a_tᵀ δ_t‖² per example for a Linear weight, in the ghost or materialised `form`.
+pub fn linear_weight_sq_norms<B: Backend>(a: &Tensor<B, 3>, delta: &Tensor<B, 3>, form: LinearForm) -> Tensor<B, 1> {
+    match form {
+        LinearForm::Ghost => {
+            let aa = a.clone().matmul(a.clone().swap_dims(1, 2));
+            let dd = delta.clone().matmul(delta.clone().swap_dims(1, 2));
+            per_example(aa * dd)
+        }
+        LinearForm::Materialised | LinearForm::Reused => per_example_sq_norms(&linear_weight_per_example(a, delta)),
     }
+}
+
+/// g_i = Σ_t a_{i,t}ᵀ δ_{i,t} per example, [B, d_in, d_out].
+pub fn linear_weight_per_example<B: Backend>(a: &Tensor<B, 3>, delta: &Tensor<B, 3>) -> Tensor<B, 3> {
+    a.clone().swap_dims(1, 2).matmul(delta.clone())
+}
+
+/// ‖g_i‖² per example of per-example gradients [B, ., .], elementwise (no matmul rounding).
+pub fn per_example_sq_norms<B: Backend>(g: &Tensor<B, 3>) -> Tensor<B, 1> {
+    per_example(g.clone().powi_scalar(2))
 }
 
 /// ‖x_t‖ per position, [B, T, 1], elementwise (no matmul, so no tensor-core rounding).
@@ -74,24 +112,51 @@ pub fn scale<B: Backend>(delta: &Tensor<B, 3>, factors: &Tensor<B, 1>) -> Tensor
     delta.clone() * factors.clone().unsqueeze_dims::<3>(&[1, 2])
 }
 
-/// Σ_i c_i Σ_t a_{i,t}ᵀ δ_{i,t} = aᵀ (c ⊙ δ) over all B·T rows: one matmul.
-pub fn linear_weight_sum<B: Backend>(a: &Tensor<B, 3>, scaled: &Tensor<B, 3>) -> Tensor<B, 1> {
+/// Σ_i c_i Σ_t a_{i,t}ᵀ δ_{i,t} over all B·T rows: one matmul, with the clip factors applied to
+/// the narrower of a and δ when products are `exact`. With rounded products always to δ: the
+/// rounding bound ([`super::rounding::sum_input_error`]) is derived for aᵀ(c ⊙ δ).
+pub fn linear_weight_sum<B: Backend>(
+    a: &Tensor<B, 3>,
+    delta: &Tensor<B, 3>,
+    factors: &Tensor<B, 1>,
+    exact: bool,
+) -> Tensor<B, 1> {
     let [b, t, d_in] = a.dims();
-    let d_out = scaled.dims()[2];
-    let a2 = a.clone().reshape([b * t, d_in]);
-    let d2 = scaled.clone().reshape([b * t, d_out]);
+    let d_out = delta.dims()[2];
+    let (a, delta) =
+        if exact && d_in < d_out { (scale(a, factors), delta.clone()) } else { (a.clone(), scale(delta, factors)) };
+    let a2 = a.reshape([b * t, d_in]);
+    let d2 = delta.reshape([b * t, d_out]);
     a2.transpose().matmul(d2).reshape([d_in * d_out])
 }
 
-/// Σ_i c_i Σ_t δ_{i,t} for a bias or LayerNorm β.
-pub fn bias_sum<B: Backend>(scaled: &Tensor<B, 3>) -> Tensor<B, 1> {
-    let d = scaled.dims()[2];
-    scaled.clone().sum_dims(&[0, 1]).reshape([d])
+/// Σ_i c_i x_i over examples x [B, r, c], flat [r·c]: elementwise products and a sum (no
+/// matmul, so no rounded inputs on any device).
+pub fn weighted_sum<B: Backend>(x: &Tensor<B, 3>, factors: &Tensor<B, 1>) -> Tensor<B, 1> {
+    let [_, r, c] = x.dims();
+    scale(x, factors).sum_dim(0).reshape([r * c])
+}
+
+/// Σ_i c_i g_i over per-example gradients g [B, d_in, d_out] as one product cᵀG (exact f32
+/// products only: [`LinearForm::Reused`]).
+pub fn per_example_sum<B: Backend>(g: &Tensor<B, 3>, factors: &Tensor<B, 1>) -> Tensor<B, 1> {
+    let [b, d_in, d_out] = g.dims();
+    factors.clone().reshape([1, b]).matmul(g.clone().reshape([b, d_in * d_out])).reshape([d_in * d_out])
+}
+
+/// Σ_i c_i Σ_t δ_{i,t} for a bias or LayerNorm β: per-example row sums first, so c ⊙ δ is
+/// never built.
+pub fn bias_sum<B: Backend>(delta: &Tensor<B, 3>, factors: &Tensor<B, 1>) -> Tensor<B, 1> {
+    weighted_sum(&delta.clone().sum_dim(1), factors)
 }
 
 /// Σ_i c_i Σ_t δ_{i,t} ⊙ x̂_{i,t} for a LayerNorm γ.
-pub fn layer_norm_gamma_sum<B: Backend>(normalized: &Tensor<B, 3>, scaled: &Tensor<B, 3>) -> Tensor<B, 1> {
-    bias_sum(&(scaled.clone() * normalized.clone()))
+pub fn layer_norm_gamma_sum<B: Backend>(
+    normalized: &Tensor<B, 3>,
+    delta: &Tensor<B, 3>,
+    factors: &Tensor<B, 1>,
+) -> Tensor<B, 1> {
+    weighted_sum(&(delta.clone() * normalized.clone()).sum_dim(1), factors)
 }
 
 /// `running` (a table's running sum, flat [rows·d]) plus Σ_i c_i Σ_t onehot(tok_{i,t}) δ_{i,t}ᵀ,
@@ -109,10 +174,4 @@ pub fn add_embedding_sum<B: Backend>(
         .reshape([rows, d])
         .select_assign(0, indices, scaled.clone().reshape([b * t, d]), IndexingUpdateOp::Add)
         .reshape([rows * d])
-}
-
-/// Σ_i c_i δ_i for a free parameter [T, d].
-pub fn free_sum<B: Backend>(scaled: &Tensor<B, 3>) -> Tensor<B, 1> {
-    let [_, t, d] = scaled.dims();
-    scaled.clone().sum_dim(0).reshape([t * d])
 }
