@@ -19,7 +19,7 @@ pub use engine::{
 pub use finite::Reads;
 pub use lanes::Lanes;
 pub use rounding::{MatmulInputs, NORM_EPSILON};
-pub use tape::{LoweredWeights, Mode, Precision, Record, Tape};
+pub use tape::{LoweredWeights, Mode, Precision, Record, Shared, Tape};
 
 use std::ops::Range;
 

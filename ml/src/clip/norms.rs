@@ -47,16 +47,15 @@ fn per_example<B: Backend>(x: Tensor<B, 3>) -> Tensor<B, 1> {
     x.reshape([b as i32, -1]).sum_dim(1).squeeze_dim(1)
 }
 
-/// ‖Σ_t a_tᵀ δ_t‖² per example for a Linear weight, in the ghost or materialised `form`.
-pub fn linear_weight_sq_norms<B: Backend>(a: &Tensor<B, 3>, delta: &Tensor<B, 3>, form: LinearForm) -> Tensor<B, 1> {
-    match form {
-        LinearForm::Ghost => {
-            let aa = a.clone().matmul(a.clone().swap_dims(1, 2));
-            let dd = delta.clone().matmul(delta.clone().swap_dims(1, 2));
-            per_example(aa * dd)
-        }
-        LinearForm::Materialised | LinearForm::Reused => per_example_sq_norms(&linear_weight_per_example(a, delta)),
-    }
+/// The Gram matrix x·xᵀ per example, [B, T, T].
+pub fn gram<B: Backend>(x: &Tensor<B, 3>) -> Tensor<B, 3> {
+    x.clone().matmul(x.clone().swap_dims(1, 2))
+}
+
+/// ‖Σ_t a_tᵀ δ_t‖² = Σ_{t,s}(a_t·a_s)(δ_t·δ_s) per example for a Linear weight, from the
+/// input's Gram matrix `aa` ([`gram`]).
+pub fn ghost_sq_norms<B: Backend>(aa: &Tensor<B, 3>, delta: &Tensor<B, 3>) -> Tensor<B, 1> {
+    per_example(aa.clone() * gram(delta))
 }
 
 /// g_i = Σ_t a_{i,t}ᵀ δ_{i,t} per example, [B, d_in, d_out].
@@ -98,8 +97,7 @@ pub fn layer_norm_gamma_sq_norms<B: Backend>(normalized: &Tensor<B, 3>, delta: &
 /// Σ_{t,s} [tok_t = tok_s] (δ_t·δ_s) per example for an embedding table.
 pub fn embedding_sq_norms<B: Backend>(tokens: &Tensor<B, 2, Int>, delta: &Tensor<B, 3>) -> Tensor<B, 1> {
     let same = tokens.clone().unsqueeze_dim::<3>(2).equal(tokens.clone().unsqueeze_dim::<3>(1)).float();
-    let dd = delta.clone().matmul(delta.clone().swap_dims(1, 2));
-    per_example(same * dd)
+    per_example(same * gram(delta))
 }
 
 /// ‖δ‖² per example for a free parameter added to every example.

@@ -2,6 +2,8 @@
 //! parameters' gradients and their clipped sum Σ_i c_i·g_i, by layer kind, and the per-example
 //! selections and masks applied to both.
 
+use std::collections::HashMap;
+
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, FloatDType, Int, Tensor};
 
@@ -57,11 +59,13 @@ pub(super) fn sq_norms<AB: AutodiffBackend>(
 ) -> Norms<Inner<AB>> {
     let zeros = || Tensor::<Inner<AB>, 1>::zeros([b], params.device());
     let (mut sq, mut r_sq) = (zeros(), inputs.unit().map(|_| zeros()));
+    let mut grams = Grams::default();
     for Delta { record, delta, per_example } in records.iter_mut() {
         sq = sq
             + match record {
-                Record::Linear { input, bias, .. } => {
-                    let (w, kept) = linear_sq_norms(input, delta, inputs, &mut r_sq);
+                Record::Linear { input, bias, shared, .. } => {
+                    let a = Activation { a: input, shared: *shared };
+                    let (w, kept) = linear_sq_norms(a, delta, inputs, &mut r_sq, &mut grams);
                     *per_example = kept;
                     if bias.is_some() { w + norms::bias_sq_norms(delta) } else { w }
                 }
@@ -84,14 +88,24 @@ pub(super) fn sq_norms<AB: AutodiffBackend>(
     Norms { sq, r_sq }
 }
 
+/// The Gram matrices a·aᵀ [B, T, T] of shared inputs ([`super::Shared`]) computed so far.
+type Grams<B> = HashMap<usize, Tensor<B, 3>>;
+
+/// A Linear layer's input and the key of the [`super::Shared`] input it is, if any.
+struct Activation<'a, B: Backend> {
+    a: &'a Tensor<B, 3>,
+    shared: Option<usize>,
+}
+
 /// A Linear weight's squared norms in the form [`norms::linear_form`] picks, with the
 /// per-example gradients when that form keeps them; with rounded inputs, the bound and its S²
-/// added to `r_sq`.
+/// added to `r_sq`. A shared input's Gram matrix is computed once and kept in `grams`.
 fn linear_sq_norms<B: Backend>(
-    a: &Tensor<B, 3>,
+    Activation { a, shared }: Activation<'_, B>,
     delta: &Tensor<B, 3>,
     inputs: MatmulInputs,
     r_sq: &mut Option<Tensor<B, 1>>,
+    grams: &mut Grams<B>,
 ) -> (Tensor<B, 1>, Option<Tensor<B, 3>>) {
     let ([_, t, d_in], d_out) = (a.dims(), delta.dims()[2]);
     let shape = rounding::LinearShape { t, d_in, d_out };
@@ -101,7 +115,14 @@ fn linear_sq_norms<B: Backend>(
             let g = norms::linear_weight_per_example(a, delta);
             (norms::per_example_sq_norms(&g), Some(g))
         }
-        LinearForm::Ghost | LinearForm::Materialised => (norms::linear_weight_sq_norms(a, delta, form), None),
+        LinearForm::Ghost => {
+            let aa = match shared {
+                Some(key) => grams.entry(key).or_insert_with(|| norms::gram(a)).clone(),
+                None => norms::gram(a),
+            };
+            (norms::ghost_sq_norms(&aa, delta), None)
+        }
+        LinearForm::Materialised => (norms::per_example_sq_norms(&norms::linear_weight_per_example(a, delta)), None),
     };
     let w = match inputs.unit() {
         None => w,
@@ -131,7 +152,9 @@ fn map_examples<AB: AutodiffBackend>(
     tokens: impl FnOnce(Tensor<Inner<AB>, 2, Int>) -> Tensor<Inner<AB>, 2, Int>,
 ) -> Delta<AB> {
     let record = match record {
-        Record::Linear { weight, bias, input, probe } => Record::Linear { weight, bias, input: float(input), probe },
+        Record::Linear { weight, bias, input, shared, probe } => {
+            Record::Linear { weight, bias, input: float(input), shared, probe }
+        }
         Record::LayerNorm { gamma, beta, normalized, probe } => {
             Record::LayerNorm { gamma, beta, normalized: float(normalized), probe }
         }
@@ -191,8 +214,8 @@ pub(super) fn add_clipped_sums<AB: AutodiffBackend>(
 /// clip factor and sum below is computed in f32.
 fn widen_record<AB: AutodiffBackend>(record: Record<AB>) -> Record<AB> {
     match record {
-        Record::Linear { weight, bias, input, probe } => {
-            Record::Linear { weight, bias, input: input.cast(FloatDType::F32), probe }
+        Record::Linear { weight, bias, input, shared, probe } => {
+            Record::Linear { weight, bias, input: input.cast(FloatDType::F32), shared, probe }
         }
         other => other,
     }

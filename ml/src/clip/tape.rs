@@ -84,8 +84,14 @@ impl Precision {
 #[allow(missing_docs)]
 pub enum Record<AB: AutodiffBackend> {
     /// y = a W (+ b) on a sequence: a is [B, T, d_in] (in the compute dtype), the probe
-    /// [B, T, d_out] (f32).
-    Linear { weight: ParamId, bias: Option<ParamId>, input: Tensor<Inner<AB>, 3>, probe: Tensor<AB, 3> },
+    /// [B, T, d_out] (f32); `shared` names an input other Linear layers read too ([`Shared`]).
+    Linear {
+        weight: ParamId,
+        bias: Option<ParamId>,
+        input: Tensor<Inner<AB>, 3>,
+        shared: Option<usize>,
+        probe: Tensor<AB, 3>,
+    },
     /// y = x̂ ⊙ γ + β: x̂ is the normalised input [B, T, d].
     LayerNorm { gamma: ParamId, beta: ParamId, normalized: Tensor<Inner<AB>, 3>, probe: Tensor<AB, 3> },
     /// y = table[tokens]: tokens [B, T].
@@ -128,6 +134,23 @@ impl<B: Backend> LoweredWeights<B> {
     }
 }
 
+/// An activation that several Linear layers read (q, k and v of a self-attention; k and v of
+/// every cross-attention over one memory), made by [`Tape::share`]: the ghost form computes its
+/// Gram matrix a·aᵀ once for all of them (an encoder block's q, k and v: 2 of its 12 Gram
+/// products saved).
+#[derive(Debug, Clone)]
+pub struct Shared<AB: AutodiffBackend> {
+    tensor: Tensor<AB, 3>,
+    key: usize,
+}
+
+impl<AB: AutodiffBackend> Shared<AB> {
+    /// The activation.
+    pub fn tensor(&self) -> &Tensor<AB, 3> {
+        &self.tensor
+    }
+}
+
 /// Records one forward pass over a micro-batch.
 #[derive(Debug)]
 pub struct Tape<'p, AB: AutodiffBackend> {
@@ -137,12 +160,21 @@ pub struct Tape<'p, AB: AutodiffBackend> {
     lowered: Option<&'p LoweredWeights<Inner<AB>>>,
     records: Vec<Record<AB>>,
     leaves: HashMap<ParamId, Tensor<AB, 1>>,
+    shared: usize,
 }
 
 impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
     /// A fresh tape over `params`.
     pub fn new(mode: Mode, params: &'p ParamSet<Inner<AB>>) -> Self {
-        Self { mode, precision: Precision::F32, params, lowered: None, records: Vec::new(), leaves: HashMap::new() }
+        Self {
+            mode,
+            precision: Precision::F32,
+            params,
+            lowered: None,
+            records: Vec::new(),
+            leaves: HashMap::new(),
+            shared: 0,
+        }
     }
 
     /// The same tape reading its half-precision weights from `lowered` (ghost mode; the step's
@@ -232,8 +264,29 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
         }
     }
 
+    /// `x` as an input that several Linear layers read ([`Shared`]).
+    pub fn share(&mut self, x: Tensor<AB, 3>) -> Shared<AB> {
+        self.shared += 1;
+        Shared { tensor: x, key: self.shared }
+    }
+
     /// y = x W + b for x of shape [B, T, d_in].
     pub fn linear(&mut self, weight: ParamId, bias: Option<ParamId>, x: Tensor<AB, 3>) -> Tensor<AB, 3> {
+        self.linear_keyed(weight, bias, x, None)
+    }
+
+    /// y = x W + b for a shared x ([`Tape::share`]).
+    pub fn linear_shared(&mut self, weight: ParamId, bias: Option<ParamId>, x: &Shared<AB>) -> Tensor<AB, 3> {
+        self.linear_keyed(weight, bias, x.tensor.clone(), Some(x.key))
+    }
+
+    fn linear_keyed(
+        &mut self,
+        weight: ParamId,
+        bias: Option<ParamId>,
+        x: Tensor<AB, 3>,
+        shared: Option<usize>,
+    ) -> Tensor<AB, 3> {
         let w = self.weight(weight);
         // One [B·T, d_in] × [d_in, d_out] gemm: far faster than B broadcast matmuls.
         let [batch, t, d_in] = x.dims();
@@ -245,7 +298,7 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
         }
         let (y, probe) = self.probe(y);
         if let Some(probe) = probe {
-            self.records.push(Record::Linear { weight, bias, input: x.inner(), probe });
+            self.records.push(Record::Linear { weight, bias, input: x.inner(), shared, probe });
         }
         y
     }

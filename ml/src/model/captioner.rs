@@ -118,8 +118,10 @@ impl Captioner {
         let inputs = tokens.slice([0..b, 0..s - 1]);
         let mut x = tape.embedding(self.token_embed, inputs);
         x = tape.add_free(self.positions, x);
+        // Every block's cross-attention reads the same memory: one Gram matrix for all of them.
+        let memory = tape.share(memory.clone());
         for block in &self.blocks {
-            x = block.forward(tape, x, Some(memory));
+            x = block.forward(tape, x, Some(&memory));
         }
         let x = self.norm.forward(tape, x);
         self.head.forward(tape, x)

@@ -5,7 +5,7 @@ use burn::tensor::activation::{gelu, softmax};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Tensor};
 
-use crate::clip::Tape;
+use crate::clip::{Shared, Tape};
 use crate::params::{Init, ParamId, ParamSet};
 
 /// Standard deviation of weight initialisation.
@@ -32,6 +32,11 @@ impl Linear {
     /// Applies the layer to [B, T, d_in].
     pub fn forward<AB: AutodiffBackend>(&self, tape: &mut Tape<'_, AB>, x: Tensor<AB, 3>) -> Tensor<AB, 3> {
         tape.linear(self.weight, Some(self.bias), x)
+    }
+
+    /// Applies the layer to an input other layers read too.
+    pub fn forward_shared<AB: AutodiffBackend>(&self, tape: &mut Tape<'_, AB>, x: &Shared<AB>) -> Tensor<AB, 3> {
+        tape.linear_shared(self.weight, Some(self.bias), x)
     }
 }
 
@@ -90,15 +95,16 @@ impl Attention {
         &self,
         tape: &mut Tape<'_, AB>,
         x: Tensor<AB, 3>,
-        memory: Option<Tensor<AB, 3>>,
+        memory: Option<&Shared<AB>>,
         causal: bool,
     ) -> Tensor<AB, 3> {
         let [b, t, d] = x.dims();
-        let memory = memory.unwrap_or_else(|| x.clone());
-        let s = memory.dims()[1];
-        let q = self.split(self.q.forward(tape, x));
-        let k = self.split(self.k.forward(tape, memory.clone()));
-        let v = self.split(self.v.forward(tape, memory));
+        let x = tape.share(x);
+        let memory = memory.unwrap_or(&x);
+        let s = memory.tensor().dims()[1];
+        let q = self.split(self.q.forward_shared(tape, &x));
+        let k = self.split(self.k.forward_shared(tape, memory));
+        let v = self.split(self.v.forward_shared(tape, memory));
         let mut scores = tape.matmul(q, k.swap_dims(2, 3)).div_scalar(((d / self.heads) as f64).sqrt());
         if causal {
             // burn's masks are inverted from their names: `tril_mask` is true strictly *above*
@@ -147,13 +153,13 @@ impl Block {
         &self,
         tape: &mut Tape<'_, AB>,
         x: Tensor<AB, 3>,
-        memory: Option<&Tensor<AB, 3>>,
+        memory: Option<&Shared<AB>>,
     ) -> Tensor<AB, 3> {
         let h = self.ln1.forward(tape, x.clone());
         let mut x = x + self.attn.forward(tape, h, None, self.causal);
         if let Some((ln, cross)) = &self.cross {
             let h = ln.forward(tape, x.clone());
-            x = x + cross.forward(tape, h, memory.cloned(), false);
+            x = x + cross.forward(tape, h, memory, false);
         }
         let h = self.ln2.forward(tape, x.clone());
         let h = self.fc1.forward(tape, h);
