@@ -182,6 +182,38 @@ fn captioner_matches_naive_with_padding_and_micro_batches() {
 }
 
 #[test]
+fn steps_on_lanes_run_concurrently_without_hanging_and_give_bit_identical_sums() {
+    let config = CaptionerConfig::named("micro").unwrap();
+    let mut ps = ParamSet::<Inner>::new(&device());
+    let model = Captioner::new(&mut ps, config);
+    let batch = CaptionBatch::<AB>::random(config, 8, &device());
+    let engine = ClipEngine {
+        clipping_norm: 0.5,
+        micro_batch: 8,
+        precision: Precision::F32,
+        matmul_inputs: Default::default(),
+        reads: Default::default(),
+        lanes: Lanes::new(2),
+    };
+    // Four steps at once, as parallel tests or several jobs in one process run them: each must
+    // finish (a lane nested in another's backward would hang on burn-autodiff's graph locks).
+    // Detached threads, so that a hang fails here after the wait instead of blocking a join.
+    let (done, finished) = std::sync::mpsc::channel();
+    for _ in 0..4 {
+        let (done, model, ps, batch) = (done.clone(), model.clone(), ps.clone(), batch.clone());
+        std::thread::spawn(move || {
+            let sum: Vec<f32> = engine.clipped_sum(&model, &ps, &batch).sum.flatten().into_data().to_vec().unwrap();
+            done.send(sum)
+        });
+    }
+    let wait = std::time::Duration::from_secs(120);
+    let sums: Vec<Vec<f32>> = (0..4)
+        .map(|i| finished.recv_timeout(wait).unwrap_or_else(|e| panic!("step {i} of 4 did not finish in 120 s: {e}")))
+        .collect();
+    assert!(sums.iter().all(|s| s == &sums[0]), "the same lanes give the same sum, bit for bit");
+}
+
+#[test]
 fn mae_matches_naive_with_per_example_masks() {
     let config = MaeConfig::named("micro").unwrap();
     let mut ps = ParamSet::<Inner>::new(&device());

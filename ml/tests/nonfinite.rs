@@ -8,6 +8,7 @@
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use dpcap_ml::CpuBackend;
+use dpcap_ml::clip::norms::LinearForm;
 use dpcap_ml::clip::{ClipEngine, Lanes, MatmulInputs, Objective, Precision, Reads};
 use dpcap_ml::model::{CaptionBatch, Captioner, CaptionerConfig};
 use dpcap_ml::params::ParamSet;
@@ -96,10 +97,17 @@ fn an_example_with_a_finite_loss_but_a_nan_gradient_is_left_out_too() {
     let device = Default::default();
     let mut params = ParamSet::<Inner>::seeded(&device, 3);
     let model = Saturated { weight: params.add("w", &[4, 3], Init::Ones), bias: params.add("b", &[3], Init::Zeros) };
-    let mut x: Vec<f32> = (0..3 * 2 * 4).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
-    x[8] = f32::INFINITY; // example 1, token 0, feature 0
-    let batch = Tensor::<CpuBackend, 3>::from_data(TensorData::new(x, [3, 2, 4]), &device);
-    for reads in [Reads::PerMicroBatch, Reads::PerPart] {
+    // T = 2 takes the ghost form, T = 4 keeps its per-example gradients for the sum (Reused):
+    // the NaN gradient must be left out of both, by selection and by masking.
+    let ways = [2, 4].into_iter().flat_map(|t| [(t, Reads::PerMicroBatch), (t, Reads::PerPart)]);
+    for (t, reads) in ways {
+        let shape = dpcap_ml::clip::rounding::LinearShape { t, d_in: 4, d_out: 3 };
+        let form = dpcap_ml::clip::norms::linear_form(shape, MatmulInputs::F32);
+        let want_form = if t == 2 { LinearForm::Ghost } else { LinearForm::Reused };
+        assert_eq!(form, want_form, "T = {t}");
+        let mut x: Vec<f32> = (0..3 * t * 4).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
+        x[t * 4] = f32::INFINITY; // example 1, token 0, feature 0
+        let batch = Tensor::<CpuBackend, 3>::from_data(TensorData::new(x, [3, t, 4]), &device);
         let engine = ClipEngine {
             clipping_norm: 1.0,
             micro_batch: 3,

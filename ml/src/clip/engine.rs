@@ -200,7 +200,7 @@ impl ClipEngine {
         batch: &M::Batch,
         into: &mut ClippedSum<Inner<AB>>,
     ) {
-        let ranges = self.lanes.ranges(model.batch_len(batch));
+        let ranges = self.lanes.within(self.micro_batch).ranges(model.batch_len(batch));
         let micro_batch = Lanes::micro_batch(self.micro_batch, ranges.len());
         let lowered = &into.lowered;
         let mut others: Vec<Partial<Inner<AB>>> = (1..ranges.len()).map(|_| Partial::zeros(params)).collect();
@@ -398,9 +398,9 @@ pub fn nonprivate_sum<AB: AutodiffBackend, M: Objective<AB>>(
     micro_batch: usize,
     lanes: Lanes,
 ) -> GradSum<Inner<AB>> {
-    let ranges = lanes.ranges(model.batch_len(batch));
+    let ranges = lanes.within(micro_batch).ranges(model.batch_len(batch));
     let micro_batch = Lanes::micro_batch(micro_batch, ranges.len());
-    let lane = |range: std::ops::Range<usize>| {
+    let lane_sum = |range: std::ops::Range<usize>| {
         let mut total = GradSum::zeros(params);
         let lane = model.slice(batch, range);
         let n = model.batch_len(&lane);
@@ -410,7 +410,10 @@ pub fn nonprivate_sum<AB: AutodiffBackend, M: Objective<AB>>(
         }
         total
     };
-    let mut sums = lanes::run(ranges, lane).into_iter();
+    let lane = |range: std::ops::Range<usize>| lanes::counted(|| lane_sum(range));
+    let (sums, counts): (Vec<_>, Vec<_>) = lanes::run(ranges, lane).into_iter().unzip();
+    lanes::add_counts(counts);
+    let mut sums = sums.into_iter();
     let mut total = sums.next().unwrap_or_else(|| GradSum::zeros(params));
     sums.for_each(|other| total.add_sum(other));
     total

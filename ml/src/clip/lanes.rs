@@ -13,6 +13,9 @@
 //! order), never on scheduling: a given lane count gives bit-identical sums run after run.
 
 use std::ops::Range;
+use std::sync::Mutex;
+
+use rayon::{ThreadPool, ThreadPoolBuilder};
 
 use super::counters::{self, Counts};
 
@@ -65,17 +68,59 @@ impl Lanes {
             .collect()
     }
 
+    /// At most `micro_batch` lanes, so that each has at least one example of the examples in
+    /// flight at once ([`Self::micro_batch`] keeps the bound).
+    pub fn within(self, micro_batch: usize) -> Self {
+        Self::new(self.0.min(micro_batch))
+    }
+
     /// The micro-batch of each of `lanes` lanes when `micro_batch` examples may be in flight at
-    /// once in all of them together (the memory bound stays the caller's).
+    /// once in all of them together ([`Self::within`] the bound: `lanes` ≤ `micro_batch`).
     pub fn micro_batch(micro_batch: usize, lanes: usize) -> usize {
         (micro_batch / lanes.max(1)).max(1)
     }
 }
 
 /// `lane` over each of `jobs`, side by side when there are several, results in job order.
-pub fn run<J: Send, T: Send>(jobs: Vec<J>, lane: impl Fn(J) -> T + Sync + Send) -> Vec<T> {
-    use rayon::prelude::*;
-    if jobs.len() < 2 { jobs.into_iter().map(lane).collect() } else { jobs.into_par_iter().map(lane).collect() }
+///
+/// The lanes run on a pool of exactly one thread per lane that this call has to itself
+/// ([`broadcast`](rayon::ThreadPool::broadcast): lane i on thread i), and burn-flex's parallel
+/// ops inside a lane run on that pool too. Not on the global pool: a pool thread waiting inside
+/// one of burn-flex's ops may take up queued pool work, and another lane picked up that way
+/// inside a backward would run on the same thread while burn-autodiff holds that backward's
+/// graph lock; its own backward locks every graph when it cleans up (not reentrant: a hang,
+/// likelier where several steps share a pool, as parallel tests do). A broadcast job belongs to
+/// its thread and no other call uses the pool, so no lane ever runs inside another. Pools are
+/// kept for the next call: threads made afresh each step start with cold allocator arenas and
+/// made the `bench` step 1.3-1.6× slower (docs/burn.md).
+pub fn run<J: Send, T: Send>(jobs: Vec<J>, lane: impl Fn(J) -> T + Sync) -> Vec<T> {
+    let k = jobs.len();
+    let pool = if k < 2 { None } else { checkout(k) };
+    let Some(pool) = pool else { return jobs.into_iter().map(lane).collect() };
+    let slots: Vec<Mutex<Option<J>>> = jobs.into_iter().map(|job| Mutex::new(Some(job))).collect();
+    let out = pool.broadcast(|ctx| {
+        let job = slots[ctx.index()].lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        job.map(&lane)
+    });
+    IDLE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(pool);
+    out.into_iter().flatten().collect()
+}
+
+/// Lane pools not in use, kept warm for the next step.
+static IDLE: Mutex<Vec<ThreadPool>> = Mutex::new(Vec::new());
+
+/// An idle pool of `k` threads, or a new one; None when no thread can be started (the lanes
+/// then run one after another on the caller).
+fn checkout(k: usize) -> Option<ThreadPool> {
+    let mut idle = IDLE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    match idle.iter().position(|pool| pool.current_num_threads() == k) {
+        Some(i) => Some(idle.swap_remove(i)),
+        None => {
+            drop(idle);
+            let name = |i| format!("dpcap-lane-{i}");
+            ThreadPoolBuilder::new().num_threads(k).thread_name(name).build().ok()
+        }
+    }
 }
 
 /// Runs `work` and returns what it counted ([`counters`]) instead of leaving it on the thread
@@ -115,11 +160,29 @@ mod tests {
     }
 
     #[test]
+    fn lanes_run_side_by_side_and_return_in_job_order() {
+        let lanes =
+            super::run((0..4).collect(), |i: usize| (i, std::thread::current().id(), rayon::current_num_threads()));
+        assert_eq!(lanes.iter().map(|l| l.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        let threads: std::collections::HashSet<_> = lanes.iter().map(|l| l.1).collect();
+        assert_eq!(threads.len(), 4, "each lane on a thread of its own");
+        assert!(lanes.iter().all(|l| l.2 == 4), "each lane's parallel ops stay on the lanes' pool: {lanes:?}");
+        assert!(!threads.contains(&std::thread::current().id()), "the caller only waits");
+        assert!(super::run(Vec::<usize>::new(), |i| i).is_empty());
+        assert_eq!(
+            super::run(vec![7], |i: usize| (i, std::thread::current().id())),
+            [(7, std::thread::current().id())]
+        );
+    }
+
+    #[test]
     fn lanes_share_the_micro_batch_bound() {
         assert_eq!(Lanes::micro_batch(64, 2), 32);
         assert_eq!(Lanes::micro_batch(5, 2), 2);
         assert_eq!(Lanes::micro_batch(1, 4), 1);
         assert_eq!(Lanes::new(0).get(), 1);
+        assert_eq!(Lanes::new(4).within(2).get(), 2, "never more lanes than examples in flight");
+        assert_eq!(Lanes::new(4).within(0).get(), 1);
         assert_eq!(Lanes::for_device("cuda:0").get(), 1);
         assert_eq!(Lanes::for_device("wgpu").get(), 1);
     }

@@ -160,21 +160,12 @@ pub struct Tape<'p, AB: AutodiffBackend> {
     lowered: Option<&'p LoweredWeights<Inner<AB>>>,
     records: Vec<Record<AB>>,
     leaves: HashMap<ParamId, Tensor<AB, 1>>,
-    shared: usize,
 }
 
 impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
     /// A fresh tape over `params`.
     pub fn new(mode: Mode, params: &'p ParamSet<Inner<AB>>) -> Self {
-        Self {
-            mode,
-            precision: Precision::F32,
-            params,
-            lowered: None,
-            records: Vec::new(),
-            leaves: HashMap::new(),
-            shared: 0,
-        }
+        Self { mode, precision: Precision::F32, params, lowered: None, records: Vec::new(), leaves: HashMap::new() }
     }
 
     /// The same tape reading its half-precision weights from `lowered` (ghost mode; the step's
@@ -266,8 +257,10 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
 
     /// `x` as an input that several Linear layers read ([`Shared`]).
     pub fn share(&mut self, x: Tensor<AB, 3>) -> Shared<AB> {
-        self.shared += 1;
-        Shared { tensor: x, key: self.shared }
+        // Unique in the process, not per tape: a `Shared` carried to another tape (a mistake)
+        // can then never name another input's Gram matrix.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        Shared { tensor: x, key: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }
     }
 
     /// y = x W + b for x of shape [B, T, d_in].
