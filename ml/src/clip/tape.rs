@@ -1,5 +1,6 @@
 //! The forward-pass recorder. In [`Mode::Ghost`] parameters are constants (no gradient) and
-//! every trainable layer records its input activation and adds a zero *probe* to its output:
+//! every trainable layer records its input activation and adds a *probe* leaf to its output
+//! (its bias, β or free parameter broadcast to the output's shape; zeros where it has none):
 //! one backward then yields each layer's output gradient δ (the probe's gradient) and nothing
 //! else. In [`Mode::Plain`] parameters are autodiff leaves, for the non-private baseline and
 //! for the naive per-example reference.
@@ -79,7 +80,7 @@ impl Precision {
 }
 
 /// What one trainable layer left on the tape (ghost mode). Each variant's doc describes its
-/// fields (parameter ids, the layer's input activation, and the zero probe on its output).
+/// fields (parameter ids, the layer's input activation, and the probe on its output).
 #[derive(Debug, Clone)]
 #[allow(missing_docs)]
 pub enum Record<AB: AutodiffBackend> {
@@ -245,13 +246,22 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
         }
     }
 
-    fn probe(&self, y: Tensor<AB, 3>) -> (Tensor<AB, 3>, Option<Tensor<AB, 3>>) {
-        match self.mode {
-            Mode::Plain | Mode::Frozen => (y, None),
-            Mode::Ghost => {
+    /// y + c for a parameter term c broadcast over y's leading dimensions ([1, 1, d] or
+    /// [1, T, d]; none for a layer without one), and in ghost mode the probe whose gradient is
+    /// y's: the broadcast c itself as a leaf of y's shape (a stride-0 view, so no tensor is
+    /// filled and no second add made; c is a constant there), else a zero leaf added to y.
+    fn probed(&self, y: Tensor<AB, 3>, c: Option<Tensor<AB, 3>>) -> (Tensor<AB, 3>, Option<Tensor<AB, 3>>) {
+        match (self.mode, c) {
+            (Mode::Ghost, Some(c)) => {
+                let probe = Tensor::<AB, 3>::from_inner(c.expand(y.dims()).inner()).require_grad();
+                (y + probe.clone(), Some(probe))
+            }
+            (Mode::Ghost, None) => {
                 let probe = Tensor::<AB, 3>::zeros(y.dims(), &y.device()).require_grad();
                 (y + probe.clone(), Some(probe))
             }
+            (Mode::Plain | Mode::Frozen, Some(c)) => (y + c, None),
+            (Mode::Plain | Mode::Frozen, None) => (y, None),
         }
     }
 
@@ -285,11 +295,9 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
         let [batch, t, d_in] = x.dims();
         let d_out = w.dims()[1];
         let x = self.lower(x);
-        let mut y = self.widen(x.clone().reshape([batch * t, d_in]).matmul(w).reshape([batch, t, d_out]));
-        if let Some(b) = bias {
-            y = y + self.param::<1>(b).unsqueeze::<3>();
-        }
-        let (y, probe) = self.probe(y);
+        let y = self.widen(x.clone().reshape([batch * t, d_in]).matmul(w).reshape([batch, t, d_out]));
+        let b = bias.map(|b| self.param::<1>(b).unsqueeze::<3>());
+        let (y, probe) = self.probed(y, b);
         if let Some(probe) = probe {
             self.records.push(Record::Linear { weight, bias, input: x.inner(), shared, probe });
         }
@@ -300,8 +308,9 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
     pub fn layer_norm(&mut self, gamma: ParamId, beta: ParamId, x: Tensor<AB, 3>, eps: f64) -> Tensor<AB, 3> {
         let (var, mean) = x.clone().var_mean_bias(2);
         let normalized = (x - mean) / (var + eps).sqrt();
-        let y = normalized.clone() * self.param::<1>(gamma).unsqueeze::<3>() + self.param::<1>(beta).unsqueeze::<3>();
-        let (y, probe) = self.probe(y);
+        let y = normalized.clone() * self.param::<1>(gamma).unsqueeze::<3>();
+        let b = self.param::<1>(beta).unsqueeze::<3>();
+        let (y, probe) = self.probed(y, Some(b));
         if let Some(probe) = probe {
             self.records.push(Record::LayerNorm { gamma, beta, normalized: normalized.inner(), probe });
         }
@@ -314,7 +323,7 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
         let w: Tensor<AB, 2> = self.param(table);
         let d = w.dims()[1];
         let y = w.select(0, tokens.clone().reshape([b * t])).reshape([b, t, d]);
-        let (y, probe) = self.probe(y);
+        let (y, probe) = self.probed(y, None);
         if let Some(probe) = probe {
             self.records.push(Record::Embedding { table, tokens: tokens.inner(), probe });
         }
@@ -325,8 +334,7 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
     pub fn add_free(&mut self, param: ParamId, x: Tensor<AB, 3>) -> Tensor<AB, 3> {
         let p: Tensor<AB, 2> = self.param(param);
         assert_eq!(p.dims()[0], x.dims()[1], "free parameter {} has the wrong length", self.params.spec(param).name);
-        let y = x + p.unsqueeze::<3>();
-        let (y, probe) = self.probe(y);
+        let (y, probe) = self.probed(x, Some(p.unsqueeze::<3>()));
         if let Some(probe) = probe {
             self.records.push(Record::Free { param, probe });
         }
