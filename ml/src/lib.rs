@@ -14,6 +14,7 @@ pub mod device;
 mod error;
 pub mod eval;
 pub mod fed;
+pub mod fused;
 pub mod init;
 pub mod model;
 pub mod optim;
@@ -21,7 +22,6 @@ pub mod params;
 pub mod timm;
 pub mod trainer;
 
-/// The default CPU training backend.
 pub use error::MlError;
 
 /// The CPU training backend.

@@ -6,6 +6,7 @@ mod clip_vs_naive;
 mod configs;
 mod efficiency;
 mod fedemb;
+mod fused;
 mod nonfinite;
 mod optim_checkpoint;
 mod precision;

@@ -1,7 +1,7 @@
 //! Transformer building blocks whose trainable layers all go through the [`Tape`], so the
 //! ClipEngine sees every parameter.
 
-use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::activation::softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Tensor};
 
@@ -163,6 +163,6 @@ impl Block {
         }
         let h = self.ln2.forward(tape, x.clone());
         let h = self.fc1.forward(tape, h);
-        x.clone() + self.fc2.forward(tape, gelu(h))
+        x.clone() + self.fc2.forward(tape, crate::fused::gelu(h))
     }
 }

@@ -1,0 +1,70 @@
+//! The fused ops against burn's own: the same values forward and the same input gradients
+//! backward, on shapes that are not a multiple of any vector width, contiguous or not.
+
+use burn::tensor::activation;
+use burn::tensor::{Distribution, Tensor};
+use dpcap_ml::CpuBackend;
+use dpcap_ml::fused::{self, kernels};
+
+#[test]
+fn the_vectorised_erf_stays_within_1e_6_of_erff() {
+    let mut worst = (0f32, 0f32);
+    for i in -200_000..=200_000 {
+        let x = i as f32 * 5e-5;
+        let err = (kernels::erf(x) - libm::erff(x)).abs();
+        if err > worst.0 {
+            worst = (err, x);
+        }
+    }
+    assert!(worst.0 <= 1e-6, "erf is {} off erff at {}", worst.0, worst.1);
+    for x in [0.0, -0.0, 1e-30, 30.0, -30.0, f32::INFINITY, f32::NEG_INFINITY] {
+        assert!((kernels::erf(x) - libm::erff(x)).abs() <= 1e-6, "erf({x})");
+    }
+    assert!(kernels::erf(f32::NAN).is_nan(), "a NaN stays a NaN, so its example is left out");
+}
+
+#[test]
+fn the_fused_gelu_matches_burns_forward_and_backward() {
+    let device = Default::default();
+    let x = Tensor::<CpuBackend, 3>::random([5, 7, 33], Distribution::Normal(0.0, 3.0), &device);
+    let w = Tensor::<CpuBackend, 3>::random([5, 7, 33], Distribution::Normal(0.0, 1.0), &device);
+    // Contiguous, and a transposed view (the op copies it once, burn-flex reads it strided).
+    for x in [x.clone(), x.swap_dims(0, 2).swap_dims(0, 2).swap_dims(1, 2)] {
+        let w = w.clone().reshape(x.dims());
+        let run = |f: fn(Tensor<CpuBackend, 3>) -> Tensor<CpuBackend, 3>| {
+            let leaf = x.clone().detach().require_grad();
+            let y = f(leaf.clone());
+            let grads = (y.clone() * w.clone()).sum().backward();
+            let dx: Vec<f32> = leaf.grad(&grads).expect("x is on the graph").into_data().to_vec().unwrap();
+            (y.into_data().to_vec::<f32>().unwrap(), dx)
+        };
+        let (fused_y, fused_dx) = run(fused::gelu);
+        let (burn_y, burn_dx) = run(activation::gelu);
+        let xs: Vec<f32> = x.clone().into_data().to_vec().unwrap();
+        // The fused path ran (not a fallback to burn's op): its values are the kernels' own.
+        let ws: Vec<f32> = w.clone().into_data().to_vec().unwrap();
+        let (mut want_y, mut want_dx) = (vec![0f32; xs.len()], vec![0f32; xs.len()]);
+        kernels::gelu(&xs, &mut want_y);
+        kernels::gelu_grad(&xs, &ws, &mut want_dx);
+        assert_eq!((&fused_y, &fused_dx), (&want_y, &want_dx));
+        for i in 0..xs.len() {
+            let scale = xs[i].abs().max(1.0);
+            assert!((fused_y[i] - burn_y[i]).abs() <= 2e-6 * scale, "gelu({}): {} vs {}", xs[i], fused_y[i], burn_y[i]);
+            assert!(
+                (fused_dx[i] - burn_dx[i]).abs() <= 2e-6 * scale,
+                "gelu'({}): {} vs {}",
+                xs[i],
+                fused_dx[i],
+                burn_dx[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn the_fused_gelu_keeps_non_finite_values_non_finite() {
+    let device = Default::default();
+    let x = Tensor::<CpuBackend, 1>::from_floats([f32::NAN, f32::INFINITY, -1.0], &device);
+    let y: Vec<f32> = fused::gelu(x).into_data().to_vec().unwrap();
+    assert!(y[0].is_nan() && y[1] == f32::INFINITY && y[2].is_finite(), "{y:?}");
+}
