@@ -11,6 +11,13 @@
 //! AVX-512, AVX2 and NEON with the widest chosen at run time; erf stays within 1e-6 of
 //! `erff` (`tests/fused.rs`). Upstream, the same kernels would replace burn-flex's scalar
 //! `gelu`/`gelu_backward` closures with its SIMD `unary_op` path, no autodiff change needed.
+//!
+//! **Softmax** over the last dimension. burn-autodiff has no softmax op, so a training step
+//! records burn's five-op decomposition (max, subtract, exp, sum, divide) and differentiates
+//! each, with broadcasts between them; burn-flex's own fused softmax is used only without
+//! autodiff. Here it is one op: one pass per row forward (the same vectorised exp), and
+//! y ⊙ (g − Σ g⊙y) per row backward from the saved output. Upstream this is an
+//! `ActivationOps::softmax` with a backward in burn-autodiff, which every backend would gain.
 
 use std::any::{Any, TypeId};
 
@@ -41,6 +48,21 @@ pub fn gelu<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>) -> Tensor<AB,
     }
 }
 
+/// Softmax over the last dimension (`dim` = D − 1; any other dimension takes burn's op).
+pub fn softmax<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>, dim: usize) -> Tensor<AB, D> {
+    match cast::<_, Tensor<CpuBackend, D>>(x) {
+        Ok(x) if x.dtype() == DType::F32 && dim + 1 == D => match cast(softmax_cpu(x)) {
+            Ok(y) => y,
+            Err(_) => unreachable!("the result has the input's type"),
+        },
+        Ok(x) => match cast(burn::tensor::activation::softmax(x, dim)) {
+            Ok(y) => y,
+            Err(_) => unreachable!("the result has the input's type"),
+        },
+        Err(x) => burn::tensor::activation::softmax(x, dim),
+    }
+}
+
 /// `a` as a `B` when they are the same type, else `a` back.
 fn cast<A: 'static, B: 'static>(a: A) -> Result<B, A> {
     if TypeId::of::<A>() != TypeId::of::<B>() {
@@ -68,6 +90,48 @@ impl Backward<Flex, 1> for Gelu {
     }
 }
 
+/// The softmax op over rows of the last dimension: its state for the backward is the output y
+/// (dx = y ⊙ (g − Σ g⊙y) per row).
+#[derive(Debug)]
+struct Softmax;
+
+impl Backward<Flex, 1> for Softmax {
+    type State = FlexTensor;
+
+    fn backward(self, ops: Ops<FlexTensor, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let y = ops.state;
+        unary::<Flex, _>(ops.parents, ops.node, grads, |grad| {
+            let row = y.layout().shape().iter().last().copied().unwrap_or(1);
+            match zip_map(&y, &grad, |y, g, out| kernels::softmax_grad(y, g, out, row)) {
+                Some(dx) => dx,
+                None => softmax_backward_unfused(y, grad, row),
+            }
+        });
+    }
+}
+
+/// burn-flex's own ops for the softmax backward, where [`kernels::softmax_grad`] cannot run.
+fn softmax_backward_unfused(y: FlexTensor, grad: FlexTensor, row: usize) -> FlexTensor {
+    let shape = y.layout().shape().clone();
+    let y = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(y)).reshape([-1, row as i32]);
+    let g = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(grad)).reshape([-1, row as i32]);
+    let dot = (g.clone() * y.clone()).sum_dim(1);
+    (y * (g - dot)).into_primitive().tensor().reshape(shape)
+}
+
+fn softmax_cpu<const D: usize>(x: Tensor<CpuBackend, D>) -> Tensor<CpuBackend, D> {
+    let row = x.dims()[D - 1];
+    let x = x.into_primitive().tensor();
+    let Some(y) = map(&x.primitive, |x, out| kernels::softmax(x, out, row)) else {
+        return burn::tensor::activation::softmax(Tensor::from_primitive(TensorPrimitive::Float(x)), D - 1);
+    };
+    let out = match Softmax.prepare::<NoCheckpointing>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(y.clone(), y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
 fn gelu_cpu<const D: usize>(x: Tensor<CpuBackend, D>) -> Tensor<CpuBackend, D> {
     let x = x.into_primitive().tensor();
     let y = map(&x.primitive, kernels::gelu).unwrap_or_else(|| Flex::gelu(x.primitive.clone()));
@@ -80,7 +144,7 @@ fn gelu_cpu<const D: usize>(x: Tensor<CpuBackend, D>) -> Tensor<CpuBackend, D> {
 
 /// `f` over x into a new tensor of x's shape; None unless x holds f32 (burn-flex's own op
 /// then runs).
-fn map(x: &FlexTensor, f: fn(&[f32], &mut [f32])) -> Option<FlexTensor> {
+fn map(x: &FlexTensor, f: impl FnOnce(&[f32], &mut [f32])) -> Option<FlexTensor> {
     let x = x.to_contiguous();
     let src = x.as_slice::<f32>()?;
     let mut out = vec![0f32; src.len()];
@@ -90,7 +154,7 @@ fn map(x: &FlexTensor, f: fn(&[f32], &mut [f32])) -> Option<FlexTensor> {
 
 /// `f` over (x, g) pairs into a new tensor of x's shape; None unless both hold f32 of one
 /// shape.
-fn zip_map(x: &FlexTensor, g: &FlexTensor, f: fn(&[f32], &[f32], &mut [f32])) -> Option<FlexTensor> {
+fn zip_map(x: &FlexTensor, g: &FlexTensor, f: impl FnOnce(&[f32], &[f32], &mut [f32])) -> Option<FlexTensor> {
     let (x, g) = (x.to_contiguous(), g.to_contiguous());
     let (xs, gs) = (x.as_slice::<f32>()?, g.as_slice::<f32>()?);
     if x.layout().shape() != g.layout().shape() {
@@ -108,12 +172,15 @@ pub mod kernels {
     /// 1/√(2π).
     const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
 
-    /// e^x for x ≤ 0 (GELU's only use), relative error about 2e-7: n = ⌊x·log₂e⌉, r = x − n·ln 2
-    /// in two steps (Cody-Waite), Cephes's degree-6 polynomial for e^r, and 2^n from the
-    /// exponent bits. Below −87.3 it returns e^−87.3 ≈ 1e-38 (where e^x is below any use).
+    /// e^x for x ≤ 0 (the only uses: erf's e^(−x²), softmax's e^(x − max)), relative error
+    /// about 2e-7: n = ⌊x·log₂e⌉, r = x − n·ln 2 in two steps (Cody-Waite), Cephes's degree-6
+    /// polynomial for e^r, and 2^n from the exponent bits. Exactly 0 below −87.3 (where e^x
+    /// leaves f32's normal range), as a masked attention score must weigh; NaN stays NaN.
     #[inline(always)]
     pub fn exp_neg(x: f32) -> f32 {
-        let x = x.max(-87.3);
+        let underflow = x < -87.3;
+        // A select, not `max`: `max` would turn a NaN into −87.3.
+        let x = if underflow { -87.3 } else { x };
         let n = (x * LOG2_E + 0.5).floor();
         let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
         let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
@@ -121,7 +188,8 @@ pub mod kernels {
             * r
             + 0.5;
         let p = p * r * r + r + 1.0;
-        p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+        let e = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
+        if underflow { 0.0 } else { e }
     }
 
     /// erf(x) by Abramowitz and Stegun 7.1.26 (|error| ≤ 1.5e-7), odd by its sign.
@@ -131,6 +199,32 @@ pub mod kernels {
         let t = 1.0 / (1.0 + 0.327_591_1 * a);
         let poly = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152 + t * 1.061_405_4))));
         (1.0 - poly * exp_neg(-a * a)).copysign(x)
+    }
+
+    /// Softmax of each row of `row` values: e^(x − max) / Σ e^(x − max). A NaN anywhere in a
+    /// row makes the whole row NaN (`max` skips it, the exponent does not), as burn's does.
+    #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+    pub fn softmax(x: &[f32], out: &mut [f32], row: usize) {
+        for (x, out) in x.chunks_exact(row).zip(out.chunks_exact_mut(row)) {
+            let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = exp_neg(v - max);
+            }
+            let inv = 1.0 / out.iter().sum::<f32>();
+            out.iter_mut().for_each(|o| *o *= inv);
+        }
+    }
+
+    /// The softmax's input gradient y ⊙ (g − Σ g⊙y) for each row of `row` values.
+    #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+    pub fn softmax_grad(y: &[f32], g: &[f32], out: &mut [f32], row: usize) {
+        let rows = y.chunks_exact(row).zip(g.chunks_exact(row)).zip(out.chunks_exact_mut(row));
+        for ((y, g), out) in rows {
+            let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
+            for ((o, &y), &g) in out.iter_mut().zip(y).zip(g) {
+                *o = y * (g - dot);
+            }
+        }
     }
 
     /// x·Φ(x) for each x.

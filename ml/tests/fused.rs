@@ -1,5 +1,6 @@
 //! The fused ops against burn's own: the same values forward and the same input gradients
-//! backward, on shapes that are not a multiple of any vector width, contiguous or not.
+//! backward, on shapes that are not a multiple of any vector width, contiguous or not; and
+//! checks that the fused path (not a fallback) is what ran.
 
 use burn::tensor::activation;
 use burn::tensor::{Distribution, Tensor};
@@ -67,4 +68,46 @@ fn the_fused_gelu_keeps_non_finite_values_non_finite() {
     let x = Tensor::<CpuBackend, 1>::from_floats([f32::NAN, f32::INFINITY, -1.0], &device);
     let y: Vec<f32> = fused::gelu(x).into_data().to_vec().unwrap();
     assert!(y[0].is_nan() && y[1] == f32::INFINITY && y[2].is_finite(), "{y:?}");
+}
+
+#[test]
+fn the_fused_softmax_matches_burns_forward_and_backward_with_masked_scores() {
+    let device = Default::default();
+    let [b, h, t, s] = [3, 2, 5, 17];
+    let scores = Tensor::<CpuBackend, 4>::random([b, h, t, s], Distribution::Normal(0.0, 4.0), &device);
+    // A causal-style mask, as attention fills it: those weights must be exactly 0.
+    let mask = Tensor::<CpuBackend, 2, burn::tensor::Bool>::tril_mask([t, s], 0, &device).unsqueeze::<4>();
+    let scores = scores.mask_fill(mask.expand([b, h, t, s]), -1e9);
+    let w = Tensor::<CpuBackend, 4>::random([b, h, t, s], Distribution::Normal(0.0, 1.0), &device);
+    for x in [scores.clone(), scores.swap_dims(1, 2).swap_dims(1, 2)] {
+        let run = |f: fn(Tensor<CpuBackend, 4>, usize) -> Tensor<CpuBackend, 4>| {
+            let leaf = x.clone().detach().require_grad();
+            let y = f(leaf.clone(), 3);
+            let grads = (y.clone() * w.clone()).sum().backward();
+            let dx: Vec<f32> = leaf.grad(&grads).expect("x is on the graph").into_data().to_vec().unwrap();
+            (y.into_data().to_vec::<f32>().unwrap(), dx)
+        };
+        let (fused_y, fused_dx) = run(fused::softmax);
+        let (burn_y, burn_dx) = run(activation::softmax);
+        let xs: Vec<f32> = x.clone().into_data().to_vec().unwrap();
+        let mut want_y = vec![0f32; xs.len()];
+        kernels::softmax(&xs, &mut want_y, s);
+        assert_eq!(fused_y, want_y, "the fused path ran");
+        for i in 0..xs.len() {
+            assert!((fused_y[i] - burn_y[i]).abs() <= 1e-6, "softmax at {i}: {} vs {}", fused_y[i], burn_y[i]);
+            assert!((fused_dx[i] - burn_dx[i]).abs() <= 1e-5, "softmax' at {i}: {} vs {}", fused_dx[i], burn_dx[i]);
+            if xs[i] == -1e9 {
+                assert_eq!((fused_y[i], fused_dx[i]), (0.0, 0.0), "a masked score weighs nothing");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_nan_score_makes_its_row_nan_and_leaves_the_others() {
+    let device = Default::default();
+    let x = Tensor::<CpuBackend, 2>::from_floats([[0.0, f32::NAN, 1.0], [0.0, 1.0, 2.0]], &device);
+    let y: Vec<f32> = fused::softmax(x, 1).into_data().to_vec().unwrap();
+    assert!(y[..3].iter().all(|v| v.is_nan()), "{y:?}");
+    assert!(y[3..].iter().all(|v| v.is_finite()) && (y[3..].iter().sum::<f32>() - 1.0).abs() < 1e-6, "{y:?}");
 }

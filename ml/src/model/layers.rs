@@ -1,7 +1,6 @@
 //! Transformer building blocks whose trainable layers all go through the [`Tape`], so the
 //! ClipEngine sees every parameter.
 
-use burn::tensor::activation::softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Tensor};
 
@@ -112,7 +111,7 @@ impl Attention {
             let mask = Tensor::<AB, 2, Bool>::tril_mask([t, s], 0, &scores.device()).unsqueeze::<4>();
             scores = scores.mask_fill(mask.expand([b, self.heads, t, s]), -1e9);
         }
-        let out = tape.matmul(softmax(scores, 3), v).swap_dims(1, 2).reshape([b, t, d]);
+        let out = tape.matmul(crate::fused::softmax(scores, 3), v).swap_dims(1, 2).reshape([b, t, d]);
         self.o.forward(tape, out)
     }
 }
