@@ -123,13 +123,14 @@ fn with_a_nan_example<AB: AutodiffBackend>(batch: CaptionBatch<AB>) -> CaptionBa
 }
 
 /// The device's clipped sum against the CPU's, on identical weights (seeded init) and data.
-/// The CPU applies the device's norm bound (`matmul_inputs`) to its own exact norms, so the clip
-/// factors differ only by the device's rounding.
+/// The CPU applies the device engine's norm bound (`matmul_inputs`) to its own exact norms, so
+/// the clip factors differ only by the device's rounding, and runs its lanes, so that on a CPU
+/// both sums are added in the same order.
 fn verify_against_cpu<AB: AutodiffBackend>(
     config: CaptionerConfig,
     device_values: &[f32],
     batch: &CaptionBatch<AB>,
-    matmul_inputs: MatmulInputs,
+    device_engine: ClipEngine,
 ) -> f64 {
     let cpu = Default::default();
     let mut params = ParamSet::<<CpuBackend as AutodiffBackend>::InnerBackend>::new(&cpu);
@@ -142,9 +143,9 @@ fn verify_against_cpu<AB: AutodiffBackend>(
         clipping_norm: 1.0,
         micro_batch: 1,
         precision: Precision::F32,
-        matmul_inputs,
+        matmul_inputs: device_engine.matmul_inputs,
         reads: Reads::default(),
-        lanes: Lanes::default(),
+        lanes: device_engine.lanes,
     };
     let reference = clipped_values::<CpuBackend>(&model, &params, &batch, engine);
     let scale = reference.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs()))).max(f64::MIN_POSITIVE);
@@ -222,7 +223,7 @@ fn measure_and_verify<AB: AutodiffBackend>(opts: &ClipBench, device: Device<AB>)
     let mut timings = measure::<AB, _>(&model, &params, &batch, opts);
     let batch = with_a_nan_example(batch);
     let values = clipped_values::<AB>(&model, &params, &batch, engine(opts));
-    timings.verify_rel_err = Some(verify_against_cpu(config, &values, &batch, engine(opts).matmul_inputs));
+    timings.verify_rel_err = Some(verify_against_cpu(config, &values, &batch, engine(opts)));
     Ok(timings)
 }
 
