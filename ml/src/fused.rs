@@ -35,31 +35,33 @@ use crate::CpuBackend;
 
 /// The exact GELU, x·Φ(x) = ½x(1 + erf(x/√2)), elementwise.
 pub fn gelu<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>) -> Tensor<AB, D> {
-    match cast::<_, Tensor<CpuBackend, D>>(x) {
-        Ok(x) if x.dtype() == DType::F32 => match cast(gelu_cpu(x)) {
-            Ok(y) => y,
-            Err(_) => unreachable!("the result has the input's type"),
-        },
-        Ok(x) => match cast(burn::tensor::activation::gelu(x)) {
-            Ok(y) => y,
-            Err(_) => unreachable!("the result has the input's type"),
-        },
-        Err(x) => burn::tensor::activation::gelu(x),
-    }
+    on_cpu(x, |_| true, gelu_cpu, burn::tensor::activation::gelu)
 }
 
 /// Softmax over the last dimension (`dim` = D − 1; any other dimension takes burn's op).
 pub fn softmax<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>, dim: usize) -> Tensor<AB, D> {
+    on_cpu(x, |_| dim + 1 == D, softmax_cpu, |x| burn::tensor::activation::softmax(x, dim))
+}
+
+/// `fused` on an f32 [`CpuBackend`] tensor for which `applies` holds, else `burn_op`.
+fn on_cpu<AB: AutodiffBackend, const D: usize>(
+    x: Tensor<AB, D>,
+    applies: impl FnOnce(&Tensor<CpuBackend, D>) -> bool,
+    fused: fn(Tensor<CpuBackend, D>) -> Tensor<CpuBackend, D>,
+    burn_op: impl FnOnce(Tensor<AB, D>) -> Tensor<AB, D>,
+) -> Tensor<AB, D> {
     match cast::<_, Tensor<CpuBackend, D>>(x) {
-        Ok(x) if x.dtype() == DType::F32 && dim + 1 == D => match cast(softmax_cpu(x)) {
-            Ok(y) => y,
-            Err(_) => unreachable!("the result has the input's type"),
-        },
-        Ok(x) => match cast(burn::tensor::activation::softmax(x, dim)) {
-            Ok(y) => y,
-            Err(_) => unreachable!("the result has the input's type"),
-        },
-        Err(x) => burn::tensor::activation::softmax(x, dim),
+        Ok(x) if x.dtype() == DType::F32 && applies(&x) => same(fused(x)),
+        Ok(x) => burn_op(same(x)),
+        Err(x) => burn_op(x),
+    }
+}
+
+/// `a` as `B` where the two are known to be one type (a value cast to a type and back).
+fn same<A: 'static, B: 'static>(a: A) -> B {
+    match cast(a) {
+        Ok(b) => b,
+        Err(_) => unreachable!("cast back to the type it came from"),
     }
 }
 

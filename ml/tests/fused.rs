@@ -7,6 +7,19 @@ use burn::tensor::{Distribution, Tensor};
 use dpcap_ml::CpuBackend;
 use dpcap_ml::fused::{self, kernels};
 
+/// f(x) and the gradient of Σ f(x)⊙w with respect to x, as host values.
+fn forward_and_grad<const D: usize>(
+    x: &Tensor<CpuBackend, D>,
+    w: &Tensor<CpuBackend, D>,
+    f: impl Fn(Tensor<CpuBackend, D>) -> Tensor<CpuBackend, D>,
+) -> (Vec<f32>, Vec<f32>) {
+    let leaf = x.clone().detach().require_grad();
+    let y = f(leaf.clone());
+    let grads = (y.clone() * w.clone()).sum().backward();
+    let dx: Vec<f32> = leaf.grad(&grads).expect("x is on the graph").into_data().to_vec().unwrap();
+    (y.into_data().to_vec::<f32>().unwrap(), dx)
+}
+
 #[test]
 fn the_vectorised_erf_stays_within_1e_6_of_erff() {
     let mut worst = (0f32, 0f32);
@@ -32,15 +45,8 @@ fn the_fused_gelu_matches_burns_forward_and_backward() {
     // Contiguous, and a transposed view (the op copies it once, burn-flex reads it strided).
     for x in [x.clone(), x.swap_dims(0, 2).swap_dims(0, 2).swap_dims(1, 2)] {
         let w = w.clone().reshape(x.dims());
-        let run = |f: fn(Tensor<CpuBackend, 3>) -> Tensor<CpuBackend, 3>| {
-            let leaf = x.clone().detach().require_grad();
-            let y = f(leaf.clone());
-            let grads = (y.clone() * w.clone()).sum().backward();
-            let dx: Vec<f32> = leaf.grad(&grads).expect("x is on the graph").into_data().to_vec().unwrap();
-            (y.into_data().to_vec::<f32>().unwrap(), dx)
-        };
-        let (fused_y, fused_dx) = run(fused::gelu);
-        let (burn_y, burn_dx) = run(activation::gelu);
+        let (fused_y, fused_dx) = forward_and_grad(&x, &w, fused::gelu);
+        let (burn_y, burn_dx) = forward_and_grad(&x, &w, activation::gelu);
         let xs: Vec<f32> = x.clone().into_data().to_vec().unwrap();
         // The fused path ran (not a fallback to burn's op): its values are the kernels' own.
         let ws: Vec<f32> = w.clone().into_data().to_vec().unwrap();
@@ -80,15 +86,8 @@ fn the_fused_softmax_matches_burns_forward_and_backward_with_masked_scores() {
     let scores = scores.mask_fill(mask.expand([b, h, t, s]), -1e9);
     let w = Tensor::<CpuBackend, 4>::random([b, h, t, s], Distribution::Normal(0.0, 1.0), &device);
     for x in [scores.clone(), scores.swap_dims(1, 2).swap_dims(1, 2)] {
-        let run = |f: fn(Tensor<CpuBackend, 4>, usize) -> Tensor<CpuBackend, 4>| {
-            let leaf = x.clone().detach().require_grad();
-            let y = f(leaf.clone(), 3);
-            let grads = (y.clone() * w.clone()).sum().backward();
-            let dx: Vec<f32> = leaf.grad(&grads).expect("x is on the graph").into_data().to_vec().unwrap();
-            (y.into_data().to_vec::<f32>().unwrap(), dx)
-        };
-        let (fused_y, fused_dx) = run(fused::softmax);
-        let (burn_y, burn_dx) = run(activation::softmax);
+        let (fused_y, fused_dx) = forward_and_grad(&x, &w, |x| fused::softmax(x, 3));
+        let (burn_y, burn_dx) = forward_and_grad(&x, &w, |x| activation::softmax(x, 3));
         let xs: Vec<f32> = x.clone().into_data().to_vec().unwrap();
         let mut want_y = vec![0f32; xs.len()];
         kernels::softmax(&xs, &mut want_y, s);

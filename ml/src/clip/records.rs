@@ -111,10 +111,6 @@ fn linear_sq_norms<B: Backend>(
     let shape = rounding::LinearShape { t, d_in, d_out };
     let form = norms::linear_form(shape, inputs);
     let (w, kept) = match form {
-        LinearForm::Reused => {
-            let g = norms::linear_weight_per_example(a, delta);
-            (norms::per_example_sq_norms(&g), Some(g))
-        }
         LinearForm::Ghost => {
             let aa = match shared {
                 Some(key) => grams.entry(key).or_insert_with(|| norms::gram(a)).clone(),
@@ -122,7 +118,10 @@ fn linear_sq_norms<B: Backend>(
             };
             (norms::ghost_sq_norms(&aa, delta), None)
         }
-        LinearForm::Materialised => (norms::per_example_sq_norms(&norms::linear_weight_per_example(a, delta)), None),
+        LinearForm::Materialised | LinearForm::Reused => {
+            let g = norms::linear_weight_per_example(a, delta);
+            (norms::per_example_sq_norms(&g), (form == LinearForm::Reused).then_some(g))
+        }
     };
     let w = match inputs.unit() {
         None => w,
