@@ -58,7 +58,7 @@ fn on_cpu<AB: AutodiffBackend, const D: usize>(
 }
 
 /// `a` as `B` where the two are known to be one type (a value cast to a type and back).
-fn same<A: 'static, B: 'static>(a: A) -> B {
+pub(crate) fn same<A: 'static, B: 'static>(a: A) -> B {
     match cast(a) {
         Ok(b) => b,
         Err(_) => unreachable!("cast back to the type it came from"),
@@ -66,7 +66,7 @@ fn same<A: 'static, B: 'static>(a: A) -> B {
 }
 
 /// `a` as a `B` when they are the same type, else `a` back.
-fn cast<A: 'static, B: 'static>(a: A) -> Result<B, A> {
+pub(crate) fn cast<A: 'static, B: 'static>(a: A) -> Result<B, A> {
     if TypeId::of::<A>() != TypeId::of::<B>() {
         return Err(a);
     }

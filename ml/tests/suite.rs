@@ -7,6 +7,7 @@ mod configs;
 mod efficiency;
 mod fedemb;
 mod fused;
+mod gram;
 mod nonfinite;
 mod optim_checkpoint;
 mod precision;

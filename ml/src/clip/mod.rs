@@ -7,6 +7,7 @@
 pub mod counters;
 mod engine;
 pub mod finite;
+mod gram;
 mod lanes;
 pub mod norms;
 mod records;

@@ -2,10 +2,14 @@
 //! its input activation a and output gradient δ alone (no per-example gradient is built unless
 //! that is cheaper). Sums of per-layer squared norms give each example's total norm.
 
+use burn::backend::Flex;
 use burn::tensor::backend::Backend;
-use burn::tensor::{IndexingUpdateOp, Int, Tensor};
+use burn::tensor::{DType, FloatDType, IndexingUpdateOp, Int, Tensor, TensorData};
+use burn_flex::FlexTensor;
 
+use super::gram::packed_len;
 use super::rounding::{LinearShape, MatmulInputs};
+use crate::fused::{cast, same};
 
 /// Whether to use the ghost form Σ_{t,s}(a_t·a_s)(δ_t·δ_s) for a Linear layer on a sequence of
 /// length T: it costs O(T²(d_in + d_out)) against O(T d_in d_out) for materialising.
@@ -48,14 +52,77 @@ fn per_example<B: Backend>(x: Tensor<B, 3>) -> Tensor<B, 1> {
 }
 
 /// The Gram matrix x·xᵀ per example, [B, T, T].
-pub fn gram<B: Backend>(x: &Tensor<B, 3>) -> Tensor<B, 3> {
+fn full_gram<B: Backend>(x: &Tensor<B, 3>) -> Tensor<B, 3> {
     x.clone().matmul(x.clone().swap_dims(1, 2))
+}
+
+/// A Linear input's Gram matrix a·aᵀ per example, in the form [`ghost_sq_norms`] reads on
+/// this backend (made by [`gram`] only).
+#[derive(Debug, Clone)]
+pub struct Gram<B: Backend>(GramForm<B>);
+
+#[derive(Debug, Clone)]
+enum GramForm<B: Backend> {
+    /// [B, T, T], from the backend's batched matmul.
+    Full(Tensor<B, 3>),
+    /// On a CPU (f32 burn-flex, so B is `Flex`): each example's lower triangle packed,
+    /// off-diagonal doubled, [B, T(T+1)/2], from [`super::gram`]'s kernels.
+    Packed(Tensor<Flex, 2>),
+}
+
+impl<B: Backend> Gram<B> {
+    /// Whether the CPU's symmetric kernels made it (and will read it).
+    pub fn is_packed(&self) -> bool {
+        matches!(self.0, GramForm::Packed(_))
+    }
+}
+
+/// a·aᵀ per example for a Linear input a [B, T, d].
+pub fn gram<B: Backend>(a: &Tensor<B, 3>) -> Gram<B> {
+    match cast::<_, Tensor<Flex, 3>>(a.clone()) {
+        Ok(a) if a.dtype() == DType::F32 => Gram(GramForm::Packed(packed_gram(a))),
+        _ => Gram(GramForm::Full(full_gram(a))),
+    }
 }
 
 /// ‖Σ_t a_tᵀ δ_t‖² = Σ_{t,s}(a_t·a_s)(δ_t·δ_s) per example for a Linear weight, from the
 /// input's Gram matrix `aa` ([`gram`]).
-pub fn ghost_sq_norms<B: Backend>(aa: &Tensor<B, 3>, delta: &Tensor<B, 3>) -> Tensor<B, 1> {
-    per_example(aa.clone() * gram(delta))
+pub fn ghost_sq_norms<B: Backend>(aa: &Gram<B>, delta: &Tensor<B, 3>) -> Tensor<B, 1> {
+    match &aa.0 {
+        GramForm::Full(aa) => per_example(aa.clone() * full_gram(delta)),
+        GramForm::Packed(aa) => {
+            let delta: Tensor<Flex, 3> = same(delta.clone());
+            same(packed_ghost_sq_norms(aa.clone(), delta.cast(FloatDType::F32)))
+        }
+    }
+}
+
+/// [`Gram::Packed`] of a [B, T, d]: [`super::gram::packed_gram`] per example.
+fn packed_gram(a: Tensor<Flex, 3>) -> Tensor<Flex, 2> {
+    let ([b, t, d], len) = (a.dims(), packed_len(a.dims()[1]));
+    let a = flex_f32(a);
+    let mut out = vec![0f32; b * len];
+    for i in 0..b {
+        let x = &a.as_slice::<f32>().expect("f32")[i * t * d..][..t * d];
+        super::gram::packed_gram(x, t, d, &mut out[i * len..][..len]);
+    }
+    Tensor::from_data(TensorData::new(out, [b, len]), &Default::default())
+}
+
+/// [`ghost_sq_norms`] from a [`Gram::Packed`] and δ [B, T, d]:
+/// [`super::gram::ghost_sq_norm`] per example.
+fn packed_ghost_sq_norms(aa: Tensor<Flex, 2>, delta: Tensor<Flex, 3>) -> Tensor<Flex, 1> {
+    let ([b, t, d], len) = (delta.dims(), packed_len(delta.dims()[1]));
+    let (aa, delta) = (flex_f32(aa), flex_f32(delta));
+    let (aa, delta) = (aa.as_slice::<f32>().expect("f32"), delta.as_slice::<f32>().expect("f32"));
+    let sq: Vec<f32> =
+        (0..b).map(|i| super::gram::ghost_sq_norm(&aa[i * len..][..len], &delta[i * t * d..][..t * d], t, d)).collect();
+    Tensor::from_data(TensorData::new(sq, [b]), &Default::default())
+}
+
+/// An f32 burn-flex tensor's contiguous storage.
+fn flex_f32<const D: usize>(x: Tensor<Flex, D>) -> FlexTensor {
+    x.into_primitive().tensor().to_contiguous()
 }
 
 /// g_i = Σ_t a_{i,t}ᵀ δ_{i,t} per example, [B, d_in, d_out].
@@ -97,7 +164,7 @@ pub fn layer_norm_gamma_sq_norms<B: Backend>(normalized: &Tensor<B, 3>, delta: &
 /// Σ_{t,s} [tok_t = tok_s] (δ_t·δ_s) per example for an embedding table.
 pub fn embedding_sq_norms<B: Backend>(tokens: &Tensor<B, 2, Int>, delta: &Tensor<B, 3>) -> Tensor<B, 1> {
     let same = tokens.clone().unsqueeze_dim::<3>(2).equal(tokens.clone().unsqueeze_dim::<3>(1)).float();
-    per_example(same * gram(delta))
+    per_example(same * full_gram(delta))
 }
 
 /// ‖δ‖² per example for a free parameter added to every example.

@@ -89,7 +89,7 @@ pub(super) fn sq_norms<AB: AutodiffBackend>(
 }
 
 /// The Gram matrices a·aᵀ [B, T, T] of shared inputs ([`super::Shared`]) computed so far.
-type Grams<B> = HashMap<usize, Tensor<B, 3>>;
+type Grams<B> = HashMap<usize, norms::Gram<B>>;
 
 /// A Linear layer's input and the key of the [`super::Shared`] input it is, if any.
 struct Activation<'a, B: Backend> {
