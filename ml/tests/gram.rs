@@ -39,12 +39,13 @@ fn packed_ghost_norms_equal_the_per_example_gradients_norms_on_ragged_shapes() {
 #[test]
 fn a_non_finite_value_in_one_example_makes_its_norm_non_finite_and_no_other() {
     let (b, t, d) = (4, 9, 21);
-    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+    // A middle column (in whole vectors) and the last (a scalar tail at every vector width).
+    for (bad, column) in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY].into_iter().flat_map(|v| [(v, d / 2), (v, d - 1)])
+    {
         for in_delta in [false, true] {
             let mut values: Vec<f32> = random(b, t, d, 3).into_data().to_vec().unwrap();
-            // Example 2, its last position, a middle column: reached only through the
-            // diagonal block's tail if the kernel skipped anything.
-            values[2 * t * d + (t - 1) * d + d / 2] = bad;
+            // Example 2 at its last position: in the last, partial block of rows.
+            values[2 * t * d + (t - 1) * d + column] = bad;
             let poisoned = Tensor::<Flex, 3>::from_data(TensorData::new(values, [b, t, d]), &Default::default());
             let clean = random(b, t, d, 4);
             let (a, delta) = if in_delta { (clean, poisoned) } else { (poisoned, clean) };
