@@ -229,6 +229,8 @@ fn write_line(line: std::fmt::Arguments<'_>) {
 
 /// Runs `dpctl` on the process's arguments and exits with its code (2 on an error).
 pub fn main() {
+    // Before any thread: the demo's ranks and `bench clip` run training steps here.
+    dpcap_ml::alloc::keep_step_buffers();
     let fail = |e: anyhow::Error| -> ! {
         eprintln!("error: {e:#}");
         std::process::exit(2);

@@ -18,8 +18,17 @@
 //! autodiff. Here it is one op: one pass per row forward (the same vectorised exp), and
 //! y ⊙ (g − Σ g⊙y) per row backward from the saved output. Upstream this is an
 //! `ActivationOps::softmax` with a backward in burn-autodiff, which every backend would gain.
+//!
+//! **LayerNorm's normalisation** x̂ = (x − μ)/√(σ² + ε) over the last dimension (γ and β stay
+//! ordinary ops: the ClipEngine records x̂ and probes the output). burn has no layer-norm op, so
+//! a training step records `var_mean_bias`, a subtract, an add, a square root and a divide, with
+//! broadcasts, and differentiates each: about ten passes over the activations. Here it is one
+//! pass forward (two over each row, in cache) and one backward, dx = (g − mean(g) −
+//! x̂·mean(g⊙x̂))/√(σ² + ε) per row, from the saved x̂ and 1/√(σ² + ε). Upstream this is a
+//! `ModuleOps::layer_norm` with a backward in burn-autodiff.
 
 use std::any::{Any, TypeId};
+use std::sync::Arc;
 
 use burn::backend::Flex;
 use burn::tensor::backend::AutodiffBackend;
@@ -43,11 +52,24 @@ pub fn softmax<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>, dim: usize
     on_cpu(x, |_| dim + 1 == D, softmax_cpu, |x| burn::tensor::activation::softmax(x, dim))
 }
 
+/// (x − μ)/√(σ² + ε) over the last dimension, μ and σ² (biased) of each row.
+pub fn layer_norm<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>, eps: f64) -> Tensor<AB, D> {
+    on_cpu(
+        x,
+        |x| x.dims()[D - 1] > 0,
+        |x| layer_norm_cpu(x, eps as f32),
+        |x| {
+            let (var, mean) = x.clone().var_mean_bias(D - 1);
+            (x - mean) / (var + eps).sqrt()
+        },
+    )
+}
+
 /// `fused` on an f32 [`CpuBackend`] tensor for which `applies` holds, else `burn_op`.
 fn on_cpu<AB: AutodiffBackend, const D: usize>(
     x: Tensor<AB, D>,
     applies: impl FnOnce(&Tensor<CpuBackend, D>) -> bool,
-    fused: fn(Tensor<CpuBackend, D>) -> Tensor<CpuBackend, D>,
+    fused: impl FnOnce(Tensor<CpuBackend, D>) -> Tensor<CpuBackend, D>,
     burn_op: impl FnOnce(Tensor<AB, D>) -> Tensor<AB, D>,
 ) -> Tensor<AB, D> {
     match cast::<_, Tensor<CpuBackend, D>>(x) {
@@ -119,6 +141,41 @@ fn softmax_backward_unfused(y: FlexTensor, grad: FlexTensor, row: usize) -> Flex
     let g = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(grad)).reshape([-1, row as i32]);
     let dot = (g.clone() * y.clone()).sum_dim(1);
     (y * (g - dot)).into_primitive().tensor().reshape(shape)
+}
+
+/// The LayerNorm normalisation op over rows of the last dimension: its state for the backward
+/// is x̂ and each row's 1/√(σ² + ε).
+#[derive(Debug)]
+struct LayerNorm;
+
+impl Backward<Flex, 1> for LayerNorm {
+    type State = (FlexTensor, Arc<[f32]>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (xhat, inv) = ops.state;
+        unary::<Flex, _>(ops.parents, ops.node, grads, |grad| {
+            let row = xhat.layout().shape().iter().last().copied().unwrap_or(1);
+            match zip_map(&xhat, &grad, |x, g, out| kernels::layer_norm_grad(x, &inv, g, out, row)) {
+                Some(dx) => dx,
+                None => unreachable!("x̂ and its gradient are f32 of one shape: the forward made x̂"),
+            }
+        });
+    }
+}
+
+fn layer_norm_cpu<const D: usize>(x: Tensor<CpuBackend, D>, eps: f32) -> Tensor<CpuBackend, D> {
+    let row = x.dims()[D - 1];
+    let x = x.into_primitive().tensor();
+    let contiguous = x.primitive.to_contiguous();
+    let src = contiguous.as_slice::<f32>().expect("on_cpu passes f32 only");
+    let (mut out, mut inv) = (vec![0f32; src.len()], vec![0f32; src.len() / row]);
+    kernels::layer_norm(src, &mut out, &mut inv, row, eps);
+    let y = FlexTensor::from_data(TensorData::new(out, contiguous.layout().shape().clone()));
+    let out = match LayerNorm.prepare::<NoCheckpointing>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((y.clone(), inv.into()), y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
 fn softmax_cpu<const D: usize>(x: Tensor<CpuBackend, D>) -> Tensor<CpuBackend, D> {
@@ -225,6 +282,36 @@ pub mod kernels {
             let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
             for ((o, &y), &g) in out.iter_mut().zip(y).zip(g) {
                 *o = y * (g - dot);
+            }
+        }
+    }
+
+    /// x̂ = (x − μ)·r for each row of `row` values, with μ the row's mean, r = 1/√(σ² + ε)
+    /// and σ² its biased variance (two passes, as burn's `var_mean_bias`); r goes to `inv`.
+    #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+    pub fn layer_norm(x: &[f32], out: &mut [f32], inv: &mut [f32], row: usize, eps: f32) {
+        for ((x, out), inv) in x.chunks_exact(row).zip(out.chunks_exact_mut(row)).zip(inv.iter_mut()) {
+            let n = row as f32;
+            let mean = x.iter().sum::<f32>() / n;
+            let var = x.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / n;
+            *inv = 1.0 / (var + eps).sqrt();
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = (v - mean) * *inv;
+            }
+        }
+    }
+
+    /// The normalisation's input gradient r·(g − mean(g) − x̂·mean(g⊙x̂)) for each row of `row`
+    /// values, from x̂ and r = 1/√(σ² + ε) ([`layer_norm`]).
+    #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+    pub fn layer_norm_grad(xhat: &[f32], inv: &[f32], g: &[f32], out: &mut [f32], row: usize) {
+        let rows = xhat.chunks_exact(row).zip(g.chunks_exact(row)).zip(out.chunks_exact_mut(row)).zip(inv);
+        for (((x, g), out), &r) in rows {
+            let n = row as f32;
+            let mean_g = g.iter().sum::<f32>() / n;
+            let mean_gx = x.iter().zip(g).map(|(x, g)| x * g).sum::<f32>() / n;
+            for ((o, &x), &g) in out.iter_mut().zip(x).zip(g) {
+                *o = r * (g - mean_g - x * mean_gx);
             }
         }
     }

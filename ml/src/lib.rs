@@ -8,6 +8,7 @@
 //! it offline. It must never add noise or divide by a realised batch size: noise is the
 //! accountant's, and updates divide the accountant's release by the *expected* batch size.
 
+pub mod alloc;
 pub mod checkpoint;
 pub mod clip;
 pub mod device;

@@ -110,3 +110,37 @@ fn a_nan_score_makes_its_row_nan_and_leaves_the_others() {
     assert!(y[..3].iter().all(|v| v.is_nan()), "{y:?}");
     assert!(y[3..].iter().all(|v| v.is_finite()) && (y[3..].iter().sum::<f32>() - 1.0).abs() < 1e-6, "{y:?}");
 }
+
+#[test]
+fn the_fused_layer_norm_matches_burns_forward_and_backward() {
+    let device = Default::default();
+    let eps = 1e-6;
+    // Rows off the mean, with a scale (the variance must be of each row), contiguous and not.
+    let x = Tensor::<CpuBackend, 3>::random([4, 6, 37], Distribution::Normal(3.0, 5.0), &device);
+    let w = Tensor::<CpuBackend, 3>::random([4, 6, 37], Distribution::Normal(0.0, 1.0), &device);
+    let burn_ln = |x: Tensor<CpuBackend, 3>| {
+        let (var, mean) = x.clone().var_mean_bias(2);
+        (x - mean) / (var + eps).sqrt()
+    };
+    for x in [x.clone(), x.swap_dims(0, 1).swap_dims(0, 1)] {
+        let (fused_y, fused_dx) = forward_and_grad(&x, &w, |x| fused::layer_norm(x, eps));
+        let (burn_y, burn_dx) = forward_and_grad(&x, &w, burn_ln);
+        let xs: Vec<f32> = x.clone().into_data().to_vec().unwrap();
+        let (mut want_y, mut inv) = (vec![0f32; xs.len()], vec![0f32; xs.len() / 37]);
+        kernels::layer_norm(&xs, &mut want_y, &mut inv, 37, eps as f32);
+        assert_eq!(fused_y, want_y, "the fused path ran");
+        for i in 0..xs.len() {
+            assert!((fused_y[i] - burn_y[i]).abs() <= 2e-6, "x̂ at {i}: {} vs {}", fused_y[i], burn_y[i]);
+            assert!((fused_dx[i] - burn_dx[i]).abs() <= 2e-6, "dx at {i}: {} vs {}", fused_dx[i], burn_dx[i]);
+        }
+    }
+}
+
+#[test]
+fn a_nan_in_a_row_makes_its_layer_norm_nan_and_leaves_the_others() {
+    let device = Default::default();
+    let x = Tensor::<CpuBackend, 2>::from_floats([[0.0, f32::NAN, 1.0], [0.0, 1.0, 2.0]], &device);
+    let y: Vec<f32> = fused::layer_norm(x, 1e-6).into_data().to_vec().unwrap();
+    assert!(y[..3].iter().all(|v| v.is_nan()), "{y:?}");
+    assert!(y[3..].iter().all(|v| v.is_finite()), "{y:?}");
+}

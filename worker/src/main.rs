@@ -70,6 +70,7 @@ fn preflight(device: &str, json: bool) -> Result<()> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    dpcap_ml::alloc::keep_step_buffers();
     let args = Args::parse();
     if let Some(Command::Preflight { device, json }) = &args.command {
         return preflight(device, *json);

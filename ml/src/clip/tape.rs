@@ -306,8 +306,7 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
 
     /// LayerNorm over the last dimension with learned γ, β.
     pub fn layer_norm(&mut self, gamma: ParamId, beta: ParamId, x: Tensor<AB, 3>, eps: f64) -> Tensor<AB, 3> {
-        let (var, mean) = x.clone().var_mean_bias(2);
-        let normalized = (x - mean) / (var + eps).sqrt();
+        let normalized = crate::fused::layer_norm(x, eps);
         let y = normalized.clone() * self.param::<1>(gamma).unsqueeze::<3>();
         let b = self.param::<1>(beta).unsqueeze::<3>();
         let (y, probe) = self.probed(y, Some(b));
