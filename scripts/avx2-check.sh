@@ -47,12 +47,12 @@ fi
 echo "an AVX-512 instruction faults there, as it should"
 quiet qemu-x86_64 -cpu "$cpu" target/release/dpctl bench clip --model micro --batch 4 --runs 1 --skip-naive --json
 echo "dpctl ran its DP step on an AVX2-only CPU"
-# The ghost norms' Gram kernels pick their block size by the vector unit found at run time
+# The ghost norms' Gram kernels and fused attention pick their blocks by the vector unit found at run time
 # (ml/src/clip/gram.rs): their tests, against per-example gradients, on the AVX2 blocks.
 suite=$(cargo test -q -p dpcap-ml --test suite --no-run --message-format=json 2> /dev/null |
   python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("target", {}).get("name") == "suite" and m.get("executable"): print(m["executable"])')
-quiet qemu-x86_64 -cpu "$cpu" "$suite" gram:: clip_vs_naive::
-echo "the Gram kernels match per-example gradients on an AVX2-only CPU"
+quiet qemu-x86_64 -cpu "$cpu" "$suite" gram:: clip_vs_naive:: fused::
+echo "the Gram kernels and the fused ops match their references on an AVX2-only CPU"

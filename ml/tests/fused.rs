@@ -144,3 +144,70 @@ fn a_nan_in_a_row_makes_its_layer_norm_nan_and_leaves_the_others() {
     assert!(y[..3].iter().all(|v| v.is_nan()), "{y:?}");
     assert!(y[3..].iter().all(|v| v.is_finite()), "{y:?}");
 }
+
+/// Attention from burn's ops: heads split by reshapes, masked like the model's.
+fn attention_unfused(
+    q: Tensor<CpuBackend, 3>,
+    k: Tensor<CpuBackend, 3>,
+    v: Tensor<CpuBackend, 3>,
+    heads: usize,
+    causal: bool,
+) -> Tensor<CpuBackend, 3> {
+    let ([b, t, d], s) = (q.dims(), k.dims()[1]);
+    let split = |x: Tensor<CpuBackend, 3>, n: usize| x.reshape([b, n, heads, d / heads]).swap_dims(1, 2);
+    let mut scores = split(q, t).matmul(split(k, s).swap_dims(2, 3)).div_scalar(((d / heads) as f64).sqrt());
+    if causal {
+        let mask = Tensor::<CpuBackend, 2, burn::tensor::Bool>::tril_mask([t, s], 0, &scores.device());
+        scores = scores.mask_fill(mask.unsqueeze::<4>().expand([b, heads, t, s]), -1e9);
+    }
+    activation::softmax(scores, 3).matmul(split(v, s)).swap_dims(1, 2).reshape([b, t, d])
+}
+
+/// The output and the gradients of Σ out⊙w for q, k and v, as host values.
+fn attention_and_grads(
+    (q, k, v): (&Tensor<CpuBackend, 3>, &Tensor<CpuBackend, 3>, &Tensor<CpuBackend, 3>),
+    w: &Tensor<CpuBackend, 3>,
+    f: impl FnOnce(Tensor<CpuBackend, 3>, Tensor<CpuBackend, 3>, Tensor<CpuBackend, 3>) -> Tensor<CpuBackend, 3>,
+) -> [Vec<f32>; 4] {
+    let leaf = |x: &Tensor<CpuBackend, 3>| x.clone().detach().require_grad();
+    let (q, k, v) = (leaf(q), leaf(k), leaf(v));
+    let y = f(q.clone(), k.clone(), v.clone());
+    let grads = (y.clone() * w.clone()).sum().backward();
+    let host = |x: Tensor<CpuBackend, 3>| x.into_data().to_vec::<f32>().unwrap();
+    let grad = |x: &Tensor<CpuBackend, 3>| x.grad(&grads).expect("on the graph").into_data().to_vec::<f32>().unwrap();
+    [host(y), grad(&q), grad(&k), grad(&v)]
+}
+
+#[test]
+fn fused_attention_on_merged_heads_matches_burns_forward_and_backward() {
+    let device = Default::default();
+    let normal = |dims: [usize; 3]| Tensor::<CpuBackend, 3>::random(dims, Distribution::Normal(0.0, 1.5), &device);
+    // Self-attention, causal and not; cross-attention (S ≠ T); head widths of whole vectors and
+    // with scalar tails (5, 24); one head and several.
+    for (b, t, s, d, heads, causal) in
+        [(2, 9, 9, 64, 4, true), (2, 9, 9, 64, 4, false), (3, 5, 13, 15, 3, false), (1, 7, 7, 24, 1, true)]
+    {
+        let (q, k, v, w) = (normal([b, t, d]), normal([b, s, d]), normal([b, s, d]), normal([b, t, d]));
+        let fused = attention_and_grads((&q, &k, &v), &w, |q, k, v| {
+            fused::attention((q, k, v), heads, causal, |_, _, _| panic!("the fused op fell back to burn's"))
+        });
+        let burn = attention_and_grads((&q, &k, &v), &w, |q, k, v| attention_unfused(q, k, v, heads, causal));
+        for (name, (f, r)) in ["out", "dq", "dk", "dv"].iter().zip(fused.iter().zip(&burn)) {
+            let worst = f.iter().zip(r).map(|(f, r)| (f - r).abs() / r.abs().max(1.0)).fold(0f32, f32::max);
+            assert!(worst < 1e-5, "{name} (b={b} t={t} s={s} d={d} heads={heads} causal={causal}): off by {worst}");
+        }
+    }
+}
+
+#[test]
+fn a_nan_key_poisons_only_its_own_example_in_fused_attention() {
+    let device = Default::default();
+    let x = Tensor::<CpuBackend, 3>::random([2, 4, 8], Distribution::Normal(0.0, 1.0), &device);
+    let mut k: Vec<f32> = x.clone().into_data().to_vec().unwrap();
+    k[3] = f32::NAN;
+    let k = Tensor::<CpuBackend, 3>::from_data(burn::tensor::TensorData::new(k, [2, 4, 8]), &device);
+    let y: Vec<f32> =
+        fused::attention((x.clone(), k, x), 2, false, |_, _, _| panic!("fell back")).into_data().to_vec().unwrap();
+    assert!(y[..32].iter().any(|v| v.is_nan()), "example 0 read a NaN key");
+    assert!(y[32..].iter().all(|v| v.is_finite()), "example 1 is untouched");
+}

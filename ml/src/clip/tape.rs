@@ -207,6 +207,11 @@ impl<'p, AB: AutodiffBackend> Tape<'p, AB> {
         self.widen(self.lower(a).matmul(self.lower(b)))
     }
 
+    /// The dtype of its matrix products.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
     /// The tape's mode.
     pub fn mode(&self) -> Mode {
         self.mode

@@ -4,7 +4,7 @@
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Tensor};
 
-use crate::clip::{Shared, Tape};
+use crate::clip::{Precision, Shared, Tape};
 use crate::params::{Init, ParamId, ParamSet};
 
 /// Standard deviation of weight initialisation.
@@ -101,9 +101,28 @@ impl Attention {
         let x = tape.share(x);
         let memory = memory.unwrap_or(&x);
         let s = memory.tensor().dims()[1];
-        let q = self.split(self.q.forward_shared(tape, &x));
-        let k = self.split(self.k.forward_shared(tape, memory));
-        let v = self.split(self.v.forward_shared(tape, memory));
+        let q = self.q.forward_shared(tape, &x);
+        let k = self.k.forward_shared(tape, memory);
+        let v = self.v.forward_shared(tape, memory);
+        let out = match tape.precision() {
+            Precision::F32 => crate::fused::attention((q, k, v), self.heads, causal, |q, k, v| {
+                self.unfused(tape, (q, k, v), [b, t, s, d], causal)
+            }),
+            _ => self.unfused(tape, (q, k, v), [b, t, s, d], causal),
+        };
+        self.o.forward(tape, out)
+    }
+
+    /// Attention as burn's ops, heads split and merged by reshapes, the products in the tape's
+    /// precision.
+    fn unfused<AB: AutodiffBackend>(
+        &self,
+        tape: &Tape<'_, AB>,
+        (q, k, v): (Tensor<AB, 3>, Tensor<AB, 3>, Tensor<AB, 3>),
+        [b, t, s, d]: [usize; 4],
+        causal: bool,
+    ) -> Tensor<AB, 3> {
+        let (q, k, v) = (self.split(q), self.split(k), self.split(v));
         let mut scores = tape.matmul(q, k.swap_dims(2, 3)).div_scalar(((d / self.heads) as f64).sqrt());
         if causal {
             // burn's masks are inverted from their names: `tril_mask` is true strictly *above*
@@ -111,8 +130,7 @@ impl Attention {
             let mask = Tensor::<AB, 2, Bool>::tril_mask([t, s], 0, &scores.device()).unsqueeze::<4>();
             scores = scores.mask_fill(mask.expand([b, self.heads, t, s]), -1e9);
         }
-        let out = tape.matmul(crate::fused::softmax(scores, 3), v).swap_dims(1, 2).reshape([b, t, d]);
-        self.o.forward(tape, out)
+        tape.matmul(crate::fused::softmax(scores, 3), v).swap_dims(1, 2).reshape([b, t, d])
     }
 }
 

@@ -19,6 +19,8 @@
 //! y ⊙ (g − Σ g⊙y) per row backward from the saved output. Upstream this is an
 //! `ActivationOps::softmax` with a backward in burn-autodiff, which every backend would gain.
 //!
+//! **Attention on merged heads** ([`attention`]): see `attention.rs`.
+//!
 //! **LayerNorm's normalisation** x̂ = (x − μ)/√(σ² + ε) over the last dimension (γ and β stay
 //! ordinary ops: the ClipEngine records x̂ and probes the output). burn has no layer-norm op, so
 //! a training step records `var_mean_bias`, a subtract, an add, a square root and a divide, with
@@ -42,6 +44,8 @@ use burn_flex::FlexTensor;
 
 use crate::CpuBackend;
 
+mod attention;
+
 /// The exact GELU, x·Φ(x) = ½x(1 + erf(x/√2)), elementwise.
 pub fn gelu<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>) -> Tensor<AB, D> {
     on_cpu(x, |_| true, gelu_cpu, burn::tensor::activation::gelu)
@@ -63,6 +67,25 @@ pub fn layer_norm<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>, eps: f6
             (x - mean) / (var + eps).sqrt()
         },
     )
+}
+
+/// Multi-head attention softmax(q_h k_hᵀ/√d_h, masked) v_h over `heads` heads, merged: q
+/// [B, T, d], k and v [B, S, d] → [B, T, d], causal (query t sees keys s ≤ t) if asked. On a
+/// `CpuBackend` with f32 inputs, one op reading each head in place; otherwise `unfused(q, k, v)`
+/// (the caller's own composition, which keeps its precision).
+pub fn attention<AB: AutodiffBackend>(
+    (q, k, v): (Tensor<AB, 3>, Tensor<AB, 3>, Tensor<AB, 3>),
+    heads: usize,
+    causal: bool,
+    unfused: impl FnOnce(Tensor<AB, 3>, Tensor<AB, 3>, Tensor<AB, 3>) -> Tensor<AB, 3>,
+) -> Tensor<AB, 3> {
+    let back = |x: Result<Tensor<CpuBackend, 3>, Tensor<AB, 3>>| x.map_or_else(|x| x, same);
+    match (cast::<_, Tensor<CpuBackend, 3>>(q), cast(k), cast(v)) {
+        (Ok(q), Ok(k), Ok(v)) if attention::applies(&q, &k, &v, heads) => {
+            same(attention::forward(q, k, v, heads, causal))
+        }
+        (q, k, v) => unfused(back(q), back(k), back(v)),
+    }
 }
 
 /// `fused` on an f32 [`CpuBackend`] tensor for which `applies` holds, else `burn_op`.
