@@ -211,3 +211,27 @@ fn a_nan_key_poisons_only_its_own_example_in_fused_attention() {
     assert!(y[..32].iter().any(|v| v.is_nan()), "example 0 read a NaN key");
     assert!(y[32..].iter().all(|v| v.is_finite()), "example 1 is untouched");
 }
+
+#[test]
+fn the_fused_log_softmax_matches_burns_forward_and_backward() {
+    let device = Default::default();
+    let x = Tensor::<CpuBackend, 3>::random([3, 5, 41], Distribution::Normal(0.0, 6.0), &device);
+    let w = Tensor::<CpuBackend, 3>::random([3, 5, 41], Distribution::Normal(0.0, 1.0), &device);
+    for x in [x.clone(), x.swap_dims(0, 1).swap_dims(0, 1)] {
+        let (fused_y, fused_dx) = forward_and_grad(&x, &w, |x| fused::log_softmax(x, 2));
+        let (burn_y, burn_dx) = forward_and_grad(&x, &w, |x| activation::log_softmax(x, 2));
+        let xs: Vec<f32> = x.clone().into_data().to_vec().unwrap();
+        let mut want_y = vec![0f32; xs.len()];
+        kernels::log_softmax(&xs, &mut want_y, 41);
+        assert_eq!(fused_y, want_y, "the fused path ran");
+        for i in 0..xs.len() {
+            let scale = burn_y[i].abs().max(1.0);
+            assert!((fused_y[i] - burn_y[i]).abs() <= 2e-6 * scale, "log p at {i}: {} vs {}", fused_y[i], burn_y[i]);
+            let scale = burn_dx[i].abs().max(1.0);
+            assert!((fused_dx[i] - burn_dx[i]).abs() <= 2e-6 * scale, "dx at {i}: {} vs {}", fused_dx[i], burn_dx[i]);
+        }
+    }
+    let nan = Tensor::<CpuBackend, 2>::from_floats([[0.0, f32::NAN, 1.0], [0.0, 1.0, 2.0]], &device);
+    let y: Vec<f32> = fused::log_softmax(nan, 1).into_data().to_vec().unwrap();
+    assert!(y[..3].iter().all(|v| v.is_nan()) && y[3..].iter().all(|v| v.is_finite()), "{y:?}");
+}

@@ -151,14 +151,16 @@ pub fn embedding_s<B: Backend>(delta: &Tensor<B, 3>) -> Tensor<B, 1> {
     per_example(row_norms(delta))
 }
 
-/// ‖Σ_t δ_t‖² per example for a bias.
-pub fn bias_sq_norms<B: Backend>(delta: &Tensor<B, 3>) -> Tensor<B, 1> {
-    per_example(delta.clone().sum_dim(1).powi_scalar(2))
+/// Σ_t x_t per example, [B, 1, d]: a bias's gradient with x = δ, a LayerNorm γ's with
+/// x = δ ⊙ x̂. Its squared norm ([`row_sum_sq_norms`]) and its clipped sum ([`weighted_sum`])
+/// both read it, so it is made once.
+pub fn row_sum<B: Backend>(x: &Tensor<B, 3>) -> Tensor<B, 3> {
+    x.clone().sum_dim(1)
 }
 
-/// ‖Σ_t δ_t ⊙ x̂_t‖² per example for a LayerNorm γ.
-pub fn layer_norm_gamma_sq_norms<B: Backend>(normalized: &Tensor<B, 3>, delta: &Tensor<B, 3>) -> Tensor<B, 1> {
-    per_example((delta.clone() * normalized.clone()).sum_dim(1).powi_scalar(2))
+/// ‖Σ_t x_t‖² per example from its [`row_sum`].
+pub fn row_sum_sq_norms<B: Backend>(rows: &Tensor<B, 3>) -> Tensor<B, 1> {
+    per_example(rows.clone().powi_scalar(2))
 }
 
 /// Σ_{t,s} [tok_t = tok_s] (δ_t·δ_s) per example for an embedding table.
@@ -207,21 +209,6 @@ pub fn weighted_sum<B: Backend>(x: &Tensor<B, 3>, factors: &Tensor<B, 1>) -> Ten
 pub fn per_example_sum<B: Backend>(g: &Tensor<B, 3>, factors: &Tensor<B, 1>) -> Tensor<B, 1> {
     let [b, d_in, d_out] = g.dims();
     factors.clone().reshape([1, b]).matmul(g.clone().reshape([b, d_in * d_out])).reshape([d_in * d_out])
-}
-
-/// Σ_i c_i Σ_t δ_{i,t} for a bias or LayerNorm β: per-example row sums first, so c ⊙ δ is
-/// never built.
-pub fn bias_sum<B: Backend>(delta: &Tensor<B, 3>, factors: &Tensor<B, 1>) -> Tensor<B, 1> {
-    weighted_sum(&delta.clone().sum_dim(1), factors)
-}
-
-/// Σ_i c_i Σ_t δ_{i,t} ⊙ x̂_{i,t} for a LayerNorm γ.
-pub fn layer_norm_gamma_sum<B: Backend>(
-    normalized: &Tensor<B, 3>,
-    delta: &Tensor<B, 3>,
-    factors: &Tensor<B, 1>,
-) -> Tensor<B, 1> {
-    weighted_sum(&(delta.clone() * normalized.clone()).sum_dim(1), factors)
 }
 
 /// `running` (a table's running sum, flat [rows·d]) plus Σ_i c_i Σ_t onehot(tok_{i,t}) δ_{i,t}ᵀ,

@@ -15,12 +15,29 @@ use crate::params::ParamSet;
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
 
-/// A record with its probe's gradient δ (the layer's output gradient per example) and, for a
-/// Linear layer in [`LinearForm::Reused`], each example's weight gradient g_i [B, d_in, d_out].
+/// A record with its probe's gradient δ (the layer's output gradient per example) and what
+/// its norms computed that its clipped sum reads again ([`Kept`]).
 pub(super) struct Delta<AB: AutodiffBackend> {
     pub record: Record<AB>,
     pub delta: Tensor<Inner<AB>, 3>,
-    pub per_example: Option<Tensor<Inner<AB>, 3>>,
+    pub kept: Kept<Inner<AB>>,
+}
+
+/// Per-example tensors made for the norms and summed again for the clipped sum.
+pub(super) struct Kept<B: Backend> {
+    /// A Linear layer in [`LinearForm::Reused`]: each example's weight gradient g_i
+    /// [B, d_in, d_out].
+    pub gradients: Option<Tensor<B, 3>>,
+    /// A bias's or β's gradient Σ_t δ_t per example [B, 1, d] ([`norms::row_sum`]).
+    pub bias: Option<Tensor<B, 3>>,
+    /// A LayerNorm γ's gradient Σ_t δ_t ⊙ x̂_t per example [B, 1, d].
+    pub gamma: Option<Tensor<B, 3>>,
+}
+
+impl<B: Backend> Kept<B> {
+    fn map(self, f: impl Fn(Tensor<B, 3>) -> Tensor<B, 3>) -> Self {
+        Self { gradients: self.gradients.map(&f), bias: self.bias.map(&f), gamma: self.gamma.map(&f) }
+    }
 }
 
 impl<AB: AutodiffBackend> Delta<AB> {
@@ -28,7 +45,7 @@ impl<AB: AutodiffBackend> Delta<AB> {
     pub fn read(record: Record<AB>, grads: &<AB as AutodiffBackend>::Gradients) -> Self {
         let record = widen_record(record);
         let delta = probe_of(&record).grad(grads).expect("every probe lies on the loss's graph");
-        Self { record, delta, per_example: None }
+        Self { record, delta, kept: Kept { gradients: None, bias: None, gamma: None } }
     }
 }
 
@@ -60,17 +77,21 @@ pub(super) fn sq_norms<AB: AutodiffBackend>(
     let zeros = || Tensor::<Inner<AB>, 1>::zeros([b], params.device());
     let (mut sq, mut r_sq) = (zeros(), inputs.unit().map(|_| zeros()));
     let mut grams = Grams::default();
-    for Delta { record, delta, per_example } in records.iter_mut() {
+    // A row sum kept for the clipped sum, and its squared norms.
+    let rows = |x: &Tensor<Inner<AB>, 3>, kept: &mut Option<Tensor<Inner<AB>, 3>>| {
+        norms::row_sum_sq_norms(kept.insert(norms::row_sum(x)))
+    };
+    for Delta { record, delta, kept } in records.iter_mut() {
         sq = sq
             + match record {
                 Record::Linear { input, bias, shared, .. } => {
                     let a = Activation { a: input, shared: *shared };
-                    let (w, kept) = linear_sq_norms(a, delta, inputs, &mut r_sq, &mut grams);
-                    *per_example = kept;
-                    if bias.is_some() { w + norms::bias_sq_norms(delta) } else { w }
+                    let (w, gradients) = linear_sq_norms(a, delta, inputs, &mut r_sq, &mut grams);
+                    kept.gradients = gradients;
+                    if bias.is_some() { w + rows(delta, &mut kept.bias) } else { w }
                 }
                 Record::LayerNorm { normalized, .. } => {
-                    norms::layer_norm_gamma_sq_norms(normalized, delta) + norms::bias_sq_norms(delta)
+                    rows(&(delta.clone() * normalized.clone()), &mut kept.gamma) + rows(delta, &mut kept.bias)
                 }
                 Record::Embedding { tokens, .. } => {
                     let e = norms::embedding_sq_norms(tokens, delta);
@@ -146,7 +167,7 @@ fn bounded<B: Backend>(sq: Tensor<B, 1>, bound: rounding::Bound, s: Tensor<B, 1>
 /// The record, δ and per-example gradients with every per-example tensor passed through
 /// `float` (activations, δ, g) or `tokens` (token indices); the probe, no longer needed, is kept.
 fn map_examples<AB: AutodiffBackend>(
-    Delta { record, delta, per_example }: Delta<AB>,
+    Delta { record, delta, kept }: Delta<AB>,
     float: impl Fn(Tensor<Inner<AB>, 3>) -> Tensor<Inner<AB>, 3>,
     tokens: impl FnOnce(Tensor<Inner<AB>, 2, Int>) -> Tensor<Inner<AB>, 2, Int>,
 ) -> Delta<AB> {
@@ -160,7 +181,7 @@ fn map_examples<AB: AutodiffBackend>(
         Record::Embedding { table, tokens: t, probe } => Record::Embedding { table, tokens: tokens(t), probe },
         free @ Record::Free { .. } => free,
     };
-    Delta { record, delta: float(delta), per_example: per_example.map(&float) }
+    Delta { record, delta: float(delta), kept: kept.map(&float) }
 }
 
 /// The record and δ of the examples `rows` only.
@@ -184,21 +205,24 @@ pub(super) fn add_clipped_sums<AB: AutodiffBackend>(
     inputs: MatmulInputs,
 ) {
     let exact = inputs.unit().is_none();
-    for Delta { record, delta, per_example } in records {
+    let row_sum = |kept: &Option<Tensor<Inner<AB>, 3>>| {
+        norms::weighted_sum(kept.as_ref().expect("the norms kept every row sum the sum reads"), factors)
+    };
+    for Delta { record, delta, kept } in records {
         match record {
             Record::Linear { weight, bias, input, .. } => {
-                let w = match per_example {
+                let w = match &kept.gradients {
                     Some(g) => norms::per_example_sum(g, factors),
                     None => norms::linear_weight_sum(input, delta, factors, exact),
                 };
                 sum.add(*weight, w);
                 if let Some(bias) = bias {
-                    sum.add(*bias, norms::bias_sum(delta, factors));
+                    sum.add(*bias, row_sum(&kept.bias));
                 }
             }
-            Record::LayerNorm { gamma, beta, normalized, .. } => {
-                sum.add(*gamma, norms::layer_norm_gamma_sum(normalized, delta, factors));
-                sum.add(*beta, norms::bias_sum(delta, factors));
+            Record::LayerNorm { gamma, beta, .. } => {
+                sum.add(*gamma, row_sum(&kept.gamma));
+                sum.add(*beta, row_sum(&kept.bias));
             }
             Record::Embedding { table, tokens, .. } => {
                 let scaled = norms::scale(delta, factors);

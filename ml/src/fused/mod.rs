@@ -18,6 +18,9 @@
 //! autodiff. Here it is one op: one pass per row forward (the same vectorised exp), and
 //! y ⊙ (g − Σ g⊙y) per row backward from the saved output. Upstream this is an
 //! `ActivationOps::softmax` with a backward in burn-autodiff, which every backend would gain.
+//! **Log-softmax** (the captioner's and the embedder's losses) is the same: burn records
+//! max, subtract, exp, sum, log and subtract; here one pass per row forward and g − e^y·Σ g
+//! backward, with the vectorised exp in both.
 //!
 //! **Attention on merged heads** ([`attention`]): see `attention.rs`.
 //!
@@ -54,6 +57,11 @@ pub fn gelu<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>) -> Tensor<AB,
 /// Softmax over the last dimension (`dim` = D − 1; any other dimension takes burn's op).
 pub fn softmax<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>, dim: usize) -> Tensor<AB, D> {
     on_cpu(x, |_| dim + 1 == D, softmax_cpu, |x| burn::tensor::activation::softmax(x, dim))
+}
+
+/// Log-softmax over the last dimension (`dim` = D − 1; any other dimension takes burn's op).
+pub fn log_softmax<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>, dim: usize) -> Tensor<AB, D> {
+    on_cpu(x, |_| dim + 1 == D, log_softmax_cpu, |x| burn::tensor::activation::log_softmax(x, dim))
 }
 
 /// (x − μ)/√(σ² + ε) over the last dimension, μ and σ² (biased) of each row.
@@ -157,6 +165,26 @@ impl Backward<Flex, 1> for Softmax {
     }
 }
 
+/// The log-softmax op over rows of the last dimension: its state for the backward is the
+/// output y (dx = g − e^y·Σ g per row).
+#[derive(Debug)]
+struct LogSoftmax;
+
+impl Backward<Flex, 1> for LogSoftmax {
+    type State = FlexTensor;
+
+    fn backward(self, ops: Ops<FlexTensor, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let y = ops.state;
+        unary::<Flex, _>(ops.parents, ops.node, grads, |grad| {
+            let row = y.layout().shape().iter().last().copied().unwrap_or(1);
+            match zip_map(&y, &grad, |y, g, out| kernels::log_softmax_grad(y, g, out, row)) {
+                Some(dx) => dx,
+                None => unreachable!("y and its gradient are f32 of one shape: the forward made y"),
+            }
+        });
+    }
+}
+
 /// burn-flex's own ops for the softmax backward, where [`kernels::softmax_grad`] cannot run.
 fn softmax_backward_unfused(y: FlexTensor, grad: FlexTensor, row: usize) -> FlexTensor {
     let shape = y.layout().shape().clone();
@@ -202,12 +230,27 @@ fn layer_norm_cpu<const D: usize>(x: Tensor<CpuBackend, D>, eps: f32) -> Tensor<
 }
 
 fn softmax_cpu<const D: usize>(x: Tensor<CpuBackend, D>) -> Tensor<CpuBackend, D> {
+    rows_cpu(x, Softmax, kernels::softmax, burn::tensor::activation::softmax)
+}
+
+fn log_softmax_cpu<const D: usize>(x: Tensor<CpuBackend, D>) -> Tensor<CpuBackend, D> {
+    rows_cpu(x, LogSoftmax, kernels::log_softmax, burn::tensor::activation::log_softmax)
+}
+
+/// `kernel` over the rows of x's last dimension as the op `op`, whose backward reads the
+/// output; burn's `burn_op` over that dimension where x does not hold f32.
+fn rows_cpu<const D: usize, O: Backward<Flex, 1, State = FlexTensor>>(
+    x: Tensor<CpuBackend, D>,
+    op: O,
+    kernel: fn(&[f32], &mut [f32], usize),
+    burn_op: fn(Tensor<CpuBackend, D>, usize) -> Tensor<CpuBackend, D>,
+) -> Tensor<CpuBackend, D> {
     let row = x.dims()[D - 1];
     let x = x.into_primitive().tensor();
-    let Some(y) = map(&x.primitive, |x, out| kernels::softmax(x, out, row)) else {
-        return burn::tensor::activation::softmax(Tensor::from_primitive(TensorPrimitive::Float(x)), D - 1);
+    let Some(y) = map(&x.primitive, |x, out| kernel(x, out, row)) else {
+        return burn_op(Tensor::from_primitive(TensorPrimitive::Float(x)), D - 1);
     };
-    let out = match Softmax.prepare::<NoCheckpointing>([x.node.clone()]).compute_bound().stateful() {
+    let out = match op.prepare::<NoCheckpointing>([x.node.clone()]).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish(y.clone(), y),
         OpsKind::UnTracked(prep) => prep.finish(y),
     };
@@ -294,6 +337,33 @@ pub mod kernels {
             }
             let inv = 1.0 / out.iter().sum::<f32>();
             out.iter_mut().for_each(|o| *o *= inv);
+        }
+    }
+
+    /// Log-softmax of each row of `row` values: x − max − ln Σ e^(x − max). A NaN anywhere in
+    /// a row makes the whole row NaN, as in [`softmax`].
+    #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+    pub fn log_softmax(x: &[f32], out: &mut [f32], row: usize) {
+        for (x, out) in x.chunks_exact(row).zip(out.chunks_exact_mut(row)) {
+            let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let sum: f32 = x.iter().map(|&v| exp_neg(v - max)).sum();
+            let shift = max + sum.ln();
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = v - shift;
+            }
+        }
+    }
+
+    /// The log-softmax's input gradient g − e^y·Σ g for each row of `row` values, from its
+    /// output y (≤ 0, so e^y is [`exp_neg`]'s).
+    #[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+    pub fn log_softmax_grad(y: &[f32], g: &[f32], out: &mut [f32], row: usize) {
+        let rows = y.chunks_exact(row).zip(g.chunks_exact(row)).zip(out.chunks_exact_mut(row));
+        for ((y, g), out) in rows {
+            let total: f32 = g.iter().sum();
+            for ((o, &y), &g) in out.iter_mut().zip(y).zip(g) {
+                *o = g - exp_neg(y) * total;
+            }
         }
     }
 

@@ -4,7 +4,6 @@
 
 use std::ops::Range;
 
-use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 
@@ -135,7 +134,8 @@ impl<AB: AutodiffBackend> Objective<AB> for Captioner {
         let logits = self.logits(tape, batch);
         let [b, t, _] = logits.dims();
         let targets = batch.tokens.clone().slice([0..b, 1..t + 1]);
-        let logp = log_softmax(logits, 2).gather(2, targets.clone().unsqueeze_dim::<3>(2)).squeeze_dim::<2>(2);
+        let logp =
+            crate::fused::log_softmax(logits, 2).gather(2, targets.clone().unsqueeze_dim::<3>(2)).squeeze_dim::<2>(2);
         let mask = targets.not_equal_elem(PAD).float();
         let count = mask.clone().sum_dim(1).clamp_min(1.0).squeeze_dim::<1>(1);
         -(logp * mask).sum_dim(1).squeeze_dim::<1>(1) / count

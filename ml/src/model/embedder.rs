@@ -5,7 +5,6 @@
 
 use std::ops::Range;
 
-use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 
@@ -105,7 +104,7 @@ impl<AB: AutodiffBackend> Objective<AB> for Embedder {
     fn losses(&self, tape: &mut Tape<'_, AB>, batch: &Self::Batch) -> Tensor<AB, 1> {
         let e = self.embed(tape, batch.images.clone());
         let logits = e.matmul(batch.prototypes.clone().transpose()).mul_scalar(batch.scale);
-        let logp = log_softmax(logits, 1);
+        let logp = crate::fused::log_softmax(logits, 1);
         -logp.gather(1, batch.labels.clone().unsqueeze_dim::<2>(1)).squeeze_dim::<1>(1)
     }
 
