@@ -150,7 +150,9 @@ async fn a_rank_keeps_to_grpc_when_the_socket_is_gone_or_another_process_answers
         let mut heard = Vec::new();
         for _ in 0..2 {
             let (mut stream, _) = impostor.accept().await.unwrap();
-            dpcap_proto::local::write_frame(&mut stream, &hello(b"someone else")).await.unwrap();
+            // The rank may hang up before the hello is written (it refuses the instance either
+            // way): a broken pipe here is the behaviour under test, not a failure.
+            let _ = dpcap_proto::local::write_frame(&mut stream, &hello(b"someone else")).await;
             let mut sent = Vec::new();
             let _ = stream.read_to_end(&mut sent).await;
             heard.extend(sent);
