@@ -16,8 +16,12 @@ they averaged more than MAX_OTHER_CORES (default 0.2) cores is flagged and left 
 medians (PyTorch's OpenMP threads spin at barriers: one busy core turned its 0.44 s step into
 4.79 s). PASSIVE would shield PyTorch from such load, but it is not free on a quiet machine
 (1.19x on this step, docs/benchmarks.md), so the headline is PyTorch at its default, faster
-setting, and only quiet rounds count. Fewer than MIN_QUIET (default 5) quiet rounds is a failure, not a result: exit 3.
-The load averages before and after each round are printed too, for the record.
+setting, and only quiet rounds count. Every round does the same work, so a round that took
+more than MAX_SLOW_ROUND (default 1.2) times the median round's wall time was slowed by
+something the load check cannot see (the host: its other guests, the clock, memory bandwidth;
+seen 2026-12-06: rounds 1.3x longer, every program in them slower, 0.01 other cores) and is
+left out too. Fewer than MIN_QUIET (default 5) rounds that are both is a failure, not a
+result: exit 3. The load averages before and after each round are printed too, for the record.
 """
 import json
 import os
@@ -33,6 +37,7 @@ RUNS = int(os.environ.get("RUNS", "3"))
 THREADS = int(os.environ.get("THREADS", "2"))
 MAX_OTHER = float(os.environ.get("MAX_OTHER_CORES", "0.2"))
 MIN_QUIET = int(os.environ.get("MIN_QUIET", "5"))
+MAX_SLOW = float(os.environ.get("MAX_SLOW_ROUND", "1.2"))
 CONTROL = os.environ.get("CONTROL", "1") != "0"
 PYTHON, REFERENCE = sys.argv[1], sys.argv[2]
 TICK = os.sysconf("SC_CLK_TCK")
@@ -81,10 +86,21 @@ def one_round(index):
     wall = time.monotonic() - wall0
     other = max(0.0, (busy_seconds() - busy0) - (children_seconds() - mine0)) / wall
     row.update(load_before=load_before, load_after=os.getloadavg()[0], other_cores=other, quiet=other <= MAX_OTHER)
+    row["wall"] = wall
     flag = "quiet" if row["quiet"] else f"LOADED (other processes > {MAX_OTHER} cores): left out"
     print(f"round {index}: {wall:.0f} s, other processes {other:.2f} cores, load average "
           f"{load_before:.2f} -> {row['load_after']:.2f}: {flag}", file=sys.stderr, flush=True)
     return row
+
+
+def mark_slow(rows):
+    """Flags the rounds that took over MAX_SLOW times the median round (same work in each)."""
+    typical = statistics.median(r["wall"] for r in rows)
+    for r in rows:
+        r["steady"] = r["wall"] <= MAX_SLOW * typical
+        if not r["steady"]:
+            print(f"round {r['round']}: {r['wall']:.0f} s, {r['wall'] / typical:.2f}x the median round "
+                  f"({typical:.0f} s): SLOWED by something the load check cannot see: left out", file=sys.stderr)
 
 
 def series(rows):
@@ -117,7 +133,7 @@ RATIOS = {
 def report(rows):
     s = series(rows)
     med = {k: statistics.median(v) for k, v in s.items() if v}
-    print(f"bench captioner, batch 64: {len(rows)} quiet rounds of {ROUNDS}, each the median of {RUNS} steps; "
+    print(f"bench captioner, batch 64: {len(rows)} quiet, steady rounds of {ROUNDS}, each the median of {RUNS} steps; "
           f"{THREADS} threads unless marked; seconds per step")
     for k, v in s.items():
         if v:
@@ -141,10 +157,12 @@ def main():
     ours(THREADS)
     theirs(THREADS)
     rows = [one_round(i + 1) for i in range(ROUNDS)]
-    quiet = [r for r in rows if r["quiet"]]
+    mark_slow(rows)
+    quiet = [r for r in rows if r["quiet"] and r["steady"]]
     if len(quiet) < MIN_QUIET:
-        print(f"only {len(quiet)} of {ROUNDS} rounds were quiet (other processes at most {MAX_OTHER} cores; "
-              f"need {MIN_QUIET}): no result. Stop the other load, or raise ROUNDS.", file=sys.stderr)
+        print(f"only {len(quiet)} of {ROUNDS} rounds were quiet (other processes at most {MAX_OTHER} cores) and "
+              f"steady (at most {MAX_SLOW}x the median round; need {MIN_QUIET}): no result. Stop the other load, "
+              f"or raise ROUNDS.", file=sys.stderr)
         sys.exit(3)
     report(quiet)
 

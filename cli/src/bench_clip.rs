@@ -1,6 +1,6 @@
 //! `dpctl bench clip`: one DP-SGD step of a model three ways, side by side in one run —
 //! non-private (one ordinary backward), naive per-example (a backward per example) and the
-//! ClipEngine — with medians of several runs.
+//! ClipEngine — with medians of several runs (non-private and ClipEngine steps alternate).
 
 use std::time::Instant;
 
@@ -66,17 +66,23 @@ fn verify_tolerance(precision: Precision, inputs: MatmulInputs) -> f64 {
     }
 }
 
-fn median(runs: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut times: Vec<f64> = (0..runs.max(1))
-        .map(|_| {
+/// The median of `runs` timed calls of each of `steps` after one warm-up each, called in turn
+/// (one of each per round), so that a slow spell of the machine falls on all of them alike and
+/// their ratio holds.
+fn interleaved_medians<const N: usize>(runs: usize, mut steps: [&mut dyn FnMut(); N]) -> [f64; N] {
+    steps.iter_mut().for_each(|step| step());
+    let mut times: [Vec<f64>; N] = std::array::from_fn(|_| Vec::new());
+    for _ in 0..runs.max(1) {
+        for (step, times) in steps.iter_mut().zip(times.iter_mut()) {
             let start = Instant::now();
-            f();
-            start.elapsed().as_secs_f64()
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+            step();
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    times.map(|mut t| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    })
 }
 
 /// Peak resident set size of this process (Linux VmHWM), in bytes.
@@ -174,16 +180,25 @@ fn measure<AB: AutodiffBackend, M: Objective<AB>>(
     opts: &ClipBench,
 ) -> Timings {
     let engine = engine(opts);
-    let nonprivate_s = median(opts.runs, || {
-        nonprivate_sum(model, params, batch, opts.batch, engine.lanes).flatten().into_data();
-    });
-    let clip_s = median(opts.runs, || {
-        engine.clipped_sum(model, params, batch).sum.flatten().into_data();
-    });
+    let [nonprivate_s, clip_s] = interleaved_medians(
+        opts.runs,
+        [
+            &mut || {
+                nonprivate_sum(model, params, batch, opts.batch, engine.lanes).flatten().into_data();
+            },
+            &mut || {
+                engine.clipped_sum(model, params, batch).sum.flatten().into_data();
+            },
+        ],
+    );
     let naive_s = (!opts.skip_naive).then(|| {
-        median(opts.runs.min(2), || {
-            naive_clipped_sum(model, params, batch, 1.0).sum.flatten().into_data();
-        })
+        let [naive] = interleaved_medians(
+            opts.runs.min(2),
+            [&mut || {
+                naive_clipped_sum(model, params, batch, 1.0).sum.flatten().into_data();
+            }],
+        );
+        naive
     });
     Timings { params: params.numel(), nonprivate_s, clip_s, naive_s, verify_rel_err: None }
 }

@@ -37,7 +37,7 @@ pub fn keep_step_buffers() -> bool {
 #[cfg(test)]
 mod tests {
     #[test]
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[cfg(all(target_os = "linux", target_env = "gnu", target_pointer_width = "64"))]
     fn glibc_takes_both_settings() {
         // glibc refuses an mmap threshold over half its arena heap size (32 MiB on 64-bit).
         assert!(super::keep_step_buffers());

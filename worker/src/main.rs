@@ -68,9 +68,13 @@ fn preflight(device: &str, json: bool) -> Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
+    // Before the runtime starts its threads: mallopt is not meant to race other allocations.
     dpcap_ml::alloc::keep_step_buffers();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve())
+}
+
+async fn serve() -> Result<()> {
     let args = Args::parse();
     if let Some(Command::Preflight { device, json }) = &args.command {
         return preflight(device, *json);

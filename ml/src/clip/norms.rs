@@ -113,6 +113,7 @@ fn packed_gram(a: Tensor<Flex, 3>) -> Tensor<Flex, 2> {
 /// [`super::gram::ghost_sq_norm`] per example.
 fn packed_ghost_sq_norms(aa: Tensor<Flex, 2>, delta: Tensor<Flex, 3>) -> Tensor<Flex, 1> {
     let ([b, t, d], len) = (delta.dims(), packed_len(delta.dims()[1]));
+    assert_eq!(aa.dims(), [b, len], "the packed Gram of this layer's input: one per example, T(T+1)/2 values");
     let (aa, delta) = (flex_f32(aa), flex_f32(delta));
     let (aa, delta) = (aa.as_slice::<f32>().expect("f32"), delta.as_slice::<f32>().expect("f32"));
     let sq: Vec<f32> =

@@ -109,7 +109,7 @@ pub(super) fn sq_norms<AB: AutodiffBackend>(
     Norms { sq, r_sq }
 }
 
-/// The Gram matrices a·aᵀ [B, T, T] of shared inputs ([`super::Shared`]) computed so far.
+/// The Gram matrices a·aᵀ of shared inputs ([`super::Shared`]) computed so far ([`norms::Gram`]).
 type Grams<B> = HashMap<usize, norms::Gram<B>>;
 
 /// A Linear layer's input and the key of the [`super::Shared`] input it is, if any.

@@ -56,12 +56,17 @@ pub fn gelu<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>) -> Tensor<AB,
 
 /// Softmax over the last dimension (`dim` = D − 1; any other dimension takes burn's op).
 pub fn softmax<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>, dim: usize) -> Tensor<AB, D> {
-    on_cpu(x, |_| dim + 1 == D, softmax_cpu, |x| burn::tensor::activation::softmax(x, dim))
+    on_cpu(x, |x| dim + 1 == D && x.dims()[D - 1] > 0, softmax_cpu, |x| burn::tensor::activation::softmax(x, dim))
 }
 
 /// Log-softmax over the last dimension (`dim` = D − 1; any other dimension takes burn's op).
 pub fn log_softmax<AB: AutodiffBackend, const D: usize>(x: Tensor<AB, D>, dim: usize) -> Tensor<AB, D> {
-    on_cpu(x, |_| dim + 1 == D, log_softmax_cpu, |x| burn::tensor::activation::log_softmax(x, dim))
+    on_cpu(
+        x,
+        |x| dim + 1 == D && x.dims()[D - 1] > 0,
+        log_softmax_cpu,
+        |x| burn::tensor::activation::log_softmax(x, dim),
+    )
 }
 
 /// (x − μ)/√(σ² + ε) over the last dimension, μ and σ² (biased) of each row.
