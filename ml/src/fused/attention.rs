@@ -132,13 +132,7 @@ fn attend(shape: Shape, x: &Inputs<'_>) -> (Vec<f32>, Vec<f32>) {
     for i in 0..b {
         for h in 0..heads {
             let (q, k, v) = (head(x.q, i, t, d, h, dh), head(x.k, i, s, d, h, dh), head(x.v, i, s, d, h, dh));
-            transpose(k, &mut k_t);
-            scores.iter_mut().for_each(|v| *v = 0.0);
-            weighted_rows(
-                Weights { w: q.rows, m: t, n: dh, stride: d, offset: q.offset },
-                (&k_t, Rows::new(s, 0, s)),
-                (&mut scores, Rows::new(s, 0, s)),
-            );
+            times_transposed(q, k, &mut k_t, &mut scores);
             for (r, row) in scores.chunks_exact_mut(s).enumerate() {
                 for (c, v) in row.iter_mut().enumerate() {
                     *v = if causal && c > r { MASKED } else { *v * scale };
@@ -193,13 +187,7 @@ fn gradients(shape: Shape, (x, p): (&Inputs<'_>, &[f32]), g: &[f32]) -> (Vec<f32
             transpose(Head { rows: p, offset: 0, len: t, width: s, stride: s }, &mut p_t);
             weighted_rows(Weights::dense(&p_t, s, t), (gh.rows, Rows::new(dh, gh.offset, d)), (&mut dv, here(s)));
             // dP = G_h V_hᵀ, then dS.
-            transpose(v, &mut v_t);
-            dp.iter_mut().for_each(|v| *v = 0.0);
-            weighted_rows(
-                Weights { w: gh.rows, m: t, n: dh, stride: d, offset: gh.offset },
-                (&v_t, Rows::new(s, 0, s)),
-                (&mut dp, Rows::new(s, 0, s)),
-            );
+            times_transposed(gh, v, &mut v_t, &mut dp);
             kernels::softmax_grad(p, &dp, &mut ds, s);
             ds.iter_mut().for_each(|v| *v *= scale);
             // dQ_h = dS K_h, dK_h = dSᵀ Q_h.
@@ -234,6 +222,19 @@ fn transpose(x: Head<'_>, out: &mut [f32]) {
             out[c * x.len + r] = v;
         }
     }
+}
+
+/// `out` [a.len, b.len] = a bᵀ for two heads of one width (q kᵀ, G vᵀ), through `b_t`
+/// [width, b.len] as scratch: rows of bᵀ weighted by a's entries.
+fn times_transposed(a: Head<'_>, b: Head<'_>, b_t: &mut [f32], out: &mut [f32]) {
+    transpose(b, b_t);
+    out.iter_mut().for_each(|v| *v = 0.0);
+    let rows = Rows::new(b.len, 0, b.len);
+    weighted_rows(
+        Weights { w: a.rows, m: a.len, n: a.width, stride: a.stride, offset: a.offset },
+        (b_t, rows),
+        (out, rows),
+    );
 }
 
 /// A matrix W [m, n] read at `offset` + i·`stride` + j.

@@ -159,14 +159,7 @@ impl Backward<Flex, 1> for Softmax {
     type State = FlexTensor;
 
     fn backward(self, ops: Ops<FlexTensor, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let y = ops.state;
-        unary::<Flex, _>(ops.parents, ops.node, grads, |grad| {
-            let row = y.layout().shape().iter().last().copied().unwrap_or(1);
-            match zip_map(&y, &grad, |y, g, out| kernels::softmax_grad(y, g, out, row)) {
-                Some(dx) => dx,
-                None => softmax_backward_unfused(y, grad, row),
-            }
-        });
+        rows_backward(ops, grads, kernels::softmax_grad, softmax_backward_unfused);
     }
 }
 
@@ -179,15 +172,29 @@ impl Backward<Flex, 1> for LogSoftmax {
     type State = FlexTensor;
 
     fn backward(self, ops: Ops<FlexTensor, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let y = ops.state;
-        unary::<Flex, _>(ops.parents, ops.node, grads, |grad| {
-            let row = y.layout().shape().iter().last().copied().unwrap_or(1);
-            match zip_map(&y, &grad, |y, g, out| kernels::log_softmax_grad(y, g, out, row)) {
-                Some(dx) => dx,
-                None => unreachable!("y and its gradient are f32 of one shape: the forward made y"),
-            }
+        rows_backward(ops, grads, kernels::log_softmax_grad, |_, _, _| {
+            unreachable!("y and its gradient are f32 of one shape: the forward made y")
         });
     }
+}
+
+/// The input gradient of a row op over the last dimension from its saved tensor (x or y) and
+/// its output's gradient: `kernel(saved, g, dx, row)`, or `fallback(saved, g, row)` where the
+/// kernel cannot run.
+fn rows_backward(
+    ops: Ops<FlexTensor, 1>,
+    grads: &mut Gradients,
+    kernel: impl FnOnce(&[f32], &[f32], &mut [f32], usize),
+    fallback: impl FnOnce(FlexTensor, FlexTensor, usize) -> FlexTensor,
+) {
+    let saved = ops.state;
+    unary::<Flex, _>(ops.parents, ops.node, grads, |grad| {
+        let row = saved.layout().shape().iter().last().copied().unwrap_or(1);
+        match zip_map(&saved, &grad, |x, g, out| kernel(x, g, out, row)) {
+            Some(dx) => dx,
+            None => fallback(saved, grad, row),
+        }
+    });
 }
 
 /// burn-flex's own ops for the softmax backward, where [`kernels::softmax_grad`] cannot run.
@@ -208,13 +215,10 @@ impl Backward<Flex, 1> for LayerNorm {
     type State = (FlexTensor, Arc<[f32]>);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let (xhat, inv) = ops.state;
-        unary::<Flex, _>(ops.parents, ops.node, grads, |grad| {
-            let row = xhat.layout().shape().iter().last().copied().unwrap_or(1);
-            match zip_map(&xhat, &grad, |x, g, out| kernels::layer_norm_grad(x, &inv, g, out, row)) {
-                Some(dx) => dx,
-                None => unreachable!("x̂ and its gradient are f32 of one shape: the forward made x̂"),
-            }
+        let Ops { parents, node, state: (xhat, inv) } = ops;
+        let kernel = |x: &[f32], g: &[f32], out: &mut [f32], row| kernels::layer_norm_grad(x, &inv, g, out, row);
+        rows_backward(Ops { parents, node, state: xhat }, grads, kernel, |_, _, _| {
+            unreachable!("x̂ and its gradient are f32 of one shape: the forward made x̂")
         });
     }
 }
