@@ -3,7 +3,8 @@
 //! phase alone, and one memcpy of the same bytes, side by side in one run.
 //! Run: `cargo bench -p dpcap-accountant --features bench --bench release` (P from `PARAMS`,
 //! default 50M; timed releases from `STEPS`, default 5, untimed ones first from `WARMUP`;
-//! `ONLY_LOCAL=1` times the same-host path alone, for a profile;
+//! `ONLY_LOCAL=1` times the same-host path alone, for a profile; `ONLY_BREAKDOWN=1` prints the
+//! phases alone, as JSON;
 //! `dpctl bench scale` runs the same at the paper's P = 190M).
 
 use dpcap_accountant::cost::{self, CostOptions, Transport, Writer};
@@ -26,6 +27,11 @@ async fn main() -> Result<(), cost::BenchError> {
         writer: Writer::Synced,
         transport: Transport::Local,
     };
+    if std::env::var("ONLY_BREAKDOWN").is_ok() {
+        let parts = cost::breakdown(usize::try_from(params)?, &dir.path().join("breakdown")).await?;
+        println!("{}", serde_json::to_string(&parts)?);
+        return Ok(());
+    }
     let local = cost::measure(&opts, &dir.path().join("local")).await?;
     if std::env::var("ONLY_LOCAL").is_ok() {
         println!(

@@ -74,13 +74,16 @@ pub struct NoiseAhead {
     /// The accountant's ceiling on noise drawn ahead.
     budget: Arc<AheadBudget>,
     next: Mutex<Option<(u64, Drawing, Reservation)>>,
+    /// The last release's noise buffer, which the next draw writes over
+    /// ([`noise::draw_into`]).
+    spare: Mutex<Option<Vec<f64>>>,
 }
 
 impl NoiseAhead {
     /// A source for a job of dimension `dim` with noise std `std` = σ·C, drawing ahead within
     /// `budget`.
     pub fn new(dim: usize, std: f64, mode: NoiseMode, budget: Arc<AheadBudget>) -> Self {
-        Self { dim, std, mode, budget, next: Mutex::new(None) }
+        Self { dim, std, mode, budget, next: Mutex::new(None), spare: Mutex::new(None) }
     }
 
     /// Starts drawing `step`'s noise in the background (replacing any other step's), when the
@@ -97,8 +100,20 @@ impl NoiseAhead {
             tracing::debug!(step, bytes = 8 * dim, "noise not drawn ahead: the accountant's ceiling is reached");
             return;
         };
-        let task = tokio::task::spawn_blocking(move || noise::draw(dim, std, mode, step));
+        let used = self.spare();
+        let task = tokio::task::spawn_blocking(move || noise::draw_into(used, dim, std, mode, step));
         *next = Some((step, task, reservation));
+    }
+
+    /// Keeps a release's noise buffer (its values used) for the next draw to write over.
+    pub fn recycle(&self, used: Vec<f64>) {
+        if used.len() == self.dim {
+            *self.spare.lock().expect("noise lock") = Some(used);
+        }
+    }
+
+    fn spare(&self) -> Vec<f64> {
+        self.spare.lock().expect("noise lock").take().unwrap_or_default()
     }
 
     /// [`Self::prepare`], unless `step`'s noise is being drawn already.
@@ -112,6 +127,7 @@ impl NoiseAhead {
     /// Drops any noise drawn ahead (a refused, closed or exhausted job will not use it).
     pub fn clear(&self) {
         self.next.lock().expect("noise lock").take();
+        self.spare.lock().expect("noise lock").take();
     }
 
     /// Step `step`'s noise: the one drawn ahead if it was for this step, else drawn now. The
@@ -123,8 +139,8 @@ impl NoiseAhead {
             Some((drawn_for, task, reservation)) if drawn_for == step => (task, Some(reservation)),
             _ if self.std == 0.0 => return Ok(Noise { values: vec![0.0; self.dim], _held: None }),
             _ => {
-                let (dim, std, mode) = (self.dim, self.std, self.mode);
-                (tokio::task::spawn_blocking(move || noise::draw(dim, std, mode, step)), None)
+                let (dim, std, mode, used) = (self.dim, self.std, self.mode, self.spare());
+                (tokio::task::spawn_blocking(move || noise::draw_into(used, dim, std, mode, step)), None)
             }
         };
         let values = task.await.map_err(|source| AccountantError::Task { what: "noise", source })??;
@@ -161,6 +177,21 @@ mod tests {
         let six = ahead.take(6).await.unwrap().values;
         assert_eq!(six, noise::draw(1000, 2.0, NoiseMode::Seeded(9), 6).unwrap());
         assert!(ahead.next.lock().unwrap().is_none(), "step 5's noise is dropped, not kept");
+    }
+
+    #[tokio::test]
+    async fn a_recycled_buffer_is_drawn_over_and_never_serves_its_old_noise() {
+        let ahead = NoiseAhead::new(1000, 2.0, NoiseMode::OsEntropy, AheadBudget::new(u64::MAX));
+        ahead.prepare(0);
+        let first = ahead.take(0).await.unwrap().values;
+        let (kept, address) = (first.clone(), first.as_ptr());
+        ahead.recycle(first);
+        ahead.prepare(1);
+        let second = ahead.take(1).await.unwrap().values;
+        assert_eq!(second.as_ptr(), address, "the next draw wrote into the recycled buffer");
+        assert!(second.iter().zip(&kept).all(|(a, b)| a != b), "no value of step 0's noise is left");
+        ahead.recycle(vec![0.0; 999]);
+        assert!(ahead.spare.lock().unwrap().is_none(), "a buffer of another dimension is not kept");
     }
 
     #[tokio::test]

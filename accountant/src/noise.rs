@@ -78,8 +78,21 @@ pub const DRAW_THREAD: &str = "noise-draw";
 /// Noise does not depend on the gradient, so it can be drawn before the step's parts arrive;
 /// callers draw it at most once per step and never release it before the step's charge.
 pub fn draw(dim: usize, std: f64, mode: NoiseMode, step: u64) -> Result<Vec<f64>, getrandom::Error> {
+    draw_into(Vec::new(), dim, std, mode, step)
+}
+
+/// [`draw`] into `out`, a buffer an earlier step's noise used: every one of its `dim` values
+/// is drawn again, so nothing of that noise is left (a freed 1.5 GB buffer at P = 190M costs a
+/// release its unmapping, and the next draw its page faults).
+pub fn draw_into(
+    mut out: Vec<f64>,
+    dim: usize,
+    std: f64,
+    mode: NoiseMode,
+    step: u64,
+) -> Result<Vec<f64>, getrandom::Error> {
     let key = mode.key(step)?;
-    let mut out = vec![0.0f64; dim];
+    out.resize(dim, 0.0);
     par_each(DRAW_THREAD, out.chunks_mut(BLOCK).enumerate(), |(index, block)| {
         let mut rng = ChaCha20Rng::from_seed(key);
         rng.set_stream(index as u64);
@@ -115,13 +128,14 @@ pub fn apply_each(
         let summed = end.min(sum.len()).max(start); // this block's coordinates with a sum
         let mut block = pool.block(end - start);
         let (head, tail) = block.values_mut().split_at_mut(summed - start);
+        let mut any_bad = false;
         match sum {
             Sum::Empty => {}
             Sum::One(chunks) => {
                 let mut at = start;
                 for bytes in chunks.slices(start..summed) {
                     let n = bytes.len() / 4;
-                    add_le(&mut head[at - start..][..n], bytes, &noise[at..at + n]);
+                    any_bad |= add_le(&mut head[at - start..][..n], bytes, &noise[at..at + n]);
                     at += n;
                 }
                 assert_eq!(at, summed, "the part's chunks cover the block's summed values");
@@ -129,15 +143,12 @@ pub fn apply_each(
             Sum::Many(values) => {
                 let (values, noise) = (&values[start..summed], &noise[start..summed]);
                 assert_eq!((values.len(), noise.len()), (head.len(), head.len()), "every summed value");
-                for ((y, x), n) in head.iter_mut().zip(values).zip(noise) {
-                    *y = (x + n) as f32;
-                }
+                any_bad |= add_values(head, values, noise);
             }
         }
-        for (y, n) in tail.iter_mut().zip(&noise[summed..end]) {
-            *y = *n as f32;
-        }
-        if let Some(at) = block.values_mut().iter().position(|v| !v.is_finite()) {
+        any_bad |= noise_alone(tail, &noise[summed..end]);
+        if any_bad {
+            let at = block.values_mut().iter().position(|v| !v.is_finite()).unwrap_or(0);
             bad.lock().expect("bad lock").get_or_insert(NotFinite { index: (start + at) as u64 });
             return;
         }
@@ -154,11 +165,39 @@ pub struct NotFinite {
     pub index: u64,
 }
 
-/// `out[i] = (x[i] + noise[i]) as f32` for the little-endian f32 values `x` of `bytes`.
-fn add_le(out: &mut [f32], bytes: &[u8], noise: &[f64]) {
-    for ((y, x), n) in out.iter_mut().zip(dpcap_proto::floats::le_values(bytes)).zip(noise) {
-        *y = (f64::from(x) + n) as f32;
+/// Writes `values` into `out` as f32, each rounded once; true when one is not finite (all
+/// exponent bits set: NaN or ±inf). Tested without a branch per value, so that the pass stays
+/// one vectorised sweep (a second sweep to look for bad values cost as much as a copy).
+#[inline(always)]
+fn write_checked(out: &mut [f32], values: impl Iterator<Item = f64>) -> bool {
+    const EXPONENT: u32 = 0x7f80_0000;
+    let mut bad = 0u32;
+    for (y, v) in out.iter_mut().zip(values) {
+        *y = v as f32;
+        bad |= u32::from(y.to_bits() & EXPONENT == EXPONENT);
     }
+    bad != 0
+}
+
+/// `out[i] = (x[i] + noise[i]) as f32` for the little-endian f32 values `x` of `bytes`; true
+/// when one is not finite. Compiled for the widest vector unit too (as the part's check is):
+/// the f32 → f64 → f32 conversions are most of the pass's instructions.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma", "aarch64+neon"))]
+fn add_le(out: &mut [f32], bytes: &[u8], noise: &[f64]) -> bool {
+    let sums = dpcap_proto::floats::le_values(bytes).zip(noise).map(|(x, n)| f64::from(x) + n);
+    write_checked(out, sums)
+}
+
+/// `out[i] = (values[i] + noise[i]) as f32`; true when one is not finite.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma", "aarch64+neon"))]
+fn add_values(out: &mut [f32], values: &[f64], noise: &[f64]) -> bool {
+    write_checked(out, values.iter().zip(noise).map(|(x, n)| x + n))
+}
+
+/// `out[i] = noise[i] as f32` (coordinates past the sum); true when one is not finite.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2+fma", "aarch64+neon"))]
+fn noise_alone(out: &mut [f32], noise: &[f64]) -> bool {
+    write_checked(out, noise.iter().copied())
 }
 
 /// [`apply_each`] into one buffer (tests; the release path streams blocks).
@@ -294,6 +333,15 @@ mod tests {
             })
             .unwrap();
             assert_eq!(reused.into_inner().unwrap(), fresh, "a sum of {} values", sum.len());
+        }
+    }
+
+    #[test]
+    fn noise_drawn_into_a_used_buffer_is_the_noise_drawn_afresh() {
+        let dim = BLOCK + 99;
+        for used in [vec![f64::NAN; dim], vec![f64::NAN; 3 * dim], vec![f64::NAN; 7]] {
+            let again = draw_into(used, dim, 2.0, NoiseMode::Seeded(8), 4).unwrap();
+            assert_eq!(again, draw(dim, 2.0, NoiseMode::Seeded(8), 4).unwrap());
         }
     }
 

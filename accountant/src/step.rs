@@ -281,7 +281,8 @@ impl Accountant {
                 if let Some(plan) = plan {
                     plan.canaries().inject(step, &mut noise.values, 1.0);
                 }
-                noise::apply_each(&sum, &noise.values, &blocks, |index, block| release.fill(index, block))
+                let passed = noise::apply_each(&sum, &noise.values, &blocks, |index, block| release.fill(index, block));
+                (passed, noise.values)
             })
         };
         job.keep_release(release.clone());
@@ -310,8 +311,11 @@ impl Accountant {
         let Filling { release, pass, stored, noising } = filling;
         let passed = async {
             let passed = match pass.await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(not_finite)) => Err(format!("it was refused: {not_finite}")),
+                Ok((Ok(()), used)) => {
+                    job.ahead.recycle(used);
+                    Ok(())
+                }
+                Ok((Err(not_finite), _)) => Err(format!("it was refused: {not_finite}")),
                 Err(e) => Err(format!("the noise pass failed: {e}")),
             };
             if passed.is_err() {
@@ -389,7 +393,8 @@ impl Accountant {
 /// A release being filled by its noise pass.
 struct Filling {
     release: std::sync::Arc<Release>,
-    pass: tokio::task::JoinHandle<Result<(), noise::NotFinite>>,
+    /// The noise pass, and the noise buffer it used (for the next step's draw to write over).
+    pass: tokio::task::JoinHandle<(Result<(), noise::NotFinite>, Vec<f64>)>,
     stored: watch::Sender<Stored>,
     noising: Instant,
 }
