@@ -187,6 +187,7 @@ fn reply(reply: Reply, data_bytes: u64) -> LocalReply {
 
 impl Server {
     async fn connection(&self, mut stream: UnixStream) -> Result<(), FrameError> {
+        dpcap_proto::local::widen_send_buffer(&stream);
         write_frame(&mut stream, &reply(Reply::Hello(self.instance.clone()), 0)).await?;
         let call = match tokio::time::timeout(CALL_TIMEOUT, read_frame::<LocalCall, _>(&mut stream)).await {
             Ok(Ok(call)) => call,

@@ -38,6 +38,19 @@ pub enum FrameError {
     Closed,
 }
 
+/// Bytes the kernel may queue from one sender on the same-host socket before the sender waits:
+/// a part or a release then moves in runs of megabytes, not of the default ~200 kB, each run a
+/// wake-up and a read for the other end (7 % of a release's CPU at P = 50M, docs/benchmarks.md).
+/// The kernel caps it at `net.core.wmem_max`: under a lower cap the socket is slower, never wrong.
+const SEND_BUFFER_BYTES: usize = 4 << 20;
+
+/// Asks for [`SEND_BUFFER_BYTES`] of send buffer on `stream` (best effort: see there).
+pub fn widen_send_buffer(stream: &tokio::net::UnixStream) {
+    if let Err(e) = socket2::SockRef::from(stream).set_send_buffer_size(SEND_BUFFER_BYTES) {
+        tracing::debug!(error = %e, "same-host socket keeps its default send buffer");
+    }
+}
+
 /// Writes `message` as one frame.
 pub async fn write_frame<W: AsyncWrite + Unpin>(writer: &mut W, message: &impl Message) -> Result<(), FrameError> {
     let len = message.encoded_len();

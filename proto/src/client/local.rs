@@ -108,6 +108,7 @@ impl LocalLink {
             if peer != Some(self.pid) {
                 return Err(foreign());
             }
+            crate::local::widen_send_buffer(&stream);
             match read_frame::<LocalReply, _>(&mut stream).await?.reply {
                 Some(Reply::Hello(instance)) if instance == self.instance => Ok(stream),
                 _ => Err(foreign()),
@@ -179,9 +180,7 @@ const PIPE_BYTES: i32 = 1 << 20;
 async fn send_part(stream: &mut UnixStream, data: &[u8]) -> std::io::Result<()> {
     let mut sent = 0;
     match splice_part(stream, data, &mut sent).await {
-        Err(e) if e.raw_os_error().is_some_and(unsupported) => {
-            stream.write_all(&data[sent..]).await
-        }
+        Err(e) if e.raw_os_error().is_some_and(unsupported) => stream.write_all(&data[sent..]).await,
         done => done,
     }
 }
