@@ -75,8 +75,8 @@ pub struct NoiseAhead {
     budget: Arc<AheadBudget>,
     next: Mutex<Option<(u64, Drawing, Reservation)>>,
     /// The last release's noise buffer, which the next draw writes over
-    /// ([`noise::draw_into`]).
-    spare: Mutex<Option<Vec<f64>>>,
+    /// ([`noise::draw_into`]), with its bytes of the ceiling: kept memory is counted memory.
+    spare: Mutex<Option<(Vec<f64>, Reservation)>>,
 }
 
 impl NoiseAhead {
@@ -96,24 +96,32 @@ impl NoiseAhead {
         let mut next = self.next.lock().expect("noise lock");
         // The replaced drawing's bytes go back before the new ones are asked for.
         next.take();
-        let Some(reservation) = self.budget.reserve(8 * dim as u64) else {
-            tracing::debug!(step, bytes = 8 * dim, "noise not drawn ahead: the accountant's ceiling is reached");
-            return;
+        let (used, reservation) = match self.spare.lock().expect("noise lock").take() {
+            Some((used, reservation)) => (used, reservation),
+            None => match self.budget.reserve(8 * dim as u64) {
+                Some(reservation) => (Vec::new(), reservation),
+                None => {
+                    tracing::debug!(
+                        step,
+                        bytes = 8 * dim,
+                        "noise not drawn ahead: the accountant's ceiling is reached"
+                    );
+                    return;
+                }
+            },
         };
-        let used = self.spare();
         let task = tokio::task::spawn_blocking(move || noise::draw_into(used, dim, std, mode, step));
         *next = Some((step, task, reservation));
     }
 
-    /// Keeps a release's noise buffer (its values used) for the next draw to write over.
+    /// Keeps a release's noise buffer (its values used) for the next step's draw to write
+    /// over, when the ceiling has room for it; otherwise it is freed.
     pub fn recycle(&self, used: Vec<f64>) {
-        if used.len() == self.dim {
-            *self.spare.lock().expect("noise lock") = Some(used);
+        if used.len() == self.dim
+            && let Some(reservation) = self.budget.reserve(8 * self.dim as u64)
+        {
+            *self.spare.lock().expect("noise lock") = Some((used, reservation));
         }
-    }
-
-    fn spare(&self) -> Vec<f64> {
-        self.spare.lock().expect("noise lock").take().unwrap_or_default()
     }
 
     /// [`Self::prepare`], unless `step`'s noise is being drawn already.
@@ -139,8 +147,10 @@ impl NoiseAhead {
             Some((drawn_for, task, reservation)) if drawn_for == step => (task, Some(reservation)),
             _ if self.std == 0.0 => return Ok(Noise { values: vec![0.0; self.dim], _held: None }),
             _ => {
-                let (dim, std, mode, used) = (self.dim, self.std, self.mode, self.spare());
-                (tokio::task::spawn_blocking(move || noise::draw_into(used, dim, std, mode, step)), None)
+                let (dim, std, mode) = (self.dim, self.std, self.mode);
+                let (used, held) = self.spare.lock().expect("noise lock").take().unzip();
+                let used = used.unwrap_or_default();
+                (tokio::task::spawn_blocking(move || noise::draw_into(used, dim, std, mode, step)), held)
             }
         };
         let values = task.await.map_err(|source| AccountantError::Task { what: "noise", source })??;
@@ -192,6 +202,24 @@ mod tests {
         assert!(second.iter().zip(&kept).all(|(a, b)| a != b), "no value of step 0's noise is left");
         ahead.recycle(vec![0.0; 999]);
         assert!(ahead.spare.lock().unwrap().is_none(), "a buffer of another dimension is not kept");
+    }
+
+    #[tokio::test]
+    async fn a_kept_buffer_holds_its_bytes_of_the_ceiling_and_none_is_kept_past_it() {
+        let budget = AheadBudget::new(8 * 100);
+        let ahead = NoiseAhead::new(100, 1.0, NoiseMode::Seeded(2), budget.clone());
+        ahead.recycle(vec![0.0; 100]);
+        assert_eq!(budget.held(), 800, "the kept buffer is counted");
+        ahead.prepare(1);
+        assert_eq!(budget.held(), 800, "the draw into it uses the same bytes");
+        let noise = ahead.take(1).await.unwrap();
+        ahead.recycle(vec![0.0; 100]);
+        assert!(ahead.spare.lock().unwrap().is_none(), "no room under the ceiling: freed, not kept");
+        drop(noise);
+        assert_eq!(budget.held(), 0);
+        ahead.recycle(vec![0.0; 100]);
+        ahead.clear();
+        assert_eq!(budget.held(), 0, "a cleared job keeps nothing");
     }
 
     #[tokio::test]

@@ -77,6 +77,7 @@ pub const DRAW_THREAD: &str = "noise-draw";
 /// `dim` coordinates of N(0, std²) noise for `step` (f64), drawn on every core. `std` is σ·C.
 /// Noise does not depend on the gradient, so it can be drawn before the step's parts arrive;
 /// callers draw it at most once per step and never release it before the step's charge.
+#[cfg(any(test, feature = "bench"))]
 pub fn draw(dim: usize, std: f64, mode: NoiseMode, step: u64) -> Result<Vec<f64>, getrandom::Error> {
     draw_into(Vec::new(), dim, std, mode, step)
 }
@@ -342,6 +343,24 @@ mod tests {
         for used in [vec![f64::NAN; dim], vec![f64::NAN; 3 * dim], vec![f64::NAN; 7]] {
             let again = draw_into(used, dim, 2.0, NoiseMode::Seeded(8), 4).unwrap();
             assert_eq!(again, draw(dim, 2.0, NoiseMode::Seeded(8), 4).unwrap());
+        }
+    }
+
+    #[test]
+    fn a_nan_or_an_infinity_in_a_sum_of_many_or_in_the_noise_alone_is_refused() {
+        let dim = BLOCK + 3;
+        let mut many = ones(dim);
+        many.add(crate::sum::Chunks::from(vec![1.0; dim]));
+        let pool = BlockPool::new(BLOCK);
+        for (at, bad) in [(5, f64::NAN), (BLOCK + 1, f64::NEG_INFINITY), (BLOCK + 2, -1e300)] {
+            let mut noise = draw(dim + 4, 1.0, NoiseMode::Seeded(6), 0).unwrap();
+            noise[at] = bad;
+            let refused = apply_each(&many, &noise, &pool, |_, _| {});
+            assert_eq!(refused, Err(NotFinite { index: at as u64 }), "{bad} in a sum of two parts");
+            let mut noise = draw(dim + 4, 1.0, NoiseMode::Seeded(6), 0).unwrap();
+            noise[dim + 2] = bad; // a coordinate past the sum: noise alone
+            let refused = apply_each(&ones(dim), &noise, &pool, |_, _| {});
+            assert_eq!(refused, Err(NotFinite { index: dim as u64 + 2 }), "{bad} in the noise alone");
         }
     }
 

@@ -312,7 +312,9 @@ impl Accountant {
         let passed = async {
             let passed = match pass.await {
                 Ok((Ok(()), used)) => {
-                    job.ahead.recycle(used);
+                    if step + 1 < job.spending.max_steps() {
+                        job.ahead.recycle(used); // the next step's draw writes over it
+                    }
                     Ok(())
                 }
                 Ok((Err(not_finite), _)) => Err(format!("it was refused: {not_finite}")),

@@ -1,8 +1,9 @@
 //! The accountant's same-host socket: its framing, shared by the accountant and its clients.
 //! A frame is a little-endian u32 length and a prost message (`LocalCall` one way,
 //! `LocalReply` the other); a part's or a release's raw little-endian f32 bytes follow the frame
-//! that announces them, so that 760 MB move with one copy into the kernel and one out, no
-//! HTTP/2 framing and no buffer between (docs/grpc.md, "Same-host parts and releases").
+//! that announces them, so that 760 MB move with no HTTP/2 framing and no buffer between: a
+//! part with one copy (the rank splices its pages in), a release with two (docs/grpc.md,
+//! "Same-host parts and releases").
 //!
 //! This module must never read a frame longer than [`MAX_FRAME_BYTES`] into memory: the
 //! length comes from the peer.
@@ -46,8 +47,18 @@ const SEND_BUFFER_BYTES: usize = 4 << 20;
 
 /// Asks for [`SEND_BUFFER_BYTES`] of send buffer on `stream` (best effort: see there).
 pub fn widen_send_buffer(stream: &tokio::net::UnixStream) {
-    if let Err(e) = socket2::SockRef::from(stream).set_send_buffer_size(SEND_BUFFER_BYTES) {
-        tracing::debug!(error = %e, "same-host socket keeps its default send buffer");
+    let socket = socket2::SockRef::from(stream);
+    match socket.set_send_buffer_size(SEND_BUFFER_BYTES).and_then(|()| socket.send_buffer_size()) {
+        // Linux reports twice what it granted (its bookkeeping's share).
+        Ok(granted) if granted / 2 < SEND_BUFFER_BYTES => {
+            tracing::debug!(
+                granted = granted / 2,
+                asked = SEND_BUFFER_BYTES,
+                "same-host send buffer capped by net.core.wmem_max"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::debug!(error = %e, "same-host socket keeps its default send buffer"),
     }
 }
 

@@ -171,12 +171,16 @@ pub(super) async fn submit(
 
 /// The pipe a part passes through on its way into the socket (the most an unprivileged
 /// process may ask, `fs.pipe-max-size`'s default; a refusal leaves the pipe at 64 KiB).
+#[cfg(target_os = "linux")]
 const PIPE_BYTES: i32 = 1 << 20;
 
 /// Sends a part's bytes without copying them: their pages are spliced into a pipe (vmsplice)
 /// and from the pipe into the socket (splice), and the accountant's read is the one copy, into
 /// its own blocks. What it checks is what it copied, whatever this process does to its pages.
-/// A kernel that refuses either call gets the rest written instead.
+/// A kernel that refuses either call (or a seccomp profile that forbids it) gets the rest
+/// written instead. The socket holds references to `data`'s pages until the accountant has read
+/// them, so the caller keeps `data` unchanged until the accountant answers (as `submit` does).
+#[cfg(target_os = "linux")]
 async fn send_part(stream: &mut UnixStream, data: &[u8]) -> std::io::Result<()> {
     let mut sent = 0;
     match splice_part(stream, data, &mut sent).await {
@@ -185,18 +189,28 @@ async fn send_part(stream: &mut UnixStream, data: &[u8]) -> std::io::Result<()> 
     }
 }
 
-/// Errors that say this kernel (or this socket) does not splice, not that the socket failed.
-fn unsupported(errno: i32) -> bool {
-    use nix::errno::Errno;
-    [Errno::EINVAL, Errno::ENOSYS, Errno::EOPNOTSUPP].iter().any(|e| *e as i32 == errno)
+/// Elsewhere a part is written.
+#[cfg(not(target_os = "linux"))]
+async fn send_part(stream: &mut UnixStream, data: &[u8]) -> std::io::Result<()> {
+    stream.write_all(data).await
 }
 
-/// [`send_part`]'s spliced path; `sent` counts the bytes already in the socket.
+/// Errors that say this kernel (or this socket, or a seccomp profile) does not splice, not that
+/// the socket failed.
+#[cfg(target_os = "linux")]
+fn unsupported(errno: i32) -> bool {
+    use nix::errno::Errno;
+    [Errno::EINVAL, Errno::ENOSYS, Errno::EOPNOTSUPP, Errno::EPERM].iter().any(|e| *e as i32 == errno)
+}
+
+/// [`send_part`]'s spliced path; `sent` counts the bytes already in the socket (bytes still in
+/// the pipe when it fails are dropped with it, and written again by the fallback).
+#[cfg(target_os = "linux")]
 async fn splice_part(stream: &UnixStream, data: &[u8], sent: &mut usize) -> std::io::Result<()> {
     use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags, fcntl, splice, vmsplice};
     let (pipe_out, pipe_in) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
     let _ = fcntl(&pipe_in, FcntlArg::F_SETPIPE_SZ(PIPE_BYTES));
-    let moving = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MORE;
+    let moving = SpliceFFlags::SPLICE_F_NONBLOCK;
     let mut piped = 0; // bytes of data in the pipe
     while *sent < data.len() {
         if piped == 0 {
@@ -260,7 +274,7 @@ pub(super) async fn fetch_into(
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 
