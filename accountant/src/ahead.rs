@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use tokio::task::JoinHandle;
 
 use crate::error::AccountantError;
-use crate::noise::{self, NoiseMode};
+use crate::noise::{self, NoiseMode, Urgency};
 
 type Drawing = JoinHandle<Result<Vec<f64>, getrandom::Error>>;
 
@@ -110,7 +110,7 @@ impl NoiseAhead {
                 }
             },
         };
-        let task = tokio::task::spawn_blocking(move || noise::draw_into(used, dim, std, mode, step));
+        let task = tokio::task::spawn_blocking(move || noise::draw_into(used, dim, std, mode, step, Urgency::Ahead));
         *next = Some((step, task, reservation));
     }
 
@@ -150,7 +150,8 @@ impl NoiseAhead {
                 let (dim, std, mode) = (self.dim, self.std, self.mode);
                 let (used, held) = self.spare.lock().expect("noise lock").take().unzip();
                 let used = used.unwrap_or_default();
-                (tokio::task::spawn_blocking(move || noise::draw_into(used, dim, std, mode, step)), held)
+                let draw = move || noise::draw_into(used, dim, std, mode, step, Urgency::Now);
+                (tokio::task::spawn_blocking(draw), held)
             }
         };
         let values = task.await.map_err(|source| AccountantError::Task { what: "noise", source })??;

@@ -47,11 +47,36 @@ impl NoiseMode {
     }
 }
 
+/// Whether a release waits for a pass's threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Urgency {
+    /// A release waits: the noise add, and a draw its step could not take from ahead.
+    Now,
+    /// None yet: a draw ahead, while the ranks compute. Its threads run at nice
+    /// [`AHEAD_NICE`] (Linux), so that on the accountant's cores they never time-share with a
+    /// release, a part or a store: drawn the moment the last release is stored, they used to
+    /// run beside the tail of its transfer. Whatever the cores do not need still goes to them.
+    Ahead,
+}
+
+/// The nice value of threads drawing noise ahead: a tenth of a core's share when a release
+/// wants the same core (CFS weights 110 and 1024). Once raised, a thread's nice value cannot
+/// be lowered without privileges, so a draw taken by a release before it ends keeps it.
+const AHEAD_NICE: i32 = 10;
+
+/// Lowers the calling thread to [`AHEAD_NICE`]. Linux sets a thread's own nice value this way;
+/// elsewhere the call would change the whole process's, so it is not made. Best effort: a
+/// refusal leaves the thread as it was.
+fn behind_releases() {
+    #[cfg(target_os = "linux")]
+    let _ = rustix::process::setpriority_process(None, AHEAD_NICE);
+}
+
 /// Runs `work` on every item on every core. Items are taken in order, one at a time, so
 /// the first results are ready first (a release streams its blocks in order); an item is
 /// always the same work, so results never depend on the number of threads. The threads carry
 /// `name`, so that a profile (and the release bench, [`DRAW_THREAD`]) can tell them apart.
-fn par_each<T: Send>(name: &str, items: impl Iterator<Item = T> + Send, work: impl Fn(T) + Sync) {
+fn par_each<T: Send>(name: &str, urgency: Urgency, items: impl Iterator<Item = T> + Send, work: impl Fn(T) + Sync) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let items = std::sync::Mutex::new(items);
     // The lock is held only to take the next item, never while working on it.
@@ -62,6 +87,9 @@ fn par_each<T: Send>(name: &str, items: impl Iterator<Item = T> + Send, work: im
             let thread = std::thread::Builder::new().name(name.to_owned());
             thread
                 .spawn_scoped(scope, move || {
+                    if urgency == Urgency::Ahead {
+                        behind_releases();
+                    }
                     while let Some(item) = next() {
                         work(item);
                     }
@@ -79,7 +107,7 @@ pub const DRAW_THREAD: &str = "noise-draw";
 /// callers draw it at most once per step and never release it before the step's charge.
 #[cfg(any(test, feature = "bench"))]
 pub fn draw(dim: usize, std: f64, mode: NoiseMode, step: u64) -> Result<Vec<f64>, getrandom::Error> {
-    draw_into(Vec::new(), dim, std, mode, step)
+    draw_into(Vec::new(), dim, std, mode, step, Urgency::Now)
 }
 
 /// [`draw`] into `out`, a buffer an earlier step's noise used: every one of its `dim` values
@@ -91,10 +119,11 @@ pub fn draw_into(
     std: f64,
     mode: NoiseMode,
     step: u64,
+    urgency: Urgency,
 ) -> Result<Vec<f64>, getrandom::Error> {
     let key = mode.key(step)?;
     out.resize(dim, 0.0);
-    par_each(DRAW_THREAD, out.chunks_mut(BLOCK).enumerate(), |(index, block)| {
+    par_each(DRAW_THREAD, urgency, out.chunks_mut(BLOCK).enumerate(), |(index, block)| {
         let mut rng = ChaCha20Rng::from_seed(key);
         rng.set_stream(index as u64);
         fill_block(&mut rng, block, std);
@@ -124,7 +153,7 @@ pub fn apply_each(
 ) -> Result<(), NotFinite> {
     assert!(sum.len() <= noise.len(), "noise drawn for another dimension");
     let bad = std::sync::Mutex::new(None);
-    par_each("noise-add", 0..noise.len().div_ceil(BLOCK), |index| {
+    par_each("noise-add", Urgency::Now, 0..noise.len().div_ceil(BLOCK), |index| {
         let (start, end) = (index * BLOCK, ((index + 1) * BLOCK).min(noise.len()));
         let summed = end.min(sum.len()).max(start); // this block's coordinates with a sum
         let mut block = pool.block(end - start);
@@ -235,6 +264,27 @@ fn box_muller(rng: &mut ChaCha20Rng) -> (f64, f64) {
 mod tests {
     use super::*;
 
+    /// The nice value of each thread that `urgency`'s pass ran its items on.
+    #[cfg(target_os = "linux")]
+    fn nice_values(urgency: Urgency) -> Vec<i32> {
+        let seen = std::sync::Mutex::new(Vec::new());
+        par_each("test", urgency, 0..64, |_| {
+            let nice = rustix::process::getpriority_process(None).unwrap();
+            seen.lock().unwrap().push(nice);
+        });
+        seen.into_inner().unwrap()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn noise_drawn_ahead_runs_behind_releases_and_a_release_pass_does_not() {
+        let own = rustix::process::getpriority_process(None).unwrap();
+        // At least AHEAD_NICE: a process already nicer than that keeps its own.
+        assert!(nice_values(Urgency::Ahead).iter().all(|nice| *nice == own.max(AHEAD_NICE)));
+        assert!(nice_values(Urgency::Now).iter().all(|nice| *nice == own), "a release's pass keeps its priority");
+        assert_eq!(rustix::process::getpriority_process(None).unwrap(), own, "the caller's own is untouched");
+    }
+
     fn ones(dim: usize) -> Sum {
         let mut sum = Sum::default();
         sum.add(crate::sum::Chunks::from(vec![1.0; dim]));
@@ -341,7 +391,7 @@ mod tests {
     fn noise_drawn_into_a_used_buffer_is_the_noise_drawn_afresh() {
         let dim = BLOCK + 99;
         for used in [vec![f64::NAN; dim], vec![f64::NAN; 3 * dim], vec![f64::NAN; 7]] {
-            let again = draw_into(used, dim, 2.0, NoiseMode::Seeded(8), 4).unwrap();
+            let again = draw_into(used, dim, 2.0, NoiseMode::Seeded(8), 4, Urgency::Ahead).unwrap();
             assert_eq!(again, draw(dim, 2.0, NoiseMode::Seeded(8), 4).unwrap());
         }
     }
