@@ -53,9 +53,10 @@ pub enum Urgency {
     /// A release waits: the noise add, and a draw its step could not take from ahead.
     Now,
     /// None yet: a draw ahead, while the ranks compute. Its threads run at nice
-    /// [`AHEAD_NICE`] (Linux), so that on the accountant's cores they never time-share with a
-    /// release, a part or a store: drawn the moment the last release is stored, they used to
-    /// run beside the tail of its transfer. Whatever the cores do not need still goes to them.
+    /// [`AHEAD_NICE`] (Linux), so that on the accountant's cores they yield to releases, parts
+    /// and stores (a tenth of a contended core): drawn the moment the last release is stored,
+    /// they used to share the cores evenly with the tail of its transfer. Whatever the cores do
+    /// not need still goes to them.
     Ahead,
 }
 
@@ -64,12 +65,14 @@ pub enum Urgency {
 /// be lowered without privileges, so a draw taken by a release before it ends keeps it.
 const AHEAD_NICE: i32 = 10;
 
-/// Lowers the calling thread to [`AHEAD_NICE`]. Linux sets a thread's own nice value this way;
-/// elsewhere the call would change the whole process's, so it is not made. Best effort: a
-/// refusal leaves the thread as it was.
+/// Lowers the calling thread to [`AHEAD_NICE`], never raises it (a process run nicer keeps its
+/// own). Linux sets a thread's own nice value this way; elsewhere the call would change the
+/// whole process's, so it is not made. Best effort: a refusal leaves the thread as it was.
 fn behind_releases() {
     #[cfg(target_os = "linux")]
-    let _ = rustix::process::setpriority_process(None, AHEAD_NICE);
+    if rustix::process::getpriority_process(None).is_ok_and(|own| own < AHEAD_NICE) {
+        let _ = rustix::process::setpriority_process(None, AHEAD_NICE);
+    }
 }
 
 /// Runs `work` on every item on every core. Items are taken in order, one at a time, so
