@@ -96,19 +96,12 @@ impl NoiseAhead {
         let mut next = self.next.lock().expect("noise lock");
         // The replaced drawing's bytes go back before the new ones are asked for.
         next.take();
-        let (used, reservation) = match self.spare.lock().expect("noise lock").take() {
-            Some((used, reservation)) => (used, reservation),
-            None => match self.budget.reserve(8 * dim as u64) {
-                Some(reservation) => (Vec::new(), reservation),
-                None => {
-                    tracing::debug!(
-                        step,
-                        bytes = 8 * dim,
-                        "noise not drawn ahead: the accountant's ceiling is reached"
-                    );
-                    return;
-                }
-            },
+        // A kept buffer brings its own bytes of the ceiling; a fresh one must find room.
+        let spare = self.spare.lock().expect("noise lock").take();
+        let fresh = || self.budget.reserve(8 * dim as u64).map(|reservation| (Vec::new(), reservation));
+        let Some((used, reservation)) = spare.or_else(fresh) else {
+            tracing::debug!(step, bytes = 8 * dim, "noise not drawn ahead: the accountant's ceiling is reached");
+            return;
         };
         let task = tokio::task::spawn_blocking(move || noise::draw_into(used, dim, std, mode, step, Urgency::Ahead));
         *next = Some((step, task, reservation));
