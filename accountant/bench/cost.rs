@@ -69,6 +69,24 @@ fn drawing_ahead_since(before: &std::collections::HashMap<String, f64>) -> f64 {
     now.iter().map(|(tid, cpu)| cpu - before.get(tid).copied().unwrap_or(0.0)).sum()
 }
 
+/// Waits until no thread of this process draws noise, up to `limit`, and returns how long it
+/// waited. A release timed while the draw ahead of it still runs shares the cores with that
+/// draw (at nice 10 it gets less of them when the machine is busy, so a pause planned from one
+/// sample of its speed can be short), and a draw thread that ends during the release is not
+/// subtracted from its CPU; a rank computing a step at the paper's size gives the draw longer.
+/// The accountant of a finished measurement may also have started its next step's draw,
+/// which would run into the next measurement.
+async fn draws_done(limit: Duration) -> Result<f64, BenchError> {
+    let started = Instant::now();
+    while !threads_cpu_seconds(noise::DRAW_THREAD).is_empty() {
+        if started.elapsed() > limit {
+            return Err(format!("noise still drawn after {limit:?} of waiting for it").into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
 /// How the measured accountant writes its stored releases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Writer {
@@ -128,6 +146,9 @@ pub struct ReleaseCost {
     pub release_cpu_s_per_gb_each: Vec<f64>,
     /// Noise drawn per second per core (off the critical path: drawn while ranks compute).
     pub noise_coords_per_s_per_core: f64,
+    /// The most a timed release was held, past the pause planned from that rate, until the
+    /// draw ahead of it had ended ([`draws_done`]): how far the draw lagged the plan.
+    pub release_noise_late_s: f64,
     /// Bytes per second the ledger's disk takes with an fsync (256 MiB written, then synced).
     pub disk_fsync_bytes_per_s: f64,
 }
@@ -418,9 +439,10 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
     let mut release = Vec::new();
     let part = floats::into_bytes((0..dim).map(|i| (i % 1013) as f32 * 1e-4).collect());
     let (mut times, mut firsts, mut stores, mut cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let warmup = opts.warmup;
+    let (warmup, mut late) = (opts.warmup, 0f64);
     for step in 0..warmup + opts.steps.max(1) {
         tokio::time::sleep(noise_wait).await;
+        let waited = draws_done(10 * noise_wait).await?;
         let (started, cpu, drawing) = (Instant::now(), cpu_seconds(), threads_cpu_seconds(noise::DRAW_THREAD));
         let (mut submitter, mut fetcher) = (client.clone(), client.clone());
         // The rank fetches while it submits, as the worker does: the release streams while the
@@ -444,6 +466,7 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
         if step < warmup {
             continue;
         }
+        late = late.max(waited);
         times.push(started.elapsed().as_secs_f64());
         cpus.push(cpu_seconds() - cpu - drawing_ahead_since(&drawing));
         firsts.push((first - started).as_secs_f64());
@@ -451,6 +474,7 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
     }
     let _ = stop.send(());
     task.await??;
+    draws_done(10 * noise_wait).await?; // the next step's, drawn once the last was stored
     let each = cpus.iter().map(|cpu| cpu / gigabytes(dim)).collect();
     let cpu_s = median(cpus);
     Ok(ReleaseCost {
@@ -461,6 +485,7 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
         release_cpu_s_per_gb: cpu_s / gigabytes(dim),
         release_cpu_s_per_gb_each: each,
         noise_coords_per_s_per_core: noise_rate / cores as f64,
+        release_noise_late_s: late,
         disk_fsync_bytes_per_s: disk_fsync_rate(dir)?,
     })
 }

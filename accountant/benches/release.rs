@@ -35,8 +35,8 @@ async fn main() -> Result<(), cost::BenchError> {
     let local = cost::measure(&opts, &dir.path().join("local")).await?;
     if std::env::var("ONLY_LOCAL").is_ok() {
         println!(
-            "same-host: {:.3} CPU-s per GB, {:.3} s; each {:?}",
-            local.release_cpu_s_per_gb, local.release_s, local.release_cpu_s_per_gb_each
+            "same-host: {:.3} CPU-s per GB, {:.3} s; each {:?}; noise late by up to {:.2} s",
+            local.release_cpu_s_per_gb, local.release_s, local.release_cpu_s_per_gb_each, local.release_noise_late_s
         );
         return Ok(());
     }

@@ -32,6 +32,8 @@ fn a_small_scale_bench_reports_every_key_and_releases_over_both_transports_and_w
         "release_cpu_s",
         "disk_fsync_bytes_per_s",
         "release_cpu_s_per_gb",
+        "release_noise_late_s",
+        "grpc_release_noise_late_s",
         "release_check_cpu_s_per_gb",
         "release_noise_add_cpu_s_per_gb",
         "release_encode_cpu_s_per_gb",
