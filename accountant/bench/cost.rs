@@ -474,7 +474,10 @@ pub async fn measure(opts: &CostOptions, dir: &Path) -> Result<ReleaseCost, Benc
     }
     let _ = stop.send(());
     task.await??;
-    draws_done(10 * noise_wait).await?; // the next step's, drawn once the last was stored
+    // The next step's draw, started once the last release was stored: one more pause, as
+    // before a step (the draw's threads may not have started yet), then until it has ended.
+    tokio::time::sleep(noise_wait).await;
+    draws_done(10 * noise_wait).await?;
     let each = cpus.iter().map(|cpu| cpu / gigabytes(dim)).collect();
     let cpu_s = median(cpus);
     Ok(ReleaseCost {

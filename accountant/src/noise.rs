@@ -75,18 +75,37 @@ fn behind_releases() {
     }
 }
 
-/// Runs `work` on every item on every core. Items are taken in order, one at a time, so
-/// the first results are ready first (a release streams its blocks in order); an item is
+/// This machine's cores (1 where unknown).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Threads of the noise add: half the cores, at least one. The add is memory-bound (per
+/// coordinate it reads 4 bytes of part and 8 of noise and writes 4), and it leaves the other
+/// half free for the release's fetches and store, which take each block as it is filled: on 2
+/// cores one add thread instead of two cost the release less CPU per GB and no wall time
+/// (docs/benchmarks.md). A draw is compute-bound and takes every core.
+fn add_threads() -> usize {
+    (cores() / 2).max(1)
+}
+
+/// Runs `work` on every item on `threads` threads. Items are taken in order, one at a time,
+/// so the first results are ready first (a release streams its blocks in order); an item is
 /// always the same work, so results never depend on the number of threads. The threads carry
 /// `name`, so that a profile (and the release bench, [`DRAW_THREAD`]) can tell them apart.
-fn par_each<T: Send>(name: &str, urgency: Urgency, items: impl Iterator<Item = T> + Send, work: impl Fn(T) + Sync) {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+fn par_each<T: Send>(
+    name: &str,
+    urgency: Urgency,
+    threads: usize,
+    items: impl Iterator<Item = T> + Send,
+    work: impl Fn(T) + Sync,
+) {
     let items = std::sync::Mutex::new(items);
     // The lock is held only to take the next item, never while working on it.
     let next = || items.lock().expect("items lock").next();
     let (next, work) = (&next, &work);
     std::thread::scope(|scope| {
-        for _ in 0..cores {
+        for _ in 0..threads.max(1) {
             let thread = std::thread::Builder::new().name(name.to_owned());
             thread
                 .spawn_scoped(scope, move || {
@@ -104,6 +123,9 @@ fn par_each<T: Send>(name: &str, urgency: Urgency, items: impl Iterator<Item = T
 
 /// The name of the threads that draw noise: ahead of a step, off its release's critical path.
 pub const DRAW_THREAD: &str = "noise-draw";
+
+/// The name of the threads that add noise to a sum: a release's pass.
+const ADD_THREAD: &str = "noise-add";
 
 /// `dim` coordinates of N(0, std²) noise for `step` (f64), drawn on every core. `std` is σ·C.
 /// Noise does not depend on the gradient, so it can be drawn before the step's parts arrive;
@@ -126,7 +148,7 @@ pub fn draw_into(
 ) -> Result<Vec<f64>, getrandom::Error> {
     let key = mode.key(step)?;
     out.resize(dim, 0.0);
-    par_each(DRAW_THREAD, urgency, out.chunks_mut(BLOCK).enumerate(), |(index, block)| {
+    par_each(DRAW_THREAD, urgency, cores(), out.chunks_mut(BLOCK).enumerate(), |(index, block)| {
         let mut rng = ChaCha20Rng::from_seed(key);
         rng.set_stream(index as u64);
         fill_block(&mut rng, block, std);
@@ -138,7 +160,7 @@ pub fn draw_into(
 pub const BLOCK_BYTES: usize = 4 * BLOCK;
 
 /// The release bytes: `(sum + noise) as f32` per coordinate, little-endian, block by block
-/// ([`BLOCK_BYTES`]) on every core (memory-bound), each block handed to `sink` as soon as it
+/// ([`BLOCK_BYTES`]) on half the cores ([`add_threads`]), each block handed to `sink` as soon as it
 /// is done, in about the order of the blocks. The f64 addition happens before the single
 /// rounding to f32. Noise may run past the sum: those coordinates (an audit's reserved ones)
 /// are noise alone. A block is written once, as f32 values that become its bytes without a
@@ -156,7 +178,7 @@ pub fn apply_each(
 ) -> Result<(), NotFinite> {
     assert!(sum.len() <= noise.len(), "noise drawn for another dimension");
     let bad = std::sync::Mutex::new(None);
-    par_each("noise-add", Urgency::Now, 0..noise.len().div_ceil(BLOCK), |index| {
+    par_each(ADD_THREAD, Urgency::Now, add_threads(), 0..noise.len().div_ceil(BLOCK), |index| {
         let (start, end) = (index * BLOCK, ((index + 1) * BLOCK).min(noise.len()));
         let summed = end.min(sum.len()).max(start); // this block's coordinates with a sum
         let mut block = pool.block(end - start);
@@ -182,7 +204,12 @@ pub fn apply_each(
         any_bad |= noise_alone(tail, &noise[summed..end]);
         if any_bad {
             let at = block.values_mut().iter().position(|v| !v.is_finite()).unwrap_or(0);
-            bad.lock().expect("bad lock").get_or_insert(NotFinite { index: (start + at) as u64 });
+            // The first bad coordinate, whichever thread found its block first.
+            let found = NotFinite { index: (start + at) as u64 };
+            let mut bad = bad.lock().expect("bad lock");
+            if bad.is_none_or(|seen: NotFinite| seen.index > found.index) {
+                *bad = Some(found);
+            }
             return;
         }
         sink(index, block.into_bytes());
@@ -271,7 +298,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     fn nice_values(urgency: Urgency) -> Vec<i32> {
         let seen = std::sync::Mutex::new(Vec::new());
-        par_each("test", urgency, 0..64, |_| {
+        par_each("test", urgency, cores(), 0..64, |_| {
             let nice = rustix::process::getpriority_process(None).unwrap();
             seen.lock().unwrap().push(nice);
         });
@@ -415,6 +442,37 @@ mod tests {
             let refused = apply_each(&ones(dim), &noise, &pool, |_, _| {});
             assert_eq!(refused, Err(NotFinite { index: dim as u64 + 2 }), "{bad} in the noise alone");
         }
+    }
+
+    /// Bites where the add has two threads or more (4 cores and up): the blocks then finish in
+    /// any order.
+    #[test]
+    fn the_first_bad_coordinate_is_reported_whichever_block_finished_first() {
+        let dim = 4 * BLOCK;
+        let mut noise = draw(dim, 1.0, NoiseMode::Seeded(6), 0).unwrap();
+        for at in [3 * BLOCK + 1, BLOCK + 7, 2 * BLOCK] {
+            noise[at] = f64::NAN;
+        }
+        for _ in 0..3 {
+            let refused = apply_each(&ones(dim), &noise, &BlockPool::new(BLOCK), |_, _| {});
+            assert_eq!(refused, Err(NotFinite { index: BLOCK as u64 + 7 }));
+        }
+    }
+
+    /// Bites on 2 to 15 cores (CI has 2): past that, 8 blocks fit under half the cores.
+    #[test]
+    fn the_noise_add_leaves_half_the_cores_to_the_transfer_of_its_blocks() {
+        let dim = 8 * BLOCK;
+        let noise = draw(dim, 1.0, NoiseMode::Seeded(7), 0).unwrap();
+        let threads = std::sync::Mutex::new(std::collections::HashSet::new());
+        apply_each(&ones(dim), &noise, &BlockPool::new(BLOCK), |_, _| {
+            let thread = std::thread::current();
+            assert_eq!(thread.name(), Some(ADD_THREAD));
+            threads.lock().unwrap().insert(thread.id());
+        })
+        .unwrap();
+        let used = threads.into_inner().unwrap().len();
+        assert!(used <= (cores() / 2).max(1), "{used} add threads on {} cores", cores());
     }
 
     #[test]
