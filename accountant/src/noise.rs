@@ -204,7 +204,7 @@ pub fn apply_each(
         any_bad |= noise_alone(tail, &noise[summed..end]);
         if any_bad {
             let at = block.values_mut().iter().position(|v| !v.is_finite()).unwrap_or(0);
-            // The first bad coordinate, whichever thread found its block first.
+            // The lowest bad coordinate, whatever order the threads found their blocks in.
             let found = NotFinite { index: (start + at) as u64 };
             let mut bad = bad.lock().expect("bad lock");
             if bad.is_none_or(|seen: NotFinite| seen.index > found.index) {
