@@ -162,7 +162,8 @@ pub struct Breakdown {
     /// The part checked finite and hashed where it lies: the same-host path, whose socket
     /// reads land in the blocks.
     pub check_in_place_cpu_s_per_gb: f64,
-    /// Sum + noise → the release's f32 blocks, on every core.
+    /// Sum + noise → the release's f32 blocks (a single part's own, written in place), on
+    /// half the cores.
     pub noise_add_cpu_s_per_gb: f64,
     /// The release's chunks encoded as gRPC messages (per rank that fetches it).
     pub encode_cpu_s_per_gb: f64,
@@ -240,14 +241,18 @@ pub async fn breakdown(params: usize, dir: &Path) -> Result<Breakdown, BenchErro
     // Each phase twice, the second timed: in a running job the blocks are reused, not new.
     let (mut check_s, mut in_place_s, mut add_s, mut blocks) = (0.0, 0.0, 0.0, Vec::new());
     for _ in 0..2 {
+        // The last pass's release, back to the pool, as a running job's oldest kept release
+        // returns its blocks: a single part's release is written over the part's own blocks,
+        // so the next part's blocks are those.
+        blocks.clear();
         let checked;
         (checked, check_s) = cpu_of(|| {
             let (mut part, mut hasher, mut filler) = (Chunks::default(), Xxh3::new(), Filler::new(&pool, params));
             for chunk in &chunks {
                 filler.fill(chunk, |block| {
-                    floats::check_finite(&block, part.len() as u64)?;
-                    hasher.update(&block);
-                    part.push(block);
+                    floats::check_finite(block.as_ref(), part.len() as u64)?;
+                    hasher.update(block.as_ref());
+                    part.push_block(block);
                     Ok::<_, floats::FloatsError>(())
                 })?;
             }
@@ -263,11 +268,10 @@ pub async fn breakdown(params: usize, dir: &Path) -> Result<Breakdown, BenchErro
             hasher.digest()
         });
         let sum = Sum::One(part);
-        drop(blocks); // the last pass's release, back to the pool
         let filled = std::sync::Mutex::new(vec![Bytes::new(); params.div_ceil(BLOCK_BYTES / 4)]);
         let added;
         (added, add_s) =
-            cpu_of(|| noise::apply_each(&sum, &noise, &pool, |i, b| filled.lock().expect("blocks")[i] = b));
+            cpu_of(|| noise::apply_each(sum, &noise, &pool, |i, b| filled.lock().expect("blocks")[i] = b));
         added?;
         blocks = filled.into_inner().expect("blocks");
     }

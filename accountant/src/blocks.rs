@@ -44,7 +44,8 @@ impl BlockPool {
     }
 
     /// A step of `dim` coordinates is under way. It holds its part's blocks while its release
-    /// fills as many again, and the release it pushes out of memory returns its own: keep that
+    /// fills as many again (a single part's release is written over the part's own, fewer),
+    /// and the release it pushes out of memory returns its own: keep that
     /// many idle (two steps' worth of blocks) so that the next step allocates nothing. Idle
     /// memory is then at most 8·`dim` bytes for the largest job, what a step would otherwise
     /// allocate afresh.
@@ -119,21 +120,21 @@ impl Filler {
     }
 
     /// `bytes` more of [`Self::spare`] were written; hands the block to `full` if it filled.
-    pub fn advance<E>(&mut self, bytes: usize, full: impl FnOnce(Bytes) -> Result<(), E>) -> Result<(), E> {
+    pub fn advance<E>(&mut self, bytes: usize, full: impl FnOnce(Block) -> Result<(), E>) -> Result<(), E> {
         let Some((block, written)) = &mut self.open else { return Ok(()) };
         *written = (*written + bytes).min(4 * block.len);
         if *written == 4 * block.len
             && let Some((block, written)) = self.open.take()
         {
             self.sealed += written / 4;
-            full(block.into_bytes())?;
+            full(block)?;
         }
         Ok(())
     }
 
     /// Copies `data` (little-endian f32, whole values; the caller has checked that they fit in
     /// `total`) and hands each block that fills to `full`, in order; stops at `full`'s error.
-    pub fn fill<E>(&mut self, mut data: &[u8], mut full: impl FnMut(Bytes) -> Result<(), E>) -> Result<(), E> {
+    pub fn fill<E>(&mut self, mut data: &[u8], mut full: impl FnMut(Block) -> Result<(), E>) -> Result<(), E> {
         debug_assert!(self.received() + data.len() / 4 <= self.total, "checked by the caller");
         while data.len() >= 4 && self.received() < self.total {
             let spare = self.spare();
@@ -159,6 +160,16 @@ impl Block {
     /// The block's values, for the pass to write.
     pub fn values_mut(&mut self) -> &mut [f32] {
         &mut self.buffer[self.start..self.start + self.len]
+    }
+
+    /// Values in the block.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a block of no values.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// The block as little-endian bytes, without a copy; its buffer returns to the pool when
@@ -232,7 +243,7 @@ mod tests {
         for piece in data.chunks(chunk) {
             filler
                 .fill(piece, |b| {
-                    blocks.push(b);
+                    blocks.push(b.into_bytes());
                     Ok::<_, ()>(())
                 })
                 .unwrap();
@@ -268,7 +279,7 @@ mod tests {
             at += n;
             filler
                 .advance(n, |b| {
-                    blocks.push(b);
+                    blocks.push(b.into_bytes());
                     Ok::<_, ()>(())
                 })
                 .unwrap();

@@ -10,7 +10,7 @@ use tokio::sync::{Mutex, watch};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::ahead::NoiseAhead;
-use crate::blocks::{BlockPool, Filler};
+use crate::blocks::{Block, BlockPool, Filler};
 use crate::error::AccountantError;
 use crate::noise::NoiseMode;
 use crate::records::Registration;
@@ -305,15 +305,10 @@ impl Job {
 
 /// Keeps a filled block of the part: refused unless every value is finite; hashed, and its
 /// squares added to the part's.
-fn take_block(
-    block: bytes::Bytes,
-    values: &mut Chunks,
-    hasher: &mut Xxh3,
-    squares: &mut f64,
-) -> Result<(), AccountantError> {
-    *squares += floats::check_finite(&block, values.len() as u64)?.squares;
-    hasher.update(&block);
-    values.push(block);
+fn take_block(block: Block, values: &mut Chunks, hasher: &mut Xxh3, squares: &mut f64) -> Result<(), AccountantError> {
+    *squares += floats::check_finite(block.as_ref(), values.len() as u64)?.squares;
+    hasher.update(block.as_ref());
+    values.push_block(block);
     Ok(())
 }
 

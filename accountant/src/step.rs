@@ -281,7 +281,7 @@ impl Accountant {
                 if let Some(plan) = plan {
                     plan.canaries().inject(step, &mut noise.values, 1.0);
                 }
-                let passed = noise::apply_each(&sum, &noise.values, &blocks, |index, block| release.fill(index, block));
+                let passed = noise::apply_each(sum, &noise.values, &blocks, |index, block| release.fill(index, block));
                 (passed, noise.values)
             })
         };

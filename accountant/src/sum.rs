@@ -1,17 +1,41 @@
 //! The sum of a step's W parts, built as they arrive. One part (the GPU path: rank 0 sends the
-//! all-reduced sum) is kept as it came: the chunks the transport decoded, never copied. A second
-//! part turns the sum into f64, so that adding W parts rounds once, at the release, not W times.
+//! all-reduced sum) is kept as it came: the pooled blocks it was checked in, never copied again;
+//! the release's noise pass writes over them in place ([`Chunks::take_blocks`]). A second part
+//! turns the sum into f64, so that adding W parts rounds once, at the release, not W times.
 
 use std::ops::Range;
 
 use bytes::Bytes;
 use dpcap_proto::floats::le_values;
 
-/// One part's values: little-endian f32 bytes in the chunks they arrived in (zero-copy slices
-/// of the transport's buffers), already checked to be finite.
-#[derive(Debug, Clone, Default)]
+use crate::blocks::Block;
+
+/// One chunk of a part's values.
+#[derive(Debug)]
+enum Piece {
+    /// Bytes shared with whoever else views them: read, never written.
+    Shared(Bytes),
+    /// A pooled block this part alone holds: the release may be written over it.
+    Owned(Block),
+    /// A block handed to the release ([`Chunks::take_blocks`]): nothing left to read here.
+    Taken,
+}
+
+impl Piece {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Piece::Shared(bytes) => bytes,
+            Piece::Owned(block) => block.as_ref(),
+            Piece::Taken => &[],
+        }
+    }
+}
+
+/// One part's values: little-endian f32 bytes in the chunks they arrived in, already checked
+/// to be finite.
+#[derive(Debug, Default)]
 pub struct Chunks {
-    chunks: Vec<Bytes>,
+    chunks: Vec<Piece>,
     /// The value index each chunk starts at, and the total after the last.
     starts: Vec<usize>,
 }
@@ -21,15 +45,43 @@ impl Chunks {
     /// empty chunk holds nothing and is not kept, so every kept chunk covers at least one value.
     pub fn push(&mut self, chunk: Bytes) {
         debug_assert!(chunk.len().is_multiple_of(4), "a chunk of whole f32 values");
-        if chunk.is_empty() {
+        self.push_piece(chunk.len() / 4, Piece::Shared(chunk));
+    }
+
+    /// Appends a pooled block of values this part alone holds (the caller checked its values):
+    /// the release's pass may write over it instead of filling a block of its own.
+    pub fn push_block(&mut self, block: Block) {
+        self.push_piece(block.len(), Piece::Owned(block));
+    }
+
+    fn push_piece(&mut self, values: usize, piece: Piece) {
+        if values == 0 {
             return;
         }
         if self.starts.is_empty() {
             self.starts.push(0);
         }
-        let end = self.len() + chunk.len() / 4;
-        self.chunks.push(chunk);
+        let end = self.len() + values;
+        self.chunks.push(piece);
         self.starts.push(end);
+    }
+
+    /// Hands over every owned block that holds exactly values `[i·block, (i + 1)·block)`
+    /// (the last, shorter one up to [`Self::len`]), as element `i` of the result (one per
+    /// `block` values); other blocks and shared chunks stay, and are read by [`Self::slices`].
+    /// A handed-over block is this part's no more: what it holds is read from the block.
+    pub fn take_blocks(&mut self, block: usize) -> Vec<Option<Block>> {
+        let total = self.len();
+        let mut taken: Vec<Option<Block>> = std::iter::repeat_with(|| None).take(total.div_ceil(block)).collect();
+        for (piece, bounds) in self.chunks.iter_mut().zip(self.starts.windows(2)) {
+            let whole = bounds[0].is_multiple_of(block) && bounds[1] == (bounds[0] + block).min(total);
+            if whole && matches!(piece, Piece::Owned(_)) {
+                if let Piece::Owned(owned) = std::mem::replace(piece, Piece::Taken) {
+                    taken[bounds[0] / block] = Some(owned);
+                }
+            }
+        }
+        taken
     }
 
     /// Values held.
@@ -52,7 +104,7 @@ impl Chunks {
             .take_while(move |(_, bounds)| bounds[0] < range.end)
             .map(move |(chunk, bounds)| {
                 let (start, end) = (bounds[0].max(range.start), bounds[1].min(range.end));
-                &chunk[4 * (start - bounds[0])..4 * (end - bounds[0])]
+                chunk.bytes().get(4 * (start - bounds[0])..4 * (end - bounds[0])).unwrap_or_default()
             })
     }
 
@@ -60,7 +112,7 @@ impl Chunks {
     fn to_f64(&self) -> Vec<f64> {
         let mut out = Vec::with_capacity(self.len());
         for chunk in &self.chunks {
-            out.extend(le_values(chunk).map(f64::from));
+            out.extend(le_values(chunk.bytes()).map(f64::from));
         }
         out
     }
@@ -68,7 +120,7 @@ impl Chunks {
     /// Adds every value to `sum` (of the same length).
     fn add_to(&self, sum: &mut [f64]) {
         for (chunk, bounds) in self.chunks.iter().zip(self.starts.windows(2)) {
-            for (s, v) in sum[bounds[0]..bounds[1]].iter_mut().zip(le_values(chunk)) {
+            for (s, v) in sum[bounds[0]..bounds[1]].iter_mut().zip(le_values(chunk.bytes())) {
                 *s += f64::from(v);
             }
         }

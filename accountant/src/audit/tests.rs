@@ -86,7 +86,7 @@ fn audit_run_with(fault: Fault, seed: u8, epsilon: f64, placement: Placement, sp
         };
         let mut noise = noise::draw(dim + canaries.reserved(), std, NoiseMode::Seeded(seed as u64), step).unwrap();
         canaries.inject(step, &mut noise, if fault == Fault::Unclipped { 10.0 } else { 1.0 });
-        let released = noise::apply(&examples, &noise);
+        let released = noise::apply(examples, &noise);
         canaries.score(&canaries.readings(|c| released.get(4 * c..4 * c + 4)?.try_into().ok()), &mut scores);
     }
     canaries.conclude(&scores, delta, canaries.default_guesses())
