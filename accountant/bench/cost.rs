@@ -270,8 +270,7 @@ pub async fn breakdown(params: usize, dir: &Path) -> Result<Breakdown, BenchErro
         let sum = Sum::One(part);
         let filled = std::sync::Mutex::new(vec![Bytes::new(); params.div_ceil(BLOCK_BYTES / 4)]);
         let added;
-        (added, add_s) =
-            cpu_of(|| noise::apply_each(sum, &noise, &pool, |i, b| filled.lock().expect("blocks")[i] = b));
+        (added, add_s) = cpu_of(|| noise::apply_each(sum, &noise, &pool, |i, b| filled.lock().expect("blocks")[i] = b));
         added?;
         blocks = filled.into_inner().expect("blocks");
     }

@@ -2,14 +2,16 @@
 //! is 760 MB of blocks; allocated fresh each step, every page is faulted in and cleared by the
 //! kernel again (on a VM whose memory is ballooned, a host-side fill too), which cost more than
 //! the noise pass that writes them. A block whose release is dropped returns here instead, and
-//! the next release's pass writes over it.
+//! the next part is checked into it (a single part's release is then written over the part's
+//! own blocks; a sum of several parts' release takes blocks of its own here).
 //!
 //! Blocks start on a page boundary ([`ALIGN`] bytes) so that the ledger can write them to disk
 //! with `O_DIRECT`, from where they lie, without a copy into the page cache.
 //!
 //! What this must never do: hand out a block that a release still holds (a block returns only
-//! when the last `Bytes` that views it is dropped), or let bytes a pass did not write reach a
-//! rank: [`Block::values_mut`] gives the pass the whole block, and the pass writes every value.
+//! when the last `Bytes` that views it is dropped), or let bytes nobody wrote for this step
+//! reach a rank: a [`Filler`] hands a block on only once a part's values fill it, and the noise
+//! pass writes every value of a block ([`Block::values_mut`] gives it the whole block).
 
 use std::sync::{Arc, Mutex};
 
@@ -43,10 +45,10 @@ impl BlockPool {
         Self { values, idle: Arc::default() }
     }
 
-    /// A step of `dim` coordinates is under way. It holds its part's blocks while its release
-    /// fills as many again (a single part's release is written over the part's own, fewer),
-    /// and the release it pushes out of memory returns its own: keep that
-    /// many idle (two steps' worth of blocks) so that the next step allocates nothing. Idle
+    /// A step of `dim` coordinates is under way. A step of one part needs ⌈dim / block⌉
+    /// blocks (its release is written over the part's own); a step of several holds a part's
+    /// blocks while its release fills as many again. The release each step pushes out of
+    /// memory returns its own, so keeping two steps' worth idle means no step allocates. Idle
     /// memory is then at most 8·`dim` bytes for the largest job, what a step would otherwise
     /// allocate afresh.
     pub fn expect_step(&self, dim: usize) {
@@ -172,8 +174,10 @@ impl Block {
         self.len == 0
     }
 
-    /// The block as little-endian bytes, without a copy; its buffer returns to the pool when
-    /// the last slice of them is dropped.
+    /// The block as little-endian bytes, without a copy, for a block written as f32 values
+    /// through [`Self::values_mut`] (a [`Filler`]'s block already holds little-endian bytes:
+    /// view it with `as_ref`); its buffer returns to the pool when the last slice of them is
+    /// dropped.
     pub fn into_bytes(self) -> Bytes {
         if cfg!(target_endian = "little") {
             Bytes::from_owner(self)
@@ -213,7 +217,7 @@ mod tests {
     #[test]
     fn a_block_returns_only_when_its_last_view_is_dropped_and_only_as_many_as_expected() {
         let pool = BlockPool::new(1024);
-        pool.expect_step(512); // two blocks: the part's and the release's
+        pool.expect_step(512); // two blocks: a part's and its release's, for a sum of several
         let bytes = pool.block(1024).into_bytes();
         let slice = bytes.slice(8..16);
         drop(bytes);
@@ -237,13 +241,13 @@ mod tests {
     }
 
     /// Filled blocks, from `data` sent in chunks of `chunk` bytes.
-    fn filled(pool: &BlockPool, data: &[u8], chunk: usize) -> Vec<Bytes> {
+    fn filled(pool: &BlockPool, data: &[u8], chunk: usize) -> Vec<Block> {
         let mut filler = Filler::new(pool, data.len() / 4);
         let mut blocks = Vec::new();
         for piece in data.chunks(chunk) {
             filler
                 .fill(piece, |b| {
-                    blocks.push(b.into_bytes());
+                    blocks.push(b);
                     Ok::<_, ()>(())
                 })
                 .unwrap();
@@ -252,15 +256,19 @@ mod tests {
         blocks
     }
 
+    /// The blocks' bytes, in order, and each one's length.
+    fn contents(blocks: &[Block]) -> (Vec<u8>, Vec<usize>) {
+        (blocks.iter().flat_map(|b| b.as_ref().to_vec()).collect(), blocks.iter().map(|b| b.as_ref().len()).collect())
+    }
+
     #[test]
     fn filled_blocks_hold_the_same_bytes_in_whole_aligned_blocks_however_the_data_was_chunked() {
         let pool = BlockPool::new(1000);
         let data: Vec<u8> = (0..2500 * 4).map(|i| (i % 251) as u8).collect();
         for chunk in [4, 12, 4000, 4004, 10_000] {
             let blocks = filled(&pool, &data, chunk);
-            assert_eq!(blocks.iter().map(Bytes::len).collect::<Vec<_>>(), [4000, 4000, 2000], "chunks of {chunk}");
-            assert!(blocks.iter().all(|b| b.as_ptr().align_offset(ALIGN) == 0));
-            assert_eq!(blocks.concat(), data, "chunks of {chunk}");
+            assert!(blocks.iter().all(|b| b.as_ref().as_ptr().align_offset(ALIGN) == 0));
+            assert_eq!(contents(&blocks), (data.clone(), vec![4000, 4000, 2000]), "chunks of {chunk}");
         }
     }
 
@@ -279,14 +287,13 @@ mod tests {
             at += n;
             filler
                 .advance(n, |b| {
-                    blocks.push(b.into_bytes());
+                    blocks.push(b);
                     Ok::<_, ()>(())
                 })
                 .unwrap();
         }
         assert_eq!((at, filler.received()), (data.len(), 2500));
-        assert_eq!(blocks.iter().map(Bytes::len).collect::<Vec<_>>(), [4000, 4000, 2000]);
-        assert_eq!(blocks.concat(), data);
+        assert_eq!(contents(&blocks), (data, vec![4000, 4000, 2000]));
     }
 
     #[test]

@@ -165,12 +165,13 @@ pub const BLOCK_BYTES: usize = 4 * BLOCK;
 /// ([`BLOCK_BYTES`]) on half the cores ([`add_threads`]), each block handed to `sink` as soon as it
 /// is done, in about the order of the blocks. The f64 addition happens before the single
 /// rounding to f32. Noise may run past the sum: those coordinates (an audit's reserved ones)
-/// are noise alone. A block is written once, as f32 values that become its bytes without a
-/// copy; the sum is read where it lies. A single part's own pooled blocks become the release's:
-/// each value is read and written back in place, which spares the pass a third stream of
-/// memory (a fresh block is read in before it is written; 0.15 → 0.11 CPU-s/GB alone,
-/// docs/benchmarks.md). Other blocks come from `pool` and hold another release's bytes until
-/// every value is written here.
+/// are noise alone. The pass writes every value of a block once, as f32 values that become its
+/// bytes without a copy; the sum is read where it lies. A single part's own pooled blocks
+/// become the release's: each value is read and written back in place, which spares the pass
+/// a third stream of memory (a fresh block is read in before it is written; the add alone
+/// 0.23 → 0.12 CPU-s/GB at P = 190M, docs/benchmarks.md). Other blocks come from `pool` and
+/// hold whatever they last held (a release, another rank's part) until every value is written
+/// here.
 ///
 /// A block with a value that is not finite once cast to f32 (a sum and noise past f32's range)
 /// is never handed to `sink`, and the pass returns [`NotFinite`]: such a release is refused
@@ -224,7 +225,10 @@ fn add_block(mut block: Block, sum: &Sum, owned: Option<&Block>, noise: &[f64], 
     let mut any_bad = false;
     match (owned, sum) {
         (_, Sum::Empty) => {}
-        (Some(owned), _) => any_bad |= add_le(head, owned.as_ref(), &noise[start..summed]),
+        (Some(owned), _) => {
+            assert_eq!(owned.len(), head.len(), "the part's short block is the block's summed values");
+            any_bad |= add_le(head, owned.as_ref(), &noise[start..summed]);
+        }
         (None, Sum::One(chunks)) => {
             let mut at = start;
             for bytes in chunks.slices(start..summed) {
@@ -432,6 +436,24 @@ mod tests {
     }
 
     #[test]
+    fn a_single_parts_release_gives_its_blocks_back_for_the_next_part_and_nothing_is_allocated() {
+        let (dim, pool) = (2 * BLOCK + 5, BlockPool::new(BLOCK));
+        pool.expect_step(dim);
+        let noise = draw(dim, 1.0, NoiseMode::Seeded(2), 0).unwrap();
+        let buffers = |sum: &Sum| -> std::collections::BTreeSet<usize> {
+            let Sum::One(chunks) = sum else { panic!("one part") };
+            chunks.slices(0..dim).map(|s| s.as_ptr() as usize).collect()
+        };
+        let part = pooled(&vec![1.0; dim], &pool);
+        let held = buffers(&part);
+        let release = std::sync::Mutex::new(Vec::new());
+        apply_each(part, &noise, &pool, |_, block| release.lock().unwrap().push(block)).unwrap();
+        drop(release); // pushed out of memory, as a running job's oldest kept release
+        let next = pooled(&vec![2.0; dim], &pool);
+        assert_eq!(buffers(&next), held, "the next part is checked into the same three blocks");
+    }
+
+    #[test]
     fn noise_spans_several_blocks_and_has_the_asked_spread() {
         let dim = 2 * BLOCK + 12_345;
         let noise = draw(dim, 3.0, NoiseMode::Seeded(1), 0).unwrap();
@@ -491,8 +513,9 @@ mod tests {
         drop(poisoned.collect::<Vec<_>>());
         let dim = BLOCK + 321;
         let noise = draw(dim + 17, 1.0, NoiseMode::Seeded(3), 0).unwrap();
-        let own = BlockPool::new(BLOCK);
-        let sums: [&dyn Fn() -> Sum; 4] = [&Sum::default, &|| ones(dim), &|| two(dim), &|| pooled(&vec![3.0; dim], &own)];
+        // A single part checked into the reused blocks, then written over in place.
+        let sums: [&dyn Fn() -> Sum; 4] =
+            [&Sum::default, &|| ones(dim), &|| two(dim), &|| pooled(&vec![3.0; dim], &pool)];
         for sum in sums {
             let fresh = apply(sum(), &noise);
             let reused = std::sync::Mutex::new(vec![0u8; fresh.len()]);

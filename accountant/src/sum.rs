@@ -31,8 +31,8 @@ impl Piece {
     }
 }
 
-/// One part's values: little-endian f32 bytes in the chunks they arrived in, already checked
-/// to be finite.
+/// One part's values: little-endian f32 bytes, already checked to be finite, in pooled blocks
+/// (as a transport's [`crate::blocks::Filler`] gathers them) or in shared chunks.
 #[derive(Debug, Default)]
 pub struct Chunks {
     chunks: Vec<Piece>,
@@ -104,7 +104,8 @@ impl Chunks {
             .take_while(move |(_, bounds)| bounds[0] < range.end)
             .map(move |(chunk, bounds)| {
                 let (start, end) = (bounds[0].max(range.start), bounds[1].min(range.end));
-                chunk.bytes().get(4 * (start - bounds[0])..4 * (end - bounds[0])).unwrap_or_default()
+                // A handed-over block has no bytes left: reading into it panics here.
+                &chunk.bytes()[4 * (start - bounds[0])..4 * (end - bounds[0])]
             })
     }
 
@@ -141,7 +142,7 @@ pub enum Sum {
     /// No part yet.
     #[default]
     Empty,
-    /// Exactly one part, as it arrived.
+    /// Exactly one part, in the blocks it was checked in.
     One(Chunks),
     /// Two or more parts, in f64.
     Many(Vec<f64>),
@@ -213,6 +214,50 @@ mod tests {
         // 1e8 + 1 + 1 is not representable in f32 (it would round to 1e8 + 0 each time).
         assert_eq!(sum.at(0), 100_000_002.0);
         assert_eq!((sum.len(), sum.at(1)), (2, 6.0));
+    }
+
+    /// `values` as shared chunks of `shared` values, then checked into blocks of `block` values.
+    fn mixed(values: &[f32], shared: usize, block: usize) -> Chunks {
+        let mut chunks = chunked(&values[..shared], &[shared]);
+        let mut filler = crate::blocks::Filler::new(&crate::blocks::BlockPool::new(block), values.len() - shared);
+        let rest = dpcap_proto::floats::to_bytes(&values[shared..]);
+        filler.fill(&rest, |b| Ok::<_, ()>(chunks.push_block(b))).unwrap();
+        chunks
+    }
+
+    #[test]
+    fn only_owned_blocks_on_the_release_blocks_bounds_are_handed_over_and_the_rest_still_reads() {
+        let values: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let read = |chunks: &Chunks, range: Range<usize>| -> Vec<f32> {
+            chunks.slices(range).flat_map(|s| dpcap_proto::floats::to_vec(s).unwrap()).collect()
+        };
+        let lens = |taken: &[Option<Block>]| -> Vec<Option<usize>> {
+            taken.iter().map(|b| b.as_ref().map(Block::len)).collect()
+        };
+        // Blocks of 4 from the start, the last one short: every one is handed over.
+        let mut chunks = mixed(&values[..10], 0, 4);
+        assert_eq!(lens(&chunks.take_blocks(4)), [Some(4), Some(4), Some(2)]);
+        // Blocks of 4 against release blocks of 8: only the last, short one lines up.
+        let mut chunks = mixed(&values, 0, 4);
+        assert_eq!(lens(&chunks.take_blocks(8)), [None, Some(4)]);
+        assert_eq!(read(&chunks, 0..8), &values[..8]);
+        // A shared chunk first (never handed over), then owned blocks on the bounds.
+        let mut chunks = mixed(&values, 4, 4);
+        assert_eq!(lens(&chunks.take_blocks(4)), [None, Some(4), Some(4)]);
+        assert_eq!(read(&chunks, 0..4), &values[..4]);
+        // Owned blocks shifted off the bounds by a shared chunk of 2: none is handed over.
+        let mut chunks = mixed(&values, 2, 4);
+        assert_eq!(lens(&chunks.take_blocks(4)), [None, None, None]);
+        assert_eq!(read(&chunks, 0..12), values);
+    }
+
+    #[test]
+    #[should_panic]
+    fn reading_a_handed_over_block_panics_instead_of_reading_short() {
+        let values: Vec<f32> = (0..8).map(|v| v as f32).collect();
+        let mut chunks = mixed(&values, 0, 4);
+        let _taken = chunks.take_blocks(4);
+        let _ = chunks.slices(2..3).count();
     }
 
     #[test]
