@@ -375,7 +375,12 @@ mod tests {
     fn pooled(values: &[f32], pool: &BlockPool) -> Sum {
         let (mut chunks, mut filler) = (crate::sum::Chunks::default(), crate::blocks::Filler::new(pool, values.len()));
         let bytes = dpcap_proto::floats::to_bytes(values);
-        filler.fill(&bytes, |block| Ok::<_, ()>(chunks.push_block(block))).unwrap();
+        filler
+            .fill(&bytes, |block| {
+                chunks.push_block(block);
+                Ok::<_, ()>(())
+            })
+            .unwrap();
         let mut sum = Sum::default();
         sum.add(chunks);
         sum

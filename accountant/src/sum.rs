@@ -75,10 +75,11 @@ impl Chunks {
         let mut taken: Vec<Option<Block>> = std::iter::repeat_with(|| None).take(total.div_ceil(block)).collect();
         for (piece, bounds) in self.chunks.iter_mut().zip(self.starts.windows(2)) {
             let whole = bounds[0].is_multiple_of(block) && bounds[1] == (bounds[0] + block).min(total);
-            if whole && matches!(piece, Piece::Owned(_)) {
-                if let Piece::Owned(owned) = std::mem::replace(piece, Piece::Taken) {
-                    taken[bounds[0] / block] = Some(owned);
-                }
+            if whole
+                && matches!(piece, Piece::Owned(_))
+                && let Piece::Owned(owned) = std::mem::replace(piece, Piece::Taken)
+            {
+                taken[bounds[0] / block] = Some(owned);
             }
         }
         taken
@@ -221,7 +222,12 @@ mod tests {
         let mut chunks = chunked(&values[..shared], &[shared]);
         let mut filler = crate::blocks::Filler::new(&crate::blocks::BlockPool::new(block), values.len() - shared);
         let rest = dpcap_proto::floats::to_bytes(&values[shared..]);
-        filler.fill(&rest, |b| Ok::<_, ()>(chunks.push_block(b))).unwrap();
+        filler
+            .fill(&rest, |b| {
+                chunks.push_block(b);
+                Ok::<_, ()>(())
+            })
+            .unwrap();
         chunks
     }
 
