@@ -186,7 +186,7 @@ pub fn apply_each(
     let blocks = noise.len().div_ceil(BLOCK);
     // A block's values are read as little-endian f32 in place: only where that is native.
     let owned = match &mut sum {
-        Sum::One(chunks) if cfg!(target_endian = "little") => chunks.take_blocks(BLOCK),
+        Sum::One(chunks) if cfg!(target_endian = "little") => chunks.take_blocks(BLOCK, noise.len()),
         _ => Vec::new(),
     };
     let items = owned.into_iter().chain(std::iter::repeat_with(|| None)).take(blocks).enumerate();
@@ -194,11 +194,11 @@ pub fn apply_each(
     par_each(ADD_THREAD, Urgency::Now, add_threads(), items, |(index, owned): (usize, Option<Block>)| {
         let (start, end) = (index * BLOCK, ((index + 1) * BLOCK).min(noise.len()));
         let (mut block, any_bad) = match owned {
-            Some(mut block) if block.len() == end - start => {
+            Some(mut block) => {
                 let any_bad = add_in_place(block.values_mut(), &noise[start..end]);
                 (block, any_bad)
             }
-            owned => add_block(pool.block(end - start), &sum, owned.as_ref(), noise, start..end),
+            None => add_block(pool.block(end - start), &sum, noise, start..end),
         };
         if any_bad {
             let at = block.values_mut().iter().position(|v| !v.is_finite()).unwrap_or(0);
@@ -215,21 +215,16 @@ pub fn apply_each(
     bad.into_inner().expect("bad lock").map_or(Ok(()), Err)
 }
 
-/// Writes block `range` of the release into `block` (its length) from the sum and the noise:
-/// the sum's values there are `owned`'s where the part handed its block over, else the sum's.
-/// True when a value is not finite.
-fn add_block(mut block: Block, sum: &Sum, owned: Option<&Block>, noise: &[f64], range: Range<usize>) -> (Block, bool) {
+/// Writes block `range` of the release into `block` (its length) from the sum and the noise;
+/// true when a value is not finite.
+fn add_block(mut block: Block, sum: &Sum, noise: &[f64], range: Range<usize>) -> (Block, bool) {
     let Range { start, end } = range;
     let summed = end.min(sum.len()).max(start); // this block's coordinates with a sum
     let (head, tail) = block.values_mut().split_at_mut(summed - start);
     let mut any_bad = false;
-    match (owned, sum) {
-        (_, Sum::Empty) => {}
-        (Some(owned), _) => {
-            assert_eq!(owned.len(), head.len(), "the part's short block is the block's summed values");
-            any_bad |= add_le(head, owned.as_ref(), &noise[start..summed]);
-        }
-        (None, Sum::One(chunks)) => {
+    match sum {
+        Sum::Empty => {}
+        Sum::One(chunks) => {
             let mut at = start;
             for bytes in chunks.slices(start..summed) {
                 let n = bytes.len() / 4;
@@ -238,7 +233,7 @@ fn add_block(mut block: Block, sum: &Sum, owned: Option<&Block>, noise: &[f64], 
             }
             assert_eq!(at, summed, "the part's chunks cover the block's summed values");
         }
-        (None, Sum::Many(values)) => {
+        Sum::Many(values) => {
             let (values, noise) = (&values[start..summed], &noise[start..summed]);
             assert_eq!((values.len(), noise.len()), (head.len(), head.len()), "every summed value");
             any_bad |= add_values(head, values, noise);

@@ -66,15 +66,16 @@ impl Chunks {
         self.starts.push(end);
     }
 
-    /// Hands over every owned block that holds exactly values `[i·block, (i + 1)·block)`
-    /// (the last, shorter one up to [`Self::len`]), as element `i` of the result (one per
-    /// `block` values); other blocks and shared chunks stay, and are read by [`Self::slices`].
-    /// A handed-over block is this part's no more: what it holds is read from the block.
-    pub fn take_blocks(&mut self, block: usize) -> Vec<Option<Block>> {
+    /// Hands over every owned block that holds exactly the values of release block `i`,
+    /// `[i·block, min((i + 1)·block, release))` for a release of `release` values (at least
+    /// [`Self::len`]: an audit's reserved coordinates run past the sum), as element `i` of the
+    /// result; other blocks and shared chunks stay, and are read by [`Self::slices`]. A
+    /// handed-over block is this part's no more: the release is written over it.
+    pub fn take_blocks(&mut self, block: usize, release: usize) -> Vec<Option<Block>> {
         let total = self.len();
         let mut taken: Vec<Option<Block>> = std::iter::repeat_with(|| None).take(total.div_ceil(block)).collect();
         for (piece, bounds) in self.chunks.iter_mut().zip(self.starts.windows(2)) {
-            let whole = bounds[0].is_multiple_of(block) && bounds[1] == (bounds[0] + block).min(total);
+            let whole = bounds[0].is_multiple_of(block) && bounds[1] == (bounds[0] + block).min(release);
             if whole
                 && matches!(piece, Piece::Owned(_))
                 && let Piece::Owned(owned) = std::mem::replace(piece, Piece::Taken)
@@ -240,20 +241,24 @@ mod tests {
         let lens = |taken: &[Option<Block>]| -> Vec<Option<usize>> {
             taken.iter().map(|b| b.as_ref().map(Block::len)).collect()
         };
-        // Blocks of 4 from the start, the last one short: every one is handed over.
+        // Blocks of 4 from the start, the last one short: every one is handed over, unless the
+        // release runs past the sum (the short block is then not the release's whole block).
         let mut chunks = mixed(&values[..10], 0, 4);
-        assert_eq!(lens(&chunks.take_blocks(4)), [Some(4), Some(4), Some(2)]);
+        assert_eq!(lens(&chunks.take_blocks(4, 10)), [Some(4), Some(4), Some(2)]);
+        let mut chunks = mixed(&values[..10], 0, 4);
+        assert_eq!(lens(&chunks.take_blocks(4, 11)), [Some(4), Some(4), None]);
+        assert_eq!(read(&chunks, 8..10), &values[8..10]);
         // Blocks of 4 against release blocks of 8: only the last, short one lines up.
         let mut chunks = mixed(&values, 0, 4);
-        assert_eq!(lens(&chunks.take_blocks(8)), [None, Some(4)]);
+        assert_eq!(lens(&chunks.take_blocks(8, 12)), [None, Some(4)]);
         assert_eq!(read(&chunks, 0..8), &values[..8]);
         // A shared chunk first (never handed over), then owned blocks on the bounds.
         let mut chunks = mixed(&values, 4, 4);
-        assert_eq!(lens(&chunks.take_blocks(4)), [None, Some(4), Some(4)]);
+        assert_eq!(lens(&chunks.take_blocks(4, 12)), [None, Some(4), Some(4)]);
         assert_eq!(read(&chunks, 0..4), &values[..4]);
         // Owned blocks shifted off the bounds by a shared chunk of 2: none is handed over.
         let mut chunks = mixed(&values, 2, 4);
-        assert_eq!(lens(&chunks.take_blocks(4)), [None, None, None]);
+        assert_eq!(lens(&chunks.take_blocks(4, 12)), [None, None, None]);
         assert_eq!(read(&chunks, 0..12), values);
     }
 
@@ -262,7 +267,7 @@ mod tests {
     fn reading_a_handed_over_block_panics_instead_of_reading_short() {
         let values: Vec<f32> = (0..8).map(|v| v as f32).collect();
         let mut chunks = mixed(&values, 0, 4);
-        let _taken = chunks.take_blocks(4);
+        let _taken = chunks.take_blocks(4, 8);
         let _ = chunks.slices(2..3).count();
     }
 
