@@ -311,6 +311,7 @@ impl Accountant {
             free: (budget.epsilon - committed).max(0.0),
             asked: planned.epsilon,
             steps,
+            job_delta: contract.delta,
         })))
     }
 

@@ -148,17 +148,15 @@ impl Datasets {
         self.budgets.read().expect("budgets lock").get(key).cloned()
     }
 
-    /// The budget `contract` spends: keyed by its data (`data_id`), unless its index's own
-    /// digest carries a budget set before budgets followed the data, which then stays the one
-    /// its jobs spend (budgets are never removed, so the choice never changes under a job).
+    /// The budget `contract` spends: keyed by its data (`data_id`: its examples' identities),
+    /// unless a name the same data had before carries a budget set then, which stays the one
+    /// its jobs spend (budgets are never removed, so the choice never changes under a job): the
+    /// index's own digest (before budgets followed the data), or its shards' digest (before
+    /// examples had identities).
     pub fn key_of(&self, contract: &PrivacyContract) -> BudgetKey {
         let by_data = BudgetKey::of(contract);
-        let by_index = BudgetKey { dataset_id: contract.dataset_id.clone(), unit: by_data.unit.clone() };
-        if by_index != by_data && self.budgets.read().expect("budgets lock").contains_key(&by_index) {
-            by_index
-        } else {
-            by_data
-        }
+        let budgets = self.budgets.read().expect("budgets lock");
+        legacy_keys(contract, &by_data).into_iter().find(|k| budgets.contains_key(k)).unwrap_or(by_data)
     }
 
     /// Every budget, for metrics.
@@ -174,16 +172,18 @@ impl Datasets {
         }
         let key = self.key_of(contract);
         let by_data = BudgetKey::of(contract);
-        if registering && key != by_data && self.budget_of(&by_data).is_some() {
+        let names = std::iter::once(by_data.clone()).chain(legacy_keys(contract, &by_data));
+        let other = names.filter(|k| *k != key).find(|k| self.budget_of(k).is_some());
+        if let (true, Some(other)) = (registering, other) {
             return Err(AccountantError::invalid(
                 "dataset",
                 format!(
-                    "its data has two budgets: {} by the data's digest, and one by this index's digest {} (set \
-                     before budgets followed the data); a job would be held to one only, so none runs on this \
-                     index until a privacy admin lowers the data's budget by what the index's has spent and \
-                     the index's to nothing more (epsilon of what it spent)",
-                    by_data.describe(),
-                    key.dataset_id
+                    "its data has two budgets: {} and {} (one set under a name the data had before: its index's \
+                     digest, or its shards' before examples had identities); a job would be held to one only, so \
+                     none runs on this index until a privacy admin lowers one budget by what the other has spent \
+                     and the other to nothing more (epsilon of what it spent)",
+                    key.describe(),
+                    other.describe()
                 ),
             ));
         }
@@ -398,6 +398,19 @@ impl Datasets {
     }
 }
 
+/// The names `contract`'s data had before `by_data` (its index's digest, its shards' digest),
+/// the older first, each once.
+fn legacy_keys(contract: &PrivacyContract, by_data: &BudgetKey) -> Vec<BudgetKey> {
+    let mut keys: Vec<BudgetKey> = Vec::with_capacity(2);
+    for id in [&contract.dataset_id, &contract.shards_id] {
+        let key = BudgetKey { dataset_id: id.clone(), unit: by_data.unit.clone() };
+        if !id.is_empty() && key != *by_data && !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    keys
+}
+
 /// A budget states N of its unit, and its δ is at most 1/N: a mechanism may publish someone's
 /// data outright with probability δ, so a δ above 1/N allows one that publishes somebody's.
 pub(crate) fn check_population(key: &BudgetKey, delta: f64, population: u64) -> Result<(), AccountantError> {
@@ -466,6 +479,7 @@ mod tests {
             unit,
             dataset_id: format!("sha256:{}", "ab".repeat(32)),
             data_id: String::new(),
+            shards_id: String::new(),
             audit: None,
             init_from_job: None,
             planned_steps: 100,
@@ -505,6 +519,17 @@ mod tests {
         legacy.load(DatasetBudget { dataset_id: data, ..budget("example", 1) }).unwrap();
         let refused = legacy.check(&job, true).unwrap_err().to_string();
         assert!(refused.starts_with("invalid dataset:") && refused.contains("two budgets"), "{refused}");
+
+        // A budget set under the shards' digest (before examples had identities) binds the same
+        // shards indexed again, now named by their examples.
+        let shards = format!("sha256:{}", "5a".repeat(32));
+        let before = Datasets::new(false);
+        before.load(DatasetBudget { dataset_id: shards.clone(), ..budget("example", 1) }).unwrap();
+        let reindexed = PrivacyContract { shards_id: shards.clone(), ..job.clone() };
+        assert_eq!(before.key_of(&reindexed).dataset_id, shards, "the shards' budget stays its own");
+        assert!(before.check(&reindexed, true).is_ok());
+        before.load(DatasetBudget { dataset_id: job.data_id.clone(), ..budget("example", 1) }).unwrap();
+        assert!(before.check(&reindexed, true).unwrap_err().to_string().contains("two budgets"));
     }
 
     #[test]

@@ -221,8 +221,8 @@ pub enum AccountantError {
     /// cannot cover beside what is spent and reserved: BUDGET_EXHAUSTED, never a bad argument,
     /// so that automation tells "the budget is spent" from "fix the spec".
     #[error(
-        "{} planned steps would bring {} to epsilon {:.4} of its budget {} at delta {:e}: {:.4} is spent and {:.4} reserved by other jobs' plans, {:.4} is free; plan fewer steps or a lower epsilon, wait for a running job to end, or ask its privacy admin",
-        .0.steps, named(.0), .0.asked, .0.epsilon_budget, .0.delta, .0.spent, .0.reserved, .0.free
+        "{} planned steps would bring {} to epsilon {:.4} of its budget {} at delta {:e}: {:.4} is spent and {:.4} reserved by other jobs' plans, {:.4} is free{}; plan fewer steps or a lower epsilon, wait for a running job to end, or ask its privacy admin",
+        .0.steps, named(.0), .0.asked, .0.epsilon_budget, .0.delta, .0.spent, .0.reserved, .0.free, larger_delta(.0)
     )]
     PlanRefused(Box<BudgetExhausted>),
     /// A budget change that would end running jobs early, or change what every charge reads as,
@@ -329,6 +329,20 @@ pub(crate) fn described(name: &str, dataset_id: &str, unit: &str) -> String {
         format!("dataset {dataset_id} ({unit}-level)")
     } else {
         format!("dataset {name} ({dataset_id}, {unit}-level)")
+    }
+}
+
+/// Says when the job's own δ is what makes its plan large: σ calibrated for ε at a δ above the
+/// budget's is small, and the budget composes it at its own δ.
+fn larger_delta(figures: &BudgetExhausted) -> String {
+    if figures.job_delta > figures.delta {
+        format!(
+            " (this job's delta {:e} is above the budget's {:e}: its sigma was calibrated for its epsilon at the \
+             larger delta, so at the budget's it costs more; set delta to {:e} or less)",
+            figures.job_delta, figures.delta, figures.delta
+        )
+    } else {
+        String::new()
     }
 }
 

@@ -119,6 +119,7 @@ impl LegacyRegistration {
             dataset_id: self.dataset_id,
             // Before budgets followed the data: keyed by the index digest, as then.
             data_id: String::new(),
+            shards_id: String::new(),
             audit: (self.audit_canaries > 0).then_some(Audit { canaries: self.audit_canaries, placement }),
             init_from_job: None,
             // Before plans were part of the contract: no limit but ε, no reservation.
@@ -326,6 +327,7 @@ mod tests {
                     },
                     dataset_id: String::new(),
                     data_id: String::new(),
+                    shards_id: String::new(),
                     audit: (i % 2 == 1).then_some(Audit { canaries: 1000, placement: Placement::Reserved }),
                     init_from_job: (i % 7 == 0).then(|| "job-0".to_owned()),
                     planned_steps: 100,

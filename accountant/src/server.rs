@@ -54,8 +54,11 @@ pub enum ServeError {
 }
 
 /// Opens the ledger at a directory or URL (see [`dpcap_serve::open_store`]).
+/// A local ledger is its owner's alone (0700/0600): it holds audit canaries' secrets and
+/// every job's charges.
 pub fn open_ledger(location: &str) -> Result<Ledger, ServeError> {
     if let Some(local) = dpcap_serve::store::open_durable_local(location)? {
+        dpcap_serve::store::restrict_local(location, "ledger");
         return Ok(Ledger::local(local));
     }
     let (store, root) = dpcap_serve::open_durable_store(location)?;
@@ -158,4 +161,29 @@ fn scopeguard(f: impl FnOnce()) -> impl Drop {
         }
     }
     Guard(Some(f))
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_local_ledger_opened_wide_is_restricted_to_its_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = dir.path().join("ledger");
+        let secret = ledger.join("jobs/job-1/audit");
+        std::fs::create_dir_all(&secret).unwrap();
+        std::fs::write(secret.join("secret"), [7u8; 32]).unwrap();
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let wide = |p: &std::path::Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        wide(&ledger, 0o755);
+        wide(&secret.join("secret"), 0o644);
+        super::open_ledger(ledger.to_str().unwrap()).unwrap();
+        assert_eq!(mode(&ledger), 0o700, "nobody else traverses the ledger");
+        assert_eq!(mode(&secret), 0o700);
+        assert_eq!(mode(&secret.join("secret")), 0o600, "an audit's canary secret is the owner's alone");
+        let fresh = dir.path().join("fresh");
+        super::open_ledger(fresh.to_str().unwrap()).unwrap();
+        assert_eq!(mode(&fresh), 0o700, "a new ledger starts restricted");
+    }
 }

@@ -269,6 +269,7 @@ mod tests {
             unit: PrivacyUnit::Example,
             dataset_id: String::new(),
             data_id: String::new(),
+            shards_id: String::new(),
             audit: None,
             init_from_job: None,
             planned_steps: 100,

@@ -100,7 +100,7 @@ impl SyncedFile {
                 let mut name = dest.clone().into_os_string();
                 name.push(format!("#{}{attempt}", std::process::id()));
                 let staging = PathBuf::from(name);
-                match File::options().write(true).create_new(true).open(&staging) {
+                match owner_only(File::options().write(true).create_new(true)).open(&staging) {
                     Ok(buffered) => {
                         let direct = open_direct(&staging);
                         let handles = Handles { buffered, direct, written: 0, direct_bytes: 0 };
@@ -152,7 +152,15 @@ impl SyncedFile {
     }
 }
 
-/// Creates `dir` and any missing parents, fsyncing the parent of each one created: a new
+/// Opens new files for their owner alone (0600 on Unix), as the ledger's root is (0700): what
+/// the ledger holds is the accountant's, and reaches ranks only through it.
+fn owner_only(options: &mut std::fs::OpenOptions) -> &mut std::fs::OpenOptions {
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(options, 0o600);
+    options
+}
+
+/// Creates `dir` and any missing parents (0700), fsyncing the parent of each one created: a new
 /// directory's entry is durable only once its parent is synced.
 fn create_dirs_synced(dir: &Path) -> std::io::Result<()> {
     if dir.is_dir() {
@@ -160,7 +168,10 @@ fn create_dirs_synced(dir: &Path) -> std::io::Result<()> {
     }
     let parent = dir.parent().ok_or(std::io::ErrorKind::NotFound)?;
     create_dirs_synced(parent)?;
-    match std::fs::create_dir(dir) {
+    let mut builder = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    match builder.create(dir) {
         Ok(()) => File::open(parent)?.sync_all(),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(e),
@@ -212,6 +223,12 @@ mod tests {
         assert_eq!(std::fs::read(&dest).unwrap(), b"abcdefgh");
         let entries = || std::fs::read_dir(dest.parent().unwrap()).unwrap().count();
         assert_eq!(entries(), 1, "the staging file became the release");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!((mode(&dest), mode(dest.parent().unwrap())), (0o600, 0o700), "the owner's alone");
+        }
 
         let mut dropped = SyncedFile::create(dir.path().join("releases/00000000000000000002.f32")).await.unwrap();
         dropped.append(vec![Bytes::from_static(b"xy")]).await.unwrap();

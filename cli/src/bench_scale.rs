@@ -14,7 +14,7 @@ use clap::Args;
 use dpcap_accountant::cost::{self, Breakdown, CopyReference, CostOptions, ReleaseCost, Transport, Writer, rss_bytes};
 use dpcap_coordinator::example_units;
 use dpcap_coordinator::{JobSecret, PoissonSampler, split_work, step_work};
-use dpcap_dataset::index::ImageKind;
+use dpcap_dataset::index::{ExampleIdsRecord, ImageKind};
 use dpcap_dataset::index::{Layout, MANIFEST_VERSION, Manifest, ShardRecord, ShardTable, Skipped, Span, TableEntry};
 use prost::Message;
 use rand_chacha::ChaCha8Rng;
@@ -120,6 +120,11 @@ fn build_manifest(opts: &ScaleBench) -> Manifest {
         shards: shards.into_iter().flatten().collect(),
         skipped: Skipped::default(),
         users: None,
+        // A pin of the size N ids take (8 bytes each); no file exists.
+        example_ids: Some(ExampleIdsRecord {
+            bytes: 13 + 8 * opts.examples,
+            sha256: dpcap_proto::digest::sha256(b"synthetic example ids"),
+        }),
     }
 }
 
@@ -203,7 +208,9 @@ pub fn run(opts: ScaleBench) -> Result<()> {
     let started = Instant::now();
     let manifest = build_manifest(&opts);
     let build_s = started.elapsed().as_secs_f64();
-    let index_bytes: u64 = manifest.shards.iter().map(|s| s.table_bytes).sum();
+    // The tables and the example identities (8 bytes an example).
+    let index_bytes: u64 = manifest.shards.iter().map(|s| s.table_bytes).sum::<u64>()
+        + manifest.example_ids.as_ref().map_or(0, |ids| ids.bytes);
     let body = serde_json::to_vec(&manifest)?;
     drop(manifest);
 

@@ -100,6 +100,8 @@ pub struct Indexed {
     pub examples: u64,
     /// Distinct users, when the index has a users table.
     pub users: Option<u64>,
+    /// The manifest's format version: a budget binds examples of version 4 only.
+    pub version: u32,
 }
 
 /// The digest a budget of `dataset` is keyed by: given as is, or read from its index.
@@ -122,7 +124,24 @@ pub async fn indexed(dataset: &str) -> Result<Indexed> {
         budget_id: parsed.data_digest().unwrap_or_else(|| dpcap_dataset::index::Manifest::digest(&bytes)),
         examples: parsed.examples,
         users: parsed.users.as_ref().map(|u| u.users),
+        version: parsed.version,
     })
+}
+
+/// Refuses a budget on an index whose examples have no identities (versions 2 and 3): DP jobs
+/// never train on one, and a budget it named would bind nothing of its examples.
+async fn check_budgetable(dataset: &str) -> Result<()> {
+    if dataset.starts_with("sha256:") {
+        return Ok(());
+    }
+    let version = indexed(dataset).await?.version;
+    let needed = dpcap_dataset::index::MANIFEST_VERSION_DP;
+    anyhow::ensure!(
+        version >= needed,
+        "{dataset}: its index is version {version}, which pins no example identities: no budget can bind its \
+         examples and no DP job trains on it; index it again with `dpctl dataset index {dataset}`, then set the budget"
+    );
+    Ok(())
 }
 
 /// The name a budget of `dataset` gets when none is given; it becomes a metric label, so one
@@ -205,6 +224,7 @@ pub async fn run(command: BudgetCommand, server: &Server) -> Result<()> {
         BudgetCommand::Set {
             epsilon, delta, reason, allow_not_private, unit, name, population: given, force, ..
         } => {
+            check_budgetable(&dataset).await?;
             let population = population(&dataset, unit, given).await?;
             let unit = unit.to_proto();
             let name = name.unwrap_or_else(|| default_name(&dataset));

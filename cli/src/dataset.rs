@@ -290,7 +290,8 @@ pub async fn index_dataset(url: &str, options: &IndexOptions) -> Result<serde_js
     let m = &built.manifest;
     Ok(json!({"url": url, "examples": m.examples, "shards": m.shards.len(), "skipped": m.skipped,
               "manifest": dpcap_dataset::index::MANIFEST_PATH, "report": REPORT_PATH, "digest": built.digest,
-              "data_id": m.data_digest(),
-              "index_bytes": m.shards.iter().map(|s| s.table_bytes).sum::<u64>(), "tokenizer": tokenizer,
+              "data_id": m.data_digest(), "shards_id": m.shards_digest(),
+              "index_bytes": m.shards.iter().map(|s| s.table_bytes).sum::<u64>()
+                  + m.example_ids.as_ref().map_or(0, |ids| ids.bytes), "tokenizer": tokenizer,
               "bad_shards": built.bad_shards}))
 }

@@ -182,12 +182,13 @@ fn print_job(job: &Job, as_json: bool) {
     // A step's loss is absent (not 0) when every example of it was left out as non-finite.
     let loss = p.loss.map_or_else(|| "absent".to_owned(), |l| format!("{l:.4} (non-DP)"));
     outln!(
-        "  progress: step {}/{} eps spent {:.4} (composed {:.4}) steps discarded {} checkpoint {} loss {loss} \
-         non-finite examples {} dropped examples {} workers {}",
+        "  progress: step {}/{} eps spent {:.4} (composed {:.4}) at delta={:.3e} steps discarded {} checkpoint {} \
+         loss {loss} non-finite examples {} dropped examples {} workers {}",
         p.step,
         view.steps(),
         p.epsilon_spent,
         p.epsilon_composed,
+        view.contract.as_ref().map_or(0.0, |c| c.delta),
         p.steps_discarded,
         p.checkpoint_step,
         p.nonfinite_examples,
@@ -294,7 +295,7 @@ pub async fn list(server: &Server, as_json: bool) -> Result<()> {
         outln!("{}", serde_json::to_string_pretty(&jobs.iter().map(job_json).collect::<Vec<_>>())?);
         return Ok(());
     }
-    outln!("{:<18} {:<17} {:>11} {:>16} NAME", "JOB", "STATE", "STEP", "EPSILON");
+    outln!("{:<18} {:<17} {:>11} {:>16} {:<9} NAME", "JOB", "STATE", "STEP", "EPSILON", "DELTA");
     for job in jobs {
         let (view, p) = (View::of(&job), job.progress.clone().unwrap_or_default());
         let mut name = job.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
@@ -302,13 +303,14 @@ pub async fn list(server: &Server, as_json: bool) -> Result<()> {
             name = format!("{name} [NOT PRIVATE: {}]", view.privacy());
         }
         outln!(
-            "{:<18} {:<17} {:>5}/{:<5} {:>7.3}/{:<8.3} {name}",
+            "{:<18} {:<17} {:>5}/{:<5} {:>7.3}/{:<8.3} {:<9.2e} {name}",
             job.job_id,
             state_name(job.state),
             p.step,
             view.steps(),
             p.epsilon_spent,
-            view.epsilon_target()
+            view.epsilon_target(),
+            view.contract.as_ref().map_or(0.0, |c| c.delta)
         );
     }
     Ok(())

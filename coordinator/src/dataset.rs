@@ -3,8 +3,13 @@
 //! the manifest is read: O(shards) memory (about 4 MB at LAION's 23k shards), never the
 //! per-example tables.
 
-use dpcap_dataset::index::{Layout, MANIFEST_PATH, Manifest, USERS_PATH};
+use std::collections::HashSet;
+use std::sync::{LazyLock, Mutex};
+
+use dpcap_dataset::index::{EXAMPLES_PATH, ExampleIdsRecord, ExamplesCheck, Layout, MANIFEST_PATH, Manifest};
+use dpcap_dataset::index::{MANIFEST_VERSION_DP, USERS_PATH};
 use dpcap_serve::open_existing_store;
+use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 
@@ -24,6 +29,12 @@ pub struct DatasetLayout {
     /// [`Manifest::data_digest`]: what the data is, whatever indexed it (None for an index
     /// that pins no shard bytes).
     pub data_id: Option<String>,
+    /// [`Manifest::shards_digest`]: what version 3 named the data by.
+    pub shards_id: Option<String>,
+    /// The manifest's format version.
+    pub version: u32,
+    /// The example identities' pin (version 4).
+    pub example_ids: Option<ExampleIdsRecord>,
 }
 
 /// A dataset location that cannot be opened.
@@ -50,7 +61,56 @@ pub async fn read_layout(dataset: &str) -> Result<DatasetLayout, CoordinatorErro
         digest: Manifest::digest(&bytes),
         pins_bytes,
         data_id: manifest.data_digest(),
+        shards_id: manifest.shards_digest(),
+        version: manifest.version,
+        example_ids: manifest.example_ids,
     })
+}
+
+/// Example-identity files already found sorted, distinct and N long, by their digest: a sweep
+/// on one dataset reads its file once. What is checked is a property of the bytes the digest
+/// names, wherever they lie.
+static CHECKED_EXAMPLES: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Mutex::default);
+
+/// Refuses an index a DP job cannot train on: one without example identities (versions 2 and
+/// 3: no budget can bind its examples, and an example held twice, sampled at about 2q and
+/// contributing up to 2C, would go unseen), or one whose identities file is not the pinned one,
+/// not N long, or holds an id twice. Streams the file (8 bytes an example: 1.9 GB at N =
+/// 233.8M) in O(1) memory, once per file.
+pub async fn check_examples(dataset: &str, layout: &DatasetLayout) -> Result<(), CoordinatorError> {
+    let Some(pin) = layout.example_ids.as_ref().filter(|_| layout.version >= MANIFEST_VERSION_DP) else {
+        let shards = if layout.pins_bytes { "" } else { " nor its shards' bytes" };
+        return Err(CoordinatorError::invalid(
+            "dataset",
+            format!(
+                "the index of {dataset:?} is version {}: it pins no example identities{shards}, so no privacy \
+                 budget can bind its examples and an example it holds twice would count once; a DP job needs \
+                 version {MANIFEST_VERSION_DP}: index it again with `dpctl dataset index {dataset}`",
+                layout.version
+            ),
+        ));
+    };
+    if CHECKED_EXAMPLES.lock().expect("checked examples lock").contains(&pin.sha256) {
+        return Ok(());
+    }
+    let (store, root) = open_existing_store(dataset).map_err(location)?;
+    let path = Path::from(format!("{root}/{EXAMPLES_PATH}").trim_start_matches('/'));
+    let unread = |source| CoordinatorError::Read {
+        field: "dataset",
+        what: format!("{EXAMPLES_PATH} in {dataset:?} (index it again with `dpctl dataset index`)"),
+        source,
+    };
+    let mut stream = store.get(&path).await.map_err(unread)?.into_stream();
+    let what = || format!("{EXAMPLES_PATH} in {dataset:?}");
+    let mut check = ExamplesCheck::default();
+    while let Some(chunk) = stream.try_next().await.map_err(unread)? {
+        check.update(&chunk).map_err(|source| CoordinatorError::Index { what: what(), source })?;
+    }
+    check
+        .finish(layout.layout.examples(), &pin.sha256)
+        .map_err(|source| CoordinatorError::Index { what: what(), source })?;
+    CHECKED_EXAMPLES.lock().expect("checked examples lock").insert(pin.sha256.clone());
+    Ok(())
 }
 
 /// A user-level job's privacy units.

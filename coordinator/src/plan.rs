@@ -54,7 +54,7 @@ pub struct Terms {
 pub struct Population {
     /// N.
     pub units: u64,
-    /// δ when the spec gives none.
+    /// δ when the spec gives none: 1/N of the privacy unit, and the largest δ a DP job may take.
     pub default_delta: f64,
 }
 
@@ -91,6 +91,7 @@ pub fn plan(checked: &Checked, population: Population) -> Result<(Plan, Terms), 
     if delta >= 1.0 {
         return Err(CoordinatorError::invalid("delta", format!("default 1/N = {delta} is not < 1; set delta")));
     }
+    check_delta(&checked.mode, delta, population)?;
     let resolved = resolve(&checked.mode, checked.kind, (sample_rate, steps, delta), examples)?;
     let warmup_steps = spec.warmup_steps.unwrap_or(steps / 20);
     if warmup_steps > steps {
@@ -113,6 +114,25 @@ pub fn plan(checked: &Checked, population: Population) -> Result<(Plan, Terms), 
     };
     let clipping_norm = spec.clipping_norm.unwrap_or(1.0);
     Ok((plan, Terms { sample_rate, steps, delta, kind: checked.kind, clipping_norm, resolved }))
+}
+
+/// Holds a DP job's δ to at most 1/N of its privacy unit (examples, or users): a mechanism may
+/// publish someone's data outright with probability δ, so a larger δ allows one that publishes
+/// somebody's. A baseline and a simulation make no claim at δ about this dataset.
+fn check_delta(mode: &ModeRequest, delta: f64, population: Population) -> Result<(), CoordinatorError> {
+    let largest = population.default_delta;
+    if !matches!(mode, ModeRequest::Dp { .. }) || delta <= largest {
+        return Ok(());
+    }
+    Err(CoordinatorError::invalid(
+        "delta",
+        format!(
+            "{delta:e} is above 1/N = {largest:e} for N = {} of the job's privacy unit: a mechanism may publish \
+             someone's data outright with probability delta; the largest delta allowed is {largest:e} (leave delta \
+             out for 1/N, or take less: 1/(N log N) is common)",
+            population.units
+        ),
+    ))
 }
 
 /// Resolves σ and ε for a job at rate `q` over `steps` at `delta` on `examples` examples.

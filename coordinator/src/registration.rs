@@ -30,6 +30,8 @@ pub struct Provenance<'a> {
     /// The data: [`dpcap_dataset::index::Manifest::data_digest`] ("" when the index pins no
     /// shard bytes).
     pub data_id: String,
+    /// [`dpcap_dataset::index::Manifest::shards_digest`] ("" when the index pins no shard bytes).
+    pub shards_id: String,
     /// The user table's digest, for a user-level job.
     pub users_digest: Option<String>,
     /// Where the job's initial weights come from, if anywhere.
@@ -67,6 +69,7 @@ pub fn contract(
         unit,
         dataset_id: provenance.dataset_id,
         data_id: provenance.data_id,
+        shards_id: provenance.shards_id,
         audit: checked.audit,
         init_from_job,
         planned_steps: terms.steps,

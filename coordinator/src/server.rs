@@ -38,7 +38,7 @@ pub async fn serve(
     let accountant_endpoint = config.accountant_endpoint.clone();
     let job_store = JobStore::open(jobs_store, secrets_store, config.new_record_key).await?;
     // The record key and the sampler secrets: for this process alone (0700 and 0600).
-    dpcap_serve::store::restrict_local(&secrets_url);
+    dpcap_serve::store::restrict_local(&secrets_url, "secrets_store");
     let coordinator = Coordinator::open(config, job_store).await?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<JobServiceServer<JobGrpc>>().await;

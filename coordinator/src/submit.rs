@@ -208,9 +208,13 @@ async fn plan_job(spec: JobSpec) -> Result<Planned, CoordinatorError> {
     if let Some((location, digest)) = registration::pin_tokenizer(&checked).await? {
         (plan.tokenizer, plan.tokenizer_digest) = (location, digest);
     }
+    if matches!(checked.mode, crate::spec::ModeRequest::Dp { .. }) {
+        dataset::check_examples(&spec.dataset, &layout).await?;
+    }
     let provenance = Provenance {
         dataset_id: layout.digest,
         data_id: layout.data_id.unwrap_or_default(),
+        shards_id: layout.shards_id.unwrap_or_default(),
         users_digest: users.as_ref().map(|u| u.users_digest.clone()),
         init: init.as_ref(),
     };

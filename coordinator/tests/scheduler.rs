@@ -370,6 +370,36 @@ fn the_plan_calibrates_sigma_for_the_target_and_defaults_delta_to_one_over_n() {
 }
 
 #[test]
+fn a_dp_jobs_delta_above_one_over_n_is_refused_naming_delta_n_and_the_largest_allowed() {
+    use dpcap_proto::spec::SpecFile;
+    let spec = |delta: f64, mode: Option<&str>| SpecFile {
+        dataset: "/d".into(),
+        model: "micro".into(),
+        epsilon: Some(8.0),
+        delta: Some(delta),
+        batch_size: Some(60),
+        steps: Some(10),
+        privacy: mode.map(str::to_owned),
+        ..Default::default()
+    };
+    let plan = |spec: SpecFile, population| {
+        let checked = dpcap_coordinator::check_fields(&spec.into_proto().unwrap()).unwrap();
+        dpcap_coordinator::plan(&checked, population)
+    };
+    let refused = plan(spec(0.01, None), dpcap_coordinator::Population::of(600)).unwrap_err().to_string();
+    assert!(refused.starts_with("invalid delta: 1e-2 is above 1/N = 1.6666666666666668e-3 for N = 600"), "{refused}");
+    assert!(refused.contains("the largest delta allowed is 1.6666666666666668e-3"), "{refused}");
+    let (_, terms) = plan(spec(1.0 / 600.0, None), dpcap_coordinator::Population::of(600)).unwrap();
+    assert_eq!(terms.delta, 1.0 / 600.0, "1/N itself runs");
+    // A user-level job is held to 1/N_users, though its clients are fewer.
+    let users = dpcap_coordinator::Population { units: 60, default_delta: 1.0 / 6000.0 };
+    assert!(plan(spec(1.0 / 600.0, None), users).unwrap_err().to_string().contains("above 1/N = 1.666666666666666"));
+    // A baseline makes no claim at delta.
+    let baseline = SpecFile { epsilon: None, ..spec(0.01, Some("not_private")) };
+    assert!(plan(baseline, dpcap_coordinator::Population::of(600)).is_ok());
+}
+
+#[test]
 fn every_example_job_spec_in_deploy_parses_and_passes_field_checks() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/jobs");
     let mut seen = 0;

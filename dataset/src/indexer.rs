@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::index::{EXAMPLES_PATH, ExampleIdsRecord, encode_examples, example_id};
 use crate::index::{ImageKind, MANIFEST_PATH, MANIFEST_VERSION, Manifest, ShardRecord, ShardTable, Skipped};
 use crate::index::{Span, TableEntry, USERS_PATH, UserTable, UsersRecord, table_path};
 use futures::{StreamExt, TryStreamExt};
@@ -83,12 +84,20 @@ fn slice(bytes: &[u8], span: Span) -> &[u8] {
     bytes.get(span.offset as usize..span.end() as usize).unwrap_or_default()
 }
 
-/// A shard's indexing: its table, skipped counts, skipped examples, and each indexed
-/// example's user (from `KEY.json`'s `user`, a string or a number).
-type IndexedShard = (ShardTable, Skipped, Vec<SkippedExample>, Vec<Option<String>>);
+/// One shard indexed: its table, why examples were left out, and for each indexed example its
+/// user (from `KEY.json`'s `user`, a string or a number), its key and its identity.
+struct IndexedShard {
+    table: ShardTable,
+    skipped: Skipped,
+    report: Vec<SkippedExample>,
+    users: Vec<Option<String>>,
+    keys: Vec<String>,
+    ids: Vec<u64>,
+}
 
-/// A shard as the manifest records it, why examples were left out, and each example's user.
-type ShardOutcome = (ShardRecord, Skipped, Vec<SkippedExample>, Vec<Option<String>>);
+/// A shard as the manifest records it (its table's pin filled in once its duplicates are
+/// left out), and its indexing.
+type ShardOutcome = (ShardRecord, IndexedShard);
 
 /// The `user` field of an example's metadata, if there is one.
 fn user_of(meta: &serde_json::Value) -> Option<String> {
@@ -102,7 +111,7 @@ fn user_of(meta: &serde_json::Value) -> Option<String> {
 /// One shard's table, its skipped counts, the skipped examples and the examples' users.
 fn index_shard(shard: &str, bytes: &[u8]) -> Result<IndexedShard, DataError> {
     let (mut table, mut skipped, mut report) = (ShardTable::default(), Skipped::default(), Vec::new());
-    let mut users = Vec::new();
+    let (mut users, mut keys, mut ids) = (Vec::new(), Vec::new(), Vec::new());
     for (key, members) in members(shard, bytes)? {
         let mut skip = |reason: &'static str, detail: String| {
             report.push(SkippedExample { shard: shard.to_owned(), key: key.clone(), reason, detail });
@@ -133,6 +142,8 @@ fn index_shard(shard: &str, bytes: &[u8]) -> Result<IndexedShard, DataError> {
                             serde_json::from_slice::<serde_json::Value>(slice(bytes, *m)).ok().map(|v| (*m, v))
                         });
                         users.push(parsed.as_ref().and_then(|(_, v)| user_of(v)));
+                        ids.push(example_id(slice(bytes, image), slice(bytes, caption)));
+                        keys.push(key.clone());
                         let meta = parsed.map(|(m, _)| m);
                         table.entries.push(TableEntry { image_kind, image, caption, meta });
                         continue;
@@ -147,7 +158,7 @@ fn index_shard(shard: &str, bytes: &[u8]) -> Result<IndexedShard, DataError> {
             _ => skipped.corrupt_caption += 1,
         }
     }
-    Ok((table, skipped, report, users))
+    Ok(IndexedShard { table, skipped, report, users, keys, ids })
 }
 
 /// `root/relative` as a store path.
@@ -174,10 +185,10 @@ pub struct BuildOptions {
     pub strict: bool,
 }
 
-/// One shard indexed: its record (bytes pinned), its table, why examples were left out, and
-/// each example's user; or why the whole shard was left out.
+/// One shard indexed: its record (bytes pinned) and its indexing; or why the whole shard was
+/// left out.
 enum Indexed {
-    Shard(Box<ShardOutcome>, Vec<u8>),
+    Shard(Box<ShardOutcome>),
     Bad(BadShard),
 }
 
@@ -206,40 +217,84 @@ async fn index_one(
     })
     .await
     .map_err(|source| DataError::Task { what: "indexing", source })?;
-    let ((table, skipped, report, users), sha256, size) = match indexed {
+    let (indexed, sha256, size) = match indexed {
         Ok(indexed) => indexed,
         Err(DataError::Tar { reason, .. }) => return Ok(Indexed::Bad(BadShard { path: relative, reason })),
         Err(e) => return Err(e),
     };
-    let encoded = table.encode();
-    let record = ShardRecord {
-        path: relative,
-        examples: table.entries.len() as u64,
-        skipped: skipped.total(),
-        table_bytes: encoded.len() as u64,
-        table_sha256: dpcap_proto::digest::sha256(&encoded),
-        bytes: size,
-        sha256,
-        e_tag,
-        store_version,
-    };
-    Ok(Indexed::Shard(Box::new((record, skipped, report, users)), encoded))
+    let record = ShardRecord { path: relative, bytes: size, sha256, e_tag, store_version, ..Default::default() };
+    Ok(Indexed::Shard(Box::new((record, indexed))))
+}
+
+/// Leaves out of `shard` every example already indexed (`seen`: identity → where it was first
+/// found, the shard's number above bit 32 and its place in the shard below; `paths`: the shards
+/// indexed so far), counting and reporting each; then pins its table in its record and returns
+/// the table's bytes. An example is held once, whichever shards hold copies of it.
+fn leave_out_duplicates((record, shard): &mut ShardOutcome, seen: &mut HashMap<u64, u64>, paths: &[String]) -> Vec<u8> {
+    let number = paths.len() as u64;
+    let mut kept = Vec::with_capacity(shard.ids.len());
+    for (local, (id, key)) in shard.ids.iter().zip(&shard.keys).enumerate() {
+        let here = number << 32 | local as u64;
+        let first = *seen.entry(*id).or_insert(here);
+        kept.push(first == here);
+        if first != here {
+            let first = paths.get((first >> 32) as usize).unwrap_or(&record.path);
+            let detail = format!("the same image and caption bytes as an example of shard {first} (id {id:#018x})");
+            shard.report.push(SkippedExample {
+                shard: record.path.clone(),
+                key: key.clone(),
+                reason: "duplicate",
+                detail,
+            });
+            shard.skipped.duplicate += 1;
+        }
+    }
+    retain(&mut shard.table.entries, &kept);
+    retain(&mut shard.users, &kept);
+    retain(&mut shard.ids, &kept);
+    retain(&mut shard.keys, &kept);
+    let encoded = shard.table.encode();
+    record.examples = shard.table.entries.len() as u64;
+    record.skipped = shard.skipped.total();
+    record.table_bytes = encoded.len() as u64;
+    record.table_sha256 = dpcap_proto::digest::sha256(&encoded);
+    encoded
+}
+
+/// Keeps the items whose flag is set, one flag an item.
+fn retain<T>(items: &mut Vec<T>, kept: &[bool]) {
+    let mut flags = kept.iter();
+    items.retain(|_| flags.next().copied().unwrap_or(true));
 }
 
 /// Leaves out a shard with the same bytes as one already indexed (`contents`: digest → path):
 /// a copy under another name would put each of its examples in twice.
 fn refuse_copies(shard: Indexed, contents: &mut HashMap<String, String>) -> Indexed {
     match shard {
-        Indexed::Shard(outcome, _) if contents.contains_key(&outcome.0.sha256) => {
+        Indexed::Shard(outcome) if contents.contains_key(&outcome.0.sha256) => {
             let reason = format!("the same bytes as {}", contents[&outcome.0.sha256]);
             Indexed::Bad(BadShard { path: outcome.0.path.clone(), reason })
         }
-        Indexed::Shard(outcome, table) => {
+        Indexed::Shard(outcome) => {
             contents.insert(outcome.0.sha256.clone(), outcome.0.path.clone());
-            Indexed::Shard(outcome, table)
+            Indexed::Shard(outcome)
         }
         bad => bad,
     }
+}
+
+/// Writes the dataset's example identities, sorted (each is there once: the indexer left out
+/// every copy), and returns their pin.
+async fn write_example_ids(
+    store: &dyn ObjectStore,
+    root: &Path,
+    mut ids: Vec<u64>,
+) -> Result<ExampleIdsRecord, DataError> {
+    ids.sort_unstable();
+    let file = encode_examples(&ids);
+    let record = ExampleIdsRecord { bytes: file.len() as u64, sha256: dpcap_proto::digest::sha256(&file) };
+    store.put(&join(root, EXAMPLES_PATH), PutPayload::from(file)).await?;
+    Ok(record)
 }
 
 /// Writes the user table of `(user, example)` pairs under `root` and returns its record.
@@ -288,12 +343,13 @@ pub async fn build_index(
         shards: Vec::new(),
         skipped: Skipped::default(),
         users: None,
+        example_ids: None,
     };
     let (mut report, mut pairs, mut without_user, mut bad) = (Vec::new(), Vec::new(), 0u64, Vec::new());
-    let mut contents = HashMap::new();
+    let (mut contents, mut seen, mut paths, mut ids) = (HashMap::new(), HashMap::new(), Vec::new(), Vec::new());
     while let Some(shard) = shards.next().await {
-        let (outcome, table) = match refuse_copies(shard?, &mut contents) {
-            Indexed::Shard(outcome, table) => (outcome, table),
+        let mut outcome = match refuse_copies(shard?, &mut contents) {
+            Indexed::Shard(outcome) => outcome,
             Indexed::Bad(shard) if options.strict => {
                 return Err(DataError::Tar { shard: shard.path, reason: format!("{} (--strict)", shard.reason) });
             }
@@ -303,20 +359,24 @@ pub async fn build_index(
                 continue;
             }
         };
-        let (record, skipped, skipped_examples, users) = *outcome;
+        let table = leave_out_duplicates(&mut outcome, &mut seen, &paths);
+        let (record, shard) = *outcome;
         store.put(&join(root, &table_path(manifest.shards.len())), PutPayload::from(table)).await?;
         progress(&record);
-        for (local, user) in users.into_iter().enumerate() {
+        paths.push(record.path.clone());
+        ids.extend(shard.ids);
+        for (local, user) in shard.users.into_iter().enumerate() {
             match user {
                 Some(user) => pairs.push((user, manifest.examples + local as u64)),
                 None => without_user += 1,
             }
         }
         manifest.examples += record.examples;
-        manifest.skipped.add(&skipped);
+        manifest.skipped.add(&shard.skipped);
         manifest.shards.push(record);
-        report.extend(skipped_examples.into_iter().take(REPORT_LIMIT.saturating_sub(report.len())));
+        report.extend(shard.report.into_iter().take(REPORT_LIMIT.saturating_sub(report.len())));
     }
+    drop(seen);
     if manifest.shards.is_empty() {
         return Err(DataError::Empty(format!("{root} (every .tar was left out: {bad:?})")));
     }
@@ -327,6 +387,7 @@ pub async fn build_index(
     if !pairs.is_empty() {
         manifest.users = Some(write_users(store, root, pairs, without_user).await?);
     }
+    manifest.example_ids = Some(write_example_ids(store, root, ids).await?);
     let body = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
     let digest = Manifest::digest(&body);
     store.put(&join(root, MANIFEST_PATH), PutPayload::from(body)).await?;

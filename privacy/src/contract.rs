@@ -265,6 +265,10 @@ pub struct PrivacyContract {
     /// re-index or an edited copy of the same shards spends the same budget.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub data_id: String,
+    /// What an index of version 3 named the same data by (the digest of its shards' content
+    /// digests): a budget set under it still binds the data ("" when unknown).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub shards_id: String,
     /// A one-run audit, if any (DP jobs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<Audit>,
@@ -295,6 +299,9 @@ impl PrivacyContract {
         }
         if !self.data_id.is_empty() {
             check_digest("data_id", &self.data_id)?;
+        }
+        if !self.shards_id.is_empty() {
+            check_digest("shards_id", &self.shards_id)?;
         }
         if let PrivacyUnit::User { users_digest } = &self.unit {
             check_digest("users_digest", users_digest)?;
@@ -340,6 +347,7 @@ impl PrivacyContract {
         field("unit", format!("{:?}", self.unit), format!("{:?}", other.unit));
         field("dataset_id", self.dataset_id.clone(), other.dataset_id.clone());
         field("data_id", self.data_id.clone(), other.data_id.clone());
+        field("shards_id", self.shards_id.clone(), other.shards_id.clone());
         field("audit", format!("{:?}", self.audit), format!("{:?}", other.audit));
         field("init_from_job", format!("{:?}", self.init_from_job), format!("{:?}", other.init_from_job));
         field("planned_steps", self.planned_steps.to_string(), other.planned_steps.to_string());
@@ -426,6 +434,7 @@ mod tests {
             unit: PrivacyUnit::Example,
             dataset_id: format!("sha256:{}", "ab".repeat(32)),
             data_id: format!("sha256:{}", "cd".repeat(32)),
+            shards_id: String::new(),
             audit: None,
             init_from_job: None,
             planned_steps: 100,

@@ -157,6 +157,7 @@ pub fn contract_to_proto(c: &PrivacyContract) -> v1::PrivacyContract {
         users_digest,
         dataset_id: c.dataset_id.clone(),
         data_id: c.data_id.clone(),
+        shards_id: c.shards_id.clone(),
         audit_canaries: c.audit.map_or(0, |a| a.canaries),
         audit_coordinates: match c.audit.map(|a| a.placement) {
             None => v1::AuditCoordinates::Unspecified,
@@ -206,6 +207,7 @@ pub fn contract_from_proto(p: v1::PrivacyContract) -> Result<PrivacyContract, Co
         unit,
         dataset_id: p.dataset_id,
         data_id: p.data_id,
+        shards_id: p.shards_id,
         audit,
         init_from_job: (!p.init_from_job.is_empty()).then_some(p.init_from_job),
         planned_steps: p.planned_steps,
@@ -229,6 +231,7 @@ mod tests {
             unit: PrivacyUnit::Example,
             dataset_id: format!("sha256:{}", "0f".repeat(32)),
             data_id: format!("sha256:{}", "1e".repeat(32)),
+            shards_id: String::new(),
             audit: Some(Audit { canaries: 100_000, placement: Placement::Model }),
             init_from_job: Some("job-a".into()),
             planned_steps: 5708,

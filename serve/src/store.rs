@@ -96,25 +96,39 @@ pub fn open_store_prefixed(location: &str, prefix: &str) -> Result<(Arc<dyn Obje
 }
 
 /// Keeps a local store's directory and files to their owner (0700 and 0600): what it holds
-/// (keys, secrets) is for this process alone. Nothing for a cloud URL (its bucket's policy
-/// decides) or off Unix.
-pub fn restrict_local(location: &str) {
+/// (keys, secrets, a ledger's audit canaries) is for this process alone. Warns, once, naming
+/// `what` and the first such path, when it finds any of them open to group or others (a store
+/// made under a wide umask, or copied in). Returns how many were. Nothing for a cloud URL (its
+/// bucket's policy decides) or off Unix.
+pub fn restrict_local(location: &str, what: &str) -> usize {
     #[cfg(unix)]
     if let Some(dir) = local_directory(location) {
         use std::os::unix::fs::PermissionsExt;
-        let restrict = |path: &std::path::Path, mode: u32| {
-            if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
+        let root = std::path::Path::new(dir);
+        let mut wider = Vec::new();
+        for path in std::iter::once(root.to_path_buf()).chain(walk(root)) {
+            let mode = if path.is_dir() { 0o700 } else { 0o600 };
+            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+            if meta.permissions().mode() & 0o077 != 0 {
+                wider.push(path.clone());
+            }
+            if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)) {
                 tracing::warn!(path = %path.display(), error = %e, "could not restrict a secret's permissions");
             }
-        };
-        let root = std::path::Path::new(dir);
-        restrict(root, 0o700);
-        for entry in walk(root) {
-            restrict(&entry, if entry.is_dir() { 0o700 } else { 0o600 });
         }
+        if let Some(first) = wider.first() {
+            tracing::warn!(
+                store = what,
+                path = %first.display(),
+                wider = wider.len(),
+                "found files or directories readable by group or others; restricted them to their owner (0700/0600)"
+            );
+        }
+        return wider.len();
     }
     #[cfg(not(unix))]
-    let _ = location;
+    let _ = (location, what);
+    0
 }
 
 /// Every file and directory under `root`.

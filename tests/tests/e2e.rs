@@ -246,6 +246,7 @@ async fn invalid_specs_are_refused_naming_the_field_and_idempotency_keys_return_
         ("epsilon", SpecFile { epsilon: None, noise_multiplier: None, ..base.clone() }),
         ("noise_multiplier", SpecFile { noise_multiplier: Some(0.0), ..base.clone() }),
         ("delta", SpecFile { delta: Some(1.5), ..base.clone() }),
+        ("delta", SpecFile { delta: Some(0.05), ..base.clone() }), // above 1/N = 0.02
         ("sample_rate", SpecFile { sample_rate: Some(2.0), batch_size: None, ..base.clone() }),
         ("sample_rate", SpecFile { sample_rate: Some(0.1), ..base.clone() }),
         ("batch_size", SpecFile { batch_size: Some(51), ..base.clone() }),

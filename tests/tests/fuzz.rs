@@ -180,6 +180,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     accountant: g.u32() as i32,
                     dataset_id: g.string(),
                     data_id: g.string(),
+                    shards_id: String::new(),
                     privacy: g.u32() as i32,
                     simulated: g.pick(&[None, Some(mechanism)]),
                     audit_canaries: g.pick(&[0, 1, 1000, u32::MAX]),

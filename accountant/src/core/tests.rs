@@ -29,6 +29,7 @@ fn planned(job_id: &str, sigma: f64, steps: u64) -> Registration {
             unit: PrivacyUnit::Example,
             dataset_id: dataset(),
             data_id: String::new(),
+            shards_id: String::new(),
             audit: None,
             init_from_job: None,
             planned_steps: steps,

@@ -21,6 +21,7 @@ pub fn contract(steps: u64) -> PrivacyContract {
         unit: PrivacyUnit::Example,
         dataset_id: String::new(),
         data_id: String::new(),
+        shards_id: String::new(),
         audit: None,
         init_from_job: None,
         planned_steps: steps,

@@ -62,12 +62,16 @@ pub struct Skipped {
     pub corrupt_image: u64,
     /// Caption member unreadable (not UTF-8, say).
     pub corrupt_caption: u64,
+    /// The same image and caption bytes as an example indexed before it (one example, held
+    /// once: a second copy would be sampled at about 2q and contribute up to 2C).
+    #[serde(default)]
+    pub duplicate: u64,
 }
 
 impl Skipped {
     /// All skipped examples (saturating), to compare with the per-shard counts.
     pub fn total(&self) -> u64 {
-        [self.missing_caption, self.corrupt_image, self.corrupt_caption]
+        [self.missing_caption, self.corrupt_image, self.corrupt_caption, self.duplicate]
             .iter()
             .fold(self.missing_image, |a, b| a.saturating_add(*b))
     }
@@ -78,6 +82,7 @@ impl Skipped {
         self.missing_caption = self.missing_caption.saturating_add(other.missing_caption);
         self.corrupt_image = self.corrupt_image.saturating_add(other.corrupt_image);
         self.corrupt_caption = self.corrupt_caption.saturating_add(other.corrupt_caption);
+        self.duplicate = self.duplicate.saturating_add(other.duplicate);
     }
 }
 
@@ -95,6 +100,19 @@ pub struct Manifest {
     /// The user table, when examples carry a `user` in their `KEY.json` (user-level DP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub users: Option<UsersRecord>,
+    /// The example identities (version 4): `index/examples.bin` as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub example_ids: Option<ExampleIdsRecord>,
+}
+
+/// `index/examples.bin` as the manifest pins it: N ids, sorted and distinct.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExampleIdsRecord {
+    /// Length of the file: 13 + 8·N.
+    pub bytes: u64,
+    /// [`dpcap_proto::digest::sha256`] of the file: what the examples are, however they are cut
+    /// into shards, indexed or stored (the data's identity, [`Manifest::data_digest`]).
+    pub sha256: String,
 }
 
 /// The user table as the manifest pins it.
@@ -156,6 +174,15 @@ impl Manifest {
             examples = examples.checked_add(s.examples).ok_or_else(overflow)?;
             skipped = skipped.checked_add(s.skipped).ok_or_else(overflow)?;
         }
+        if m.version >= 4 {
+            let pinned = m.example_ids.as_ref().filter(|r| is_digest(&r.sha256));
+            let Some(ids) = pinned else {
+                return Err(field("example_ids", format!("version {} pins no example identities", m.version)));
+            };
+            if Some(ids.bytes) != examples.checked_mul(8).and_then(|b| b.checked_add(13)) {
+                return Err(field("example_ids", format!("{} bytes cannot hold {examples} ids", ids.bytes)));
+            }
+        }
         if examples != m.examples {
             return Err(field("examples", format!("total {} is not the shards' sum {examples}", m.examples)));
         }
@@ -170,12 +197,21 @@ impl Manifest {
         dpcap_proto::digest::sha256(bytes)
     }
 
-    /// What the data is, whatever indexed it: the digest of the shards' content digests,
-    /// sorted (so neither the manifest's bytes, its order of shards, its paths nor a tokenizer
-    /// change it); None when the index does not pin every shard's bytes (version 2). A
-    /// dataset's budget is keyed by it, so a copy or a re-index of the same shards spends the
-    /// same budget.
+    /// What the data is, whatever indexed it: the digest of its example identities (version 4),
+    /// so neither the manifest's bytes, the cut into shards, their order, their paths, the
+    /// store nor a tokenizer change it; a version-3 index's [`Manifest::shards_digest`]; None
+    /// when the index does not pin every shard's bytes (version 2). A dataset's budget is keyed
+    /// by it, so a copy, a re-cut or a re-index of the same examples spends the same budget.
     pub fn data_digest(&self) -> Option<String> {
+        match &self.example_ids {
+            Some(ids) => Some(ids.sha256.clone()),
+            None => self.shards_digest(),
+        }
+    }
+
+    /// The digest of the shards' content digests, sorted: what version 3 named the data by, so
+    /// a budget set then still binds the same shards indexed again.
+    pub fn shards_digest(&self) -> Option<String> {
         if self.shards.is_empty() || !self.shards.iter().all(ShardRecord::pins_bytes) {
             return None;
         }

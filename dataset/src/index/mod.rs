@@ -5,6 +5,7 @@
 //! 0..N across shards ([`Layout`]); N fixes the accounting, and the digest of the manifest pins
 //! a job to exactly this dataset, every table included. Decoding never trusts its input.
 
+mod examples;
 mod layout;
 mod manifest;
 mod table;
@@ -12,18 +13,23 @@ mod table;
 mod tests;
 mod users;
 
+pub use examples::{EXAMPLES_PATH, ExamplesCheck, encode_examples, example_id};
 pub use layout::Layout;
-pub use manifest::UsersRecord;
+pub use manifest::{ExampleIdsRecord, UsersRecord};
 pub use manifest::{Manifest, ShardRecord, Skipped};
 pub use table::{ImageKind, ShardTable, Span, TableEntry};
 pub use users::{USERS_PATH, UserTable, user_tag};
 
 /// Where the manifest lies under the dataset root; it is the one file a job's digest names.
 pub const MANIFEST_PATH: &str = "index/manifest.json";
-/// The manifest format this module writes: version 3 pins every shard's bytes (size, content
-/// digest, and the store's ETag or version). Readers also take version 2, whose shards are
-/// pinned by their tables only.
-pub const MANIFEST_VERSION: u32 = 3;
+/// The manifest format this module writes: version 4 pins every shard's bytes (size, content
+/// digest, and the store's ETag or version, as version 3 did) and the dataset's example
+/// identities ([`EXAMPLES_PATH`]), sorted and distinct. Readers also take versions 2 (shards
+/// pinned by their tables only) and 3 (no example identities); DP jobs take version 4 only.
+pub const MANIFEST_VERSION: u32 = 4;
+
+/// The oldest manifest format a DP job takes: its examples have identities, none twice.
+pub const MANIFEST_VERSION_DP: u32 = 4;
 
 /// The oldest manifest format readers take.
 pub const MANIFEST_VERSION_MIN: u32 = 2;

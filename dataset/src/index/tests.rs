@@ -142,8 +142,9 @@ fn manifest() -> (Manifest, Vec<Vec<u8>>) {
             ..Default::default()
         })
         .collect();
-    let skipped = Skipped { missing_image: 1, missing_caption: 1, corrupt_image: 0, corrupt_caption: 1 };
-    (Manifest { version: MANIFEST_VERSION, examples: 5, shards, skipped, users: None }, tables.to_vec())
+    let skipped = Skipped { missing_image: 1, missing_caption: 1, corrupt_image: 0, corrupt_caption: 1, duplicate: 0 };
+    let example_ids = Some(ExampleIdsRecord { bytes: 13 + 5 * 8, sha256: dpcap_proto::digest::sha256(b"ids") });
+    (Manifest { version: MANIFEST_VERSION, examples: 5, shards, skipped, users: None, example_ids }, tables.to_vec())
 }
 
 fn rejected_field(m: &Manifest) -> &'static str {
@@ -180,7 +181,16 @@ fn manifest_parse_rejects_wrong_totals_bad_digests_escaping_paths_and_version_1(
     assert_eq!(broken(|m| m.shards[1].sha256 = String::new()), "sha256");
     assert_eq!(broken(|m| m.shards[1].bytes = 0), "sha256");
     assert_eq!(broken(|m| m.shards[2].sha256 = m.shards[0].sha256.clone()), "sha256");
+    // Version 4 pins the example identities, N of them.
+    assert_eq!(broken(|m| m.example_ids = None), "example_ids");
+    assert_eq!(broken(|m| m.example_ids.as_mut().unwrap().bytes = 13 + 4 * 8), "example_ids");
+    let mut v3 = good.clone();
+    (v3.version, v3.example_ids) = (3, None);
+    let v3 = Manifest::parse(&serde_json::to_vec(&v3).unwrap()).expect("a version-3 index still loads");
+    assert_eq!(v3.data_digest(), v3.shards_digest(), "named by its shards' bytes, as it was");
+    assert_eq!(good.data_digest().as_deref(), Some(dpcap_proto::digest::sha256(b"ids").as_str()), "by its examples");
     let mut v2 = good.clone();
+    v2.example_ids = None;
     v2.version = 2;
     v2.shards.iter_mut().for_each(|s| (s.bytes, s.sha256) = (0, String::new()));
     assert!(Manifest::parse(&serde_json::to_vec(&v2).unwrap()).is_ok(), "a version-2 index still loads");

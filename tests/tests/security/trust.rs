@@ -455,12 +455,16 @@ async fn a_lost_record_key_with_jobs_held_stops_the_start_unless_a_new_key_is_as
     assert!(metrics.contains("dpcap_coordinator_records_refused_total 1"), "{metrics}");
 }
 
-/// A budget of ε 2 on a dataset; two copies of its shards: one with the index copied and its
-/// manifest edited by a byte, one indexed afresh (another manifest, no trained tokenizer).
-/// Each copy has an index digest of its own, yet names the original's budget, and a plan past
-/// that budget is refused on either copy as on the original.
+/// A budget of ε 2 on a dataset; copies of its examples: its index copied and its manifest
+/// edited by a byte, its shards indexed afresh (another manifest, no trained tokenizer), the
+/// same examples cut into other shards, and that re-cut beside a copy of an original shard
+/// (each example twice). Each has an index digest of its own, yet names the original's budget
+/// (by its examples), and a plan past that budget is refused on each as on the original. An
+/// index without example identities, or one whose identities hold an example twice, trains no
+/// DP job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_copy_of_a_budgeted_dataset_with_its_manifest_edited_spends_the_originals_budget() {
+async fn a_copy_a_recut_or_a_reindex_of_a_budgeted_dataset_spends_its_budget_and_an_index_without_identities_trains_no_dp_job()
+ {
     use dpcap_e2e::dpctl;
     use dpcap_proto::v1::SubmitJobRequest;
     let dir = tempfile_dir("copy-budget");
@@ -489,14 +493,85 @@ async fn a_copy_of_a_budgeted_dataset_with_its_manifest_edited_spends_the_origin
         let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         json["dataset_id"].as_str().unwrap().to_owned()
     };
-    let original = shown(&dataset);
-    for copy in [&edited, &reindexed] {
-        assert_eq!(shown(copy), original, "{} names the original's budget", copy.display());
-        let spec = dpcap_proto::spec::SpecFile { epsilon: Some(8.0), workers: Some(1), ..spec(copy, 3) };
+    // The same examples cut into shards of 50 (the same member bytes, other tars), and the
+    // shards of the original beside them (every example twice: the indexer keeps one copy).
+    let recut = recut(&dir, 120, 50);
+    std::fs::copy(dataset.join("tokenizer.json"), recut.join("tokenizer.json")).unwrap();
+    let doubled = dir.join("copy-doubled");
+    copy_tree(&recut, &doubled, false);
+    std::fs::copy(dataset.join("shard-00000.tar"), doubled.join("zz-copy.tar")).unwrap();
+    let index = dpctl(&["dataset", "index", doubled.to_str().unwrap()]);
+    assert!(index.status.success(), "{}", String::from_utf8_lossy(&index.stderr));
+    let indexed: serde_json::Value = serde_json::from_slice(&index.stdout).unwrap();
+    assert_eq!((indexed["examples"].as_u64(), indexed["skipped"]["duplicate"].as_u64()), (Some(120), Some(100)));
+
+    let submit = |data: &std::path::Path| {
+        let spec = dpcap_proto::spec::SpecFile { epsilon: Some(8.0), workers: Some(1), ..spec(data, 3) };
         let request = SubmitJobRequest { spec: Some(spec.into_proto().unwrap()), idempotency_key: String::new() };
-        let refused = services.jobs().await.submit_job(request).await.expect_err("refused at submit");
+        let services = &services;
+        async move { services.jobs().await.submit_job(request).await.expect_err("refused at submit") }
+    };
+    let original = shown(&dataset);
+    for copy in [&edited, &reindexed, &recut, &doubled] {
+        assert_eq!(shown(copy), original, "{} names the original's budget", copy.display());
+        let refused = submit(copy).await;
         assert!(refused.message().contains(&original) && refused.message().contains("budget 2"), "{refused}");
     }
+
+    // An index without example identities (version 3) trains no DP job and names no budget.
+    let v3 = dir.join("copy-v3");
+    copy_tree(&dataset, &v3, true);
+    let manifest = v3.join("index/manifest.json");
+    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    json["version"] = 3.into();
+    json.as_object_mut().unwrap().remove("example_ids");
+    std::fs::write(&manifest, serde_json::to_vec(&json).unwrap()).unwrap();
+    let refused = submit(&v3).await;
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused}");
+    let message = refused.message();
+    assert!(message.contains("version 3") && message.contains("dpctl dataset index"), "{message}");
+    let budget = ["dataset", "budget", "set", v3.to_str().unwrap(), "--epsilon", "9", "--delta", &delta];
+    let budget = dpctl(&[&budget[..], &["--accountant", &accountant]].concat());
+    assert!(!budget.status.success() && String::from_utf8_lossy(&budget.stderr).contains("index it again"));
+
+    // An identities file written by hand to hold an example twice is refused, by id.
+    let twice = dir.join("copy-twice");
+    copy_tree(&dataset, &twice, true);
+    let ids = twice.join("index/examples.bin");
+    let mut bytes = std::fs::read(&ids).unwrap();
+    let first: [u8; 8] = bytes[13..21].try_into().unwrap();
+    bytes[21..29].copy_from_slice(&first);
+    std::fs::write(&ids, &bytes).unwrap();
+    let manifest = twice.join("index/manifest.json");
+    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    json["example_ids"]["sha256"] = dpcap_proto::digest::sha256(&bytes).into();
+    std::fs::write(&manifest, serde_json::to_vec(&json).unwrap()).unwrap();
+    let refused = submit(&twice).await;
+    assert!(refused.message().contains("the index holds one example twice"), "{refused}");
+}
+
+/// The first `examples` synthetic examples (the bytes [`synth_dataset`] writes) cut into shards
+/// of `shard_size`, indexed.
+fn recut(dir: &std::path::Path, examples: u64, shard_size: u64) -> std::path::PathBuf {
+    let out = dir.join("recut");
+    let (examples, shard_size) = (examples.to_string(), shard_size.to_string());
+    let o = dpcap_e2e::dpctl(&[
+        "dataset",
+        "synth",
+        "--out",
+        out.to_str().unwrap(),
+        "--examples",
+        &examples,
+        "--eval-examples",
+        "0",
+        "--shard-size",
+        &shard_size,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let train = out.join("train");
+    let index = dpcap_e2e::dpctl(&["dataset", "index", train.to_str().unwrap()]);
+    assert!(index.status.success(), "{}", String::from_utf8_lossy(&index.stderr));
+    train
 }
 
 /// Copies `from`'s shards (and, with `index`, its index) to `to`.
