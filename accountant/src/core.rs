@@ -22,6 +22,7 @@ use crate::ledger::Ledger;
 use crate::metrics;
 use crate::noise::{self, NoiseMode};
 use crate::privacy::Segment;
+use crate::privacy::contract::PrivacyContract;
 use crate::records::{BudgetKey, ClosedSpend, DatasetBudget, JobRecord, Registration};
 use crate::release::Release;
 use crate::spending::{Curves, Spending};
@@ -89,6 +90,10 @@ pub struct Accountant {
     /// One registration at a time per job id: only one may build the job (slow at large ε)
     /// and write the ledger record.
     registering: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Registrations (shared) against the setting of a new budget (exclusive): a budget that
+    /// appears under a name a registering job's data also has would change the budget that job
+    /// spends between its check and its admission.
+    naming: tokio::sync::RwLock<()>,
     pub(crate) policy: Policy,
     ready: AtomicBool,
     pub(crate) draining: watch::Sender<bool>,
@@ -112,6 +117,7 @@ impl Accountant {
             datasets: Datasets::new(policy.allow_unbudgeted_datasets),
             lineage: Composed::default(),
             registering: std::sync::Mutex::new(HashMap::new()),
+            naming: tokio::sync::RwLock::new(()),
             policy,
             ready: AtomicBool::new(false),
             draining: watch::channel(false).0,
@@ -226,6 +232,7 @@ impl Accountant {
                 "seeded noise is refused unless the accountant runs with --allow-seeded-noise",
             ));
         }
+        let _naming = self.naming.read().await;
         self.datasets.check(&registration.contract, true)?;
         let lock =
             self.registering.lock().expect("registering lock").entry(registration.job_id.clone()).or_default().clone();
@@ -697,25 +704,26 @@ impl Accountant {
         Ok(())
     }
 
-    /// A new budget names data, never one index of data the ledger knows by its data digest:
-    /// a budget on such an index would bind only that index's jobs, and one added under a
-    /// running job would move its spend. A budget set that way before budgets followed the
-    /// data may still be changed.
+    /// A new budget names data, never a name the ledger knows the data of a job by besides its
+    /// data digest (one index's digest, or the shards' digest of version 3): a budget there
+    /// would bind only that index's jobs, and one added under a running job would move its
+    /// spend. A budget set that way before may still be changed. Call it under `naming`.
     fn check_budget_names_data(&self, key: &BudgetKey) -> Result<(), AccountantError> {
         if self.datasets.budget_of(key).is_some() {
             return Ok(());
         }
         let jobs = self.jobs.read().expect("jobs lock");
+        let other_name = |c: &PrivacyContract| c.dataset_id == key.dataset_id || c.shards_id == key.dataset_id;
         let indexed = jobs
             .values()
             .map(|j| &j.registration.contract)
-            .find(|c| c.dataset_id == key.dataset_id && !c.data_id.is_empty() && c.data_id != c.dataset_id);
+            .find(|c| other_name(c) && !c.data_id.is_empty() && c.data_id != key.dataset_id);
         match indexed {
             None => Ok(()),
             Some(c) => Err(AccountantError::invalid(
                 "dataset_id",
                 format!(
-                    "{} is the digest of one index of the data {}: set the budget on the data's digest (`dpctl \
+                    "{} is the digest of one index of the data {} (or of its shards): set the budget on the data's digest (`dpctl \
                      dataset budget set DATASET` names it), so that every index and copy of it spends the budget",
                     key.dataset_id, c.data_id
                 ),
@@ -727,6 +735,9 @@ impl Accountant {
     pub async fn set_budget(&self, key: &BudgetKey, setting: BudgetSetting) -> Result<DatasetView, AccountantError> {
         // While the ledger replays, a change would race the replayed versions.
         self.check_ready()?;
+        // Exclusive while the budget is new: no registration is between its check and its
+        // admission when a name its data has gets a budget.
+        let _naming = if self.datasets.budget_of(key).is_none() { Some(self.naming.write().await) } else { None };
         self.check_budget_names_data(key)?;
         // The setting's own validity first: a bad value is INVALID_ARGUMENT whatever it changes.
         crate::privacy::check_epsilon(setting.epsilon)?;

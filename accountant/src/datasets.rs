@@ -37,6 +37,9 @@ pub struct BudgetSetting {
     pub population: u64,
     /// Lower ε below the open jobs' plans, or change δ ([`crate::Accountant::set_budget`]).
     pub force: bool,
+    /// The shards' digest of the index it is set from ([`DatasetBudget::shards_id`]); empty
+    /// keeps the current one.
+    pub shards_id: String,
 }
 
 /// Every budget, what has been spent of each, and one lock per budget that serialises the
@@ -153,10 +156,29 @@ impl Datasets {
     /// its jobs spend (budgets are never removed, so the choice never changes under a job): the
     /// index's own digest (before budgets followed the data), or its shards' digest (before
     /// examples had identities).
+    /// Else, a budget set from an index of the same shards' bytes binds it too, whatever
+    /// example identities its index states.
     pub fn key_of(&self, contract: &PrivacyContract) -> BudgetKey {
         let by_data = BudgetKey::of(contract);
+        self.names(contract).into_iter().next().unwrap_or(by_data)
+    }
+
+    /// Every budget `contract`'s data is known by, in the order [`Datasets::key_of`] prefers.
+    fn names(&self, contract: &PrivacyContract) -> Vec<BudgetKey> {
+        let by_data = BudgetKey::of(contract);
         let budgets = self.budgets.read().expect("budgets lock");
-        legacy_keys(contract, &by_data).into_iter().find(|k| budgets.contains_key(k)).unwrap_or(by_data)
+        let mut names: Vec<BudgetKey> = legacy_keys(contract, &by_data);
+        names.push(by_data.clone());
+        names.retain(|k| budgets.contains_key(k));
+        let same_shards = |b: &&DatasetBudget| {
+            !contract.shards_id.is_empty() && b.shards_id == contract.shards_id && b.unit == by_data.unit
+        };
+        for alias in budgets.values().filter(same_shards).map(DatasetBudget::key) {
+            if !names.contains(&alias) {
+                names.push(alias);
+            }
+        }
+        names
     }
 
     /// Every budget, for metrics.
@@ -171,17 +193,15 @@ impl Datasets {
             check_dataset_id(&contract.dataset_id)?;
         }
         let key = self.key_of(contract);
-        let by_data = BudgetKey::of(contract);
-        let names = std::iter::once(by_data.clone()).chain(legacy_keys(contract, &by_data));
-        let other = names.filter(|k| *k != key).find(|k| self.budget_of(k).is_some());
+        let other = self.names(contract).into_iter().find(|k| *k != key);
         if let (true, Some(other)) = (registering, other) {
             return Err(AccountantError::invalid(
                 "dataset",
                 format!(
-                    "its data has two budgets: {} and {} (one set under a name the data had before: its index's \
-                     digest, or its shards' before examples had identities); a job would be held to one only, so \
-                     none runs on this index until a privacy admin lowers one budget by what the other has spent \
-                     and the other to nothing more (epsilon of what it spent)",
+                    "its data has two budgets: {} and {} (names of the same data: its examples', its index's or \
+                     its shards' digest); a job would be held to one only, so none runs on this index until a \
+                     privacy admin lowers one budget by what the other has spent and the other to nothing more \
+                     (epsilon of what it spent)",
                     key.describe(),
                     other.describe()
                 ),
@@ -364,6 +384,12 @@ impl Datasets {
         } else {
             setting.name
         };
+        let shards_id = if setting.shards_id.is_empty() {
+            self.budget_of(key).map(|b| b.shards_id).unwrap_or_default()
+        } else {
+            check_dataset_id(&setting.shards_id)?;
+            setting.shards_id
+        };
         let budget = DatasetBudget {
             dataset_id: key.dataset_id.clone(),
             unit: key.unit.clone(),
@@ -374,6 +400,7 @@ impl Datasets {
             allow_not_private: setting.allow_not_private,
             name,
             population: setting.population,
+            shards_id,
             set_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         };
         ledger.put_budget(&budget).await?;
@@ -498,6 +525,7 @@ mod tests {
             allow_not_private: false,
             name: String::new(),
             population: 100_000,
+            shards_id: String::new(),
         }
     }
 
@@ -530,6 +558,16 @@ mod tests {
         assert!(before.check(&reindexed, true).is_ok());
         before.load(DatasetBudget { dataset_id: job.data_id.clone(), ..budget("example", 1) }).unwrap();
         assert!(before.check(&reindexed, true).unwrap_err().to_string().contains("two budgets"));
+
+        // A budget set from an index of some shards binds a job on the same shards' bytes whose
+        // index states other example identities (written by hand).
+        let owned = Datasets::new(false);
+        let set_from =
+            DatasetBudget { dataset_id: job.data_id.clone(), shards_id: shards.clone(), ..budget("example", 1) };
+        owned.load(set_from).unwrap();
+        let forged = PrivacyContract { data_id: format!("sha256:{}", "f0".repeat(32)), ..reindexed.clone() };
+        assert_eq!(owned.key_of(&forged).dataset_id, job.data_id, "bound by the shards it was set from");
+        assert!(owned.check(&forged, true).is_ok());
     }
 
     #[test]

@@ -263,6 +263,11 @@ pub struct DatasetBudget {
     /// 0 for budgets set before it was stated.
     #[serde(default)]
     pub population: u64,
+    /// The shards' digest of the index it was set from: a job on the same shards' bytes spends
+    /// it, whatever example identities its index states (they are the indexer's word, the
+    /// shards' bytes are pinned and checked by every reader). Empty for budgets set before.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub shards_id: String,
 }
 
 impl DatasetBudget {

@@ -178,6 +178,8 @@ mod tests {
         let wide = |p: &std::path::Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
         wide(&ledger, 0o755);
         wide(&secret.join("secret"), 0o644);
+        assert!(dpcap_serve::store::restrict_local(ledger.to_str().unwrap(), "ledger"), "a wide ledger warns");
+        wide(&ledger, 0o755);
         super::open_ledger(ledger.to_str().unwrap()).unwrap();
         assert_eq!(mode(&ledger), 0o700, "nobody else traverses the ledger");
         assert_eq!(mode(&secret), 0o700);
@@ -185,5 +187,10 @@ mod tests {
         let fresh = dir.path().join("fresh");
         super::open_ledger(fresh.to_str().unwrap()).unwrap();
         assert_eq!(mode(&fresh), 0o700, "a new ledger starts restricted");
+        wide(&fresh, 0o755);
+        assert!(
+            !dpcap_serve::store::restrict_local(fresh.to_str().unwrap(), "ledger"),
+            "an empty one: nothing to warn"
+        );
     }
 }

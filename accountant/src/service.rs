@@ -496,6 +496,7 @@ impl AccountantService for AccountantGrpc {
             name: r.name,
             population: r.population,
             force: r.force,
+            shards_id: r.shards_id,
         };
         let accountant = self.accountant.clone();
         // Audit entry and current value are written together, whatever the client does.

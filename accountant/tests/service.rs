@@ -1057,8 +1057,8 @@ async fn stalled_part_streams_are_cut_off_by_the_idle_limit_and_a_newer_stream_s
     assert!(charged_steps(dir.path(), "stall").is_empty(), "nothing charged");
 }
 
-/// A job on one index of some data is registered; a budget on that index's digest is refused
-/// (budgets name data), one on the data's digest binds the job and a job on another index of
+/// A job on one index of some data is registered; a budget on that index's digest, or on its
+/// shards' digest, is refused (budgets name data), one on the data's digest binds the job and a job on another index of
 /// the same data alike: their spends compose into it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_names_the_data_and_binds_every_index_of_it() {
@@ -1066,9 +1066,11 @@ async fn a_budget_names_the_data_and_binds_every_index_of_it() {
     let server = AccountantProcess::start(dir.path(), &[]).await;
     let mut client = server.client().await;
     let data = format!("sha256:{}", "da".repeat(32));
+    let shards = format!("sha256:{}", "5a".repeat(32));
     let on_index = |id: &str, index: &str| {
         let mut r = job(id, 0.05, 2.0, 1.0, 100.0, 4, 1, None);
         (contract(&mut r).dataset_id, contract(&mut r).data_id) = (index.to_owned(), data.clone());
+        contract(&mut r).shards_id = shards.clone();
         r
     };
     let (first, second) = (format!("sha256:{}", "01".repeat(32)), format!("sha256:{}", "02".repeat(32)));
@@ -1085,6 +1087,9 @@ async fn a_budget_names_the_data_and_binds_every_index_of_it() {
     let by_index = client.raw().set_dataset_budget(set(&first)).await.unwrap_err();
     assert_eq!(by_index.code(), Code::InvalidArgument, "{by_index}");
     assert!(by_index.message().contains(&format!("one index of the data {data}")), "{by_index}");
+    // Nor under the digest the same shards had before examples had identities.
+    let by_shards = client.raw().set_dataset_budget(set(&shards)).await.unwrap_err();
+    assert!(by_shards.message().contains(&format!("one index of the data {data}")), "{by_shards}");
     client.raw().set_dataset_budget(set(&data)).await.unwrap();
     client.raw().register_job(on_index("second", &second)).await.unwrap();
     let get = GetDatasetBudgetRequest { dataset_id: data.clone(), ..Default::default() };

@@ -102,6 +102,9 @@ pub struct Indexed {
     pub users: Option<u64>,
     /// The manifest's format version: a budget binds examples of version 4 only.
     pub version: u32,
+    /// The shards' digest ([`dpcap_dataset::index::Manifest::shards_digest`]), which the budget
+    /// records: jobs on the same shards' bytes spend it whatever identities their index states.
+    pub shards_id: Option<String>,
 }
 
 /// The digest a budget of `dataset` is keyed by: given as is, or read from its index.
@@ -125,23 +128,26 @@ pub async fn indexed(dataset: &str) -> Result<Indexed> {
         examples: parsed.examples,
         users: parsed.users.as_ref().map(|u| u.users),
         version: parsed.version,
+        shards_id: parsed.shards_digest(),
     })
 }
 
 /// Refuses a budget on an index whose examples have no identities (versions 2 and 3): DP jobs
 /// never train on one, and a budget it named would bind nothing of its examples.
-async fn check_budgetable(dataset: &str) -> Result<()> {
+/// Returns the shards' digest the budget records ("" for a budget named by its digest).
+async fn check_budgetable(dataset: &str) -> Result<String> {
     if dataset.starts_with("sha256:") {
-        return Ok(());
+        return Ok(String::new());
     }
-    let version = indexed(dataset).await?.version;
+    let index = indexed(dataset).await?;
+    let version = index.version;
     let needed = dpcap_dataset::index::MANIFEST_VERSION_DP;
     anyhow::ensure!(
         version >= needed,
         "{dataset}: its index is version {version}, which pins no example identities: no budget can bind its \
          examples and no DP job trains on it; index it again with `dpctl dataset index {dataset}`, then set the budget"
     );
-    Ok(())
+    Ok(index.shards_id.unwrap_or_default())
 }
 
 /// The name a budget of `dataset` gets when none is given; it becomes a metric label, so one
@@ -224,7 +230,7 @@ pub async fn run(command: BudgetCommand, server: &Server) -> Result<()> {
         BudgetCommand::Set {
             epsilon, delta, reason, allow_not_private, unit, name, population: given, force, ..
         } => {
-            check_budgetable(&dataset).await?;
+            let shards_id = check_budgetable(&dataset).await?;
             let population = population(&dataset, unit, given).await?;
             let unit = unit.to_proto();
             let name = name.unwrap_or_else(|| default_name(&dataset));
@@ -238,6 +244,7 @@ pub async fn run(command: BudgetCommand, server: &Server) -> Result<()> {
                 name,
                 population,
                 force,
+                shards_id,
             };
             client.raw().set_dataset_budget(request).await
         }

@@ -67,10 +67,10 @@ pub async fn read_layout(dataset: &str) -> Result<DatasetLayout, CoordinatorErro
     })
 }
 
-/// Example-identity files already found sorted, distinct and N long, by their digest: a sweep
-/// on one dataset reads its file once. What is checked is a property of the bytes the digest
-/// names, wherever they lie.
-static CHECKED_EXAMPLES: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Mutex::default);
+/// Example-identity files already found sorted, distinct and N long, by their digest and N: a
+/// sweep on one dataset reads its file once. What is checked is a property of the bytes the
+/// digest names, wherever they lie.
+static CHECKED_EXAMPLES: LazyLock<Mutex<HashSet<(String, u64)>>> = LazyLock::new(Mutex::default);
 
 /// Refuses an index a DP job cannot train on: one without example identities (versions 2 and
 /// 3: no budget can bind its examples, and an example held twice, sampled at about 2q and
@@ -90,7 +90,8 @@ pub async fn check_examples(dataset: &str, layout: &DatasetLayout) -> Result<(),
             ),
         ));
     };
-    if CHECKED_EXAMPLES.lock().expect("checked examples lock").contains(&pin.sha256) {
+    let checked = (pin.sha256.clone(), layout.layout.examples());
+    if CHECKED_EXAMPLES.lock().expect("checked examples lock").contains(&checked) {
         return Ok(());
     }
     let (store, root) = open_existing_store(dataset).map_err(location)?;
@@ -109,7 +110,7 @@ pub async fn check_examples(dataset: &str, layout: &DatasetLayout) -> Result<(),
     check
         .finish(layout.layout.examples(), &pin.sha256)
         .map_err(|source| CoordinatorError::Index { what: what(), source })?;
-    CHECKED_EXAMPLES.lock().expect("checked examples lock").insert(pin.sha256.clone());
+    CHECKED_EXAMPLES.lock().expect("checked examples lock").insert(checked);
     Ok(())
 }
 

@@ -127,10 +127,10 @@ fn check_delta(mode: &ModeRequest, delta: f64, population: Population) -> Result
     Err(CoordinatorError::invalid(
         "delta",
         format!(
-            "{delta:e} is above 1/N = {largest:e} for N = {} of the job's privacy unit: a mechanism may publish \
+            "{delta:e} is above 1/N = {largest:e} for N = {:.0} of the job's privacy unit: a mechanism may publish \
              someone's data outright with probability delta; the largest delta allowed is {largest:e} (leave delta \
              out for 1/N, or take less: 1/(N log N) is common)",
-            population.units
+            1.0 / largest
         ),
     ))
 }

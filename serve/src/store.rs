@@ -96,39 +96,38 @@ pub fn open_store_prefixed(location: &str, prefix: &str) -> Result<(Arc<dyn Obje
 }
 
 /// Keeps a local store's directory and files to their owner (0700 and 0600): what it holds
-/// (keys, secrets, a ledger's audit canaries) is for this process alone. Warns, once, naming
-/// `what` and the first such path, when it finds any of them open to group or others (a store
-/// made under a wide umask, or copied in). Returns how many were. Nothing for a cloud URL (its
-/// bucket's policy decides) or off Unix.
-pub fn restrict_local(location: &str, what: &str) -> usize {
+/// (keys, secrets, a ledger's audit canaries) is for this process alone. Warns, naming `what`,
+/// when the store already held something while its directory was open to group or others (a
+/// store made under a wide umask, or copied in): what was in it may have been read. Entries
+/// below a restricted root are restricted too, silently: nobody else can reach them. Returns
+/// whether it warned. Nothing for a cloud URL (its bucket's policy decides) or off Unix.
+pub fn restrict_local(location: &str, what: &str) -> bool {
     #[cfg(unix)]
     if let Some(dir) = local_directory(location) {
         use std::os::unix::fs::PermissionsExt;
         let root = std::path::Path::new(dir);
-        let mut wider = Vec::new();
-        for path in std::iter::once(root.to_path_buf()).chain(walk(root)) {
+        let entries = walk(root);
+        let open = std::fs::metadata(root).is_ok_and(|m| m.permissions().mode() & 0o077 != 0);
+        let warned = open && !entries.is_empty();
+        if warned {
+            tracing::warn!(
+                store = what,
+                path = %root.display(),
+                entries = entries.len(),
+                "this store was readable by group or others with data in it; restricted it to its owner (0700/0600)"
+            );
+        }
+        for path in std::iter::once(root.to_path_buf()).chain(entries) {
             let mode = if path.is_dir() { 0o700 } else { 0o600 };
-            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
-            if meta.permissions().mode() & 0o077 != 0 {
-                wider.push(path.clone());
-            }
             if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)) {
                 tracing::warn!(path = %path.display(), error = %e, "could not restrict a secret's permissions");
             }
         }
-        if let Some(first) = wider.first() {
-            tracing::warn!(
-                store = what,
-                path = %first.display(),
-                wider = wider.len(),
-                "found files or directories readable by group or others; restricted them to their owner (0700/0600)"
-            );
-        }
-        return wider.len();
+        return warned;
     }
     #[cfg(not(unix))]
     let _ = (location, what);
-    0
+    false
 }
 
 /// Every file and directory under `root`.

@@ -263,6 +263,7 @@ async fn ten_thousand_hostile_requests_to_every_rpc_never_crash_a_server() {
                     name: g.string(),
                     population: g.pick(&[0, 1, 20_000, u64::MAX]),
                     force: g.pick(&[false, true]),
+                    shards_id: g.string(),
                 };
                 within(&what, accountant.set_dataset_budget(request)).await
             }

@@ -50,6 +50,7 @@ fn setting(epsilon: f64) -> BudgetSetting {
         name: String::new(),
         population: 100_000,
         force: false,
+        shards_id: String::new(),
     }
 }
 

@@ -158,16 +158,18 @@ async fn warm_start(
         let options = crate::dataset::IndexOptions::synthetic(256);
         crate::dataset::index_dataset(&procedural.to_string_lossy(), &options).await?;
     }
+    let index = crate::budget::indexed(&procedural.to_string_lossy()).await?;
     let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
-        dataset_id: crate::budget::budget_id(&procedural.to_string_lossy()).await?,
+        dataset_id: index.budget_id,
         epsilon: args.epsilon,
-        delta: 1.0 / args.examples as f64,
+        delta: 1.0 / index.examples as f64,
         reason: "dpctl demo: procedural images, no private content".into(),
         allow_not_private: true,
         unit: dpcap_proto::v1::PrivacyUnit::Example as i32,
         name: "demo".into(),
-        population: args.examples,
+        population: index.examples,
         force: false,
+        shards_id: index.shards_id.unwrap_or_default(),
     };
     set_dataset_budget(accountant, budget).await?;
     train::run(server, accountant, train::warm_start_spec(args, &procedural, steps)).await
@@ -270,12 +272,13 @@ async fn train_and_report(
 /// The data's owner sets the dataset's lifetime budget before any job may spend it; the data is
 /// synthetic, so its owner also lets the NOT PRIVATE baseline train on it.
 async fn set_budget(args: &DemoArgs, train_dir: &Path, accountant: &str) -> Result<()> {
-    let dataset_id = crate::budget::budget_id(&train_dir.to_string_lossy()).await?;
+    let index = crate::budget::indexed(&train_dir.to_string_lossy()).await?;
     let fedemb = args.objective.is_user_level();
-    // The privacy unit's count: users for fedemb, examples otherwise.
-    let population = if fedemb { args.users } else { args.examples };
+    // The privacy unit's count as indexed: users for fedemb, examples otherwise.
+    let population = if fedemb { index.users.unwrap_or(args.users) } else { index.examples };
     let budget = dpcap_proto::v1::SetDatasetBudgetRequest {
-        dataset_id,
+        dataset_id: index.budget_id,
+        shards_id: index.shards_id.unwrap_or_default(),
         epsilon: args.epsilon,
         delta: 1.0 / population as f64,
         population,

@@ -104,6 +104,9 @@ impl ExamplesCheck {
     }
 
     fn next(&mut self, id: u64) -> Result<(), IndexError> {
+        if self.count.is_some_and(|count| self.seen >= count) {
+            return Err(field("examples", format!("{EXAMPLES_PATH} holds more ids than its count {:?}", self.count)));
+        }
         if self.last.is_some_and(|last| id <= last) {
             let what = if self.last == Some(id) { "twice: the index holds one example twice" } else { "out of order" };
             return Err(field(
@@ -170,7 +173,8 @@ mod tests {
         assert!(check(&twice, 4).contains("is twice: the index holds one example twice"), "{}", check(&twice, 4));
         assert!(check(&bytes, 5).contains("holds 4 ids"), "{}", check(&bytes, 5));
         assert!(check(&bytes[..bytes.len() - 3], 4).contains("bytes left over"));
-        assert!(check(b"DPIX\x01", 0).contains("bad magic"));
+        assert!(check(b"DPIX\x01\0\0\0\0\0\0\0\0", 0).contains("bad magic"));
+        assert!(check(b"DPEX\x01", 0).contains("holds 0 ids (header None"), "a cut header");
         let mut check = ExamplesCheck::default();
         check.update(&bytes).unwrap();
         assert!(check.finish(4, &digest(b"other")).unwrap_err().to_string().contains("the manifest pins"));

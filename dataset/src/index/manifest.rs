@@ -204,8 +204,9 @@ impl Manifest {
     /// by it, so a copy, a re-cut or a re-index of the same examples spends the same budget.
     pub fn data_digest(&self) -> Option<String> {
         match &self.example_ids {
-            Some(ids) => Some(ids.sha256.clone()),
-            None => self.shards_digest(),
+            // Parsed (and so checked) only from version 4 on.
+            Some(ids) if self.version >= 4 => Some(ids.sha256.clone()),
+            _ => self.shards_digest(),
         }
     }
 

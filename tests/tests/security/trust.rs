@@ -511,9 +511,16 @@ async fn a_copy_a_recut_or_a_reindex_of_a_budgeted_dataset_spends_its_budget_and
         let services = &services;
         async move { services.jobs().await.submit_job(request).await.expect_err("refused at submit") }
     };
+    // The original's shards with identities written by hand (each id + 1): named otherwise by
+    // its examples, bound all the same by the shards' bytes the budget was set from.
+    let forged = dir.join("copy-forged");
+    copy_tree(&dataset, &forged, true);
+    rewrite_ids(&forged, |id| id.wrapping_add(1));
     let original = shown(&dataset);
-    for copy in [&edited, &reindexed, &recut, &doubled] {
-        assert_eq!(shown(copy), original, "{} names the original's budget", copy.display());
+    for copy in [&edited, &reindexed, &recut, &doubled, &forged] {
+        if *copy != forged {
+            assert_eq!(shown(copy), original, "{} names the original's budget", copy.display());
+        }
         let refused = submit(copy).await;
         assert!(refused.message().contains(&original) && refused.message().contains("budget 2"), "{refused}");
     }
@@ -537,17 +544,25 @@ async fn a_copy_a_recut_or_a_reindex_of_a_budgeted_dataset_spends_its_budget_and
     // An identities file written by hand to hold an example twice is refused, by id.
     let twice = dir.join("copy-twice");
     copy_tree(&dataset, &twice, true);
-    let ids = twice.join("index/examples.bin");
+    let mut previous = None;
+    rewrite_ids(&twice, |id| *previous.get_or_insert(id)); // every id the first
+    let refused = submit(&twice).await;
+    assert!(refused.message().contains("the index holds one example twice"), "{refused}");
+}
+
+/// Rewrites every id of `data`'s `index/examples.bin` with `f`, and the manifest's pin of it.
+fn rewrite_ids(data: &std::path::Path, mut f: impl FnMut(u64) -> u64) {
+    let ids = data.join("index/examples.bin");
     let mut bytes = std::fs::read(&ids).unwrap();
-    let first: [u8; 8] = bytes[13..21].try_into().unwrap();
-    bytes[21..29].copy_from_slice(&first);
+    for id in bytes[13..].chunks_exact_mut(8) {
+        let new = f(u64::from_le_bytes(id.try_into().unwrap()));
+        id.copy_from_slice(&new.to_le_bytes());
+    }
     std::fs::write(&ids, &bytes).unwrap();
-    let manifest = twice.join("index/manifest.json");
+    let manifest = data.join("index/manifest.json");
     let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
     json["example_ids"]["sha256"] = dpcap_proto::digest::sha256(&bytes).into();
     std::fs::write(&manifest, serde_json::to_vec(&json).unwrap()).unwrap();
-    let refused = submit(&twice).await;
-    assert!(refused.message().contains("the index holds one example twice"), "{refused}");
 }
 
 /// The first `examples` synthetic examples (the bytes [`synth_dataset`] writes) cut into shards
